@@ -1,0 +1,123 @@
+"""Batched greedy and beam search over any model with a cached decoding interface.
+
+A model decodes through two methods (EncoderDecoder and DecoderLM have them):
+``start_decoding(src) -> cache`` and ``decode_step(tokens, cache) -> logits`` for one or more new
+positions; the cache has ``reorder(index)``. The first step feeds the whole prefix (BOS, or a
+prompt for a decoder-only model) at once: a multi-token prefill.
+
+Both searches return generated tokens (no BOS, EOS included, pad_id after it) as (B, T).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def max_lengths(src: Tensor | None, pad_id: int, max_len_a: float, max_len_b: int, batch: int, device) -> Tensor:
+    """Per-sentence output budget: a·|source| + b, as fairseq's --max-len-a/--max-len-b."""
+    if src is None:
+        return torch.full((batch,), int(max_len_b), device=device)
+    src_len = (src != pad_id).sum(-1)
+    return (src_len.float() * max_len_a).floor().long() + int(max_len_b)
+
+
+def _prefix(src, prompt, bos_id, device):
+    if prompt is not None:
+        return prompt
+    return torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=device)
+
+
+@torch.no_grad()
+def greedy_search(model, src: Tensor | None, *, bos_id: int, eos_id: int, pad_id: int,
+                  max_len_a: float = 1.0, max_len_b: int = 10, prompt: Tensor | None = None) -> Tensor:
+    device = (src if src is not None else prompt).device
+    tokens = _prefix(src, prompt, bos_id, device)
+    batch = tokens.shape[0]
+    limit = max_lengths(src, pad_id, max_len_a, max_len_b, batch, device).clamp_min(1)
+    cache = model.start_decoding(src)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    out = []
+    for step in range(int(limit.max())):
+        logits = model.decode_step(tokens, cache)[:, -1].float()
+        nxt = logits.argmax(-1)
+        nxt = torch.where(step + 1 >= limit, torch.full_like(nxt, eos_id), nxt)
+        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
+        out.append(nxt)
+        done |= nxt == eos_id
+        if bool(done.all()):
+            break
+        tokens = nxt[:, None]
+    return torch.stack(out, dim=1)
+
+
+def gnmt_length_penalty(length: Tensor, alpha: float) -> Tensor:
+    """GNMT's lp(Y) = ((5 + |Y|) / 6)^α; hypothesis scores are log P(Y) / lp(Y)."""
+    return ((5.0 + length.float()) / 6.0) ** alpha
+
+
+@torch.no_grad()
+def beam_search(model, src: Tensor | None, *, beam_size: int = 4, length_penalty: float = 0.6,
+                bos_id: int, eos_id: int, pad_id: int, max_len_a: float = 1.0, max_len_b: int = 10, prompt: Tensor | None = None) -> Tensor:
+    """Beam search with fairseq's bookkeeping: each step ranks 2·beam candidates, EOS candidates
+    within the top beam are finalised with their length-normalised score, the best non-EOS ones
+    stay active; a sentence stops once it has `beam_size` finished hypotheses."""
+    k = beam_size
+    device = (src if src is not None else prompt).device
+    prefix = _prefix(src, prompt, bos_id, device)
+    batch = prefix.shape[0]
+    limit = max_lengths(src, pad_id, max_len_a, max_len_b, batch, device).clamp_min(1)
+    max_steps = int(limit.max())
+
+    rows = torch.arange(batch, device=device).repeat_interleave(k)
+    cache = model.start_decoding(src)
+    cache.reorder(rows)
+    tokens = prefix.index_select(0, rows)
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0
+    history = torch.full((batch, k, 0), pad_id, dtype=torch.long, device=device)
+    fin_scores = torch.full((batch, k), float("-inf"), device=device)
+    fin_tokens = torch.full((batch, k, max_steps), pad_id, dtype=torch.long, device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+
+    for step in range(max_steps):
+        logp = torch.log_softmax(model.decode_step(tokens, cache)[:, -1].float(), dim=-1)
+        vocab = logp.shape[-1]
+        force_eos = (step + 1 >= limit).repeat_interleave(k)
+        forced = torch.full_like(logp, float("-inf"))
+        forced[:, eos_id] = logp[:, eos_id]
+        logp = torch.where(force_eos[:, None], forced, logp)
+
+        cand = (scores[:, :, None] + logp.view(batch, k, vocab)).view(batch, k * vocab)
+        top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=-1)
+        src_beam, tok = top_idx // vocab, top_idx % vocab
+        seqs = torch.cat((history.gather(1, src_beam[:, :, None].expand(-1, -1, step)), tok[:, :, None]), dim=2)
+
+        # Finalise EOS candidates ranked within the top beam.
+        rank = torch.arange(top_scores.shape[1], device=device)[None, :]
+        is_eos = tok == eos_id
+        finalise = is_eos & (rank < k) & torch.isfinite(top_scores) & ~done[:, None]
+        normed = top_scores / gnmt_length_penalty(torch.tensor(step + 1, device=device), length_penalty)
+        new_scores = torch.where(finalise, normed, torch.full_like(normed, float("-inf")))
+        padded = torch.full((batch, seqs.shape[1], max_steps), pad_id, dtype=torch.long, device=device)
+        padded[:, :, : step + 1] = seqs
+        pool_scores = torch.cat((fin_scores, new_scores), dim=1)
+        pool_tokens = torch.cat((fin_tokens, padded), dim=1)
+        fin_scores, keep = pool_scores.topk(k, dim=1)
+        fin_tokens = pool_tokens.gather(1, keep[:, :, None].expand(-1, -1, max_steps))
+        done |= torch.isfinite(fin_scores).all(dim=1)
+        if bool(done.all()):
+            break
+
+        # The best non-EOS candidates continue.
+        order = (rank + is_eos.long() * top_scores.shape[1]).argsort(dim=1)[:, :k]
+        scores = top_scores.gather(1, order)
+        scores = torch.where(is_eos.gather(1, order), torch.full_like(scores, float("-inf")), scores)
+        history = seqs.gather(1, order[:, :, None].expand(-1, -1, step + 1))
+        parent = (src_beam.gather(1, order) + torch.arange(batch, device=device)[:, None] * k).view(-1)
+        cache.reorder(parent)
+        tokens = history[:, :, -1].reshape(-1, 1)
+
+    best = fin_scores.argmax(dim=1)
+    out = fin_tokens[torch.arange(batch, device=device), best]
+    length = int((out == eos_id).long().argmax(-1).max()) + 1  # every finished hypothesis ends in EOS
+    return out[:, :length]
