@@ -238,7 +238,10 @@ def _flex_call(flex_attention, q, k, v, score_mod, scale):
         fn = _compiled_flex
     else:
         fn = flex_attention
-    return fn(q, k, v, score_mod=score_mod, scale=scale, return_lse=True)
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    out, aux = fn(q, k, v, score_mod=score_mod, scale=scale, return_aux=AuxRequest(lse=True))
+    return out, aux.lse
 
 
 def _bucket_masses(q, k, v, qw, bias, allowed, lse, max_distance, query_offset, scale,

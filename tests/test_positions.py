@@ -1,0 +1,89 @@
+"""Position schemes: each one's defining property, and clear errors for invalid combinations."""
+import math
+
+import pytest
+import torch
+
+from relpos_lab.positions import (
+    SCHEMES, AlibiPositions, LearnedPositions, PositionConfig, RotaryPositions, ShawPositions,
+    SinusoidalPositions, T5BiasPositions, alibi_slopes, build_absolute, build_relative,
+)
+
+
+def test_sinusoids_follow_the_formula_and_offset():
+    pe = SinusoidalPositions(6)(torch.zeros(1, 5, 6), offset=3)[0]
+    pos, i = 4, 1  # row 1 is absolute position 4; column 2i is sin(pos / 10000^(2i/d))
+    assert pe[1, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 6)), abs=1e-6)
+    assert pe[1, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / 6)), abs=1e-6)
+
+
+def test_learned_positions_refuse_lengths_beyond_max_len():
+    emb = LearnedPositions(4, max_len=8)
+    assert emb(torch.zeros(2, 8, 4)).shape == (2, 8, 4)
+    with pytest.raises(ValueError, match="max_len=8"):
+        emb(torch.zeros(1, 3, 4), offset=6)
+
+
+def test_shaw_tables_have_2k_plus_1_rows_shared_or_per_head():
+    shared = ShawPositions(PositionConfig(max_distance=3), head_dim=8, n_heads=4)
+    assert shared.rel_k.shape == shared.rel_v.shape == (7, 8)
+    per_head = ShawPositions(PositionConfig(max_distance=3, per_head=True), head_dim=8, n_heads=4)
+    assert per_head.rel_k.shape == (4, 7, 8)
+    keys_only = ShawPositions(PositionConfig(max_distance=3, use_values=False), head_dim=8, n_heads=4)
+    assert keys_only.attention_kwargs(2, 2, 0, None)["rel_v"] is None
+    assert not torch.equal(shared.rel_k, shared.rel_v)  # separate tables, unlike OpenNMT-py
+
+
+def test_rope_scores_depend_only_on_relative_offset():
+    rope = RotaryPositions(head_dim=8, base=10000.0)
+    q, k = torch.randn(1, 1, 1, 8).expand(1, 1, 6, 8), torch.randn(1, 1, 1, 8).expand(1, 1, 6, 8)
+    rq, rk = rope.rotate(q, k, offset=0)
+    scores = (rq @ rk.transpose(-1, -2))[0, 0]
+    for shift in range(-5, 6):
+        diag = torch.diagonal(scores, offset=shift)
+        torch.testing.assert_close(diag, diag[0].expand_as(diag), atol=1e-5, rtol=1e-5)
+    rq2, _ = rope.rotate(q[..., :2, :], k[..., :2, :], offset=4)  # cached decoding positions
+    torch.testing.assert_close(rq2, rq[..., 4:6, :])
+
+
+def test_alibi_slopes_match_the_paper():
+    assert alibi_slopes(8).tolist() == pytest.approx([2 ** -(i + 1) for i in range(8)])
+    assert alibi_slopes(6).shape == (6,)  # non-power-of-two rule
+    bias = AlibiPositions(2).attention_kwargs(2, 4, 1, None)["attn_bias"]
+    assert bias.shape == (2, 2, 4)
+    assert bias[0, 0].tolist() == pytest.approx([-1 / 16, 0.0, -1 / 16, -2 / 16])  # 2 heads: m = 2^-4, query at 1
+
+
+def test_t5_buckets_exact_near_and_log_spaced_far():
+    t5 = T5BiasPositions(PositionConfig(scheme="t5_bias", t5_num_buckets=32, t5_max_distance=128), 2, True)
+    rel = torch.tensor([-3, -1, 0, 1, 3, 20, 1000, -1000])
+    b = t5.bucket(rel).tolist()
+    assert b[:5] == [3, 1, 0, 17, 19]  # bidirectional: future distances in the upper half
+    assert b[5:] == [26, 31, 15]  # 8 + floor(8·ln(20/8)/ln(16)) + 16; then clipped per half
+    causal = T5BiasPositions(PositionConfig(scheme="t5_bias"), 2, False)
+    assert causal.bucket(torch.tensor([2, 0, -2])).tolist() == [0, 0, 2]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_scheme_builds(scheme):
+    cfg = PositionConfig(scheme=scheme)
+    cfg.validate()
+    build_absolute(cfg, 16)
+    build_relative(cfg, 8, 2, causal=True)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(scheme="relative"), "unknown; choose one of none, sinusoidal"),
+    (dict(scheme="rope", per_head=True), "per_head=true only applies to scheme 'shaw'"),
+    (dict(scheme="alibi", add_sinusoids=True), "add_sinusoids=true only applies"),
+    (dict(scheme="sinusoidal", use_values=False), "use_keys/use_values only apply"),
+    (dict(max_distance=-1), "max_distance must be >= 0"),
+])
+def test_invalid_combinations_are_clear_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PositionConfig(**kwargs).validate()
+
+
+def test_shaw_with_sinusoids_adds_absolute_positions():
+    assert build_absolute(PositionConfig(scheme="shaw"), 8) is None
+    assert isinstance(build_absolute(PositionConfig(scheme="shaw", add_sinusoids=True), 8), SinusoidalPositions)
