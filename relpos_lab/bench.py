@@ -1,0 +1,306 @@
+"""`relpos-lab bench`: speed and memory measured side by side in one run.
+
+Every claim about performance comes from here: candidates are interleaved (each repeat runs all of
+them in turn, after warm-up), times are medians, and ratios are taken against a baseline measured
+in the same run. Peak memory on CPU is the growth of the process's peak RSS while running one
+candidate in a fresh subprocess (the only honest CPU peak); on CUDA it is max_memory_allocated.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .attention import relative_attention
+from .decoding import greedy_search
+from .positions import PositionConfig
+from .transformer import EncoderDecoder, ModelConfig, MultiHeadAttention, label_smoothed_loss
+from .positions import build_relative
+
+
+@dataclass
+class Result:
+    name: str
+    shape: dict
+    median_ms: float
+    times_ms: list[float]
+    peak_mb: float | None = None
+    ratio: float | None = None  # median time / baseline's median time
+    extra: dict = field(default_factory=dict)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def interleaved(fns: dict, repeats: int, warmup: int, device) -> dict[str, list[float]]:
+    """Run every candidate once per round so drift (thermal, other load) hits all of them alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    _sync(device)
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            _sync(device)
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+# --- attention ---------------------------------------------------------------------------------
+
+def attention_candidate(name: str, b, h, length, d, k, dtype, device, backward=True):
+    """A closure running one forward(+backward) of attention candidate `name`."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_(backward)
+
+    q, kk, v = leaf(b, h, length, d), leaf(b, h, length, d), leaf(b, h, length, d)
+    rel_k, rel_v = leaf(2 * k + 1, d), leaf(2 * k + 1, d)
+
+    if name == "sdpa":
+        def forward():
+            return F.scaled_dot_product_attention(q, kk, v)
+    elif name == "unfused":
+        def forward():
+            p = torch.softmax((q @ kk.transpose(-2, -1)).float() / math.sqrt(d), dim=-1).to(dtype)
+            return p @ v
+    else:
+        impl = name.removeprefix("shaw-")
+
+        def forward():
+            return relative_attention(q, kk, v, rel_k=rel_k, rel_v=rel_v, max_distance=k, impl=impl)
+
+    def run():
+        out = forward()
+        if backward:
+            out.backward(torch.ones_like(out))
+            for t in (q, kk, v, rel_k, rel_v):
+                t.grad = None
+    return run
+
+
+PEAK_SNIPPET = """
+import json, resource, sys, torch
+from relpos_lab.bench import attention_candidate
+args = json.loads(sys.argv[1])
+torch.set_num_threads(args.pop("threads"))
+dtype = getattr(torch, args.pop("dtype"))
+small = attention_candidate(args["name"], args["b"], args["h"], 16, args["d"], args["k"], dtype, torch.device("cpu"))
+small()
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+run = attention_candidate(args["name"], args["b"], args["h"], args["length"], args["d"], args["k"], dtype, torch.device("cpu"))
+run()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+"""
+
+
+def peak_memory_mb(name, b, h, length, d, k, dtype, device, threads) -> float:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        attention_candidate(name, b, h, length, d, k, dtype, device)()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    args = dict(name=name, b=b, h=h, length=length, d=d, k=k, dtype=str(dtype).removeprefix("torch."), threads=threads)
+    res = subprocess.run([sys.executable, "-c", PEAK_SNIPPET, json.dumps(args)], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"peak-memory probe for {name} failed:\n{res.stderr[-2000:]}")
+    return float(res.stdout.strip().splitlines()[-1])
+
+
+def bench_attention(args, device, dtype) -> list[Result]:
+    names = ["sdpa", "unfused"] + [f"shaw-{impl}" for impl in args.impl]
+    results = []
+    for length in args.length:
+        shape = dict(batch=args.batch, heads=args.heads, length=length, head_dim=args.head_dim, k=args.max_distance)
+        fns = {n: attention_candidate(n, args.batch, args.heads, length, args.head_dim, args.max_distance,
+                                      dtype, device, backward=not args.forward_only) for n in names}
+        times = interleaved(fns, args.repeats, args.warmup, device)
+        base = statistics.median(times["sdpa"])
+        for n in names:
+            med = statistics.median(times[n])
+            peak = None
+            if args.memory:
+                peak = peak_memory_mb(n, args.batch, args.heads, length, args.head_dim, args.max_distance,
+                                      dtype, device, torch.get_num_threads())
+            results.append(Result(n, shape, med, times[n], peak, med / base))
+    return results
+
+
+# --- one self-attention module ------------------------------------------------------------------
+
+def bench_layer(args, device, dtype) -> list[Result]:
+    results = []
+    for length in args.length:
+        shape = dict(batch=args.batch, length=length, d_model=args.d_model, heads=args.heads, k=args.max_distance)
+        fns = {}
+        for scheme in ("none", "shaw"):
+            cfg = ModelConfig(d_model=args.d_model, n_heads=args.heads, attention_dropout=0.0,
+                              positions=PositionConfig(scheme=scheme, max_distance=args.max_distance))
+            rel = build_relative(cfg.positions, cfg.head_dim, cfg.n_heads, causal=False)
+            module = MultiHeadAttention(cfg, rel).to(device=device, dtype=dtype)
+            x = torch.randn(args.batch, length, args.d_model, device=device, dtype=dtype, requires_grad=True)
+
+            def run(module=module, x=x):
+                module(x).sum().backward()
+                module.zero_grad(set_to_none=True)
+                x.grad = None
+            fns[f"layer-{scheme}"] = run
+        times = interleaved(fns, args.repeats, args.warmup, device)
+        base = statistics.median(times["layer-none"])
+        results += [Result(n, shape, statistics.median(t), t, None, statistics.median(t) / base) for n, t in times.items()]
+    return results
+
+
+# --- end-to-end training throughput ------------------------------------------------------------
+
+def bench_model(args, device, dtype) -> list[Result]:
+    shape = dict(batch=args.batch, length=args.length[0], d_model=args.d_model, heads=args.heads,
+                 d_ff=args.d_ff, layers=args.layers, k=args.max_distance)
+    fns, n_tokens = {}, args.batch * args.length[0]
+    for scheme in ("sinusoidal", "shaw"):
+        torch.manual_seed(0)
+        cfg = ModelConfig(src_vocab_size=8000, tgt_vocab_size=8000, d_model=args.d_model, n_heads=args.heads,
+                          d_ff=args.d_ff, n_encoder_layers=args.layers, n_decoder_layers=args.layers,
+                          positions=PositionConfig(scheme=scheme, max_distance=args.max_distance))
+        model = EncoderDecoder(cfg).to(device=device, dtype=dtype).train()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        src = torch.randint(4, 8000, (args.batch, args.length[0]), device=device)
+        tgt = torch.randint(4, 8000, (args.batch, args.length[0] + 1), device=device)
+
+        def step(model=model, opt=opt, src=src, tgt=tgt):
+            loss = label_smoothed_loss(model(src, tgt[:, :-1]), tgt[:, 1:]).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        fns[f"model-{scheme}"] = step
+    times = interleaved(fns, args.repeats, args.warmup, device)
+    base = statistics.median(times["model-sinusoidal"])
+    out = []
+    for n, t in times.items():
+        med = statistics.median(t)
+        # ratio here is throughput relative to sinusoidal (higher is better)
+        out.append(Result(n, shape, med, t, None, base / med, {"tokens_per_s": n_tokens / (med / 1e3)}))
+    return out
+
+
+# --- cached vs recompute-everything greedy decoding --------------------------------------------
+
+@torch.no_grad()
+def greedy_recompute(model, src, steps, bos_id=1):
+    """The baseline without a cache: every step re-runs the decoder over the whole prefix."""
+    memory, mask = model.encoder(src)
+    tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
+    for _ in range(steps):
+        nxt = model.decoder(tokens, memory, mask)[:, -1].argmax(-1, keepdim=True)
+        tokens = torch.cat([tokens, nxt], dim=1)
+    return tokens[:, 1:]
+
+
+def bench_decode(args, device, dtype) -> list[Result]:
+    steps = args.steps
+    shape = dict(batch=args.batch, src_length=args.length[0], steps=steps, d_model=args.d_model, layers=args.layers)
+    torch.manual_seed(0)
+    cfg = ModelConfig(src_vocab_size=1000, tgt_vocab_size=1000, d_model=args.d_model, n_heads=args.heads,
+                      d_ff=args.d_ff, n_encoder_layers=args.layers, n_decoder_layers=args.layers,
+                      positions=PositionConfig(scheme="shaw", max_distance=args.max_distance))
+    model = EncoderDecoder(cfg).to(device=device, dtype=dtype).eval()
+    src = torch.randint(4, 1000, (args.batch, args.length[0]), device=device)
+    eos = -1  # never emitted: both decoders run exactly `steps` steps
+    fns = {
+        "decode-recompute": lambda: greedy_recompute(model, src, steps),
+        "decode-cached": lambda: greedy_search(model, src, bos_id=1, eos_id=eos, pad_id=0, max_len_a=0.0,
+                                               max_len_b=steps),
+    }
+    # Both must produce the same tokens, or the comparison means nothing.
+    cached = fns["decode-cached"]()
+    if not torch.equal(cached[:, : steps - 1], fns["decode-recompute"]()[:, : steps - 1]):
+        raise RuntimeError("cached and recomputed greedy decoding disagree")
+    times = interleaved(fns, args.repeats, args.warmup, device)
+    base = statistics.median(times["decode-recompute"])
+    # ratio here is speed-up over recompute (higher is better)
+    return [Result(n, shape, statistics.median(t), t, None, base / statistics.median(t)) for n, t in times.items()]
+
+
+BENCHES = {"attention": bench_attention, "layer": bench_layer, "model": bench_model, "decode": bench_decode}
+RATIO_MEANING = {
+    "attention": "time / bare SDPA (lower is better)",
+    "layer": "time / module without positions (lower is better)",
+    "model": "throughput / sinusoidal model (higher is better)",
+    "decode": "speed-up over recompute-everything (higher is better)",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("what", choices=list(BENCHES), help="what to measure")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--length", type=int, nargs="+", default=[512])
+    parser.add_argument("--max-distance", type=int, default=16)
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--d-ff", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=128, help="decode: tokens generated")
+    parser.add_argument("--impl", nargs="+", default=["gather", "batched"], help="attention: impls to compare")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--forward-only", action="store_true")
+    parser.add_argument("--memory", action="store_true", help="attention: also measure peak memory")
+    parser.add_argument("--json", dest="json_path", default=None, help="also write results here")
+
+
+def run(args: argparse.Namespace) -> list[Result]:
+    from rich.console import Console
+    from rich.table import Table
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    results = BENCHES[args.what](args, device, dtype)
+    machine = dict(device=str(device), threads=torch.get_num_threads(), torch=torch.__version__,
+                   cpu=platform.processor() or platform.machine(),
+                   gpu=torch.cuda.get_device_name() if device.type == "cuda" else None)
+    table = Table(title=f"bench {args.what} — {machine['device']}, {machine['threads']} threads, {args.dtype}",
+                  caption=f"ratio: {RATIO_MEANING[args.what]}")
+    for col in ("candidate", "shape", "median ms", "ratio", "peak MB"):
+        table.add_column(col, justify="left" if col in ("candidate", "shape") else "right")
+    for r in results:
+        table.add_row(r.name, " ".join(f"{k}={v}" for k, v in r.shape.items()), f"{r.median_ms:.1f}",
+                      f"{r.ratio:.2f}" if r.ratio is not None else "", f"{r.peak_mb:.0f}" if r.peak_mb is not None else "")
+    Console().print(table)
+    if args.json_path:
+        payload = {"bench": args.what, "machine": machine, "args": {k: v for k, v in vars(args).items() if k != "func"},
+                   "results": [asdict(r) for r in results]}
+        with open(args.json_path, "w") as f:
+            json.dump(payload, f, indent=2)
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="relpos-lab bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
