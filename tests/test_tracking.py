@@ -1,0 +1,353 @@
+"""The run directory and its files, and the CSV + W&B loggers in real (tiny) Lightning fits."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import wandb
+from omegaconf import OmegaConf
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from relpos_lab import tracking
+from relpos_lab.loggers import RunCSVLogger, RunWandbLogger
+from relpos_lab.tracking import (
+    LoggingConfig,
+    build_loggers,
+    close_loggers,
+    log_samples,
+    plot_by_length,
+    plot_curves,
+    resolve_wandb_mode,
+    run_directory,
+    save_resolved_config,
+    wandb_run_id,
+    write_results,
+)
+from relpos_lab.wandb_offline import find_run_files, read_run, read_runs
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def offline_wandb(tmp_path, monkeypatch):
+    """Keep every W&B file of a test under tmp_path, offline, quiet, with no API key in sight."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONSOLE", "off")
+    for var, sub in (("WANDB_DIR", "wandb_dir"), ("WANDB_CONFIG_DIR", "wandb_config"),
+                     ("WANDB_CACHE_DIR", "wandb_cache"), ("WANDB_DATA_DIR", "wandb_data")):
+        monkeypatch.setenv(var, str(tmp_path / sub))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc W&B login
+    yield
+    if wandb.run is not None:
+        wandb.run.finish()
+
+
+def _cfg(tmp_path, **overrides):
+    base = {
+        "name": "exp",
+        "seed": 1,
+        "resume": False,
+        "task": {"name": "reverse", "vocab": 10},
+        "model": {"d_model": 32, "n_heads": 4, "positions": {"scheme": "shaw", "max_distance": 4}},
+        "trainer": {"max_steps": 10, "enable_progress_bar": False},
+        "cluster": {"partition": "gpu", "time": "01:00:00"},
+        "logging": OmegaConf.to_container(OmegaConf.structured(LoggingConfig)),
+    }
+    base["logging"]["root"] = str(tmp_path / "runs")
+    cfg = OmegaConf.create(base)
+    return OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()]))
+
+
+# --- run directory --------------------------------------------------------------------------
+
+
+def test_run_directory_is_a_readable_deterministic_path(tmp_path):
+    first, second = run_directory(_cfg(tmp_path)), run_directory(_cfg(tmp_path))
+    assert first == second
+    assert first.parent == tmp_path / "runs" / "exp"
+    assert first.name.startswith("reverse-shaw-k4-") and len(first.name.split("-")[-1]) == 8
+
+
+def test_run_directory_changes_with_an_experiment_key(tmp_path):
+    base = run_directory(_cfg(tmp_path))
+    assert run_directory(_cfg(tmp_path, **{"model.d_model": 64})) != base
+    assert run_directory(_cfg(tmp_path, seed=2)) != base
+
+
+def test_run_directory_ignores_resume_logging_cluster_and_display_keys(tmp_path):
+    base = run_directory(_cfg(tmp_path))
+    same = _cfg(tmp_path, resume=True, **{
+        "logging.wandb.mode": "disabled", "logging.wandb.tags": "[a,b]", "cluster.partition": "cpu",
+        "cluster.time": "02:00:00", "trainer.enable_progress_bar": True,
+    })
+    assert run_directory(same) == base
+
+
+def test_run_directory_hashes_resolved_values_not_interpolations(tmp_path):
+    direct = _cfg(tmp_path, **{"model.d_ff": 128})
+    interpolated = _cfg(tmp_path, **{"model.d_ff": 128})
+    interpolated.model.d_ff = "${oc.decode:'128'}"
+    assert run_directory(direct) == run_directory(interpolated)
+
+
+def test_run_directory_accepts_a_minimal_config():
+    assert run_directory(OmegaConf.create({"a": 1})).parent.as_posix() == "runs/default"
+
+
+def test_logging_config_is_a_structured_config():
+    cfg = OmegaConf.merge(OmegaConf.structured(LoggingConfig), {"wandb": {"tags": ["x"], "entity": "me"}})
+    assert (cfg.root, cfg.wandb.mode, cfg.wandb.project, cfg.wandb.entity, cfg.wandb.tags) == (
+        "runs", "offline", "relpos_lab", "me", ["x"])
+    with pytest.raises(Exception, match="num_samples"):
+        OmegaConf.merge(OmegaConf.structured(LoggingConfig), {"num_samples": "many"})
+
+
+# --- files in the run directory ---------------------------------------------------------------
+
+
+def test_results_json_holds_metrics_by_length_and_extra(tmp_path):
+    path = write_results(
+        tmp_path, {"acc": torch.tensor(0.5), "steps": 10},
+        by_length={"test": {12: {"acc": 0.25}, "13": {"acc": 0.0}}}, extra={"checkpoint": "last.ckpt"},
+    )
+    assert json.loads(path.read_text()) == {
+        "metrics": {"acc": 0.5, "steps": 10},
+        "by_length": {"test": {"12": {"acc": 0.25}, "13": {"acc": 0.0}}},
+        "checkpoint": "last.ckpt",
+    }
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, "0.5", True, None, torch.tensor([0.1, 0.2])])
+def test_results_refuse_a_non_finite_or_non_numeric_metric_and_keep_the_old_file(tmp_path, bad):
+    write_results(tmp_path, {"acc": 0.5})
+    with pytest.raises(ValueError, match=r"metrics\['loss'\]"):
+        write_results(tmp_path, {"acc": 0.9, "loss": bad})
+    assert json.loads((tmp_path / "results.json").read_text()) == {"metrics": {"acc": 0.5}}
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # no temporary file left
+
+
+def test_results_refuse_a_bad_per_length_value_naming_where(tmp_path):
+    with pytest.raises(ValueError, match=r"by_length\['test'\]\[7\]\['acc'\]"):
+        write_results(tmp_path, {"acc": 0.5}, by_length={"test": {7: {"acc": math.nan}}})
+    with pytest.raises(ValueError, match="not an integer"):
+        write_results(tmp_path, {"acc": 0.5}, by_length={"test": {"long": {"acc": 0.1}}})
+
+
+def test_results_extra_cannot_overwrite_a_section(tmp_path):
+    with pytest.raises(ValueError, match="overwrite"):
+        write_results(tmp_path, {"acc": 0.5}, extra={"metrics": {}})
+
+
+def test_saved_config_is_resolved_yaml(tmp_path):
+    cfg = _cfg(tmp_path)
+    cfg.model.d_ff = "${model.d_model}"
+    saved = OmegaConf.load(save_resolved_config(cfg, tmp_path / "run"))
+    assert saved.model.d_ff == 32 and saved.task.name == "reverse"
+
+
+def test_plot_by_length_writes_one_png_per_metric(tmp_path):
+    by_length = {
+        split: {n: {"acc": 1.0 / n, "exact_match": 0.5 / n} for n in range(lo, hi)}
+        for split, (lo, hi) in {"valid": (2, 9), "test": (2, 17)}.items()
+    }
+    paths = plot_by_length(tmp_path, by_length, train_range=(2, 8), title="reverse")
+    assert sorted(p.name for p in paths) == ["by_length_acc.png", "by_length_exact_match.png"]
+    for path in paths:
+        assert path.parent == tmp_path / "plots"
+        assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 10_000
+
+
+def test_plot_curves_accepts_json_length_keys(tmp_path):
+    curves = {"shaw k=4": {"10": 0.9, "2": 1.0, "30": 0.1}, "sinusoidal": {"2": 1.0, "10": 0.5}}
+    path = plot_curves(curves, tmp_path / "sweep.png", train_range=(2, 10), ylabel="exact match")
+    assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+# --- W&B mode and loggers -----------------------------------------------------------------------
+
+
+def test_wandb_is_offline_unless_online_is_asked_for(monkeypatch):
+    monkeypatch.delenv("WANDB_MODE")
+    assert resolve_wandb_mode("offline") == "offline"
+    assert resolve_wandb_mode("online") == "online"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert resolve_wandb_mode("offline") == "online"
+    assert resolve_wandb_mode("disabled") == "disabled"
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert resolve_wandb_mode("offline") == "offline"
+    with pytest.raises(ValueError, match="logging.wandb.mode"):
+        resolve_wandb_mode("cloud")
+
+
+def test_disabled_wandb_leaves_only_the_csv_logger(tmp_path):
+    loggers = build_loggers(_cfg(tmp_path, **{"logging.wandb.mode": "disabled"}), tmp_path / "run")
+    assert [type(lg) for lg in loggers] == [RunCSVLogger]
+
+
+def test_wandb_run_id_is_a_function_of_the_run_directory(tmp_path):
+    assert wandb_run_id(tmp_path / "a") == wandb_run_id(tmp_path / "x" / ".." / "a")
+    assert wandb_run_id(tmp_path / "a") != wandb_run_id(tmp_path / "b")
+
+
+def test_csv_logger_appends_to_an_existing_metrics_file_and_merges_columns(tmp_path):
+    first = RunCSVLogger(tmp_path)
+    first.log_metrics({"loss": 1.0}, step=0)
+    first.finalize("success")
+    second = RunCSVLogger(tmp_path)
+    second.log_metrics({"loss": 0.5, "acc": 0.25}, step=1)
+    second.finalize("success")
+    with open(tmp_path / "metrics.csv") as file:
+        rows = list(csv.DictReader(file))
+    assert rows == [{"acc": "", "loss": "1.0", "step": "0"}, {"acc": "0.25", "loss": "0.5", "step": "1"}]
+
+
+class TinyRegression(L.LightningModule):
+    """Smallest model that logs a training and a validation metric every step."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        loss = nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", nn.functional.mse_loss(self.layer(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit(loggers, run_dir, epochs=2):
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    trainer = L.Trainer(
+        max_epochs=epochs, logger=loggers, accelerator="cpu", devices=1, log_every_n_steps=1,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=run_dir,
+    )
+    trainer.fit(TinyRegression(), DataLoader(data, batch_size=4), DataLoader(data, batch_size=8))
+    return trainer
+
+
+def _csv_rows(run_dir):
+    with open(run_dir / "metrics.csv") as file:
+        return list(csv.DictReader(file))
+
+
+def test_offline_wandb_records_what_training_logged_and_resumes_the_same_run(tmp_path):
+    cfg = _cfg(tmp_path, **{"logging.wandb.tags": "[shaw,smoke]"})
+    run_dir = run_directory(cfg)
+    loggers = build_loggers(cfg, run_dir)
+    assert [type(lg) for lg in loggers] == [RunCSVLogger, RunWandbLogger]
+    _fit(loggers, run_dir)
+    close_loggers(loggers)
+
+    [path] = find_run_files(run_dir)
+    run = read_run(path)
+    logged = {(int(r["step"]), float(r["train/loss"])) for r in _csv_rows(run_dir) if r["train/loss"]}
+    recorded = {(r["trainer/global_step"], r["train/loss"]) for r in run.history if "train/loss" in r}
+    assert len(logged) == 8 and recorded == logged
+    assert len(run.metric("val/loss")) == 2
+    assert run.run_id == wandb_run_id(run_dir) and run.name == run_dir.name
+    assert (run.group, run.job_type, run.tags) == ("exp", "reverse", ["shaw", "smoke"])
+    assert run.config["model"]["positions"]["max_distance"] == 4
+    assert run.config["provenance"]["run_dir"] == str(run_dir.resolve())
+
+    second = build_loggers(cfg, run_dir)  # a re-launch of the same config: same directory
+    _fit(second, run_dir, epochs=1)
+    close_loggers(second)
+    assert list(read_runs(run_dir)) == [run.run_id]
+    assert [len(part.metric("train/loss")) for part in read_runs(run_dir)[run.run_id]] == [8, 4]
+    assert len([r for r in _csv_rows(run_dir) if r["train/loss"]]) == 12  # earlier rows kept
+
+
+def test_per_length_plot_and_samples_reach_wandb(tmp_path):
+    cfg = _cfg(tmp_path)
+    run_dir = run_directory(cfg)
+    loggers = build_loggers(cfg, run_dir)
+    by_length = {"test": {n: {"acc": 1.0 / n} for n in range(2, 6)}}
+    plot_by_length(run_dir, by_length, train_range=(2, 3), loggers=loggers)
+    log_samples(loggers, "samples/valid", ["source", "target", "prediction"], [["a b", "b a", "b a"]], step=5)
+    close_loggers(loggers)
+
+    history = read_run(find_run_files(run_dir)[0]).history
+    chart = next(r["by_length/acc_table"] for r in history if "by_length/acc_table" in r)
+    table = next(r["samples/valid"] for r in history if "samples/valid" in r)
+    assert (chart["nrows"], table["nrows"]) == (4, 1)
+    files = next(run_dir.glob("wandb/offline-run-*/files"))
+    assert json.loads((files / table["path"]).read_text())["data"] == [["a b", "b a", "b a"]]
+    assert sorted(json.loads((files / chart["path"]).read_text())["data"]) == [
+        ["test", n, 1.0 / n] for n in range(2, 6)]
+
+
+def test_requeue_signal_finishes_the_wandb_run_so_nothing_is_lost(tmp_path):
+    run_dir = tmp_path / "run"
+    [_, wb] = build_loggers(_cfg(tmp_path), run_dir)
+    wb.log_metrics({"train/loss": 0.5}, step=3)
+    wb.finalize("finished")  # what Lightning's SLURM handler calls before requeueing
+    run = read_run(find_run_files(run_dir)[0])
+    assert run.exit_code == 0 and run.metric("train/loss") == [0.5]
+
+
+def test_a_new_run_in_the_same_process_never_logs_into_the_previous_wandb_run(tmp_path):
+    [_, first] = build_loggers(_cfg(tmp_path), tmp_path / "first")
+    first.log_metrics({"x": 1.0}, step=0)  # left open, as a crashed sweep point might
+    [_, second] = build_loggers(_cfg(tmp_path), tmp_path / "second")
+    with pytest.warns(UserWarning, match="left open"):
+        second.log_metrics({"x": 2.0}, step=0)
+    close_loggers([first, second])
+    assert {run_id: parts[0].metric("x") for run_id, parts in read_runs(tmp_path).items()} == {
+        wandb_run_id(tmp_path / "first"): [1.0], wandb_run_id(tmp_path / "second"): [2.0]}
+
+
+def test_wandb_config_records_git_commit_and_slurm_ids(tmp_path, monkeypatch):
+    for var, value in (("SLURM_JOB_ID", "4242"), ("SLURM_ARRAY_JOB_ID", "4240"), ("SLURM_ARRAY_TASK_ID", "2")):
+        monkeypatch.setenv(var, value)
+    run_dir = tmp_path / "run"
+    loggers = build_loggers(_cfg(tmp_path), run_dir)
+    loggers[1].log_metrics({"x": 1.0}, step=0)
+    close_loggers(loggers)
+    provenance = read_run(find_run_files(run_dir)[0]).config["provenance"]
+    assert provenance["slurm"] == {"job_id": "4242", "array_job_id": "4240", "array_task_id": "2"}
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(tracking.__file__).parent,
+                          capture_output=True, text=True)
+    assert provenance.get("git_commit") == (head.stdout.strip() if head.returncode == 0 else None)
+
+
+def test_training_completes_when_wandb_init_fails(tmp_path, monkeypatch):
+    def broken_init(*args, **kwargs):
+        raise RuntimeError("no route to api.wandb.ai")
+
+    monkeypatch.setattr(wandb, "init", broken_init)
+    cfg = _cfg(tmp_path)
+    run_dir = run_directory(cfg)
+    loggers = build_loggers(cfg, run_dir)
+    with pytest.warns(UserWarning, match="no route to api.wandb.ai"):
+        trainer = _fit(loggers, run_dir)
+    close_loggers(loggers)
+    assert trainer.global_step == 8 and loggers[1].failed
+    assert len([r for r in _csv_rows(run_dir) if r["train/loss"]]) == 8
+    log_samples(loggers, "samples", ["x"], [["y"]])  # still a no-op, not an error
+
+
+def test_wandb_missing_entirely_leaves_csv_logging(tmp_path, monkeypatch):
+    def unavailable(**kwargs):
+        raise ModuleNotFoundError("No module named 'wandb'")
+
+    monkeypatch.setattr(tracking, "RunWandbLogger", unavailable)
+    with pytest.warns(UserWarning, match="CSV only"):
+        loggers = build_loggers(_cfg(tmp_path), tmp_path / "run")
+    assert [type(lg) for lg in loggers] == [RunCSVLogger]

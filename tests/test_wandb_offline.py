@@ -1,0 +1,110 @@
+"""The offline W&B run-file reader, checked against files written by the real wandb client."""
+
+from __future__ import annotations
+
+import pytest
+import wandb
+
+from relpos_lab.wandb_offline import RunFileError, find_run_files, read_records, read_run, read_runs
+
+
+@pytest.fixture(autouse=True)
+def offline_wandb(tmp_path, monkeypatch):
+    """Keep every W&B file of a test under tmp_path, offline, and quiet."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONSOLE", "off")
+    for var, sub in (("WANDB_DIR", "wandb_dir"), ("WANDB_CONFIG_DIR", "wandb_config"),
+                     ("WANDB_CACHE_DIR", "wandb_cache"), ("WANDB_DATA_DIR", "wandb_data")):
+        monkeypatch.setenv(var, str(tmp_path / sub))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    yield
+    if wandb.run is not None:
+        wandb.run.finish()
+
+
+def _log_run(root, run_id, rows, config=None, **init):
+    run = wandb.init(dir=str(root), id=run_id, project="reader-test", config=config, **init)
+    for row in rows:
+        run.log(row)
+    run.finish()
+
+
+def test_history_config_and_metadata_read_back(tmp_path):
+    rows = [{"loss": 1.0 / (i + 1), "acc": i / 4, "val": {"bleu": 10.0 * i}, "note": f"s{i}"} for i in range(4)]
+    _log_run(tmp_path, "abc123", rows, config={"model": {"d_model": 64}, "lr": 0.001},
+             group="g1", job_type="reverse", tags=["shaw"], name="reverse-shaw")
+    [path] = find_run_files(tmp_path)
+    run = read_run(path)
+
+    assert run.run_id == "abc123"
+    assert (run.project, run.group, run.job_type, run.name, run.tags) == (
+        "reader-test", "g1", "reverse", "reverse-shaw", ["shaw"])
+    assert run.config == {"model": {"d_model": 64}, "lr": 0.001}
+    assert run.metric("loss") == [1.0, 0.5, 1.0 / 3, 0.25]
+    assert [r["val"]["bleu"] for r in run.history] == [0.0, 10.0, 20.0, 30.0]
+    assert run.metric("note") == ["s0", "s1", "s2", "s3"]
+    assert run.summary["acc"] == 0.75
+    assert run.exit_code == 0
+
+
+def test_records_spanning_several_blocks_are_reassembled(tmp_path):
+    big = "x" * 100_000  # a history record ~3 blocks of 32 KiB long: first, middle, last chunks
+    _log_run(tmp_path, "big1", [{"text": big, "n": 1}, {"n": 2}])
+    run = read_run(find_run_files(tmp_path)[0])
+    assert run.metric("text") == [big]
+    assert run.metric("n") == [1, 2]
+
+
+def test_config_updates_after_init_are_applied(tmp_path):
+    run = wandb.init(dir=str(tmp_path), id="cfg1", project="reader-test", config={"a": 1})
+    run.config.update({"b": {"c": 2}, "a": 3}, allow_val_change=True)
+    run.finish()
+    assert read_run(find_run_files(tmp_path)[0]).config == {"a": 3, "b": {"c": 2}}
+
+
+def test_resumed_run_files_are_grouped_by_id_in_start_order(tmp_path):
+    _log_run(tmp_path, "same", [{"x": 1}])
+    _log_run(tmp_path, "same", [{"x": 2}], resume="allow")
+    _log_run(tmp_path, "other", [{"x": 9}])
+    runs = read_runs(tmp_path)
+    assert sorted(runs) == ["other", "same"]
+    assert [part.metric("x") for part in runs["same"]] == [[1], [2]]
+
+
+def test_truncated_file_yields_complete_records_and_warns(tmp_path):
+    _log_run(tmp_path, "cut1", [{"x": i} for i in range(5)])
+    path = find_run_files(tmp_path)[0]
+    full = list(read_records(path))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 3])  # inside the last chunk
+    with pytest.warns(UserWarning, match="ends inside a record"):
+        cut = list(read_records(path))
+    assert 0 < len(cut) < len(full)
+    assert cut == full[: len(cut)]
+
+
+def test_corrupt_chunk_is_an_error(tmp_path):
+    _log_run(tmp_path, "bad1", [{"x": 1}])
+    path = find_run_files(tmp_path)[0]
+    data = bytearray(path.read_bytes())
+    data[20] ^= 0xFF  # inside the first chunk's payload
+    path.write_bytes(bytes(data))
+    with pytest.raises(RunFileError, match="checksum mismatch"):
+        list(read_records(path))
+
+
+def test_a_file_that_is_not_a_run_file_is_an_error(tmp_path):
+    path = tmp_path / "run-x.wandb"
+    path.write_bytes(b"hello world")
+    with pytest.raises(RunFileError, match="not a W&B run file"):
+        read_run(path)
+
+
+def test_find_run_files_looks_only_in_offline_run_folders(tmp_path):
+    for rel in ("a/wandb/offline-run-1-x/run-x.wandb", "b/c/wandb/offline-run-2-y/run-y.wandb",
+                "d/offline-run-3-z/run-z.wandb", "e/wandb/run-4-w/run-w.wandb"):
+        (tmp_path / rel).parent.mkdir(parents=True)
+        (tmp_path / rel).write_bytes(b"")
+    found = [p.relative_to(tmp_path).as_posix() for p in find_run_files(tmp_path)]
+    assert found == ["a/wandb/offline-run-1-x/run-x.wandb", "b/c/wandb/offline-run-2-y/run-y.wandb"]
