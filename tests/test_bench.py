@@ -1,0 +1,51 @@
+"""`relpos-lab bench` runs every benchmark end to end and records what it measured (no timing asserts)."""
+import json
+
+import pytest
+
+from relpos_lab import bench
+
+TINY = ["--batch", "1", "--heads", "2", "--head-dim", "8", "--d-model", "16", "--d-ff", "32",
+        "--layers", "1", "--length", "16", "--max-distance", "2", "--repeats", "2", "--warmup", "1"]
+
+
+@pytest.mark.parametrize("what", ["attention", "layer", "model", "decode"])
+def test_bench_writes_a_result_per_candidate(what, tmp_path):
+    out = tmp_path / "bench.json"
+    extra = ["--steps", "8"] if what == "decode" else []
+    bench.main([what, *TINY, *extra, "--json", str(out)])
+    payload = json.loads(out.read_text())
+    names = {r["name"] for r in payload["results"]}
+    expected = {
+        "attention": {"sdpa", "unfused", "shaw-gather", "shaw-batched"},
+        "layer": {"layer-none", "layer-shaw"},
+        "model": {"model-sinusoidal", "model-shaw"},
+        "decode": {"decode-recompute", "decode-cached"},
+    }[what]
+    assert names == expected
+    for r in payload["results"]:
+        assert len(r["times_ms"]) == 2 and r["median_ms"] > 0 and r["ratio"] > 0
+    assert payload["machine"]["threads"] >= 1
+
+
+def test_attention_bench_measures_peak_memory_in_a_subprocess(tmp_path):
+    out = tmp_path / "bench.json"
+    bench.main(["attention", *TINY, "--impl", "gather", "--memory", "--json", str(out)])
+    peaks = {r["name"]: r["peak_mb"] for r in json.loads(out.read_text())["results"]}
+    assert set(peaks) == {"sdpa", "unfused", "shaw-gather"}
+    assert all(p is not None and p >= 0 for p in peaks.values())
+
+
+def test_recompute_baseline_agrees_with_cached_greedy():
+    import torch
+
+    from relpos_lab.decoding import greedy_search
+    from relpos_lab.transformer import EncoderDecoder, ModelConfig
+
+    torch.manual_seed(0)
+    model = EncoderDecoder(ModelConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2, d_ff=32,
+                                       n_encoder_layers=1, n_decoder_layers=1, dropout=0.0)).eval()
+    src = torch.randint(4, 20, (3, 5))
+    cached = greedy_search(model, src, bos_id=1, eos_id=-1, pad_id=0, max_len_a=0.0, max_len_b=12)
+    # The budget forces EOS (-1, never predicted) as the 12th token; the 11 before must agree.
+    assert torch.equal(bench.greedy_recompute(model, src, 12)[:, :11], cached[:, :11])
