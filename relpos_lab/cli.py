@@ -1,0 +1,183 @@
+"""The `relpos-lab` command (also `python -m relpos_lab`): one function per verb.
+
+A verb is a function decorated with `@command(name, help, *arguments)`; its arguments are argparse
+`arg(...)` specs. Adding `sweep`, `submit`, `bench`, `translate` or `report` is one such function
+(here or in a module imported below). Verbs import the heavy machinery (Lightning) inside the
+function, so `--help` and input errors answer quickly.
+
+Bad input raises `UserError`: the command prints one line to stderr and exits with status 2, no
+traceback. Anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .errors import UserError
+
+PROG = "relpos-lab"
+console = Console()
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    arguments: tuple[tuple[tuple[str, ...], dict[str, Any]], ...]
+    run: Callable[[argparse.Namespace], int | None]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def arg(*names: str, **kwargs: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """An argparse argument spec: the same parameters as `ArgumentParser.add_argument`."""
+    return names, kwargs
+
+
+def command(name: str, help: str, *arguments: tuple) -> Callable:
+    """Register the decorated function as verb `name`; it returns an exit status (None = 0)."""
+
+    def register(fn: Callable[[argparse.Namespace], int | None]) -> Callable:
+        COMMANDS[name] = Command(name, help, arguments, fn)
+        return fn
+
+    return register
+
+
+OVERRIDES = arg("overrides", nargs="*", metavar="key=value",
+                help="config overrides in OmegaConf dot-list syntax, e.g. optim.lr=3e-4 task.test_lengths=[1,64]")
+
+
+# --- verbs ----------------------------------------------------------------------------------
+
+
+@command("train", "train a model from an experiment config", arg("config", help="experiment YAML file"), OVERRIDES)
+def train(args: argparse.Namespace) -> None:
+    from . import experiment
+    from .config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    summary = experiment.train(cfg, echo=_echo)
+    if summary.metrics:  # rank 0 of a distributed run
+        show_summary(summary, f"{cfg.name}: trained")
+
+
+@command("eval", "evaluate a checkpoint on a split (the same evaluation as validation)",
+         arg("checkpoint", help="a .ckpt file written by `relpos-lab train`"),
+         arg("--split", default="test", help="split to evaluate (default: test)"),
+         arg("--output", default=None, help="directory for results.json and plots "
+             "(default: <run dir>/eval/<checkpoint>-<split>)"),
+         OVERRIDES)
+def evaluate(args: argparse.Namespace) -> None:
+    from . import experiment
+
+    summary = experiment.evaluate(args.checkpoint, args.split, args.overrides, args.output)
+    show_summary(summary, f"{Path(args.checkpoint).name} on {args.split}")
+
+
+@command("tasks", "list installed tasks (built-in and plugins), with any that failed to load")
+def tasks(args: argparse.Namespace) -> None:
+    from . import registry
+
+    entries = registry.discover()
+    table = Table(title=f"tasks (entry-point group {registry.GROUP})", title_justify="left")
+    for column in ("task", "class", "distribution", "description"):
+        table.add_column(column)
+    for e in entries:
+        if e.error is None:
+            table.add_row(e.name, e.target, e.distribution or "", e.task_class.describe())
+        else:
+            table.add_row(f"[red]{e.name}[/red]", e.target, e.distribution or "", f"[red]failed to load: {e.error}[/red]")
+    console.print(table)
+    broken = sum(e.error is not None for e in entries)
+    console.print(f"{len(entries) - broken} available" + (f", {broken} failed to load" if broken else ""))
+
+
+@command("config", "print the resolved config (defaults, extends, overrides) as YAML",
+         arg("config", help="experiment YAML file"), OVERRIDES)
+def show_config(args: argparse.Namespace) -> None:
+    from .config import load_config, to_yaml
+    from .tracking import run_directory
+
+    cfg = load_config(args.config, args.overrides)
+    sys.stdout.write(f"# run directory: {run_directory(cfg)}\n{to_yaml(cfg)}")
+
+
+# --- presentation ---------------------------------------------------------------------------
+
+
+def show_summary(summary, title: str) -> None:
+    """One screen: where everything is, and the final metrics as a split × metric table."""
+    where = [("run directory", summary.run_dir), ("results", summary.results),
+             ("checkpoint", summary.checkpoint), ("resumed from", summary.resumed_from)]
+    where += [("plot", p) for p in summary.plots]
+    if sorted((summary.run_dir / "wandb").glob("offline-run-*")):
+        where.append(("W&B (offline)", f"wandb sync {_shown(summary.run_dir / 'wandb')}/offline-run-*"))
+    console.rule(f"[bold]{title}[/bold] in {summary.seconds:.0f}s")
+    for label, value in where:
+        if value:  # paths stay on one line (soft wrap) so they can be copied
+            console.print(f"{label:>14}  {_shown(value)}", markup=False, highlight=False, soft_wrap=True)
+    splits: dict[str, dict[str, float]] = {}
+    for key, value in summary.metrics.items():
+        split, _, name = key.rpartition("/")
+        splits.setdefault(split, {})[name] = value
+    names = list(dict.fromkeys(n for values in splits.values() for n in values))
+    metrics = Table("split", *names)
+    for split, values in splits.items():
+        metrics.add_row(split, *(f"{values[n]:.4f}" if n in values else "" for n in names))
+    console.print(metrics)
+
+
+def _shown(path: Path | str) -> str:
+    """A path relative to the working directory when it lies below it, else absolute."""
+    if not isinstance(path, Path):
+        return path
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
+def _echo(message: str) -> None:
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+# --- entry point ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="Experiments with position schemes in Transformers.")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
+    for cmd in COMMANDS.values():
+        sub = verbs.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        for names, kwargs in cmd.arguments:
+            sub.add_argument(*names, **kwargs)
+        sub.set_defaults(command=cmd)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse stops filling a trailing `overrides` list at the first option (`eval X --split
+    # test a=1`): collect such key=value words here; anything else is a real error.
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return args.command.run(args) or 0
+    except UserError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130

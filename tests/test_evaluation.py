@@ -1,0 +1,92 @@
+"""Evaluation: the task metrics overall and per length bucket, on hand-made predictions."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relpos_lab.evaluation import Evaluation
+from relpos_lab.task import Task, TaskConfig, Vocabulary, align
+
+PAD, EOS = Vocabulary.pad_id, Vocabulary.eos_id
+
+
+class _Symbols(Task):
+    def build_vocab(self) -> Vocabulary:
+        return Vocabulary("abcdef")
+
+
+def evaluation(buckets=(1, 2, 3)) -> Evaluation:
+    return Evaluation(_Symbols(TaskConfig(name="symbols")).build_metrics(), buckets)
+
+
+def test_metrics_are_exact_overall_and_per_length_bucket():
+    # References (EOS = 2, pad = 0) and predictions, bucketed by source length 1, 1, 2, 3.
+    target = torch.tensor([[4, EOS, PAD, PAD], [5, EOS, PAD, PAD], [4, 5, EOS, PAD], [4, 5, 6, EOS]])
+    preds = torch.tensor([[4, EOS, PAD, PAD], [6, EOS, PAD, PAD], [4, 5, EOS, PAD], [4, 6, 6, EOS]])
+    ev = evaluation()
+    ev.update(preds, target, lengths=torch.tensor([1, 1, 2, 3]))
+    result = ev.compute()
+    assert result.metrics["exact_match"] == pytest.approx(2 / 4)
+    assert result.metrics["token_accuracy"] == pytest.approx(9 / 11)  # 11 reference tokens, 2 wrong
+    assert result.by_length == {
+        1: {"exact_match": 0.5, "token_accuracy": pytest.approx(3 / 4), "n": 2.0},
+        2: {"exact_match": 1.0, "token_accuracy": 1.0, "n": 1.0},
+        3: {"exact_match": 0.0, "token_accuracy": 0.75, "n": 1.0},
+    }
+
+
+def test_metrics_accumulate_over_batches_and_reset():
+    ev = evaluation()
+    ev.update(torch.tensor([[4, EOS]]), torch.tensor([[4, EOS]]), lengths=torch.tensor([1]))
+    ev.update(torch.tensor([[5, EOS]]), torch.tensor([[4, EOS]]), lengths=torch.tensor([1]))
+    assert ev.compute().by_length[1]["exact_match"] == 0.5
+    ev.reset()
+    ev.update(torch.tensor([[4, EOS]]), torch.tensor([[4, EOS]]), lengths=torch.tensor([1]))
+    assert ev.compute().metrics["exact_match"] == 1.0
+
+
+def test_buckets_without_examples_are_left_out():
+    ev = evaluation(buckets=(1, 2, 3))
+    ev.update(torch.tensor([[4, EOS]]), torch.tensor([[4, EOS]]), lengths=torch.tensor([1]))
+    assert set(ev.compute().by_length) == {1}
+
+
+def test_a_length_without_bucket_is_an_error():
+    ev = evaluation(buckets=(1, 2))
+    with pytest.raises(ValueError, match="length 7 has no bucket"):
+        ev.update(torch.tensor([[4, EOS]]), torch.tensor([[4, EOS]]), lengths=torch.tensor([7]))
+
+
+def test_without_buckets_there_is_no_by_length():
+    ev = evaluation(buckets=None)
+    ev.update(torch.tensor([[4, EOS]]), torch.tensor([[4, EOS]]), lengths=torch.tensor([1]))
+    assert ev.compute().by_length is None
+
+
+def test_nll_is_token_weighted_and_gives_perplexity():
+    ev = evaluation()
+    ev.update(torch.tensor([[4, EOS]]), torch.tensor([[4, EOS]]), lengths=torch.tensor([1]))
+    ev.update_nll(torch.tensor(3.0), torch.tensor(1))
+    ev.update_nll(torch.tensor(3.0), torch.tensor(3))  # mean (3 + 3) / 4 tokens
+    metrics = ev.compute().metrics
+    assert metrics["loss"] == pytest.approx(1.5) and metrics["ppl"] == pytest.approx(torch.tensor(1.5).exp().item())
+
+
+def test_a_prediction_longer_than_its_reference_does_not_match():
+    target = torch.tensor([[4, 5, EOS]])
+    longer = align(torch.tensor([[4, 5, 6, EOS]]), target.shape[1], PAD)
+    shorter = align(torch.tensor([[4, EOS]]), target.shape[1], PAD)
+    assert longer.tolist() == [[4, 5, 6]] and shorter.tolist() == [[4, EOS, PAD]]
+    ev = evaluation()
+    ev.update(torch.cat((longer, shorter)), target.repeat(2, 1), lengths=torch.tensor([2, 2]))
+    assert ev.compute().metrics["exact_match"] == 0.0
+
+
+def test_list_arguments_are_split_by_bucket_too():
+    from torchmetrics import MetricCollection
+    from torchmetrics.text import CharErrorRate
+
+    ev = Evaluation(MetricCollection({"cer": CharErrorRate()}), buckets=(1, 2))
+    ev.update(["ab", "xy"], ["ab", "ab"], lengths=torch.tensor([1, 2]))
+    by_length = ev.compute().by_length
+    assert by_length[1]["cer"] == 0.0 and by_length[2]["cer"] == 1.0

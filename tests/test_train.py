@@ -1,0 +1,229 @@
+"""Training through the CLI: a real Lightning fit on CPU, its run directory, resume, bad input."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from relpos_lab import cli
+from relpos_lab.wandb_offline import read_run, read_runs
+
+TINY = """
+task: {name: reverse, train_lengths: [1, 4], valid_lengths: [1, 4], test_lengths: [1, 6],
+       train_size: 256, eval_size_per_length: 4}
+model: {d_model: 16, n_heads: 2, d_ff: 32, n_encoder_layers: 1, n_decoder_layers: 1, dropout: 0.0,
+        attention_dropout: 0.0, positions: {scheme: shaw, max_distance: 4}}
+data: {batch_size: 16, eval_batch_size: 64}
+optim: {lr: 0.003, warmup_steps: 5}
+trainer: {accelerator: cpu, max_steps: 30, val_every_n_steps: 12, log_every_n_steps: 5,
+          num_sanity_val_steps: 0, enable_progress_bar: false, enable_model_summary: false}
+logging: {root: runs}
+"""
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "relpos_lab", *args]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "250"}
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(command(*args), cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+
+
+def run_dir_of(root: Path) -> Path:
+    (run_dir,) = [p for p in root.glob("runs/*/*") if p.is_dir()]
+    return run_dir
+
+
+def global_step(checkpoint: Path) -> int:
+    return torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One tiny reverse run through `python -m relpos_lab train`, with offline W&B."""
+    root = tmp_path_factory.mktemp("train")
+    (root / "tiny.yaml").write_text(TINY)
+    out = run_cli("train", "tiny.yaml", cwd=root)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return root, run_dir_of(root), out
+
+
+def test_train_writes_the_run_directory(trained):
+    _, run_dir, out = trained
+    for name in ("config.yaml", "checkpoints/last.ckpt", "metrics.csv", "results.json"):
+        assert (run_dir / name).is_file(), name
+    assert sorted(p.name for p in (run_dir / "plots").glob("*.png")) == [
+        "by_length_exact_match.png", "by_length_token_accuracy.png"]
+    assert list((run_dir / "checkpoints").glob("best-step=*.ckpt"))
+    assert f"Run directory: {run_dir.relative_to(trained[0])}" in out.stdout
+    assert "results.json" in out.stdout and "exact_match" in out.stdout  # the closing summary
+
+
+def test_results_hold_valid_and_test_metrics_and_every_test_length(trained):
+    _, run_dir, _ = trained
+    results = json.loads((run_dir / "results.json").read_text())
+    for split in ("valid", "test"):
+        for metric in ("exact_match", "token_accuracy", "loss"):
+            assert f"{split}/{metric}" in results["metrics"]
+    assert sorted(int(n) for n in results["by_length"]["test"]) == [1, 2, 3, 4, 5, 6]
+    assert results["by_length"]["test"]["6"]["n"] == 4
+    assert results["global_step"] == 30 and results["started_at_step"] == 0
+    assert global_step(run_dir / "checkpoints" / "last.ckpt") == 30
+
+
+def test_training_learns_something(trained):
+    _, run_dir, _ = trained
+    rows = (run_dir / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    losses = [float(r.split(",")[header.index("train/loss")]) for r in rows[1:] if r.split(",")[header.index("train/loss")]]
+    assert len(losses) >= 5 and losses[-1] < losses[0]
+
+
+def test_wandb_offline_history_holds_the_logged_metrics(trained):
+    _, run_dir, _ = trained
+    runs = read_runs(run_dir / "wandb")
+    assert len(runs) == 1
+    (run,) = next(iter(runs.values()))
+    assert run.metric("train/loss") and run.metric("valid/exact_match") and run.metric("test/exact_match")
+    assert run.job_type == "reverse" and run.group == "tiny"
+
+
+def test_eval_command_reproduces_the_final_test_metrics(trained):
+    root, run_dir, _ = trained
+    results = json.loads((run_dir / "results.json").read_text())
+    checkpoint = run_dir / results["checkpoint"]
+    out = run_cli("eval", str(checkpoint), "--split", "test", "--output", "eval_out", cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    evaluated = json.loads((root / "eval_out" / "results.json").read_text())
+    for name in ("exact_match", "token_accuracy", "loss"):
+        assert evaluated["metrics"][f"test/{name}"] == pytest.approx(results["metrics"][f"test/{name}"], abs=1e-6)
+    assert evaluated["by_length"]["test"] == results["by_length"]["test"]
+
+
+def test_eval_overrides_apply_to_the_checkpoints_config(trained):
+    root, run_dir, _ = trained
+    out = run_cli("eval", str(run_dir / "checkpoints" / "last.ckpt"), "--split", "test",
+                  "task.test_lengths=[7,8]", "--output", "longer", cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    evaluated = json.loads((root / "longer" / "results.json").read_text())
+    assert sorted(evaluated["by_length"]["test"]) == ["7", "8"]
+
+
+def test_rerunning_a_finished_run_without_resume_is_refused(trained, monkeypatch, capsys):
+    root, run_dir, _ = trained
+    monkeypatch.chdir(root)
+    err = one_line_error(capsys, "train", "tiny.yaml", "logging.wandb.mode=disabled")
+    assert "resume=true" in err and str(run_dir.name) in err
+
+
+def test_killed_run_resumes_from_last_checkpoint_in_the_same_directory(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    args = ["train", "tiny.yaml", "trainer.max_steps=300", "trainer.val_every_n_steps=150",
+            "trainer.checkpoint_every_n_steps=20"]
+    first = subprocess.Popen(command(*args), cwd=tmp_path, env=env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while not list(tmp_path.glob("runs/*/*/checkpoints/last.ckpt")) and first.poll() is None:
+            assert time.time() < deadline, "no checkpoint appeared"
+            time.sleep(0.05)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # preemption: no chance to clean up
+        first.wait()
+    run_dir = run_dir_of(tmp_path)
+    killed_at = global_step(run_dir / "checkpoints" / "last.ckpt")
+    assert 0 < killed_at < 300
+
+    out = run_cli(*args, "resume=true", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert run_dir_of(tmp_path) == run_dir  # same directory, no second run
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["started_at_step"] == killed_at and results["global_step"] == 300
+    assert global_step(run_dir / "checkpoints" / "last.ckpt") == 300
+    # Both attempts log into one W&B run (the killed attempt's file may be cut short).
+    attempts = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(attempts) == 2 and len({p.name.rsplit("-", 1)[1] for p in attempts}) == 1
+    (resumed,) = attempts[1].glob("run-*.wandb")
+    assert read_run(resumed).run_id == attempts[0].name.rsplit("-", 1)[1]
+
+
+# --- bad input: one clear line on stderr, exit status 2 ------------------------------------------
+
+
+def one_line_error(capsys, *argv: str) -> str:
+    assert cli.main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("relpos-lab: error: ")
+    return err
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch) -> str:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    return "tiny.yaml"
+
+
+def test_unknown_config_key_is_one_line(tiny, capsys, tmp_path):
+    (tmp_path / "bad.yaml").write_text("extends: tiny.yaml\ntrainer: {max_step: 3}\n")
+    err = one_line_error(capsys, "train", "bad.yaml")
+    assert "bad.yaml: unknown key 'trainer.max_step'; did you mean 'trainer.max_steps'?" in err
+
+
+def test_misspelled_task_is_one_line(tiny, capsys):
+    err = one_line_error(capsys, "train", tiny, "task.name=revrse")
+    assert "unknown task 'revrse'; did you mean 'reverse'?" in err
+
+
+def test_impossible_model_shape_is_one_line(tiny, capsys):
+    err = one_line_error(capsys, "train", tiny, "model.d_model=30", "model.n_heads=4")
+    assert "model.d_model=30 is not divisible by model.n_heads=4" in err
+
+
+def test_missing_config_file_is_one_line(tiny, capsys):
+    assert "config file not found: missing.yaml" in one_line_error(capsys, "train", "missing.yaml")
+
+
+def test_fp16_on_cpu_is_one_line(tiny, capsys):
+    err = one_line_error(capsys, "train", tiny, "trainer.precision=16-mixed")
+    assert "needs a GPU" in err and "bf16-mixed" in err
+
+
+def test_missing_checkpoint_is_one_line(tiny, capsys):
+    assert "checkpoint not found" in one_line_error(capsys, "eval", "nope.ckpt")
+
+
+def test_console_script_reports_bad_input_without_traceback(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    script = Path(sys.executable).with_name("relpos-lab")
+    out = subprocess.run([str(script), "train", "tiny.yaml", "task.name=revrse"], cwd=tmp_path, env=env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("relpos-lab: error: command line: task.name: unknown task 'revrse'")
+    assert "did you mean 'reverse'?" in line
+
+
+def test_config_command_prints_the_resolved_config_and_its_run_directory(tiny, capsys):
+    assert cli.main(["config", tiny, "optim.lr=0.5"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# run directory: runs/tiny/reverse-shaw-k4-")
+    assert "  lr: 0.5\n" in out and "  name: reverse\n" in out
+
+
+def test_eval_of_an_unknown_split_lists_the_splits(trained, monkeypatch, capsys):
+    root, run_dir, _ = trained
+    monkeypatch.chdir(root)
+    err = one_line_error(capsys, "eval", str(run_dir / "checkpoints" / "last.ckpt"), "--split", "tset")
+    assert "no split 'tset'; did you mean 'test'? splits: train, valid, test" in err
