@@ -111,6 +111,40 @@ def show_config(args: argparse.Namespace) -> None:
     sys.stdout.write(f"# run directory: {run_directory(cfg)}\n{to_yaml(cfg)}")
 
 
+@command("sweep", "run a grid of experiments from a sweep file, skipping finished points",
+         arg("sweep_file", help="sweep YAML (configs/sweep/...)"),
+         arg("--max-parallel", type=int, default=1, help="points trained at once (local runs)"),
+         arg("--point", type=int, default=None, help="train only grid point N, in this process "
+             "(what local workers and SLURM array tasks run)"),
+         arg("--list", action="store_true", help="print the grid and each point's status, run nothing"),
+         OVERRIDES)
+def sweep(args: argparse.Namespace) -> int:
+    from . import experiment
+    from .config import load_config
+    from .sweep import is_finished, load_sweep, run_locally
+
+    grid = load_sweep(args.sweep_file, args.overrides)
+    if args.point is not None:
+        if not 0 <= args.point < len(grid.points):
+            raise UserError(f"--point {args.point} is outside the grid of {grid.path} (0..{len(grid.points) - 1})")
+        cfg = load_config(grid.experiment, [*grid.overrides_of(args.point), "resume=true"])
+        summary = experiment.train(cfg, echo=_echo)
+        if summary.metrics:
+            show_summary(summary, f"{grid.name} point {args.point} {grid.points[args.point].labels}")
+        return 0
+    manifest = grid.write_manifest()
+    if args.list:
+        table = Table(*grid.axes, "point", "status", "run directory", title=f"sweep {grid.name} ({manifest})")
+        for p in grid.points:
+            table.add_row(*p.labels.values(), str(p.index), "finished" if is_finished(p) else "to run", _shown(Path(p.run_dir)))
+        console.print(table)
+        return 0
+    failed = run_locally(grid, args.max_parallel, echo=_echo)
+    console.print(f"sweep {grid.name}: {len(grid.points) - len(failed)}/{len(grid.points)} points finished; "
+                  f"report with: {PROG} report {_shown(grid.directory)}")
+    return 1 if failed else 0
+
+
 # --- presentation ---------------------------------------------------------------------------
 
 

@@ -91,3 +91,27 @@ def _take(x: Any, index: Tensor) -> Any:
     if isinstance(x, Tensor):
         return x.index_select(0, index.to(x.device))
     return [x[i] for i in index.tolist()]
+
+
+def length_generalization(by_length: dict, train_range: tuple[int, int] | None) -> dict[str, float]:
+    """The probe's summary numbers: each metric averaged over the buckets inside the training
+    range (`<metric>_id`) and over the longer ones (`<metric>_ood`), every bucket weighted alike.
+
+    Buckets shorter than the training range count as neither.
+    """
+    if not by_length or train_range is None:
+        return {}
+    lo, hi = train_range
+    groups = {"id": [], "ood": []}
+    for length, row in by_length.items():
+        n = int(length)
+        if lo <= n <= hi:
+            groups["id"].append(row)
+        elif n > hi:
+            groups["ood"].append(row)
+    out = {}
+    for group, rows in groups.items():
+        for metric in sorted({m for row in rows for m in row if m != "n"}):
+            values = [row[metric] for row in rows if metric in row]
+            out[f"{metric}_{group}"] = sum(values) / len(values)
+    return out

@@ -28,7 +28,7 @@ from . import registry, tracking
 from .config import config_from_container
 from .data import TaskDataModule
 from .errors import UserError
-from .evaluation import EvalResult
+from .evaluation import EvalResult, length_generalization
 from .module import RelposModule
 
 CHECKPOINTS = "checkpoints"
@@ -178,6 +178,9 @@ def check_hardware(cfg: DictConfig) -> None:
 def _write(out_dir: Path, splits: dict[str, EvalResult], task, loggers, extra: dict) -> RunSummary:
     metrics = {f"{split}/{k}": v for split, r in splits.items() for k, v in r.metrics.items()}
     by_length = {split: r.by_length for split, r in splits.items() if r.by_length}
+    for split, rows in by_length.items():
+        summary = length_generalization(rows, task.train_length_range())
+        metrics.update({f"{split}/{k}": v for k, v in summary.items()})
     results = tracking.write_results(out_dir, metrics, by_length or None, extra)
     curves = {split: {n: {k: v for k, v in row.items() if k != "n"} for n, row in rows.items()}
               for split, rows in by_length.items()}  # example counts are not worth a plot

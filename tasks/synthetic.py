@@ -1,7 +1,9 @@
-"""Copy and reverse: algorithmic sequence-to-sequence tasks for probing position schemes.
+"""Algorithmic sequence-to-sequence tasks for probing position schemes.
 
-The source is a random string over a small alphabet; the target is the same string (copy) or the
-string reversed (reverse). Reversing needs to know where each token sits relative to the end,
+The source is a random string over a small alphabet; the target is the same string (copy), the
+string reversed (reverse), written twice (duplicate), sorted (sort), or its odd-position symbols
+followed by its even-position ones (odds_first) — the string tasks of Delétang et al. (2023) and
+Ontañón et al. (2022) that need no arithmetic carry. Reversing needs to know where each token sits relative to the end,
 which is what position representations provide; evaluating on lengths longer than any seen in
 training asks whether they generalise (Shaw et al. argue clipped relative positions do).
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from relpos_lab.task import Pair, Task, TaskConfig, Vocabulary
+from relpos_lab.task import DecodingConfig, Pair, Task, TaskConfig, Vocabulary
 
 
 @dataclass
@@ -31,6 +33,7 @@ class SyntheticConfig(TaskConfig):
     test_lengths: list[int] = field(default_factory=lambda: [1, 32])  # may exceed training
     train_size: int = 20000  # training examples, lengths drawn uniformly from train_lengths
     eval_size_per_length: int = 32  # valid/test examples for each length of their range
+    eval_length_step: int = 1  # evaluate every n-th length of the valid/test ranges (long probes)
     data_seed: int | None = None  # None: the experiment's seed
 
     def validate(self) -> None:
@@ -41,7 +44,7 @@ class SyntheticConfig(TaskConfig):
             value = list(getattr(self, name))
             if len(value) != 2 or not 1 <= value[0] <= value[1]:
                 raise ValueError(f"task.{name}={value} must be [min, max] with 1 <= min <= max")
-        for name in ("train_size", "eval_size_per_length"):
+        for name in ("train_size", "eval_size_per_length", "eval_length_step"):
             if getattr(self, name) < 1:
                 raise ValueError(f"task.{name}={getattr(self, name)} must be >= 1")
 
@@ -69,7 +72,7 @@ class SyntheticTask(Task):
         if split == "train":
             lengths = torch.randint(lo, hi + 1, (self.cfg.train_size,), generator=gen)
         else:
-            lengths = torch.arange(lo, hi + 1).repeat_interleave(self.cfg.eval_size_per_length)
+            lengths = torch.tensor(self.length_buckets(split)).repeat_interleave(self.cfg.eval_size_per_length)
         first = len(Vocabulary.SPECIALS)
         tokens = torch.randint(first, first + self.cfg.alphabet_size, (len(lengths), hi), generator=gen)
         return [Pair(row[:n].clone(), self.transform(row[:n])) for row, n in zip(tokens, lengths.tolist())]
@@ -80,7 +83,8 @@ class SyntheticTask(Task):
 
     def length_buckets(self, split: str) -> list[int]:
         lo, hi = self.lengths(split)
-        return list(range(lo, hi + 1))
+        step = 1 if split == "train" else self.cfg.eval_length_step
+        return sorted(set(range(lo, hi + 1, step)) | {hi})
 
     def train_length_range(self) -> tuple[int, int]:
         return self.lengths("train")
@@ -98,6 +102,35 @@ class ReverseTask(SyntheticTask):
 
     def transform(self, src: Tensor) -> Tensor:
         return src.flip(0)
+
+
+@dataclass
+class DuplicateConfig(SyntheticConfig):
+    # Targets are twice as long as sources: the output budget is 2·|source| + 10.
+    decoding: DecodingConfig = field(default_factory=lambda: DecodingConfig(max_len_a=2.0))
+
+
+class DuplicateTask(SyntheticTask):
+    """Write a random string twice (Delétang et al.'s duplicate_string)."""
+
+    config_class = DuplicateConfig
+
+    def transform(self, src: Tensor) -> Tensor:
+        return torch.cat((src, src))
+
+
+class SortTask(SyntheticTask):
+    """Sort the symbols of a random string (Delétang et al.'s bucket_sort)."""
+
+    def transform(self, src: Tensor) -> Tensor:
+        return src.sort().values
+
+
+class OddsFirstTask(SyntheticTask):
+    """Symbols at odd positions (1st, 3rd, ...), then those at even positions (Delétang et al.)."""
+
+    def transform(self, src: Tensor) -> Tensor:
+        return torch.cat((src[0::2], src[1::2]))
 
 
 def _split_seed(seed: int, split: str) -> int:

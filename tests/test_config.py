@@ -41,6 +41,10 @@ def test_every_config_file_validates_against_the_schema(path: Path):
     if path.parent.name == "experiment":
         cfg = load_config(path)
         assert OmegaConf.missing_keys(cfg) == set()
+    elif path.parent.name == "sweep":  # every grid point is a whole experiment
+        from relpos_lab.sweep import load_sweep
+
+        assert load_sweep(path).points
     else:  # shared pieces (model/, trainer/, ...) are partial experiments
         load_config(path, partial=True)
 
@@ -49,6 +53,12 @@ def test_every_config_file_validates_against_the_schema(path: Path):
 def test_every_experiment_starts_with_the_command_that_runs_it(path: Path):
     first = path.read_text().splitlines()[0]
     assert first == f"# relpos-lab train configs/experiment/{path.name}"
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "sweep").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_sweep_starts_with_the_command_that_runs_it(path: Path):
+    first = path.read_text().splitlines()[0]
+    assert first.startswith(f"# relpos-lab sweep configs/sweep/{path.name}")
 
 
 # --- composition ---------------------------------------------------------------------------------

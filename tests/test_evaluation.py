@@ -90,3 +90,31 @@ def test_list_arguments_are_split_by_bucket_too():
     ev.update(["ab", "xy"], ["ab", "ab"], lengths=torch.tensor([1, 2]))
     by_length = ev.compute().by_length
     assert by_length[1]["cer"] == 0.0 and by_length[2]["cer"] == 1.0
+
+
+def test_length_generalization_summaries_average_buckets_inside_and_beyond_training():
+    from relpos_lab.evaluation import length_generalization
+
+    by_length = {1: {"exact_match": 1.0, "n": 4}, 2: {"exact_match": 0.5, "n": 4}, 3: {"exact_match": 0.75, "n": 9},
+                 4: {"exact_match": 0.25, "n": 4}, 5: {"exact_match": 0.0, "n": 4}}
+    summary = length_generalization(by_length, (2, 3))  # length 1 is shorter than training: neither
+    assert summary == {"exact_match_id": pytest.approx(0.625), "exact_match_ood": pytest.approx(0.125)}
+    assert length_generalization({"2": {"acc": 1.0}}, (2, 3)) == {"acc_id": 1.0}  # JSON keys are strings
+    assert length_generalization(by_length, None) == {}
+
+
+def test_probe_from_hand_made_predictions_to_summary():
+    """Bucketing + metrics + summary on predictions whose right answers are known by hand."""
+    from relpos_lab.evaluation import length_generalization
+
+    target = torch.tensor([[4, EOS, PAD], [4, 5, EOS], [4, 5, EOS], [5, 4, EOS]])
+    preds = torch.tensor([[4, EOS, PAD], [4, 5, EOS], [4, 4, EOS], [5, 5, EOS]])
+    ev = evaluation(buckets=(1, 2))
+    ev.update(preds, target, lengths=torch.tensor([1, 2, 2, 2]))
+    result = ev.compute()
+    assert result.by_length[1]["exact_match"] == 1.0
+    assert result.by_length[2]["exact_match"] == pytest.approx(1 / 3)
+    assert result.by_length[2]["token_accuracy"] == pytest.approx(7 / 9)
+    summary = length_generalization(result.by_length, (1, 1))
+    assert summary["exact_match_id"] == 1.0 and summary["exact_match_ood"] == pytest.approx(1 / 3)
+    assert summary["token_accuracy_ood"] == pytest.approx(7 / 9)

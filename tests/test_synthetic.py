@@ -72,3 +72,22 @@ def test_vocabulary_decodes_up_to_eos():
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"task.{field}="):
         SyntheticConfig(name="copy", **{field: value}).validate()
+
+
+def test_string_transformations_of_the_other_tasks():
+    from relpos_lab_tasks.synthetic import DuplicateConfig, DuplicateTask, OddsFirstTask, SortTask
+
+    src = torch.tensor([7, 4, 9, 5, 4])
+    assert DuplicateTask(DuplicateConfig(name="duplicate")).transform(src).tolist() == [7, 4, 9, 5, 4] * 2
+    assert SortTask(SyntheticConfig(name="sort")).transform(src).tolist() == [4, 4, 5, 7, 9]
+    assert OddsFirstTask(SyntheticConfig(name="odds_first")).transform(src).tolist() == [7, 9, 4, 4, 5]
+    assert DuplicateConfig(name="duplicate").decoding.max_len_a == 2.0
+    for name in ("duplicate", "sort", "odds_first"):
+        assert get_task_class(name).__module__ == "relpos_lab_tasks.synthetic"
+
+
+def test_eval_length_step_thins_long_probes_but_keeps_the_longest():
+    t = task(test_lengths=[41, 500], eval_length_step=50, eval_size_per_length=2)
+    assert t.length_buckets("test") == [41, 91, 141, 191, 241, 291, 341, 391, 441, 491, 500]
+    assert sorted({len(p.src) for p in t.dataset("test")}) == t.length_buckets("test")
+    assert len(t.dataset("test")) == 2 * 11
