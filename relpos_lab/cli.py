@@ -83,6 +83,41 @@ def evaluate(args: argparse.Namespace) -> None:
     show_summary(summary, f"{Path(args.checkpoint).name} on {args.split}")
 
 
+@command("translate", "translate lines of text (stdin or a file) with a trained checkpoint",
+         arg("checkpoint", help="a .ckpt file written by `relpos-lab train`"),
+         arg("--input", default=None, help="file with one sentence per line (default: stdin)"),
+         arg("--output", default=None, help="file for the translations (default: stdout)"),
+         arg("--beam", type=int, default=None, help="beam size (default: the checkpoint's task.decoding)"),
+         arg("--lenpen", type=float, default=None, help="length penalty α of beam search (default: the checkpoint's)"),
+         arg("--max-tokens", type=int, default=4096, help="padded source tokens per batch (default: 4096)"),
+         arg("--device", default=None, help="torch device (default: cuda if available, else cpu)"),
+         OVERRIDES)
+def translate(args: argparse.Namespace) -> None:
+    import torch
+
+    from .inference import load_for_inference, translate as run
+
+    overrides = list(args.overrides)
+    if args.beam is not None:
+        overrides.append(f"task.decoding.beam_size={args.beam}")
+    if args.lenpen is not None:
+        overrides.append(f"task.decoding.length_penalty={args.lenpen}")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    task, model = load_for_inference(args.checkpoint, overrides, device=device)
+    if args.input is None:
+        lines = sys.stdin.read().splitlines()
+    else:
+        try:
+            lines = Path(args.input).read_text(encoding="utf-8").splitlines()
+        except OSError as err:
+            raise UserError(f"cannot read --input {args.input}: {err.strerror}") from None
+    text = "".join(f"{line}\n" for line in run(task, model, lines, max_tokens=args.max_tokens))
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text, encoding="utf-8")
+
+
 @command("tasks", "list installed tasks (built-in and plugins), with any that failed to load")
 def tasks(args: argparse.Namespace) -> None:
     from . import registry
@@ -145,6 +180,20 @@ def sweep(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+@command("report", "aggregate a sweep's runs: tables (Markdown, CSV) and plots, mean ± std over seeds",
+         arg("sweep_dir", help="directory a sweep ran in (runs/<sweep name>)"),
+         arg("--out", default=None, help="output directory (default: <sweep_dir>/report)"),
+         arg("--split", default="test", help="split to report (default: test)"),
+         arg("--metric", nargs="+", default=["exact_match", "token_accuracy"], help="metrics to tabulate and plot"),
+         arg("--over", nargs="+", default=["seed"], help="axes averaged over (default: seed)"))
+def report(args: argparse.Namespace) -> None:
+    from .report import write_report
+
+    path = write_report(args.sweep_dir, args.out, args.split, tuple(args.metric), tuple(args.over))
+    console.print(f"report: {_shown(path)}")
+    console.print(path.read_text().split("\n## ")[0], markup=False, highlight=False)
+
+
 # --- presentation ---------------------------------------------------------------------------
 
 
@@ -153,6 +202,7 @@ def show_summary(summary, title: str) -> None:
     where = [("run directory", summary.run_dir), ("results", summary.results),
              ("checkpoint", summary.checkpoint), ("resumed from", summary.resumed_from)]
     where += [("plot", p) for p in summary.plots]
+    where += [("output", p) for p in summary.outputs]
     if sorted((summary.run_dir / "wandb").glob("offline-run-*")):
         where.append(("W&B (offline)", f"wandb sync {_shown(summary.run_dir / 'wandb')}/offline-run-*"))
     console.rule(f"[bold]{title}[/bold] in {summary.seconds:.0f}s")

@@ -29,10 +29,12 @@ from .config import config_from_container
 from .data import TaskDataModule
 from .errors import UserError
 from .evaluation import EvalResult, length_generalization
-from .module import RelposModule
+from .module import TASK_STATE, RelposModule
+from .task import Task
 
 CHECKPOINTS = "checkpoints"
 LAST = "last.ckpt"
+OUTPUTS = "outputs"  # <run dir>/outputs/<split>.<name>: an evaluation's text, one line per example
 
 # Synthetic data lives in memory, so loading in the main process is the fast choice.
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
@@ -48,6 +50,7 @@ class RunSummary:
     results: Path
     metrics: dict[str, float]
     plots: list[Path] = field(default_factory=list)
+    outputs: list[Path] = field(default_factory=list)  # outputs/<split>.<name>: hypotheses, references
     checkpoint: Path | None = None
     resumed_from: Path | None = None
     seconds: float = 0.0
@@ -68,6 +71,8 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print) -> RunSummary:
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
+    if resume_from is not None:  # continue with the vocabulary the checkpoint was trained with
+        task.load_state_dict(load_checkpoint(resume_from).get(TASK_STATE) or {})
     module = RelposModule(cfg, task)
     data = TaskDataModule(task, cfg.data)
     # best-step=N.ckpt by the task's main metric; last.ckpt every N steps from a second callback
@@ -92,7 +97,8 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print) -> RunSummary:
         splits = {"valid": module.results["valid"], "test": module.results["test"]}
         extra = {"task": task.cfg.name, "checkpoint": _relative(checkpoint, run_dir),
                  "global_step": trainer.global_step, "started_at_step": module.start_step,
-                 "main_metric": f"valid/{task.main_metric}"}
+                 "main_metric": f"valid/{task.main_metric}", "seed": cfg.seed,
+                 "train_lengths": list(task.train_length_range() or []) or None}
         summary = _write(run_dir, splits, task, loggers, extra) if trainer.is_global_zero else None
     finally:
         tracking.close_loggers(loggers)
@@ -111,8 +117,7 @@ def evaluate(checkpoint: str | Path, split: str = "test", overrides: list[str] =
     """
     started = time.time()
     checkpoint = Path(checkpoint)
-    cfg = config_from_container(checkpoint_config(checkpoint), f"config of {checkpoint}", list(overrides))
-    task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
+    cfg, task = task_from_checkpoint(checkpoint, overrides)
     task.check_split(split)
     out_dir = Path(output) if output else checkpoint.resolve().parent.parent / "eval" / f"{checkpoint.stem}-{split}"
     module = RelposModule(cfg, task, test_split=split)
@@ -128,12 +133,31 @@ def evaluate(checkpoint: str | Path, split: str = "test", overrides: list[str] =
 
 def checkpoint_config(checkpoint: Path) -> dict:
     """The experiment config saved in a checkpoint by RelposModule."""
+    return _config_of(load_checkpoint(checkpoint), checkpoint)
+
+
+def task_from_checkpoint(checkpoint: str | Path, overrides: list[str] = ()) -> tuple[DictConfig, Task]:
+    """The config (with `overrides` on top) and the task of a checkpoint, with the task's saved
+    state (say, its subword model) restored: the checkpoint alone rebuilds them."""
+    checkpoint = Path(checkpoint)
+    state = load_checkpoint(checkpoint)
+    cfg = config_from_container(_config_of(state, checkpoint), f"config of {checkpoint}", list(overrides))
+    task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
+    task.load_state_dict(state.get(TASK_STATE) or {})
+    return cfg, task
+
+
+def load_checkpoint(checkpoint: Path) -> dict:
+    """A checkpoint's contents (tensors memory-mapped), or a UserError saying why not."""
     if not checkpoint.is_file():
         raise UserError(f"checkpoint not found: {checkpoint}")
     try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+        return torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
     except Exception as err:
         raise UserError(f"{checkpoint}: cannot read checkpoint ({type(err).__name__}: {err})") from None
+
+
+def _config_of(state: dict, checkpoint: Path) -> dict:
     try:
         return state["hyper_parameters"]["config"]
     except (KeyError, TypeError):
@@ -163,6 +187,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, loggers: list, callbacks: l
             deterministic=t.deterministic, enable_progress_bar=t.enable_progress_bar,
             enable_model_summary=t.enable_model_summary,
             enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+            use_distributed_sampler=False,  # TaskDataModule shards (token batches as whole batches)
         )
     except (MisconfigurationException, ValueError) as err:
         raise UserError(f"trainer: {str(err).strip().splitlines()[0]}") from None
@@ -181,11 +206,22 @@ def _write(out_dir: Path, splits: dict[str, EvalResult], task, loggers, extra: d
     for split, rows in by_length.items():
         summary = length_generalization(rows, task.train_length_range())
         metrics.update({f"{split}/{k}": v for k, v in summary.items()})
+    details = {split: r.details for split, r in splits.items() if r.details}
+    if details:
+        extra = {**extra, "details": details}
     results = tracking.write_results(out_dir, metrics, by_length or None, extra)
+    outputs = [_write_lines(out_dir / OUTPUTS / f"{split}.{name}", lines)
+               for split, r in splits.items() for name, lines in (r.outputs or {}).items()]
     curves = {split: {n: {k: v for k, v in row.items() if k != "n"} for n, row in rows.items()}
               for split, rows in by_length.items()}  # example counts are not worth a plot
     plots = tracking.plot_by_length(out_dir, curves, task.train_length_range(), loggers) if by_length else []
-    return RunSummary(out_dir, results, metrics, plots)
+    return RunSummary(out_dir, results, metrics, plots, outputs)
+
+
+def _write_lines(path: Path, lines: list[str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return path
 
 
 def _uses_gpu(accelerator: str) -> bool:

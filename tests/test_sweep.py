@@ -1,0 +1,130 @@
+"""Sweeps and reports: grid expansion, a real 2 schemes × 2 seeds sweep on CPU, exact aggregation."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relpos_lab.errors import ConfigError
+from relpos_lab.report import write_report
+from relpos_lab.sweep import load_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY_EXPERIMENT = f"""\
+extends: {REPO}/configs/experiment/reverse_shaw.yaml
+model: {{d_model: 16, n_heads: 2, d_ff: 32, n_encoder_layers: 1, n_decoder_layers: 1}}
+task: {{train_lengths: [1, 3], valid_lengths: [1, 3], test_lengths: [1, 5], train_size: 200, eval_size_per_length: 2}}
+data: {{batch_size: 16, eval_batch_size: 64}}
+optim: {{warmup_steps: 5}}
+trainer: {{max_steps: 12, val_every_n_steps: 6, log_every_n_steps: 3, enable_progress_bar: false, enable_model_summary: false}}
+logging: {{wandb: {{mode: disabled}}}}
+"""
+
+TINY_SWEEP = """\
+experiment: tiny.yaml
+name: tiny_study
+overrides: [optim.lr=0.003]
+grid:
+  scheme:
+    none: {model.positions.scheme: none}
+    shaw_k2: {model.positions.scheme: shaw, model.positions.max_distance: 2}
+  seed: [1, 2]
+"""
+
+
+def write_sweep(tmp_path: Path, sweep: str = TINY_SWEEP) -> Path:
+    (tmp_path / "tiny.yaml").write_text(TINY_EXPERIMENT + f"logging: {{root: {tmp_path / 'runs'}, wandb: {{mode: disabled}}}}\n")
+    path = tmp_path / "sweep.yaml"
+    path.write_text(sweep)
+    return path
+
+
+def test_grid_is_the_product_of_axes_with_labels_and_overrides(tmp_path):
+    sweep = load_sweep(write_sweep(tmp_path), ["trainer.max_steps=5"])
+    assert [p.labels for p in sweep.points] == [
+        {"scheme": "none", "seed": "1"}, {"scheme": "none", "seed": "2"},
+        {"scheme": "shaw_k2", "seed": "1"}, {"scheme": "shaw_k2", "seed": "2"}]
+    cfg = sweep.config(3)
+    assert (cfg.model.positions.scheme, cfg.model.positions.max_distance, cfg.seed) == ("shaw", 2, 2)
+    assert cfg.name == "tiny_study" and cfg.optim.lr == 0.003 and cfg.trainer.max_steps == 5
+    assert list(cfg.logging.wandb.tags) == ["scheme=shaw_k2", "seed=2"]
+    assert len({p.run_dir for p in sweep.points}) == 4
+    assert sweep.directory == tmp_path / "runs" / "tiny_study"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("experiment: tiny.yaml\ngrid: {seed: [1]}\nseeds: 3\n", "unknown sweep key 'seeds'"),
+    ("grid: {seed: [1]}\n", "missing required key 'experiment'"),
+    ("experiment: nowhere.yaml\ngrid: {seed: [1]}\n", "experiment file not found"),
+    ("experiment: tiny.yaml\ngrid: {seed: []}\n", "grid.seed must be a non-empty list"),
+    ("experiment: tiny.yaml\ngrid: {seed: [1, 1]}\n", "same config"),
+    ("experiment: tiny.yaml\ngrid: {model.positions.shceme: [none]}\n", "shceme"),
+])
+def test_bad_sweep_files_are_clear_errors(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_sweep(write_sweep(tmp_path, text))
+
+
+def test_tiny_sweep_runs_end_to_end_and_the_report_aggregates_it(tmp_path):
+    path = write_sweep(tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "relpos_lab", "sweep", str(path), "--max-parallel", "2"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    sweep = load_sweep(path)
+    results = [json.loads((Path(p.run_dir) / "results.json").read_text()) for p in sweep.points]
+
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert "4 already finished; running 0" in again.stdout
+
+    report = write_report(sweep.directory, tmp_path / "report")
+    rows = {r["group"]: r for r in csv.DictReader(open(tmp_path / "report" / "summary.csv"))}
+    assert set(rows) == {"none", "shaw_k2"}
+    for i, group in enumerate(("none", "shaw_k2")):
+        seeds = [results[2 * i]["metrics"]["test/exact_match"], results[2 * i + 1]["metrics"]["test/exact_match"]]
+        mean = sum(seeds) / 2
+        std = abs(seeds[0] - seeds[1]) / 2 ** 0.5  # sample std of two values
+        assert float(rows[group]["exact_match_mean"]) == pytest.approx(mean, abs=1e-6)
+        assert float(rows[group]["exact_match_std"]) == pytest.approx(std, abs=1e-6)
+        assert rows[group]["n_runs"] == "2"
+    by_length = list(csv.DictReader(open(tmp_path / "report" / "by_length.csv")))
+    five = [r for r in by_length if r["group"] == "shaw_k2" and r["metric"] == "exact_match" and r["length"] == "5"]
+    want = (results[2]["by_length"]["test"]["5"]["exact_match"] + results[3]["by_length"]["test"]["5"]["exact_match"]) / 2
+    assert float(five[0]["mean"]) == pytest.approx(want, abs=1e-6)
+    text = report.read_text()
+    assert "training lengths 1–3" in text and "| shaw_k2 | 2 |" in text
+    assert (tmp_path / "report" / "exact_match_by_length.png").stat().st_size > 5000
+
+
+def _fake_run(root: Path, name: str, exact: float, by_len: dict, seed: int) -> str:
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(f"seed: {seed}\ntask: {{train_lengths: [1, 2]}}\n")
+    (run / "results.json").write_text(json.dumps({
+        "metrics": {"test/exact_match": exact},
+        "by_length": {"test": {str(n): {"exact_match": v, "n": 4} for n, v in by_len.items()}}}))
+    return str(run)
+
+
+def test_report_numbers_on_hand_made_results(tmp_path):
+    root = tmp_path / "runs" / "hand"
+    points = [
+        ({"scheme": "a", "seed": "1"}, _fake_run(root, "a1", 0.5, {1: 1.0, 3: 0.0}, 1)),
+        ({"scheme": "a", "seed": "2"}, _fake_run(root, "a2", 0.7, {1: 1.0, 3: 0.5}, 2)),
+        ({"scheme": "a", "seed": "3"}, _fake_run(root, "a3", 0.9, {1: 0.5, 3: 1.0}, 3)),
+        ({"scheme": "b", "seed": "1"}, str(root / "b1-never-ran")),
+    ]
+    (root / "sweep.json").write_text(json.dumps({
+        "name": "hand", "sweep_file": "x.yaml", "points": [{"index": i, "labels": l, "overrides": [], "run_dir": d}
+                                                           for i, (l, d) in enumerate(points)]}))
+    text = write_report(root, tmp_path / "out", metrics=("exact_match",)).read_text()
+    assert "| a | 3 | 0.700 ± 0.200 |" in text  # mean of .5 .7 .9, sample std .2
+    assert "Missing (1 points without results):** b 1" in text
+    assert "| a | 0.83±0.29 | 0.50±0.50 |" in text  # length 1: 1, 1, .5; length 3: 0, .5, 1
+    assert "seeds 1, 2, 3" in text and "training lengths 1–2" in text
