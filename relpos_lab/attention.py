@@ -11,6 +11,13 @@ Every implementation computes exactly this; they differ only in what they materi
               probabilities into 2k+1 buckets and does one matmul with rel_v. No Lq·Lk·D tensor.
 - ``flex``    FlexAttention with a score_mod for the key term; the value term from bucket masses
               recovered with the log-sum-exp. Backward needs CUDA.
+- ``banded``  (CPU) beyond the clip, a^K and a^V are constant per row, so the two tails j−i ≤ −k
+              and j−i ≥ k are plain causal attention (torch's fused flash kernel, with its
+              log-sum-exp) shifted by a per-row constant; only the band |j−i| < k is computed
+              exactly on the side, in blocks. Self-attention, Lq = Lk, no offset, key-padding
+              masks only. Exact, but not yet faster than ``gather`` on CPU (torch's CPU flash
+              backward dominates; `relpos-lab bench attention --impl gather banded`), so ``auto``
+              does not pick it yet.
 - ``auto``    the fastest exact one for the device and grad mode.
 
 The op also carries the additive score biases of other schemes (ALiBi, T5) through ``attn_bias``,
@@ -24,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-IMPLS = ("naive", "batched", "gather", "flex", "auto")
+IMPLS = ("naive", "batched", "gather", "flex", "banded", "auto")
 
 
 def relative_positions(
@@ -83,6 +90,11 @@ def relative_attention(
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
     idx = relative_positions(lq, lk, max_distance, query_offset, q.device)
     scale = 1.0 / math.sqrt(q.shape[-1])
+    if impl == "banded":
+        why = _banded_unsupported(q, k, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias)
+        if why:
+            raise ValueError(f"impl='banded' does not support {why}; use 'gather'")
+        return _banded(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, scale)
     if impl == "flex":
         if dropout_p > 0:
             raise ValueError("impl='flex' does not support attention dropout; use 'gather'")
@@ -288,3 +300,149 @@ def _bucket_masses(q, k, v, qw, bias, allowed, lse, max_distance, query_offset, 
     left = 1.0 - masses.sum(-1)
     masses[..., 0] = torch.where(live, left.clamp_min(0.0), torch.zeros_like(left))
     return masses
+
+
+# --- banded: fused flash kernel for the two tails, the band |j - i| < k on the side -------------
+
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_CPU_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+
+
+def _banded_unsupported(q, k, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias) -> str | None:
+    """Why `banded` cannot run these arguments (None: it can)."""
+    if _FLASH_CPU is None or q.device.type != "cpu":
+        return "this device (it needs torch's CPU flash-attention kernel)"
+    if q.dtype not in (torch.float32, torch.float64, torch.bfloat16):
+        return f"dtype {q.dtype}"
+    if q.shape != k.shape or query_offset:
+        return "Lq != Lk or a query offset (cached decoding)"
+    if dropout_p > 0 or attn_bias is not None:
+        return "attention dropout or a score bias"
+    if max_distance < 1 or max_distance >= q.shape[-2]:
+        return "max_distance outside [1, L)"
+    if attn_mask is not None and (attn_mask.dim() != 4 or attn_mask.shape[1:3] != (1, 1)):
+        return "masks other than key padding (B, 1, 1, Lk)"
+    return None
+
+
+class _FlashWithLse(torch.autograd.Function):
+    """torch's CPU flash attention returning its log-sum-exp, differentiable in both outputs.
+
+    The kernel's backward computes dS = P ∘ (dP − rowsum(dO ∘ O)); a gradient g on the lse adds
+    P ∘ g. Handing the backward one extra (zero) head dimension whose output column is −1 and
+    whose incoming gradient is g shifts rowsum(dO ∘ O) by −g and leaves dP unchanged: exact.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale):
+        out, lse = _FLASH_CPU(q, k, v, 0.0, True, attn_mask=mask, scale=scale)
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.scale = scale
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        if grad_lse is None:
+            grad_lse = torch.zeros_like(lse)
+
+        def widen(x, fill):
+            return torch.cat((x, torch.full_like(x[..., :1], fill)), dim=-1)
+
+        dq, dk, dv = _FLASH_CPU_BACKWARD(
+            torch.cat((grad_out, grad_lse.to(grad_out.dtype)[..., None]), dim=-1),
+            widen(q, 0.0), widen(k, 0.0), widen(v, 0.0), widen(out, -1.0), lse,
+            0.0, True, attn_mask=mask, scale=ctx.scale,
+        )
+        return dq[..., :-1], dk[..., :-1], dv[..., :-1], None, None
+
+
+def _causal_tail(q, k, v, keep, scale):
+    """Causal attention of q over k (row r sees keys 0..r) and its lse; -inf lse where no key is seen."""
+    mask = None
+    if keep is not None:
+        mask = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill(~keep, float("-inf"))[:, None, None, :]
+    out, lse = _FlashWithLse.apply(q.contiguous(), k.contiguous(), v.contiguous(), mask, scale)
+    if keep is not None:
+        seen = keep.cumsum(-1)[:, None, : q.shape[-2]] > 0  # (B, 1, Lq): any visible key among 0..r
+        lse = lse.masked_fill(~seen, float("-inf"))
+        out = out.masked_fill(~seen[..., None], 0.0)
+    return out, lse
+
+
+def _band_windows(x, block):
+    """(B, H, nb, 3·block, D): for query block b, the keys of blocks b−1, b, b+1 (zero padded)."""
+    b, h, n, d = x.shape
+    nb = -(-n // block)
+    x = F.pad(x, (0, 0, block, nb * block - n + block))
+    return x.unfold(2, 3 * block, block).transpose(-1, -2), nb
+
+
+def _banded(q, k, v, rel_k, rel_v, kmax, attn_mask, is_causal, scale):
+    b, h, n, d = q.shape
+    acc = torch.promote_types(q.dtype, torch.float32)
+    keep = attn_mask.reshape(attn_mask.shape[0], n).expand(b, n) if attn_mask is not None else None
+    labels = 2 * kmax + 1
+    qw = (q @ rel_k.to(q.dtype).transpose(-2, -1)).to(acc) * scale if rel_k is not None else \
+        q.new_zeros(b, h, n, labels, dtype=acc)
+
+    # Band |j - i| < k (j - i <= 0 when causal), in blocks: query block b meets key blocks b-1..b+1.
+    block = max(kmax, 16)
+    offsets = torch.arange(-kmax + 1, 1 if is_causal else kmax, device=q.device)
+    k_win, nb = _band_windows(k, block)
+    v_win, _ = _band_windows(v, block)
+    q_blk = F.pad(q, (0, 0, 0, nb * block - n)).view(b, h, nb, block, d)
+    rows = torch.arange(block, device=q.device)
+    cols = (block + rows[:, None] + offsets[None, :]).expand(b, h, nb, block, len(offsets))
+    scores = (q_blk @ k_win.transpose(-1, -2)).to(acc) * scale  # (B, H, nb, block, 3·block)
+    e_band = scores.gather(-1, cols).reshape(b, h, nb * block, -1)[:, :, :n] + qw[..., offsets + kmax]
+    j = torch.arange(n, device=q.device)[:, None] + offsets[None, :]
+    valid = (j >= 0) & (j < n)
+    if keep is not None:
+        valid = valid & keep[:, j.clamp(0, n - 1)][:, None]
+    e_band = e_band.masked_fill(~valid, float("-inf"))
+
+    # Tails: keys j <= i - k (left) and j >= i + k (right) are causal attention on shifted slices.
+    empty_lse = q.new_full((b, h, n), float("-inf"), dtype=acc)
+    empty_out = q.new_zeros(b, h, n, d, dtype=acc)
+    o_left, lse_left = _causal_tail(q[:, :, kmax:], k[:, :, : n - kmax], v[:, :, : n - kmax],
+                                    keep[:, : n - kmax] if keep is not None else None, scale)
+    o_left = torch.cat((empty_out[:, :, :kmax], o_left.to(acc)), dim=2)
+    lse_left = torch.cat((empty_lse[:, :, :kmax], lse_left.to(acc)), dim=2)
+    if not is_causal:
+        o_right, lse_right = _causal_tail(q[:, :, : n - kmax].flip(2), k[:, :, kmax:].flip(2), v[:, :, kmax:].flip(2),
+                                          keep[:, kmax:].flip(1) if keep is not None else None, scale)
+        o_right = torch.cat((o_right.flip(2).to(acc), empty_out[:, :, :kmax]), dim=2)
+        lse_right = torch.cat((lse_right.flip(2).to(acc), empty_lse[:, :, :kmax]), dim=2)
+
+    a_left = lse_left + qw[..., 0]
+    logits = [a_left[..., None], e_band]
+    if not is_causal:
+        a_right = lse_right + qw[..., -1]
+        logits.append(a_right[..., None])
+    logits = torch.cat(logits, dim=-1)
+    alive = torch.isfinite(logits).any(-1, keepdim=True)  # fully masked rows: every mass 0, no NaN
+    lse = torch.logsumexp(torch.where(alive, logits, torch.zeros_like(logits)), dim=-1)
+    lse = torch.where(alive.squeeze(-1), lse, torch.zeros_like(lse))
+    m_left = torch.exp(a_left - lse)
+    p_band = torch.exp(e_band - lse[..., None])
+    out = m_left[..., None] * o_left
+    # Band values: scatter band probabilities back into the block layout, one matmul with v windows.
+    p_blk = scores.new_zeros(scores.shape).scatter(
+        -1, cols, F.pad(p_band, (0, 0, 0, nb * block - n)).view(b, h, nb, block, -1))
+    out = out + (p_blk.to(v.dtype) @ v_win).reshape(b, h, nb * block, d)[:, :, :n].to(acc)
+    if not is_causal:
+        m_right = torch.exp(a_right - lse)
+        out = out + m_right[..., None] * o_right
+    if rel_v is not None:
+        masses = [m_left[..., None], p_band] + ([] if is_causal else [m_right[..., None]])
+        label_ids = torch.cat((torch.zeros(1, dtype=torch.long, device=q.device), offsets + kmax)
+                              + (() if is_causal else (torch.full((1,), 2 * kmax, device=q.device),)))
+        masses = torch.cat(masses, dim=-1)
+        if rel_v.dim() == 2:
+            out = out + masses @ rel_v.to(acc)[label_ids]
+        else:
+            out = out + masses @ rel_v.to(acc)[:, label_ids]
+    return out.to(q.dtype)
