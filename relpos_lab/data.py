@@ -4,11 +4,19 @@ The task decides what the examples are and how they are collated; this class onl
 they are batched and loaded, so Lightning can add distributed samplers and worker processes
 uniformly for every task. Datasets are built on first use and kept.
 
-Distributed evaluation: Lightning's DistributedSampler pads a split to a multiple of the world
-size by repeating examples, which would bias the final numbers. `trainer.validate` / `test` (the
-final evaluation and `relpos-lab eval`) therefore shard without repeats; ranks may then differ by
-one batch, which is safe there because no collective runs per batch. Validation inside `fit`
-keeps the padded sampler, since DDP's forward may synchronise buffers on every batch.
+Batches hold `data.batch_size` examples, or, when the task bounds a split by tokens
+(`Task.max_tokens`), as many length-bucketed examples as fit that many padded tokens
+(batching.TokenBatchSampler).
+
+Distributed sampling is done here, not by Lightning (the trainer is built with
+``use_distributed_sampler=False``): token batches must be sharded as whole batches, which
+Lightning's sampler injection cannot do. Training shards with a shuffling DistributedSampler
+seeded by the experiment's seed (what Lightning would inject). A DistributedSampler pads a split to
+a multiple of the world size by repeating examples, which would bias the final numbers;
+`trainer.validate` / `test` (the final evaluation and `relpos-lab eval`) therefore shard without
+repeats; ranks may then differ by one batch, which is safe there because no collective runs per
+batch. Validation inside `fit` keeps the padded sharding, since DDP's forward may synchronise
+buffers on every batch.
 """
 from __future__ import annotations
 
@@ -16,8 +24,9 @@ import lightning as L
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.trainer.states import TrainerFn
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, SequentialSampler
 
+from .batching import TokenBatchSampler
 from .task import Task
 
 
@@ -52,11 +61,22 @@ class TaskDataModule(L.LightningDataModule):
         return self._loader(self.test_split, self.cfg.eval_batch_size)
 
     def _loader(self, split: str, batch_size: int, shuffle: bool = False) -> DataLoader:
-        dataset, workers, sampler = self.dataset(split), self.cfg.num_workers, None
-        trainer = self.trainer
-        if trainer is not None and trainer.world_size > 1 and trainer.state.fn != TrainerFn.FITTING:
-            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=trainer.world_size,
-                                                   rank=trainer.global_rank, shuffle=False)
-        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
-                          collate_fn=self.task.collate, num_workers=workers,
-                          persistent_workers=workers > 0)
+        dataset, workers, trainer = self.dataset(split), self.cfg.num_workers, self.trainer
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        fitting = trainer is None or trainer.state.fn == TrainerFn.FITTING
+        common = dict(collate_fn=self.task.collate, num_workers=workers, persistent_workers=workers > 0)
+        max_tokens = self.task.max_tokens(split)
+        if max_tokens:
+            # One global order for every rank: the batches are sharded, not the examples.
+            order = (DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=self.task.seed)
+                     if shuffle else SequentialSampler(dataset))
+            sizes = [self.task.num_tokens(example) for example in dataset]
+            batches = TokenBatchSampler(order, sizes, max_tokens, num_replicas=world, rank=rank, even=fitting)
+            return DataLoader(dataset, batch_sampler=batches, **common)
+        sampler = None
+        if world > 1 and fitting:
+            sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=self.task.seed)
+        elif world > 1:
+            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
+        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler,
+                          **common)

@@ -21,6 +21,11 @@ from torchmetrics import MeanMetric, MetricCollection, SumMetric
 class EvalResult(NamedTuple):
     metrics: dict[str, float]  # {"exact_match": 0.93, "loss": 0.12, ...}
     by_length: dict[int, dict[str, float]] | None  # {length: {metric: value, "n": count}}
+    # How the numbers were computed, for results.json and the loggers (e.g. sacrebleu signatures).
+    details: dict[str, str] | None = None
+    # Whole-corpus text, one line per example in split order ({"hyp": [...], "ref": [...]}),
+    # written to <run dir>/outputs/<split>.<name> so the scores can be recomputed from files.
+    outputs: dict[str, list[str]] | None = None
 
 
 class Evaluation(nn.Module):

@@ -30,6 +30,7 @@ from .data import TaskDataModule
 from .errors import UserError
 from .evaluation import EvalResult, length_generalization
 from .module import TASK_STATE, RelposModule
+from .requeue import DeferredRequeue
 from .task import Task
 
 CHECKPOINTS = "checkpoints"
@@ -81,7 +82,7 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print) -> RunSummary:
                            mode=task.main_metric_mode, save_top_k=1)
     last = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, save_top_k=0, save_last=True, enable_version_counter=False,
                            every_n_train_steps=cfg.trainer.checkpoint_every_n_steps or cfg.trainer.val_every_n_steps)
-    callbacks: list[Callback] = [best, last]
+    callbacks: list[Callback] = [best, last, DeferredRequeue()]  # SLURM: checkpoint + requeue on SIGUSR1
     loggers = tracking.build_loggers(cfg, run_dir)
     callbacks.append(LearningRateMonitor(logging_interval="step"))
     try:

@@ -21,6 +21,8 @@ from .optim import build_optimizer, build_scheduler
 from .task import Task
 from .tracking import log_samples
 
+TASK_STATE = "task_state"  # checkpoint key of Task.state_dict(): a checkpoint alone rebuilds its task
+
 
 class RelposModule(L.LightningModule):
     def __init__(self, cfg: DictConfig, task: Task, test_split: str = "test"):
@@ -47,6 +49,9 @@ class RelposModule(L.LightningModule):
         self.log("train/loss", out.loss, prog_bar=True, batch_size=size)
         self.log("train/nll", out.nll_sum / out.n_tokens.clamp_min(1), batch_size=size)
         return out.loss
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[TASK_STATE] = self.task.state_dict()
 
     def configure_optimizers(self):
         optimizer = build_optimizer(self.parameters(), self.cfg.optim)
@@ -81,6 +86,9 @@ class RelposModule(L.LightningModule):
         # Values are already global; sync_dist keeps every rank's copy (checkpointing reads it).
         self.log_dict({f"{split}/{k}": v for k, v in result.metrics.items()}, sync_dist=True,
                       prog_bar=False)
+        if self.trainer.is_global_zero and result.details:  # e.g. sacrebleu signatures
+            for logger in self.loggers:
+                logger.log_hyperparams({f"{split}/{k}": v for k, v in result.details.items()})
         if self.trainer.is_global_zero and split in self._samples:
             columns, rows = self._samples.pop(split)
             log_samples(self.loggers, f"samples/{split}", columns, rows, step=self.global_step)

@@ -148,6 +148,15 @@ class Task:
     def prepare_data(self) -> None:
         """One-time work on one process (download, train a tokenizer); cache it on disk."""
 
+    def max_tokens(self, split: str) -> int | None:
+        """Bound the batches of `split` by padded tokens (fairseq's --max-tokens, see batching.py)
+        instead of data.batch_size / eval_batch_size examples; None (the default) keeps the latter."""
+        return None
+
+    def num_tokens(self, example: Pair) -> int:
+        """An example's size for token batching: its longer side once collated (target + EOS)."""
+        return max(len(example.src), len(example.tgt) + 1)
+
     def example_length(self, example: Pair) -> int:
         """The length an example is bucketed by: its source length."""
         return len(example.src)
@@ -176,6 +185,24 @@ class Task:
             "tgt_out": pad_sequence([torch.cat((t, eos)) for t in tgt], batch_first=True, padding_value=tgt_v.pad_id),
             "length": torch.tensor([self.example_length(e) for e in examples], dtype=torch.long),
         }
+
+    # --- raw text in and out (`relpos-lab translate`) and what a checkpoint must carry ----------
+
+    def encode_input(self, line: str) -> Tensor:
+        """Source ids of one line of user input: whitespace-separated symbols by default."""
+        return torch.tensor(self.src_vocab.encode(line.split()), dtype=torch.long)
+
+    def decode_output(self, ids: Tensor) -> str:
+        """The text of predicted target ids (up to EOS): symbols joined by spaces by default."""
+        return " ".join(self.tgt_vocab.decode(ids))
+
+    def state_dict(self) -> dict:
+        """What the task learned from its data (say, a subword model) and a checkpoint must carry
+        so that it alone rebuilds the task; stored under "task_state". Default: nothing."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()` from a checkpoint, before the vocabulary is first used."""
 
     # --- model and training -----------------------------------------------------------------
 

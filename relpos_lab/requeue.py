@@ -1,0 +1,78 @@
+"""SLURM auto-requeue that is safe with several processes: act on the signal between steps.
+
+Lightning's SLURMEnvironment requeues a job on SIGUSR1 (sent by ``#SBATCH --signal=SIGUSR1@90``
+before the time limit): it finishes the loggers, saves ``hpc_ckpt_N.ckpt`` into the run directory
+and calls ``scontrol requeue``. It does all of that inside the signal handler, wherever each rank
+happens to be. With DDP the ranks are rarely at the same point: one enters the checkpoint's
+barrier while another waits in the gradient all-reduce of its backward pass, and both wait
+forever (seen here on the dev cluster; Lightning issue #21406, fix proposed in PR #21407).
+
+`DeferredRequeue` keeps Lightning's requeue code and only moves where it runs. The signal merely
+sets a flag; after every training step the ranks agree (one boolean all-reduce) whether any of
+them got it, and if so all of them call Lightning's handler at that same step. Then they wait for
+the SIGTERM with which SLURM ends the requeued attempt and stop with Lightning's own
+SIGTERMException, so nothing is logged or checkpointed after the hpc checkpoint. The next attempt
+resumes from that checkpoint (experiment.resume_checkpoint) in the same run directory.
+
+Outside SLURM, or with Lightning's auto-requeue switched off, the callback does nothing.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import lightning as L
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+# How long to wait for SLURM's SIGTERM after asking for the requeue. It normally comes within a
+# second; if it does not (a job submitted without --requeue, scontrol missing), training goes on
+# and the time limit ends the job, with the hpc checkpoint already on disk.
+SIGTERM_WAIT_S = 60.0
+
+
+class DeferredRequeue(Callback):
+    """Run Lightning's SLURM auto-requeue at a step boundary that every rank has reached."""
+
+    def __init__(self, sigterm_wait_s: float = SIGTERM_WAIT_S) -> None:
+        self.sigterm_wait_s = sigterm_wait_s
+        self._signum: int | None = None  # the requeue signal, once received
+        self._active = False
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # setup runs before the Trainer registers its signal handlers, and Lightning does not
+        # replace a requeue-signal handler that is already installed: ours stays the only one.
+        env = trainer._accelerator_connector.cluster_environment
+        if not (isinstance(env, SLURMEnvironment) and env.auto_requeue and env.requeue_signal is not None):
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be installed from the main thread
+        self._active = True
+        signal.signal(env.requeue_signal, self._note_signal)
+
+    def _note_signal(self, signum: int, _frame) -> None:
+        self._signum = signum  # nothing else: the rank may be anywhere, even inside a collective
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if not self._active:
+            return
+        if not trainer.strategy.reduce_boolean_decision(self._signum is not None, all=False):
+            return
+        signum = self._signum or signal.SIGUSR1  # a rank the signal has not reached (yet)
+        trainer._signal_connector._slurm_sigusr_handler_fn(signum, None)  # Lightning's requeue
+        self._signum = None
+        self._stop_when_slurm_terminates(trainer)
+
+    def _stop_when_slurm_terminates(self, trainer: L.Trainer) -> None:
+        """Wait (outside any collective) for the requeue's SIGTERM, then stop as Lightning does."""
+        deadline = time.monotonic() + self.sigterm_wait_s
+        while time.monotonic() < deadline:
+            if trainer.received_sigterm:
+                rank_zero_info("SLURM is requeueing the job; it resumes from the hpc checkpoint")
+                raise SIGTERMException()
+            time.sleep(0.05)
+        rank_zero_warn(f"no SIGTERM within {self.sigterm_wait_s:.0f}s of the requeue request: training "
+                       "continues (was the job submitted with --requeue?)")

@@ -1,0 +1,133 @@
+"""The translation task end to end through the CLI, on a generated toy language pair.
+
+Train (one process and 2-process DDP), the files a run leaves (hypotheses and references whose
+sacrebleu score is the reported one), `eval`, `translate`, the copy baseline, and bad corpora.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+
+from toy_translation import write_toy_files
+
+TOY = """
+task: {name: translation, corpus: files, data_dir: data/toy, src_lang: en, tgt_lang: xx,
+       subword: {vocab_size: 64}, max_tokens: 600, eval_max_tokens: 1200, length_buckets: [1, 10, 20]}
+model: {d_model: 32, n_heads: 2, d_ff: 64, n_encoder_layers: 1, n_decoder_layers: 1, dropout: 0.0,
+        attention_dropout: 0.0, positions: {scheme: shaw, max_distance: 8}}
+optim: {lr: 0.005, warmup_steps: 20}
+trainer: {accelerator: cpu, max_steps: 150, val_every_n_steps: 75, log_every_n_steps: 10,
+          num_sanity_val_steps: 0, enable_progress_bar: false, enable_model_summary: false}
+logging: {root: runs}
+"""
+
+
+def run_cli(*args: str, cwd: Path, stdin: str | None = None, module: str = "relpos_lab") -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "250"}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, input=stdin,
+                          capture_output=True, text=True, timeout=300)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("translation")
+    write_toy_files(root / "data" / "toy")
+    (root / "toy.yaml").write_text(TOY)
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(toy):
+    out = run_cli("train", "toy.yaml", cwd=toy)
+    assert out.returncode == 0, out.stderr[-4000:]
+    (run_dir,) = (toy / "runs" / "toy").iterdir()
+    return run_dir, json.loads((run_dir / "results.json").read_text()), out
+
+
+def test_results_hold_bleu_chrf_by_length_and_the_sacrebleu_signatures(trained):
+    _, results, out = trained
+    assert results["main_metric"] == "valid/bleu"
+    for split in ("valid", "test"):
+        assert {f"{split}/bleu", f"{split}/chrf", f"{split}/loss"} <= set(results["metrics"])
+        assert results["details"][split]["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp")
+        assert set(results["by_length"][split]) <= {"1", "10", "20"}
+    assert "subword model: trained unigram model" in out.stderr
+    assert "[train] data/toy/train.en + data/toy/train.xx: 2000 sentence pairs" in out.stderr
+
+
+def test_the_model_learns_to_translate_the_toy_language(trained):
+    _, results, _ = trained
+    assert results["metrics"]["test/bleu"] > 20  # copying the source scores 0: no word is shared
+
+
+def test_the_hypothesis_file_scores_the_reported_bleu_with_sacrebleu(trained, toy):
+    run_dir, results, _ = trained
+    outputs = run_dir / "outputs"
+    hyps, refs = lines(outputs / "test.hyp"), lines(outputs / "test.ref")
+    assert refs == lines(toy / "data" / "toy" / "test.xx") and lines(outputs / "test.src") == lines(toy / "data" / "toy" / "test.en")
+    assert sacrebleu.corpus_bleu(hyps, [refs]).score == results["metrics"]["test/bleu"]
+    assert sacrebleu.corpus_chrf(hyps, [refs]).score == results["metrics"]["test/chrf"]
+
+
+def test_eval_reproduces_the_final_test_scores(trained, toy):
+    run_dir, results, _ = trained
+    out = run_cli("eval", str(run_dir / results["checkpoint"]), "--output", "eval_out", cwd=toy)
+    assert out.returncode == 0, out.stderr[-3000:]
+    evaluated = json.loads((toy / "eval_out" / "results.json").read_text())
+    assert evaluated["metrics"]["test/bleu"] == results["metrics"]["test/bleu"]
+    assert lines(toy / "eval_out" / "outputs" / "test.hyp") == lines(run_dir / "outputs" / "test.hyp")
+
+
+def test_translate_gives_the_evaluations_hypotheses_for_a_file_and_stdin(trained, toy):
+    run_dir, results, _ = trained
+    checkpoint = str(run_dir / results["checkpoint"])
+    out = run_cli("translate", checkpoint, "--input", str(run_dir / "outputs" / "test.src"), "--output", "hyp.txt", cwd=toy)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert lines(toy / "hyp.txt") == lines(run_dir / "outputs" / "test.hyp")
+    source = lines(run_dir / "outputs" / "test.src")[:2]
+    piped = run_cli("translate", checkpoint, "--beam", "1", cwd=toy, stdin=f"{source[0]}\n\n{source[1]}\n")
+    assert piped.returncode == 0, piped.stderr[-3000:]
+    first, empty, second = piped.stdout.splitlines()
+    assert empty == "" and first and second
+
+
+def test_the_copy_baseline_is_sacrebleus_score_of_the_sources(toy):
+    out = run_cli("toy.yaml", cwd=toy, module="relpos_lab_tasks.translation_baseline")
+    assert out.returncode == 0, out.stderr[-3000:]
+    baseline = json.loads(out.stdout)
+    src, ref = lines(toy / "data" / "toy" / "test.en"), lines(toy / "data" / "toy" / "test.xx")
+    assert baseline["bleu"] == sacrebleu.corpus_bleu(src, [ref]).score and baseline["sentences"] == len(ref)
+
+
+def test_a_two_process_ddp_evaluation_scores_what_one_process_scores(toy):
+    out = run_cli("train", "toy.yaml", "name=toy_ddp", "trainer.devices=2", "trainer.strategy=ddp",
+                  "trainer.max_steps=40", "trainer.val_every_n_steps=20", "logging.wandb.mode=disabled", cwd=toy)
+    assert out.returncode == 0, out.stderr[-4000:]
+    (run_dir,) = (toy / "runs" / "toy_ddp").iterdir()
+    ddp = json.loads((run_dir / "results.json").read_text())
+    single = run_cli("eval", str(run_dir / ddp["checkpoint"]), "--output", "ddp_eval", cwd=toy)
+    assert single.returncode == 0, single.stderr[-3000:]
+    one = json.loads((toy / "ddp_eval" / "results.json").read_text())
+    for metric in ("bleu", "chrf"):
+        assert ddp["metrics"][f"test/{metric}"] == one["metrics"][f"test/{metric}"]
+    assert lines(run_dir / "outputs" / "test.hyp") == lines(toy / "ddp_eval" / "outputs" / "test.hyp")
+    assert len(lines(run_dir / "outputs" / "test.hyp")) == 60  # every sentence once, none repeated
+
+
+def test_a_corpus_with_misaligned_files_is_one_line_naming_the_files(toy, tmp_path):
+    data = write_toy_files(tmp_path / "bad", {"train": 30, "valid": 5, "test": 5})
+    (data / "train.xx").write_text("".join(f"{line}\n" for line in lines(data / "train.xx")[:-1]))
+    out = run_cli("train", str(toy / "toy.yaml"), f"task.data_dir={data}", cwd=tmp_path)
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()[-1:]
+    assert line.startswith("relpos-lab: error: ") and "train.en has 30 lines but" in line and "train.xx has 29" in line
