@@ -152,6 +152,8 @@ def show_config(args: argparse.Namespace) -> None:
          arg("--point", type=int, default=None, help="train only grid point N, in this process "
              "(what local workers and SLURM array tasks run)"),
          arg("--list", action="store_true", help="print the grid and each point's status, run nothing"),
+         arg("--slurm", action="store_true", help="submit the unfinished points as one SLURM job array"),
+         arg("--dry-run", action="store_true", help="with --slurm: print the sbatch script, submit nothing"),
          OVERRIDES)
 def sweep(args: argparse.Namespace) -> int:
     from . import experiment
@@ -159,6 +161,8 @@ def sweep(args: argparse.Namespace) -> int:
     from .sweep import is_finished, load_sweep, run_locally
 
     grid = load_sweep(args.sweep_file, args.overrides)
+    if args.slurm:
+        return submit_sweep(grid, args.dry_run)
     if args.point is not None:
         if not 0 <= args.point < len(grid.points):
             raise UserError(f"--point {args.point} is outside the grid of {grid.path} (0..{len(grid.points) - 1})")
@@ -178,6 +182,36 @@ def sweep(args: argparse.Namespace) -> int:
     console.print(f"sweep {grid.name}: {len(grid.points) - len(failed)}/{len(grid.points)} points finished; "
                   f"report with: {PROG} report {_shown(grid.directory)}")
     return 1 if failed else 0
+
+
+@command("submit", "submit an experiment to SLURM: trainer.num_nodes nodes, trainer.devices processes each",
+         arg("config", help="experiment YAML file"),
+         arg("--dry-run", action="store_true", help="print the sbatch script, submit nothing"),
+         OVERRIDES)
+def submit(args: argparse.Namespace) -> None:
+    from . import slurm
+
+    if args.dry_run:
+        sys.stdout.write(slurm.run_job(args.config, args.overrides)[0].script)
+        return
+    show_submission(*slurm.submit_run(args.config, args.overrides))
+
+
+def submit_sweep(grid, dry_run: bool) -> int:
+    """`sweep --slurm`: the grid's unfinished points as one job array (see slurm.py)."""
+    from . import slurm
+
+    if dry_run:
+        job = slurm.sweep_job(grid)
+        if job is not None:
+            sys.stdout.write(job.script)
+    else:
+        job, job_id = slurm.submit_sweep(grid)
+        if job is not None:
+            show_submission(job, job_id)
+    if job is None:
+        console.print(f"sweep {grid.name}: every point is finished; nothing to submit")
+    return 0
 
 
 @command("report", "aggregate a sweep's runs: tables (Markdown, CSV) and plots, mean ± std over seeds",
@@ -218,6 +252,16 @@ def show_summary(summary, title: str) -> None:
     for split, values in splits.items():
         metrics.add_row(split, *(f"{values[n]:.4f}" if n in values else "" for n in names))
     console.print(metrics)
+
+
+def show_submission(job, job_id: str) -> None:
+    """Where a submitted job's files are, and how to follow it."""
+    output, error = job.logs_of(job_id)
+    console.rule(f"[bold]submitted SLURM job {job_id}[/bold] ({job.name}" + (f", array {job.array})" if job.array else ")"))
+    rows = [("run directory" if job.array is None else "sweep directory", job.directory), ("script", job.path),
+            ("output", output), ("errors", error), ("follow", f"squeue -j {job_id}; tail -f {_shown(output)}")]
+    for label, value in rows:
+        console.print(f"{label:>15}  {_shown(value)}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _shown(path: Path | str) -> str:

@@ -100,21 +100,27 @@ class TrainerConfig:
 
 @dataclass
 class ClusterConfig:
-    """Where a SLURM job runs. The world size is not here: it is trainer.devices × num_nodes."""
+    """Where a SLURM job runs (`relpos-lab submit`, `sweep --slurm`; see slurm.py).
+
+    The world size is not here: --nodes is trainer.num_nodes, --ntasks-per-node (and
+    --gpus-per-node on GPUs) is trainer.devices, so the job and Lightning cannot disagree.
+    """
 
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
     time: str = "04:00:00"
-    mem: str | None = None
-    cpus_per_task: int = 4
+    mem: str | None = None  # per node, e.g. 64G
+    cpus_per_task: int = 4  # per process: data loading workers + the process itself
     extra_sbatch: list[str] = field(default_factory=list)  # further "#SBATCH" options, e.g. --gres=...
-    setup: list[str] = field(default_factory=list)  # shell lines before the run: modules, venv
+    setup: list[str] | None = None  # shell lines before the run (module load, conda activate);
+    # None: activate the virtual environment relpos-lab was submitted from
+    signal_seconds: int = 90  # SIGUSR1 this long before the time limit: checkpoint, then requeue
     array_parallelism: int = 0  # at most this many array tasks at once (the % throttle); 0: no limit
 
     def validate(self) -> None:
-        _at_least(self, "cluster", cpus_per_task=1, array_parallelism=0)
+        _at_least(self, "cluster", cpus_per_task=1, array_parallelism=0, signal_seconds=1)
 
 
 @dataclass

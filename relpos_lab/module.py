@@ -46,8 +46,10 @@ class RelposModule(L.LightningModule):
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         out = self.task.loss(self.model, batch, self.cfg.optim.label_smoothing)
         size = _batch_size(batch)
-        self.log("train/loss", out.loss, prog_bar=True, batch_size=size)
-        self.log("train/nll", out.nll_sum / out.n_tokens.clamp_min(1), batch_size=size)
+        # Averaged over ranks (sync_dist): the loss of the global batch, whose gradient DDP averages,
+        # rather than rank 0's shard; one scalar all-reduce each, next to the gradients' own.
+        self.log("train/loss", out.loss, prog_bar=True, batch_size=size, sync_dist=True)
+        self.log("train/nll", out.nll_sum / out.n_tokens.clamp_min(1), batch_size=size, sync_dist=True)
         return out.loss
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -14,6 +14,10 @@ the SIGTERM with which SLURM ends the requeued attempt and stop with Lightning's
 SIGTERMException, so nothing is logged or checkpointed after the hpc checkpoint. The next attempt
 resumes from that checkpoint (experiment.resume_checkpoint) in the same run directory.
 
+Three Lightning internals are used (the cluster environment, the requeue handler, the
+accumulation test); tests/test_slurm_cluster.py's requeue test breaks if a Lightning release
+changes them.
+
 Outside SLURM, or with Lightning's auto-requeue switched off, the callback does nothing.
 """
 from __future__ import annotations
@@ -57,7 +61,8 @@ class DeferredRequeue(Callback):
         self._signum = signum  # nothing else: the rank may be anywhere, even inside a collective
 
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
-        if not self._active:
+        # Between optimizer steps only: gradients accumulated so far would not be in the checkpoint.
+        if not self._active or trainer.fit_loop.epoch_loop._should_accumulate():
             return
         if not trainer.strategy.reduce_boolean_decision(self._signum is not None, all=False):
             return

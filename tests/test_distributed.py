@@ -1,0 +1,122 @@
+"""DDP on CPU (gloo, devices=2) against one process with the same global batch.
+
+The training set is exactly one global batch (32 examples: 32 per step in one process, 16 per
+rank with two), so every step sees the same examples in either setting whatever order each
+sampler draws them in, and all training strings have one length, so both ranks hold the same
+number of target tokens: DDP's average of the two ranks' mean losses is then the one-process
+mean, and the two runs must follow the same loss curve and end with the same weights, up to
+floating-point reduction order.
+
+The evaluation splits have odd sizes, so a rank-sharded evaluation that padded or dropped
+examples would disagree with a one-process evaluation of the same checkpoint.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from relpos_lab import experiment
+from relpos_lab.wandb_offline import read_runs
+
+GLOBAL_BATCH = 32
+STEPS = 12
+CONFIG = f"""
+task: {{name: reverse, train_lengths: [5, 5], valid_lengths: [1, 5], test_lengths: [1, 7],
+       train_size: {GLOBAL_BATCH}, eval_size_per_length: 3}}
+model: {{d_model: 16, n_heads: 2, d_ff: 32, n_encoder_layers: 1, n_decoder_layers: 1, dropout: 0.0,
+        attention_dropout: 0.0, positions: {{scheme: shaw, max_distance: 4}}}}
+data: {{eval_batch_size: 4}}
+optim: {{lr: 0.003, warmup_steps: 3}}
+trainer: {{accelerator: cpu, strategy: ddp, max_steps: {STEPS}, val_every_n_steps: 6, log_every_n_steps: 1,
+          gradient_clip_val: 1.0, num_sanity_val_steps: 0, enable_progress_bar: false,
+          enable_model_summary: false}}
+logging: {{root: runs, wandb: {{mode: offline}}}}
+"""
+
+
+def train(root: Path, devices: int) -> Path:
+    """Train CONFIG with `devices` processes through the CLI; returns the run directory."""
+    (root / "ddp.yaml").write_text(CONFIG)
+    args = ["train", "ddp.yaml", f"trainer.devices={devices}", f"data.batch_size={GLOBAL_BATCH // devices}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    env.pop("WANDB_MODE", None)
+    out = subprocess.run([sys.executable, "-m", "relpos_lab", *args], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    (run_dir,) = [p for p in root.glob("runs/ddp/*") if p.is_dir()]
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[int, Path]:
+    """The same experiment trained in one process and in two (DDP); devices -> run directory."""
+    return {devices: train(tmp_path_factory.mktemp(f"devices{devices}"), devices) for devices in (1, 2)}
+
+
+def logged(run_dir: Path, key: str) -> dict[int, float]:
+    """step -> value of `key` in metrics.csv; a step logged twice fails the test."""
+    values: dict[int, float] = {}
+    with open(run_dir / "metrics.csv", newline="") as file:
+        for row in csv.DictReader(file):
+            if row.get(key):
+                step = int(row["step"])
+                assert step not in values, f"{key} logged twice at step {step}"
+                values[step] = float(row[key])
+    return values
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+
+
+def test_two_processes_follow_the_one_process_loss_curve(runs):
+    single, ddp = logged(runs[1], "train/loss"), logged(runs[2], "train/loss")
+    assert sorted(single) == sorted(ddp) and len(single) == STEPS
+    assert single[0] != pytest.approx(single[STEPS - 1], abs=1e-3)  # the curve moves: a real comparison
+    for step in single:
+        assert ddp[step] == pytest.approx(single[step], rel=1e-4, abs=1e-5), step
+
+
+def test_two_processes_end_with_the_one_process_weights(runs):
+    single, ddp = weights(runs[1]), weights(runs[2])
+    assert single.keys() == ddp.keys()
+    # A key bias shifts every score of a query by the same amount, which softmax ignores: its exact
+    # gradient is zero, and Adam turns the rounding noise it gets instead into lr-sized steps.
+    compared = [name for name in single if not name.endswith("k_proj.bias")]
+    assert len(compared) > len(single) // 2
+    for name in compared:
+        torch.testing.assert_close(ddp[name], single[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_sharded_evaluation_equals_one_process_evaluation_of_the_same_checkpoint(runs, tmp_path, monkeypatch):
+    results = json.loads((runs[2] / "results.json").read_text())
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    alone = experiment.evaluate(runs[2] / results["checkpoint"], "test", output=tmp_path / "eval")
+    for name, value in alone.metrics.items():
+        assert results["metrics"][name] == pytest.approx(value, rel=1e-6, abs=1e-6), name
+    evaluated = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert results["by_length"]["test"] == evaluated["by_length"]["test"]
+    assert sum(row["n"] for row in results["by_length"]["test"].values()) == 7 * 3  # every example once
+
+
+def test_only_rank_zero_writes_the_run_directory(runs):
+    def files(run_dir: Path) -> set[str]:  # W&B's own files are named by time and checked below
+        return {str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file() and "wandb" not in p.parts}
+
+    assert files(runs[2]) == files(runs[1])
+    assert len(list((runs[2] / "wandb").glob("offline-run-*"))) == 1
+
+
+def test_wandb_records_each_step_once(runs):
+    (attempts,) = read_runs(runs[2] / "wandb").values()
+    (run,) = attempts
+    csv_losses = logged(runs[2], "train/loss")
+    assert run.metric("train/loss") == pytest.approx([csv_losses[s] for s in sorted(csv_losses)], rel=1e-6)
+    assert len(run.metric("test/exact_match")) == 1

@@ -1,0 +1,199 @@
+"""The sbatch scripts `relpos-lab submit --dry-run` and `sweep --slurm --dry-run` print.
+
+The mapping config -> #SBATCH lines is what keeps SLURM and Lightning agreeing on the world size
+(devices <-> --ntasks-per-node, num_nodes <-> --nodes). These tests need no cluster; the ones in
+test_slurm_cluster.py submit real jobs.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relpos_lab import cli
+from relpos_lab.slurm import _index_ranges
+
+TINY = """
+task: {name: reverse, train_lengths: [1, 4], valid_lengths: [1, 4], test_lengths: [1, 6],
+       train_size: 64, eval_size_per_length: 2}
+model: {d_model: 16, n_heads: 2, d_ff: 32, n_encoder_layers: 1, n_decoder_layers: 1,
+        positions: {scheme: shaw, max_distance: 4}}
+trainer: {accelerator: cpu, max_steps: 10}
+logging: {root: runs}
+"""
+SWEEP = """
+experiment: tiny.yaml
+name: grid
+grid:
+  seed: [1, 2, 3]
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    (tmp_path / "sweep.yaml").write_text(SWEEP)
+    return tmp_path
+
+
+def dry_run(capsys, *argv: str) -> str:
+    assert cli.main([*argv, "--dry-run"]) == 0
+    return capsys.readouterr().out
+
+
+def options(script: str) -> list[str]:
+    return [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
+
+
+def option(script: str, name: str) -> str | None:
+    """The value of ``#SBATCH --name=value`` (None when absent; every option appears at most once)."""
+    values = [o.split("=", 1)[1] for o in options(script) if o.split("=", 1)[0] == f"--{name}"]
+    assert len(values) <= 1, values
+    return values[0] if values else None
+
+
+def run_dir_of(script: str) -> Path:
+    return Path(option(script, "output")).parent.parent
+
+
+# --- the world size: one config value each ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("devices, nodes", [(1, 1), (2, 1), (4, 2), (8, 16)])
+def test_devices_and_num_nodes_become_ntasks_per_node_and_nodes(workdir, capsys, devices, nodes):
+    script = dry_run(capsys, "submit", "tiny.yaml", f"trainer.devices={devices}", f"trainer.num_nodes={nodes}")
+    assert option(script, "ntasks-per-node") == str(devices)
+    assert option(script, "nodes") == str(nodes)
+    assert option(script, "ntasks") is None  # a total task count could disagree with the two above
+
+
+@pytest.mark.parametrize("accelerator", ["gpu", "cuda"])
+def test_gpu_jobs_ask_for_one_gpu_per_process(workdir, capsys, accelerator):
+    script = dry_run(capsys, "submit", "tiny.yaml", f"trainer.accelerator={accelerator}", "trainer.devices=4")
+    assert option(script, "gpus-per-node") == "4" and option(script, "ntasks-per-node") == "4"
+
+
+def test_cpu_jobs_ask_for_no_gpus(workdir, capsys):
+    script = dry_run(capsys, "submit", "tiny.yaml", "trainer.devices=2")
+    assert not [o for o in options(script) if o.startswith(("--gpu", "--gres"))]
+
+
+# --- the cluster section ----------------------------------------------------------------------------
+
+
+def test_cluster_section_becomes_sbatch_options(workdir, capsys):
+    script = dry_run(capsys, "submit", "tiny.yaml", "cluster.partition=a100", "cluster.account=nlp",
+                     "cluster.qos=high", "cluster.constraint=ampere", "cluster.time=1-00:00:00", "cluster.mem=64G",
+                     "cluster.cpus_per_task=8", 'cluster.extra_sbatch=["--exclusive", "#SBATCH --mail-type=END"]')
+    assert [option(script, k) for k in ("partition", "account", "qos", "constraint", "time", "mem", "cpus-per-task")] \
+        == ["a100", "nlp", "high", "ampere", "1-00:00:00", "64G", "8"]
+    assert "--exclusive" in options(script) and "--mail-type=END" in options(script)
+
+
+def test_unset_cluster_options_are_left_to_the_site_defaults(workdir, capsys):
+    script = dry_run(capsys, "submit", "tiny.yaml")
+    for name in ("partition", "account", "qos", "constraint", "mem"):
+        assert option(script, name) is None
+
+
+def test_every_job_checkpoints_and_requeues_before_its_time_limit(workdir, capsys):
+    script = dry_run(capsys, "submit", "tiny.yaml", "cluster.signal_seconds=300")
+    assert option(script, "signal") == "SIGUSR1@300"
+    assert "--requeue" in options(script) and option(script, "open-mode") == "append"
+
+
+def test_an_extra_option_must_be_an_option(workdir, capsys):
+    assert cli.main(["submit", "tiny.yaml", "--dry-run", 'cluster.extra_sbatch=["exclusive"]']) == 2
+    assert "not an sbatch option" in capsys.readouterr().err
+
+
+def test_a_job_named_bash_is_refused(workdir, capsys):
+    # Lightning treats a job named bash as an interactive shell and ignores SLURM (no ranks, no requeue).
+    assert cli.main(["submit", "tiny.yaml", "--dry-run", "name=bash"]) == 2
+    assert "interactive shell" in capsys.readouterr().err
+
+
+# --- what the job runs, and where its files go ---------------------------------------------------------
+
+
+def test_the_job_resumes_the_run_directorys_config_from_the_submission_directory(workdir, capsys):
+    script = dry_run(capsys, "submit", "tiny.yaml", "optim.lr=0.01")
+    assert option(script, "job-name") == "tiny"
+    assert option(script, "chdir") == str(workdir)
+    run_dir = run_dir_of(script)
+    assert run_dir.parent == (workdir / "runs" / "tiny").resolve()
+    assert option(script, "output") == f"{run_dir}/slurm/%j.out"
+    assert option(script, "error") == f"{run_dir}/slurm/%j.err"
+    assert script.rstrip().endswith(f"srun --kill-on-bad-exit=1 relpos-lab train {run_dir}/config.yaml resume=true")
+    assert not run_dir.exists()  # a dry run writes nothing
+
+
+def test_the_default_setup_activates_the_submitting_virtual_environment(workdir, capsys):
+    script = dry_run(capsys, "submit", "tiny.yaml")
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the tests do not run in a virtual environment")
+    assert f"\nsource {Path(sys.prefix) / 'bin' / 'activate'}\n" in script
+
+
+def test_setup_lines_replace_the_default_activation(workdir, capsys):
+    script = dry_run(capsys, "submit", "tiny.yaml", 'cluster.setup=["module load cuda/12.4", "conda activate rl"]')
+    assert "\nmodule load cuda/12.4\nconda activate rl\n" in script
+    assert "bin/activate" not in script
+
+
+def test_the_script_is_valid_bash(workdir, capsys):
+    script = dry_run(capsys, "submit", "tiny.yaml", 'cluster.setup=["echo ready"]')
+    checked = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_submitting_without_sbatch_is_one_line(workdir, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(workdir))
+    assert cli.main(["submit", "tiny.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sbatch not found" in err and "--dry-run" in err
+    assert not (workdir / "runs").exists()
+
+
+# --- sweeps as job arrays ---------------------------------------------------------------------------
+
+
+def test_a_sweep_is_one_array_with_an_index_per_point_and_a_throttle(workdir, capsys):
+    script = dry_run(capsys, "sweep", "sweep.yaml", "--slurm", "cluster.array_parallelism=2", "trainer.devices=2")
+    assert option(script, "array") == "0-2%2"
+    assert option(script, "ntasks-per-node") == "2" and option(script, "job-name") == "grid"
+    sweep_dir = (workdir / "runs" / "grid").resolve()
+    assert option(script, "output") == f"{sweep_dir}/slurm/%A_%a.out"
+    assert script.rstrip().endswith(f"relpos-lab sweep {workdir / 'sweep.yaml'} --point $SLURM_ARRAY_TASK_ID "
+                                    "cluster.array_parallelism=2 trainer.devices=2")
+
+
+def test_an_unthrottled_array_has_no_percent(workdir, capsys):
+    assert option(dry_run(capsys, "sweep", "sweep.yaml", "--slurm"), "array") == "0-2"
+
+
+def test_finished_points_are_left_out_of_the_array(workdir, capsys):
+    manifest = workdir / "runs" / "grid" / "sweep.json"
+    assert cli.main(["sweep", "sweep.yaml", "--list"]) == 0
+    points = json.loads(manifest.read_text())["points"]
+    (Path(points[1]["run_dir"]) / "results.json").parent.mkdir(parents=True)
+    (Path(points[1]["run_dir"]) / "results.json").write_text("{}")
+    capsys.readouterr()
+    assert option(dry_run(capsys, "sweep", "sweep.yaml", "--slurm"), "array") == "0,2"
+
+
+def test_points_needing_different_resources_cannot_share_an_array(workdir, capsys):
+    (workdir / "sweep.yaml").write_text("experiment: tiny.yaml\nname: grid\ngrid:\n  trainer.devices: [1, 2]\n")
+    assert cli.main(["sweep", "sweep.yaml", "--slurm", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "one job array has one shape" in err and "--ntasks-per-node=2" in err
+
+
+@pytest.mark.parametrize("indices, spec", [([0], "0"), ([0, 1, 2], "0-2"), ([0, 1, 2, 5, 7, 8], "0-2,5,7-8"),
+                                           ([3, 9], "3,9")])
+def test_array_indices_are_written_as_ranges(indices, spec):
+    assert _index_ranges(indices) == spec

@@ -1,0 +1,178 @@
+"""Real jobs on a real SLURM cluster (slurm/dev-cluster-start.sh brings one up on this machine).
+
+Each test submits through the CLI and waits for the job with scontrol (there is no accounting
+database, so no sacct): a two-task DDP job trains to completion, a two-point sweep runs as one
+job array, and a job sent SIGUSR1 mid-training checkpoints, requeues itself and finishes from its
+checkpoint in the same run directory and W&B run. CPU processes stand in for GPUs (gloo).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from relpos_lab import cli
+from relpos_lab.wandb_offline import read_runs
+
+pytestmark = [pytest.mark.slurm,
+              pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs SLURM (slurm/dev-cluster-start.sh)")]
+
+TINY = """
+task: {name: reverse, train_lengths: [1, 4], valid_lengths: [1, 4], test_lengths: [1, 5],
+       train_size: 256, eval_size_per_length: 3}
+model: {d_model: 16, n_heads: 2, d_ff: 32, n_encoder_layers: 1, n_decoder_layers: 1, dropout: 0.0,
+        attention_dropout: 0.0, positions: {scheme: shaw, max_distance: 4}}
+data: {batch_size: 8, eval_batch_size: 32}
+optim: {lr: 0.003, warmup_steps: 5}
+trainer: {accelerator: cpu, max_steps: 40, val_every_n_steps: 20, log_every_n_steps: 5,
+          num_sanity_val_steps: 0, enable_progress_bar: false, enable_model_summary: false}
+cluster: {cpus_per_task: 1, time: "00:15:00"}
+logging: {root: runs}
+"""
+DDP = ["trainer.devices=2", "trainer.strategy=ddp"]
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+            "PREEMPTED"}
+WAIT_S = 300  # generous: the dev cluster may be shared with other jobs
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    return tmp_path
+
+
+def submit(capsys, *argv: str) -> str:
+    """Run a submitting command through the CLI; returns the job id it printed."""
+    assert cli.main(list(argv)) == 0
+    out = capsys.readouterr().out
+    match = re.search(r"submitted SLURM job (\d+)", out)
+    assert match, out
+    return match.group(1)
+
+
+def job_records(job_id: str) -> list[dict[str, str]]:
+    """scontrol's records of a job (one per array task once the tasks have started)."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return [dict(field.split("=", 1) for field in line.split() if "=" in field) for line in out.stdout.splitlines()]
+
+
+def wait_for(job_id: str, tasks: int = 1, timeout: float = WAIT_S) -> list[dict[str, str]]:
+    """Poll until all `tasks` records of the job are in a final state; cancel it on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = job_records(job_id)
+        if len(records) == tasks and all(r["JobState"] in TERMINAL for r in records):
+            return records
+        time.sleep(0.5)
+    subprocess.run(["scancel", job_id], timeout=30)
+    pytest.fail(f"job {job_id} did not finish within {timeout:.0f}s: {job_records(job_id)}")
+
+
+def logs(run_dir: Path, job_id: str) -> str:
+    return "".join((run_dir / "slurm" / f"{job_id}.{ext}").read_text() for ext in ("out", "err"))
+
+
+def the_run_dir(root: Path) -> Path:
+    (run_dir,) = [p.parent for p in root.glob("runs/*/*/config.yaml")]
+    return run_dir
+
+
+def global_step(checkpoint: Path) -> int:
+    return torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"]
+
+
+def first_periodic_checkpoint(root: Path) -> int:
+    """Wait for the run's first last.ckpt and return its step (retrying while it is being written)."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        last = next(root.glob("runs/*/*/checkpoints/last.ckpt"), None)
+        if last is not None:
+            try:
+                return global_step(last)
+            except (OSError, RuntimeError, EOFError):  # still being written
+                pass
+        time.sleep(0.1)
+    pytest.fail("no periodic checkpoint appeared")
+
+
+def logged_steps(run_dir: Path, key: str) -> list[int]:
+    with open(run_dir / "metrics.csv", newline="") as file:
+        return [int(row["step"]) for row in csv.DictReader(file) if row.get(key)]
+
+
+def test_a_two_task_job_trains_with_ddp_to_completion(workdir, capsys):
+    job_id = submit(capsys, "submit", "tiny.yaml", *DDP)
+    (record,) = wait_for(job_id)
+    run_dir = the_run_dir(workdir)
+    assert record["JobState"] == "COMPLETED", logs(run_dir, job_id)[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["global_step"] == 40 and "test/exact_match" in results["metrics"]
+    text = logs(run_dir, job_id)
+    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in text and "GLOBAL_RANK: 1, MEMBER: 2/2" in text
+    assert "SLURM auto-requeueing enabled" in text  # Lightning wired the ranks from SLURM's variables
+    (attempts,) = read_runs(run_dir / "wandb").values()
+    (run,) = attempts
+    assert run.config["provenance"]["slurm"]["job_id"] == job_id
+    assert run.metric("test/exact_match")
+
+
+def test_a_sweep_runs_as_one_job_array_with_a_run_directory_per_point(workdir, capsys):
+    (workdir / "sweep.yaml").write_text("experiment: tiny.yaml\nname: grid\n"
+                                        "overrides: [trainer.max_steps=20, cluster.array_parallelism=2]\n"
+                                        "grid:\n  seed: [1, 2]\n")
+    job_id = submit(capsys, "sweep", "sweep.yaml", "--slurm")
+    records = wait_for(job_id, tasks=2)
+    assert sorted(r["ArrayTaskId"] for r in records) == ["0", "1"]
+    assert {r["JobState"] for r in records} == {"COMPLETED"}
+    manifest = json.loads((workdir / "runs" / "grid" / "sweep.json").read_text())
+    for point in manifest["points"]:
+        results = json.loads((Path(point["run_dir"]) / "results.json").read_text())
+        assert results["global_step"] == 20
+        log = (workdir / "runs" / "grid" / "slurm" / f"{job_id}_{point['index']}.out").read_text()
+        assert f"(array task {point['index']})" in log and f"point {point['index']}" in log
+    assert len({p["run_dir"] for p in manifest["points"]}) == 2
+
+
+def test_a_signalled_job_checkpoints_requeues_and_finishes_from_its_checkpoint(workdir, capsys):
+    steps, every = 150, 20
+    job_id = submit(capsys, "submit", "tiny.yaml", *DDP, f"trainer.max_steps={steps}",
+                    "trainer.val_every_n_steps=75", f"trainer.checkpoint_every_n_steps={every}")
+    try:
+        saved_before_signal = first_periodic_checkpoint(workdir)
+        subprocess.run(["scancel", "-s", "USR1", job_id], check=True, timeout=30)
+        (record,) = wait_for(job_id)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30)  # a no-op once the job is done
+    run_dir = the_run_dir(workdir)
+    text = logs(run_dir, job_id)
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", text[-3000:]
+    assert "attempt 1 " in text and "attempt 2 " in text  # both attempts appended to one log
+
+    # The second attempt started from the checkpoint taken at the signal, no earlier than the last
+    # periodic checkpoint, and trained to the end.
+    resumed_at = global_step(run_dir / "hpc_ckpt_1.ckpt")
+    assert saved_before_signal <= resumed_at < steps
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["started_at_step"] == resumed_at and results["global_step"] == steps
+    assert f"resuming from hpc_ckpt_1.ckpt" in text
+
+    # Every logged step is in metrics.csv exactly once: nothing lost, nothing replayed.
+    expected = list(range(4, steps, 5))  # log_every_n_steps=5 logs after steps 5, 10, ... (0-based 4, 9, ...)
+    assert sorted(logged_steps(run_dir, "train/loss")) == expected
+
+    # One W&B run, continued by the second attempt.
+    runs = read_runs(run_dir / "wandb")
+    assert len(runs) == 1
+    (attempts,) = runs.values()
+    assert len(attempts) == 2
+    assert max(attempts[0].metric("trainer/global_step")) <= resumed_at
+    assert attempts[1].metric("test/exact_match")
