@@ -5,6 +5,7 @@ sacrebleu score is the reported one), `eval`, `translate`, the copy baseline, an
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -14,23 +15,26 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
+from relpos_lab import cli
+from relpos_lab.wandb_offline import find_run_files, read_run
+from relpos_lab_tasks import translation_baseline
 from toy_translation import write_toy_files
 
 TOY = """
 task: {name: translation, corpus: files, data_dir: data/toy, src_lang: en, tgt_lang: xx,
-       subword: {vocab_size: 64}, max_tokens: 600, eval_max_tokens: 1200, length_buckets: [1, 10, 20]}
+       subword: {vocab_size: 200}, max_tokens: 600, eval_max_tokens: 1200, length_buckets: [1, 10, 20]}
 model: {d_model: 32, n_heads: 2, d_ff: 64, n_encoder_layers: 1, n_decoder_layers: 1, dropout: 0.0,
         attention_dropout: 0.0, positions: {scheme: shaw, max_distance: 8}}
 optim: {lr: 0.005, warmup_steps: 20}
-trainer: {accelerator: cpu, max_steps: 150, val_every_n_steps: 75, log_every_n_steps: 10,
+trainer: {accelerator: cpu, max_steps: 300, val_every_n_steps: 150, log_every_n_steps: 10,
           num_sanity_val_steps: 0, enable_progress_bar: false, enable_model_summary: false}
 logging: {root: runs}
 """
 
 
-def run_cli(*args: str, cwd: Path, stdin: str | None = None, module: str = "relpos_lab") -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, input=stdin,
+    return subprocess.run([sys.executable, "-m", "relpos_lab", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -67,7 +71,7 @@ def test_results_hold_bleu_chrf_by_length_and_the_sacrebleu_signatures(trained):
 
 def test_the_model_learns_to_translate_the_toy_language(trained):
     _, results, _ = trained
-    assert results["metrics"]["test/bleu"] > 20  # copying the source scores 0: no word is shared
+    assert results["metrics"]["test/bleu"] > 10  # copying the source scores 0: no word is shared
 
 
 def test_the_hypothesis_file_scores_the_reported_bleu_with_sacrebleu(trained, toy):
@@ -79,44 +83,61 @@ def test_the_hypothesis_file_scores_the_reported_bleu_with_sacrebleu(trained, to
     assert sacrebleu.corpus_chrf(hyps, [refs]).score == results["metrics"]["test/chrf"]
 
 
-def test_eval_reproduces_the_final_test_scores(trained, toy):
+def test_wandb_holds_a_table_of_sample_translations(trained):
+    run_dir, _, _ = trained
+    history = read_run(find_run_files(run_dir)[0]).history
+    table = next(r["samples/test"] for r in history if "samples/test" in r)
+    files = next(run_dir.glob("wandb/offline-run-*/files"))
+    logged = json.loads((files / table["path"]).read_text())
+    assert logged["columns"] == ["source", "reference", "hypothesis"]
+    source, reference, _ = logged["data"][0]
+    test_src, test_ref = lines(run_dir / "outputs" / "test.src"), lines(run_dir / "outputs" / "test.ref")
+    assert test_ref[test_src.index(source)] == reference
+
+
+def test_eval_reproduces_the_final_test_scores(trained, toy, monkeypatch):
     run_dir, results, _ = trained
-    out = run_cli("eval", str(run_dir / results["checkpoint"]), "--output", "eval_out", cwd=toy)
-    assert out.returncode == 0, out.stderr[-3000:]
+    monkeypatch.chdir(toy)
+    assert cli.main(["eval", str(run_dir / results["checkpoint"]), "--output", "eval_out"]) == 0
     evaluated = json.loads((toy / "eval_out" / "results.json").read_text())
     assert evaluated["metrics"]["test/bleu"] == results["metrics"]["test/bleu"]
     assert lines(toy / "eval_out" / "outputs" / "test.hyp") == lines(run_dir / "outputs" / "test.hyp")
 
 
-def test_translate_gives_the_evaluations_hypotheses_for_a_file_and_stdin(trained, toy):
+def test_translate_gives_the_evaluations_hypotheses_for_a_file(trained, toy, monkeypatch):
     run_dir, results, _ = trained
+    monkeypatch.chdir(toy)
     checkpoint = str(run_dir / results["checkpoint"])
-    out = run_cli("translate", checkpoint, "--input", str(run_dir / "outputs" / "test.src"), "--output", "hyp.txt", cwd=toy)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert cli.main(["translate", checkpoint, "--input", str(run_dir / "outputs" / "test.src"), "--output", "hyp.txt"]) == 0
     assert lines(toy / "hyp.txt") == lines(run_dir / "outputs" / "test.hyp")
+
+
+def test_translate_reads_stdin_and_keeps_empty_lines(trained, monkeypatch, capsys):
+    run_dir, results, _ = trained
     source = lines(run_dir / "outputs" / "test.src")[:2]
-    piped = run_cli("translate", checkpoint, "--beam", "1", cwd=toy, stdin=f"{source[0]}\n\n{source[1]}\n")
-    assert piped.returncode == 0, piped.stderr[-3000:]
-    first, empty, second = piped.stdout.splitlines()
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{source[0]}\n\n{source[1]}\n"))
+    assert cli.main(["translate", str(run_dir / results["checkpoint"]), "--beam", "1"]) == 0
+    first, empty, second = capsys.readouterr().out.splitlines()
     assert empty == "" and first and second
 
 
-def test_the_copy_baseline_is_sacrebleus_score_of_the_sources(toy):
-    out = run_cli("toy.yaml", cwd=toy, module="relpos_lab_tasks.translation_baseline")
-    assert out.returncode == 0, out.stderr[-3000:]
-    baseline = json.loads(out.stdout)
+def test_the_copy_baseline_is_sacrebleus_score_of_the_sources(toy, monkeypatch, capsys):
+    monkeypatch.chdir(toy)
+    assert translation_baseline.main(["toy.yaml"]) == 0
+    baseline = json.loads(capsys.readouterr().out)
     src, ref = lines(toy / "data" / "toy" / "test.en"), lines(toy / "data" / "toy" / "test.xx")
     assert baseline["bleu"] == sacrebleu.corpus_bleu(src, [ref]).score and baseline["sentences"] == len(ref)
 
 
-def test_a_two_process_ddp_evaluation_scores_what_one_process_scores(toy):
+@pytest.mark.slow  # ~25 s: three processes start; tests/test_translation_bleu.py checks DDP == 1 process fast
+def test_a_two_process_ddp_evaluation_scores_what_one_process_scores(toy, monkeypatch):
     out = run_cli("train", "toy.yaml", "name=toy_ddp", "trainer.devices=2", "trainer.strategy=ddp",
                   "trainer.max_steps=40", "trainer.val_every_n_steps=20", "logging.wandb.mode=disabled", cwd=toy)
     assert out.returncode == 0, out.stderr[-4000:]
     (run_dir,) = (toy / "runs" / "toy_ddp").iterdir()
     ddp = json.loads((run_dir / "results.json").read_text())
-    single = run_cli("eval", str(run_dir / ddp["checkpoint"]), "--output", "ddp_eval", cwd=toy)
-    assert single.returncode == 0, single.stderr[-3000:]
+    monkeypatch.chdir(toy)
+    assert cli.main(["eval", str(run_dir / ddp["checkpoint"]), "--output", "ddp_eval"]) == 0
     one = json.loads((toy / "ddp_eval" / "results.json").read_text())
     for metric in ("bleu", "chrf"):
         assert ddp["metrics"][f"test/{metric}"] == one["metrics"][f"test/{metric}"]
@@ -124,10 +145,11 @@ def test_a_two_process_ddp_evaluation_scores_what_one_process_scores(toy):
     assert len(lines(run_dir / "outputs" / "test.hyp")) == 60  # every sentence once, none repeated
 
 
-def test_a_corpus_with_misaligned_files_is_one_line_naming_the_files(toy, tmp_path):
+def test_a_corpus_with_misaligned_files_is_one_line_naming_the_files(toy, tmp_path, monkeypatch, capsys):
     data = write_toy_files(tmp_path / "bad", {"train": 30, "valid": 5, "test": 5})
     (data / "train.xx").write_text("".join(f"{line}\n" for line in lines(data / "train.xx")[:-1]))
-    out = run_cli("train", str(toy / "toy.yaml"), f"task.data_dir={data}", cwd=tmp_path)
-    assert out.returncode == 2
-    (line,) = out.stderr.strip().splitlines()[-1:]
-    assert line.startswith("relpos-lab: error: ") and "train.en has 30 lines but" in line and "train.xx has 29" in line
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", str(toy / "toy.yaml"), f"task.data_dir={data}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("relpos-lab: error: ")
+    assert "train.en has 30 lines but" in err and "train.xx has 29: aligned files must have the same" in err
