@@ -228,6 +228,15 @@ def report(args: argparse.Namespace) -> None:
     console.print(path.read_text().split("\n## ")[0], markup=False, highlight=False)
 
 
+@command("bench", "speed and memory of attention, a layer, a model or decoding, measured side by side "
+         "(`relpos-lab bench attention --help`)",
+         arg("bench_args", nargs=argparse.REMAINDER, metavar="attention|layer|model|decode [options]"))
+def bench(args: argparse.Namespace) -> None:
+    from . import bench as benchmarks
+
+    benchmarks.main(args.bench_args)
+
+
 # --- presentation ---------------------------------------------------------------------------
 
 

@@ -49,3 +49,11 @@ def test_recompute_baseline_agrees_with_cached_greedy():
     cached = greedy_search(model, src, bos_id=1, eos_id=-1, pad_id=0, max_len_a=0.0, max_len_b=12)
     # The budget forces EOS (-1, never predicted) as the 12th token; the 11 before must agree.
     assert torch.equal(bench.greedy_recompute(model, src, 12)[:, :11], cached[:, :11])
+
+
+def test_bench_is_a_relpos_lab_verb(tmp_path):
+    from relpos_lab.cli import main
+
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", *TINY, "--steps", "4", "--json", str(out)]) == 0
+    assert {r["name"] for r in json.loads(out.read_text())["results"]} == {"decode-recompute", "decode-cached"}
