@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+import warnings
+
 import pytest
 import wandb
 
@@ -51,7 +54,15 @@ def test_history_config_and_metadata_read_back(tmp_path):
 def test_records_spanning_several_blocks_are_reassembled(tmp_path):
     big = "x" * 100_000  # a history record ~3 blocks of 32 KiB long: first, middle, last chunks
     _log_run(tmp_path, "big1", [{"text": big, "n": 1}, {"n": 2}])
-    run = read_run(find_run_files(tmp_path)[0])
+    # wandb.finish() can return while wandb-core still writes the file: wait for its exit record.
+    deadline = time.monotonic() + 60
+    while True:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run = read_run(find_run_files(tmp_path)[0])
+        if run.exit_code is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert run.metric("text") == [big]
     assert run.metric("n") == [1, 2]
 
