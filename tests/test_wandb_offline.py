@@ -11,19 +11,7 @@ import wandb
 from relpos_lab.wandb_offline import RunFileError, find_run_files, read_records, read_run, read_runs
 
 
-@pytest.fixture(autouse=True)
-def offline_wandb(tmp_path, monkeypatch):
-    """Keep every W&B file of a test under tmp_path, offline, and quiet."""
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CONSOLE", "off")
-    for var, sub in (("WANDB_DIR", "wandb_dir"), ("WANDB_CONFIG_DIR", "wandb_config"),
-                     ("WANDB_CACHE_DIR", "wandb_cache"), ("WANDB_DATA_DIR", "wandb_data")):
-        monkeypatch.setenv(var, str(tmp_path / sub))
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    yield
-    if wandb.run is not None:
-        wandb.run.finish()
+pytestmark = pytest.mark.usefixtures("offline_wandb")  # tests/conftest.py
 
 
 def _log_run(root, run_id, rows, config=None, **init):

@@ -1,0 +1,19 @@
+"""Shared fixtures."""
+import pytest
+import wandb
+
+
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    """Keep every W&B file of a test under tmp_path, offline, quiet, with no API key in sight."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONSOLE", "off")
+    for var, sub in (("WANDB_DIR", "wandb_dir"), ("WANDB_CONFIG_DIR", "wandb_config"),
+                     ("WANDB_CACHE_DIR", "wandb_cache"), ("WANDB_DATA_DIR", "wandb_data")):
+        monkeypatch.setenv(var, str(tmp_path / sub))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc W&B login
+    yield
+    if wandb.run is not None:
+        wandb.run.finish()
