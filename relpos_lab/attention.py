@@ -98,7 +98,7 @@ def relative_attention(
     if impl == "flex":
         if dropout_p > 0:
             raise ValueError("impl='flex' does not support attention dropout; use 'gather'")
-        return _flex(q, k, v, rel_k, rel_v, max_distance, idx, allowed, attn_bias, query_offset, scale)
+        return _flex(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset, scale)
     edge_logits, edge_values = {"naive": (_naive_logits, _naive_values),
                                 "batched": (_batched_logits, _batched_values),
                                 "gather": (_gather_logits, _gather_values)}[impl]
@@ -204,7 +204,7 @@ def _gather_values(p, rel_v, idx):
 
 # --- flex: FlexAttention for the key term, bucket masses from the log-sum-exp -------------------
 
-def _flex(q, k, v, rel_k, rel_v, max_distance, idx, allowed, attn_bias, query_offset, scale):
+def _flex(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset, scale):
     from torch.nn.attention.flex_attention import flex_attention
 
     b, h, lq, d = q.shape

@@ -22,9 +22,8 @@ import torch.nn.functional as F
 
 from .attention import relative_attention
 from .decoding import greedy_search
-from .positions import PositionConfig
+from .positions import PositionConfig, build_relative
 from .transformer import EncoderDecoder, ModelConfig, MultiHeadAttention, label_smoothed_loss
-from .positions import build_relative
 
 
 @dataclass
