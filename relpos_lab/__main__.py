@@ -1,4 +1,4 @@
 """`python -m relpos_lab ...` is the `relpos-lab` command."""
-from .cli import main
+from .cli import run
 
-raise SystemExit(main())
+raise SystemExit(run())

@@ -11,6 +11,7 @@ traceback. Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -299,6 +300,20 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument(*names, **kwargs)
         sub.set_defaults(command=cmd)
     return parser
+
+
+def run() -> int:
+    """The `relpos-lab` program (console script and `python -m relpos_lab`).
+
+    wandb tells child processes where its service runs (WANDB_SERVICE), and a child that finds
+    the variable logs through the parent's service instead of starting its own. A relpos-lab
+    command started from a process with a W&B run (a notebook, a sweep driver, a test session)
+    would then lose W&B when that service is gone, and its offline files would be written after
+    it exits rather than before. The program starts its own service; wandb shuts it down, with
+    every file complete, before the process ends.
+    """
+    os.environ.pop("WANDB_SERVICE", None)  # wandb.env.SERVICE, without importing wandb here
+    return main()
 
 
 def main(argv: list[str] | None = None) -> int:

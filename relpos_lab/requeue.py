@@ -14,9 +14,13 @@ the SIGTERM with which SLURM ends the requeued attempt and stop with Lightning's
 SIGTERMException, so nothing is logged or checkpointed after the hpc checkpoint. The next attempt
 resumes from that checkpoint (experiment.resume_checkpoint) in the same run directory.
 
-Three Lightning internals are used (the cluster environment, the requeue handler, the
-accumulation test); tests/test_slurm_cluster.py's requeue test breaks if a Lightning release
-changes them.
+`on_train_batch_end` runs before Lightning sends the step's metrics to the loggers, and the
+stop skips that; the step's metrics are therefore sent first, or the step of the checkpoint
+would be missing from metrics.csv and W&B (the resumed attempt starts after it).
+
+Four Lightning internals are used (the cluster environment, the requeue handler, the
+accumulation test, the logger connector's step update); tests/test_slurm_cluster.py's requeue
+test breaks if a Lightning release changes them.
 
 Outside SLURM, or with Lightning's auto-requeue switched off, the callback does nothing.
 """
@@ -67,6 +71,7 @@ class DeferredRequeue(Callback):
         if not trainer.strategy.reduce_boolean_decision(self._signum is not None, all=False):
             return
         signum = self._signum or signal.SIGUSR1  # a rank the signal has not reached (yet)
+        trainer._logger_connector.update_train_step_metrics()  # this step's row, before the loggers finish
         trainer._signal_connector._slurm_sigusr_handler_fn(signum, None)  # Lightning's requeue
         self._signum = None
         self._stop_when_slurm_terminates(trainer)
