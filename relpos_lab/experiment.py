@@ -99,7 +99,9 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print) -> RunSummary:
         extra = {"task": task.cfg.name, "checkpoint": _relative(checkpoint, run_dir),
                  "global_step": trainer.global_step, "started_at_step": module.start_step,
                  "main_metric": f"valid/{task.main_metric}", "seed": cfg.seed,
-                 "train_lengths": list(task.train_length_range() or []) or None}
+                 "train_lengths": list(task.train_length_range() or []) or None,
+                 "parameters": sum(p.numel() for p in module.model.parameters()),
+                 "wall_seconds": round(time.time() - started, 1)}  # this attempt, data to results
         summary = _write(run_dir, splits, task, loggers, extra) if trainer.is_global_zero else None
     finally:
         tracking.close_loggers(loggers)

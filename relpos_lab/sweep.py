@@ -10,6 +10,10 @@ A sweep file names a base experiment and its axes::
         none: {model.positions.scheme: none}
         shaw_k16: {model.positions.scheme: shaw, model.positions.max_distance: 16}
       seed: [1, 2, 3]                             # plain values of one config key
+    reference:                                    # optional: published numbers, shown beside
+      source: Shaw et al. 2018, Table 2           # ours by `relpos-lab report`
+      metric: bleu
+      values: {none: 12.5, shaw_k16: 25.8}        # report group label -> number
 
 Points are the product of the axes, numbered in order (the last axis varies fastest). Every point
 is an ordinary experiment config, so its run directory is the deterministic one of tracking.py:
@@ -35,7 +39,8 @@ from .config import load_config
 from .errors import ConfigError
 from .tracking import run_directory
 
-SWEEP_KEYS = ("experiment", "name", "overrides", "grid")
+SWEEP_KEYS = ("experiment", "name", "overrides", "grid", "reference")
+REFERENCE_KEYS = ("source", "metric", "values")
 MANIFEST = "sweep.json"
 
 
@@ -56,6 +61,7 @@ class Sweep:
     axes: list[str]
     extra: list[str] = field(default_factory=list)  # the command line's, applied last
     points: list[SweepPoint] = field(default_factory=list)
+    reference: dict | None = None  # published numbers to show beside the report's (see above)
 
     def overrides_of(self, index: int) -> list[str]:
         """Everything that turns the base experiment into point `index`."""
@@ -78,7 +84,8 @@ class Sweep:
         path = self.directory / MANIFEST
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"name": self.name, "sweep_file": str(self.path), "experiment": str(self.experiment),
-                   "overrides": self.overrides + self.extra, "axes": self.axes, "points": [asdict(p) for p in self.points]}
+                   "overrides": self.overrides + self.extra, "axes": self.axes, "reference": self.reference,
+                   "points": [asdict(p) for p in self.points]}
         path.write_text(json.dumps(payload, indent=2) + "\n")
         return path
 
@@ -105,15 +112,34 @@ def load_sweep(path: str | Path, overrides: list[str] = ()) -> Sweep:
         raise ConfigError(f"{path}: 'grid' must map each axis to a list of values or to named override sets")
     axes = {axis: _axis_values(path, axis, values) for axis, values in grid.items()}
     sweep = Sweep(spec.get("name") or path.stem, path, experiment, [str(o) for o in spec.get("overrides") or []],
-                  list(axes), list(overrides))
+                  list(axes), list(overrides), reference=_reference(path, spec.get("reference")))
     for index, combo in enumerate(itertools.product(*axes.values())):
         labels = {axis: label for axis, (label, _) in zip(axes, combo)}
         sweep.points.append(SweepPoint(index, labels, [o for _, ovr in combo for o in ovr]))
+    if sweep.reference:
+        groups = {" ".join(v for a, v in p.labels.items() if a != "seed") for p in sweep.points}
+        unknown = sorted(set(sweep.reference["values"]) - groups)
+        if unknown:
+            raise ConfigError(f"{path}: reference.values names '{unknown[0]}', which is no group of this grid; "
+                              f"groups (grid labels without the seed): {', '.join(sorted(groups))}")
     for point in sweep.points:
         point.run_dir = str(run_directory(sweep.config(point.index)))
     if len({p.run_dir for p in sweep.points}) != len(sweep.points):
         raise ConfigError(f"{path}: two grid points resolve to the same config; every point must differ")
     return sweep
+
+
+def _reference(path: Path, spec) -> dict | None:
+    """The sweep file's published numbers: {source, metric, values: {group label: number}}."""
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or set(spec) != set(REFERENCE_KEYS):
+        raise ConfigError(f"{path}: 'reference' must be a mapping with exactly the keys {', '.join(REFERENCE_KEYS)}")
+    values = spec["values"]
+    if not isinstance(values, dict) or not all(isinstance(v, (int, float)) for v in values.values()):
+        raise ConfigError(f"{path}: reference.values must map report group labels to numbers")
+    return {"source": str(spec["source"]), "metric": str(spec["metric"]),
+            "values": {str(k): float(v) for k, v in values.items()}}
 
 
 def _axis_values(path: Path, axis: str, values) -> list[tuple[str, list[str]]]:

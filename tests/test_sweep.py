@@ -65,6 +65,10 @@ def test_grid_is_the_product_of_axes_with_labels_and_overrides(tmp_path):
     ("experiment: tiny.yaml\ngrid: {seed: []}\n", "grid.seed must be a non-empty list"),
     ("experiment: tiny.yaml\ngrid: {seed: [1, 1]}\n", "same config"),
     ("experiment: tiny.yaml\ngrid: {model.positions.shceme: [none]}\n", "shceme"),
+    ("experiment: tiny.yaml\ngrid: {seed: [1]}\nreference: {metric: bleu, values: {a: 1}}\n",
+     "exactly the keys source, metric, values"),
+    ("experiment: tiny.yaml\ngrid: {optim.lr: [0.1, 0.2], seed: [1]}\n"
+     "reference: {source: paper, metric: bleu, values: {'0.1': 1, '0.3': 2}}\n", "names '0.3', which is no group"),
 ])
 def test_bad_sweep_files_are_clear_errors(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
@@ -102,13 +106,13 @@ def test_tiny_sweep_runs_end_to_end_and_the_report_aggregates_it(tmp_path):
     assert (tmp_path / "report" / "exact_match_by_length.png").stat().st_size > 5000
 
 
-def _fake_run(root: Path, name: str, exact: float, by_len: dict, seed: int) -> str:
+def _fake_run(root: Path, name: str, exact: float, by_len: dict, seed: int, **extra) -> str:
     run = root / name
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(f"seed: {seed}\ntask: {{train_lengths: [1, 2]}}\n")
     (run / "results.json").write_text(json.dumps({
         "metrics": {"test/exact_match": exact},
-        "by_length": {"test": {str(n): {"exact_match": v, "n": 4} for n, v in by_len.items()}}}))
+        "by_length": {"test": {str(n): {"exact_match": v, "n": 4} for n, v in by_len.items()}}, **extra}))
     return str(run)
 
 
@@ -128,3 +132,25 @@ def test_report_numbers_on_hand_made_results(tmp_path):
     assert "Missing (1 points without results):** b 1" in text
     assert "| a | 0.83±0.29 | 0.50±0.50 |" in text  # length 1: 1, 1, .5; length 3: 0, .5, 1
     assert "seeds 1, 2, 3" in text and "training lengths 1–2" in text
+
+
+def test_report_shows_budget_signatures_and_the_published_numbers(tmp_path):
+    root = tmp_path / "runs" / "paper"
+    budget = {"global_step": 600, "parameters": 2_400_000}
+    sig = {"details": {"test": {"bleu_signature": "nrefs:1|tok:13a"}}}
+    points = [
+        ({"k": "0", "seed": "1"}, _fake_run(root, "k0", 0.1, {}, 1, wall_seconds=600.0, **budget, **sig)),
+        ({"k": "16", "seed": "1"}, _fake_run(root, "k16", 0.3, {}, 1, wall_seconds=900.0, **budget, **sig)),
+        ({"k": "16", "seed": "2"}, _fake_run(root, "k16b", 0.5, {}, 2, wall_seconds=1.0, started_at_step=500,
+                                             **budget, **sig)),  # a resumed attempt: not a run's wall time
+    ]
+    (root / "sweep.json").write_text(json.dumps({
+        "name": "paper", "sweep_file": "x.yaml",
+        "reference": {"source": "Table 2", "metric": "bleu", "values": {"0": 12.5, "16": 25.8, "64": 25.9}},
+        "points": [{"index": i, "labels": l, "overrides": [], "run_dir": d} for i, (l, d) in enumerate(points)]}))
+    text = write_report(root, tmp_path / "out", metrics=("exact_match",)).read_text()
+    assert "| group | runs | exact_match | paper bleu |" in text
+    assert "| 0 | 1 | 0.100 ± 0.000 | 12.5 |" in text and "| 16 | 2 | 0.400 ± 0.141 | 25.8 |" in text
+    assert "Column *paper bleu*: Table 2" in text
+    assert "Budget: 600 steps; 2.40 M parameters; wall time 12.5 min per run (10.0–15.0, 2 runs not resumed)." in text
+    assert "Signatures: bleu_signature: `nrefs:1|tok:13a`." in text
