@@ -7,8 +7,10 @@ Every implementation computes exactly this; they differ only in what they materi
 
 - ``naive``   builds the (Lq, Lk, D) edge tensors and uses einsum: the readable definition.
 - ``batched`` the paper's §3.3 form: q as (Lq, B·H, D) batched-matmul'd with (Lq, D, Lk) edges.
-- ``gather``  q·rel_kᵀ → (B, H, Lq, 2k+1), gathered into the logits; the value term scatter-adds
-              probabilities into 2k+1 buckets and does one matmul with rel_v. No Lq·Lk·D tensor.
+- ``gather``  q·rel_kᵀ → (B, H, Lq, 2k+1), added into the logits by label; the value term sums
+              probabilities into 2k+1 label masses and does one matmul with rel_v. No Lq·Lk·D
+              tensor, and no Lq·Lk index either: beyond the clip each row has one label per side,
+              so only a window around the diagonal is indexed (see `add_by_label`).
 - ``flex``    FlexAttention with a score_mod for the key term; the value term from bucket masses
               recovered with the log-sum-exp. Backward needs CUDA.
 - ``banded``  (CPU) beyond the clip, a^K and a^V are constant per row, so the two tails j−i ≤ −k
@@ -99,16 +101,24 @@ def relative_attention(
         if dropout_p > 0:
             raise ValueError("impl='flex' does not support attention dropout; use 'gather'")
         return _flex(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset, scale)
-    edge_logits, edge_values = {"naive": (_naive_logits, _naive_values),
-                                "batched": (_batched_logits, _batched_values),
-                                "gather": (_gather_logits, _gather_values)}[impl]
-    scores = q @ k.transpose(-2, -1)
-    if rel_k is not None:
-        scores = scores + edge_logits(q, rel_k, idx)
-    p = _masked_softmax(scores, scale, allowed, attn_bias)
+    if impl == "gather":
+        q = q * scale  # scaling q costs Lq·D, scaling the logits Lq·Lk
+        scores = q @ k.transpose(-2, -1)
+        if rel_k is not None:
+            scores = _gather_logits(scores, q, rel_k, max_distance, query_offset)
+        p = _masked_softmax(scores, 1.0, allowed, attn_bias)
+    else:
+        edge_logits, edge_values = {"naive": (_naive_logits, _naive_values),
+                                    "batched": (_batched_logits, _batched_values)}[impl]
+        scores = q @ k.transpose(-2, -1)
+        if rel_k is not None:
+            scores = scores + edge_logits(q, rel_k, idx)
+        p = _masked_softmax(scores, scale, allowed, attn_bias)
     if dropout_p > 0:
         p = F.dropout(p, dropout_p)
     p = p.to(v.dtype)
+    if impl == "gather" and rel_v is not None:
+        return _gather_values(p, v, rel_v, max_distance, query_offset)
     out = p @ v
     if rel_v is not None:
         out = out + edge_values(p, rel_v, idx)
@@ -142,7 +152,9 @@ def _pick_impl(q, rel_k, rel_v, attn_bias, dropout_p) -> str:
 def _masked_softmax(scores: Tensor, scale: float, allowed: Tensor | None, bias: Tensor | None) -> Tensor:
     """Softmax in at least float32; disallowed entries and fully masked rows come out as 0."""
     acc = torch.promote_types(scores.dtype, torch.float32)
-    s = scores.to(acc) * scale
+    s = scores.to(acc)
+    if scale != 1.0:
+        s = s * scale
     if bias is not None:
         s = s + bias.to(acc)
     if allowed is None:
@@ -188,18 +200,92 @@ def _batched_values(p, rel_v, idx):
 
 
 # --- gather: work in the (2k+1)-wide label space, never Lq·Lk·D --------------------------------
+#
+# Two maps between an (Lq, Lk) matrix and its (Lq, 2k+1) label space carry the whole edge work:
+# `add_by_label` adds w[i, label(i, j)] to every entry (the key term into the logits; in the
+# backward, the value term's gradient into dP) and `sum_by_label` sums entries per label (the
+# probability mass per label for the value term; in the backward, the key term's gradient).
+# Beyond the clip a row has one label per side, so for a block of rows everything left (right)
+# of a small window is a single broadcast add or row sum; only the window (block + 2k wide) needs
+# an index. No (Lq, Lk) index tensor is read, unlike torch.gather / scatter_add over the matrix.
 
-def _gather_logits(q, rel_k, idx):
-    b, h, lq, _ = q.shape
+_LABEL_BLOCK = 64  # query rows per block: the window is _LABEL_BLOCK + 2k - 1 keys wide
+
+
+def _label_blocks(lq, lk, kmax, query_offset, device):
+    """Per block of query rows: (rows slice, window start c0, window end c1, window labels)."""
+    block = max(_LABEL_BLOCK, 2 * kmax)
+    for r0 in range(0, lq, block):
+        r1 = min(r0 + block, lq)
+        c0 = min(max(r0 + query_offset - kmax + 1, 0), lk)  # keys left of c0: label 0 for all rows
+        c1 = max(min(r1 - 1 + query_offset + kmax, lk), c0)  # keys from c1 on: label 2k for all rows
+        labels = relative_positions(r1 - r0, c1 - c0, kmax, r0 + query_offset - c0, device)
+        yield slice(r0, r1), c0, c1, labels
+
+
+def add_by_label(x: Tensor, w: Tensor, kmax: int, query_offset: int) -> Tensor:
+    """x[..., i, j] += w[..., i, clip(j - i) + k], in place; x is (B, H, Lq, Lk), w (B, H, Lq, 2k+1)."""
+    for rows, c0, c1, labels in _label_blocks(x.shape[-2], x.shape[-1], kmax, query_offset, x.device):
+        wr = w[..., rows, :]
+        x[..., rows, :c0] += wr[..., :1]
+        x[..., rows, c1:] += wr[..., -1:]
+        if c1 > c0:
+            x[..., rows, c0:c1] += wr.gather(-1, labels.expand(*wr.shape[:-1], c1 - c0))
+    return x
+
+
+def sum_by_label(x: Tensor, kmax: int, query_offset: int) -> Tensor:
+    """(B, H, Lq, 2k+1): out[..., i, l] = Σ_j x[..., i, j] over the keys j with clip(j - i) + k = l."""
+    out = x.new_zeros(*x.shape[:-1], 2 * kmax + 1)
+    for rows, c0, c1, labels in _label_blocks(x.shape[-2], x.shape[-1], kmax, query_offset, x.device):
+        xr, o = x[..., rows, :], out[..., rows, :]
+        o[..., 0] = xr[..., :c0].sum(-1)
+        o[..., -1] += xr[..., c1:].sum(-1)
+        if c1 > c0:
+            o.scatter_add_(-1, labels.expand(*xr.shape[:-1], c1 - c0), xr[..., c0:c1])
+    return out
+
+
+class _AddByLabel(torch.autograd.Function):
+    """scores + w[label]: in place on the fresh logits, which no other backward needs."""
+
+    @staticmethod
+    def forward(ctx, scores, w, kmax, query_offset):
+        ctx.mark_dirty(scores)
+        ctx.kmax, ctx.query_offset = kmax, query_offset
+        return add_by_label(scores, w, kmax, query_offset)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, sum_by_label(grad, ctx.kmax, ctx.query_offset), None, None
+
+
+class _ValuesWithEdges(torch.autograd.Function):
+    """p @ v + masses(p) @ rel_v, with dP built in one (Lq, Lk) tensor in the backward."""
+
+    @staticmethod
+    def forward(ctx, p, v, rel_v, kmax, query_offset):
+        masses = sum_by_label(p, kmax, query_offset)
+        ctx.save_for_backward(p, v, rel_v, masses)
+        ctx.kmax, ctx.query_offset = kmax, query_offset
+        return p @ v + masses @ rel_v
+
+    @staticmethod
+    def backward(ctx, grad):
+        p, v, rel_v, masses = ctx.saved_tensors
+        grad_p = add_by_label(grad @ v.transpose(-2, -1), grad @ rel_v.transpose(-2, -1), ctx.kmax, ctx.query_offset)
+        grad_rel_v = masses.transpose(-2, -1) @ grad  # (B, H, 2k+1, D)
+        grad_rel_v = grad_rel_v.sum(0) if rel_v.dim() == 3 else grad_rel_v.sum((0, 1))
+        return grad_p, p.transpose(-2, -1) @ grad, grad_rel_v, None, None
+
+
+def _gather_logits(scores, q, rel_k, kmax, query_offset):
     qw = q @ rel_k.to(q.dtype).transpose(-2, -1)  # (B, H, Lq, 2k+1)
-    return torch.gather(qw, -1, idx.expand(b, h, lq, idx.shape[-1]))
+    return _AddByLabel.apply(scores, qw, kmax, query_offset)
 
 
-def _gather_values(p, rel_v, idx):
-    b, h, lq, lk = p.shape
-    buckets = torch.zeros(b, h, lq, rel_v.shape[-2], dtype=p.dtype, device=p.device)
-    buckets = buckets.scatter_add(-1, idx.expand(b, h, lq, lk), p)
-    return buckets @ rel_v.to(p.dtype)
+def _gather_values(p, v, rel_v, kmax, query_offset):
+    return _ValuesWithEdges.apply(p, v, rel_v.to(p.dtype), kmax, query_offset)
 
 
 # --- flex: FlexAttention for the key term, bucket masses from the log-sum-exp -------------------

@@ -128,6 +128,39 @@ def test_fully_masked_rows_are_zero_not_nan():
         assert out[0].abs().max() == 0
 
 
+@pytest.mark.parametrize("block", [1, 3])
+@pytest.mark.parametrize("lq,lk,kmax,offset", [(37, 37, 3, 0), (13, 50, 2, 37), (1, 40, 4, 39), (20, 20, 25, 0),
+                                               (9, 30, 0, 5)])
+def test_label_maps_over_row_blocks_equal_gather_and_scatter_add(monkeypatch, block, lq, lk, kmax, offset):
+    # Small blocks put every row block's left tail, window and right tail to work.
+    monkeypatch.setattr(attention, "_LABEL_BLOCK", block)
+    g = torch.Generator().manual_seed(lq * lk + kmax)
+    labels = attention.relative_positions(lq, lk, kmax, offset).expand(2, 3, lq, lk)
+    x = torch.randn(2, 3, lq, lk, generator=g, dtype=torch.float64)
+    w = torch.randn(2, 3, lq, 2 * kmax + 1, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(attention.add_by_label(x.clone(), w, kmax, offset), x + w.gather(-1, labels))
+    torch.testing.assert_close(attention.sum_by_label(x, kmax, offset),
+                               torch.zeros_like(w).scatter_add(-1, labels, x))
+
+
+@pytest.mark.parametrize("case", ["square", "rect_offset_causal", "padding_with_empty_row", "per_head_causal_offset",
+                                  "k1", "keys_only", "values_only"])
+def test_gather_over_many_row_blocks_matches_the_reference_with_gradients(monkeypatch, case):
+    monkeypatch.setattr(attention, "_LABEL_BLOCK", 1)  # blocks of max(1, 2k) rows
+    q, k, v, kw = make_case(**CASES[case])
+    want = reference(q, k, v, kw["rel_k"], kw["rel_v"], kw["max_distance"], kw["attn_mask"],
+                     kw["is_causal"], kw["query_offset"], kw["attn_bias"])
+    torch.testing.assert_close(relative_attention(q, k, v, impl="gather", **kw), want, atol=1e-10, rtol=1e-10)
+    leaves = [t.requires_grad_(True) for t in (q, k, v, kw["rel_k"], kw["rel_v"]) if t is not None]
+    grads = []
+    for impl in ("naive", "gather"):
+        out = relative_attention(q, k, v, impl=impl, **kw)
+        grads.append(torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum(),
+                                         leaves))
+    for g_ref, g in zip(*grads):
+        torch.testing.assert_close(g, g_ref, atol=1e-10, rtol=1e-10)
+
+
 GRAD_CASES = ["rect_offset_causal", "padding_with_empty_row", "per_head", "k_beyond_length", "keys_only", "values_only"]
 
 
