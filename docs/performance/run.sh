@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Regenerates the measurements of docs/performance.md: every table there is one of these outputs.
+# Run it on an otherwise idle machine; each command measures its candidates side by side.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=docs/performance
+export COLUMNS=120
+bench() { local name=$1; shift; relpos-lab bench "$@" --json "$out/$name.json" | tee "$out/$name.txt"; }
+# Issue targets: Shaw attention (a^K and a^V) forward+backward vs bare SDPA, B=8 H=8 D=64 k=16, 2 threads.
+bench attention attention --threads 2 --length 512 1024 --impl gather banded batched --repeats 7
+# Peak memory at L=2048 against the unfused softmax(QK^T)V, each candidate in a fresh process.
+bench attention_memory attention --threads 2 --length 2048 --impl gather --repeats 2 --warmup 1 --memory
+# One self-attention module (d_model 512, 8 heads), with and without Shaw positions.
+bench layer layer --threads 2 --length 512 1024 --repeats 7
+# Training throughput of an encoder-decoder (d_model 512, 8 heads, d_ff 2048, 6+6 layers), Shaw vs sinusoidal.
+bench model_64 model --threads 2 --layers 6 --batch 32 --length 64 --repeats 7
+bench model_512 model --threads 2 --layers 6 --batch 4 --length 512 --repeats 5
+# Cached greedy decoding vs re-running the decoder over the whole prefix, 128 tokens.
+bench decode decode --threads 2 --layers 6 --batch 8 --length 64 --steps 128 --repeats 5
