@@ -247,7 +247,7 @@ def show_summary(summary, title: str) -> None:
              ("checkpoint", summary.checkpoint), ("resumed from", summary.resumed_from)]
     where += [("plot", p) for p in summary.plots]
     where += [("output", p) for p in summary.outputs]
-    if sorted((summary.run_dir / "wandb").glob("offline-run-*")):
+    if sorted((summary.run_dir / "wandb").glob("offline-run-*/run-*.wandb")):  # not when W&B failed to start
         where.append(("W&B (offline)", f"wandb sync {_shown(summary.run_dir / 'wandb')}/offline-run-*"))
     console.rule(f"[bold]{title}[/bold] in {summary.seconds:.0f}s")
     for label, value in where:

@@ -91,7 +91,8 @@ def test_training_learns_something(trained):
 
 
 def test_wandb_offline_history_holds_the_logged_metrics(trained):
-    _, run_dir, _ = trained
+    _, run_dir, out = trained
+    assert "wandb sync" in out.stdout  # the summary says how to upload the run
     runs = read_runs(run_dir / "wandb")
     assert len(runs) == 1
     (run,) = next(iter(runs.values()))
@@ -113,7 +114,7 @@ def test_a_wandb_service_inherited_from_another_process_is_not_used(tmp_path):
                          cwd=tmp_path, env={**env(), "WANDB_SERVICE": stale}, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
-    assert "could not start W&B run" not in out.stderr
+    assert "could not start W&B run" not in out.stderr and "wandb sync" in out.stdout
     (run,) = next(iter(read_runs(run_dir_of(tmp_path) / "wandb").values()))
     assert run.metric("test/exact_match")
 
