@@ -161,10 +161,47 @@ def bench_layer(args, device, dtype) -> list[Result]:
                 module.zero_grad(set_to_none=True)
                 x.grad = None
             fns[f"layer-{scheme}"] = run
+        if args.opennmt:
+            module = opennmt_attention(args.opennmt, args.heads, args.d_model, args.max_distance).to(device, dtype)
+            x = torch.randn(args.batch, length, args.d_model, device=device, dtype=dtype, requires_grad=True)
+
+            def run_peer(module=module, x=x):
+                module(x, x, x, mask=None)[0].sum().backward()
+                module.zero_grad(set_to_none=True)
+                x.grad = None
+            fns["layer-opennmt"] = run_peer
         times = interleaved(fns, args.repeats, args.warmup, device)
         base = statistics.median(times["layer-none"])
-        results += [Result(n, shape, statistics.median(t), t, None, statistics.median(t) / base) for n, t in times.items()]
+        for n, t in times.items():
+            extra = {}
+            if n == "layer-shaw" and "layer-opennmt" in times:
+                extra["speedup_over_opennmt"] = statistics.median(times["layer-opennmt"]) / statistics.median(t)
+            results.append(Result(n, shape, statistics.median(t), t, None, statistics.median(t) / base, extra))
     return results
+
+
+def opennmt_attention(path: str, heads: int, d_model: int, max_distance: int) -> torch.nn.Module:
+    """OpenNMT-py's MultiHeadedAttention with Shaw positions, as an optional benchmark peer.
+
+    `path` holds an unpacked OpenNMT-py wheel (the directory with `onmt/`), e.g. after
+    `pip download OpenNMT-py==3.5.1 --no-deps` and unzip; it is never a dependency. Only
+    onmt/modules/multi_headed_attn.py (and the one sibling it imports) is loaded, under a private
+    package name, so OpenNMT-py's own dependencies are not needed.
+    """
+    import importlib
+    import types
+    from pathlib import Path
+
+    modules = Path(path) / "onmt" / "modules"
+    if not (modules / "multi_headed_attn.py").is_file():
+        raise SystemExit(f"--opennmt {path}: no onmt/modules/multi_headed_attn.py there; unpack an OpenNMT-py wheel "
+                         "(pip download OpenNMT-py==3.5.1 --no-deps; unzip it) and pass that directory")
+    package = types.ModuleType("_opennmt_peer")
+    package.__path__ = [str(modules)]
+    sys.modules.setdefault("_opennmt_peer", package)
+    peer = importlib.import_module("_opennmt_peer.multi_headed_attn")
+    return peer.MultiHeadedAttention(heads, d_model, dropout=0.0, is_decoder=False,
+                                     max_relative_positions=max_distance, attn_type="self")
 
 
 # --- end-to-end training throughput ------------------------------------------------------------
@@ -266,6 +303,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--forward-only", action="store_true")
     parser.add_argument("--memory", action="store_true", help="attention: also measure peak memory")
     parser.add_argument("--json", dest="json_path", default=None, help="also write results here")
+    parser.add_argument("--opennmt", default=None, metavar="DIR",
+                        help="layer: also time OpenNMT-py's attention from an unpacked OpenNMT-py wheel in DIR")
 
 
 def run(args: argparse.Namespace) -> list[Result]:
@@ -287,6 +326,10 @@ def run(args: argparse.Namespace) -> list[Result]:
         table.add_row(r.name, " ".join(f"{k}={v}" for k, v in r.shape.items()), f"{r.median_ms:.1f}",
                       f"{r.ratio:.2f}" if r.ratio is not None else "", f"{r.peak_mb:.0f}" if r.peak_mb is not None else "")
     Console().print(table)
+    for r in results:
+        if "speedup_over_opennmt" in r.extra:
+            Console().print(f"{r.name} at length {r.shape['length']}: {r.extra['speedup_over_opennmt']:.2f}x faster "
+                            "than OpenNMT-py's attention (forward+backward)")
     if args.json_path:
         payload = {"bench": args.what, "machine": machine, "args": {k: v for k, v in vars(args).items() if k != "func"},
                    "results": [asdict(r) for r in results]}

@@ -57,3 +57,8 @@ def test_bench_is_a_relpos_lab_verb(tmp_path):
     out = tmp_path / "decode.json"
     assert main(["bench", "decode", *TINY, "--steps", "4", "--json", str(out)]) == 0
     assert {r["name"] for r in json.loads(out.read_text())["results"]} == {"decode-recompute", "decode-cached"}
+
+
+def test_a_missing_opennmt_peer_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="no onmt/modules/multi_headed_attn.py there; unpack an OpenNMT-py wheel"):
+        bench.main(["layer", *TINY, "--opennmt", str(tmp_path)])

@@ -10,8 +10,14 @@ bench() { local name=$1; shift; relpos-lab bench "$@" --json "$out/$name.json" |
 bench attention attention --threads 2 --length 512 1024 --impl gather banded batched --repeats 7
 # Peak memory at L=2048 against the unfused softmax(QK^T)V, each candidate in a fresh process.
 bench attention_memory attention --threads 2 --length 2048 --impl gather --repeats 2 --warmup 1 --memory
-# One self-attention module (d_model 512, 8 heads), with and without Shaw positions.
-bench layer layer --threads 2 --length 512 1024 --repeats 7
+# One self-attention module (d_model 512, 8 heads), with and without Shaw positions, and OpenNMT-py
+# 3.5.1's (max_relative_positions=16) as a peer: fetched into a scratch directory, never installed.
+peer=${TMPDIR:-/tmp}/opennmt-py-3.5.1
+if [ ! -f "$peer/onmt/modules/multi_headed_attn.py" ]; then
+    mkdir -p "$peer" && python3 -m pip download -q OpenNMT-py==3.5.1 --no-deps -d "$peer"
+    python3 -m zipfile -e "$peer"/OpenNMT_py-3.5.1-py3-none-any.whl "$peer"
+fi
+bench layer layer --threads 2 --length 512 1024 --repeats 7 --opennmt "$peer"
 # Training throughput of an encoder-decoder (d_model 512, 8 heads, d_ff 2048, 6+6 layers), Shaw vs sinusoidal.
 bench model_64 model --threads 2 --layers 6 --batch 32 --length 64 --repeats 7
 bench model_512 model --threads 2 --layers 6 --batch 4 --length 512 --repeats 5
