@@ -93,18 +93,29 @@ def attention_candidate(name: str, b, h, length, d, k, dtype, device, backward=T
     return run
 
 
+# The peak comes from /proc/self/status (VmHWM, this process's own high-water mark) where there is
+# one: on Linux, ru_maxrss of a child starts at its parent's peak, so after the timings of a long
+# benchmark it hides the child's growth completely (every candidate read 0 MB).
 PEAK_SNIPPET = """
 import json, resource, sys, torch
 from relpos_lab.bench import attention_candidate
+
+def peak_kb():
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
 args = json.loads(sys.argv[1])
 torch.set_num_threads(args.pop("threads"))
 dtype = getattr(torch, args.pop("dtype"))
 small = attention_candidate(args["name"], args["b"], args["h"], 16, args["d"], args["k"], dtype, torch.device("cpu"))
 small()
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = peak_kb()
 run = attention_candidate(args["name"], args["b"], args["h"], args["length"], args["d"], args["k"], dtype, torch.device("cpu"))
 run()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+print((peak_kb() - base) / 1024)
 """
 
 

@@ -62,3 +62,15 @@ def test_bench_is_a_relpos_lab_verb(tmp_path):
 def test_a_missing_opennmt_peer_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="no onmt/modules/multi_headed_attn.py there; unpack an OpenNMT-py wheel"):
         bench.main(["layer", *TINY, "--opennmt", str(tmp_path)])
+
+
+def test_peak_memory_is_the_candidates_own_even_after_a_large_parent_peak():
+    # On Linux a child's ru_maxrss starts at its parent's peak: after a big benchmark every
+    # candidate's growth read 0 MB. The probe must see the candidate's own growth regardless.
+    import torch
+
+    ballast = torch.ones(96 * 2**20)  # 384 MiB touched in this (parent) process
+    del ballast
+    # unfused forward+backward at B=2, H=4, L=1024 holds several 32 MiB attention matrices
+    peak = bench.peak_memory_mb("unfused", 2, 4, 1024, 16, 2, torch.float32, torch.device("cpu"), 1)
+    assert peak > 64, peak
