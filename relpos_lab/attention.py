@@ -90,7 +90,6 @@ def relative_attention(
         impl = _pick_impl(q, rel_k, rel_v, attn_bias, dropout_p)
     if impl == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
-    idx = relative_positions(lq, lk, max_distance, query_offset, q.device)
     scale = 1.0 / math.sqrt(q.shape[-1])
     if impl == "banded":
         why = _banded_unsupported(q, k, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias)
@@ -102,23 +101,14 @@ def relative_attention(
             raise ValueError("impl='flex' does not support attention dropout; use 'gather'")
         return _flex(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset, scale)
     if impl == "gather":
-        q = q * scale  # scaling q costs Lq·D, scaling the logits Lq·Lk
-        scores = q @ k.transpose(-2, -1)
-        if rel_k is not None:
-            scores = _gather_logits(scores, q, rel_k, max_distance, query_offset)
-        p = _masked_softmax(scores, 1.0, allowed, attn_bias)
-    else:
-        edge_logits, edge_values = {"naive": (_naive_logits, _naive_values),
-                                    "batched": (_batched_logits, _batched_values)}[impl]
-        scores = q @ k.transpose(-2, -1)
-        if rel_k is not None:
-            scores = scores + edge_logits(q, rel_k, idx)
-        p = _masked_softmax(scores, scale, allowed, attn_bias)
-    if dropout_p > 0:
-        p = F.dropout(p, dropout_p)
-    p = p.to(v.dtype)
-    if impl == "gather" and rel_v is not None:
-        return _gather_values(p, v, rel_v, max_distance, query_offset)
+        return _gather(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset, dropout_p, scale)
+    idx = relative_positions(lq, lk, max_distance, query_offset, q.device)
+    edge_logits, edge_values = {"naive": (_naive_logits, _naive_values),
+                                "batched": (_batched_logits, _batched_values)}[impl]
+    scores = q @ k.transpose(-2, -1)
+    if rel_k is not None:
+        scores = scores + edge_logits(q, rel_k, idx)
+    p = _attention_probs(scores, scale, allowed, attn_bias, dropout_p, v.dtype)
     out = p @ v
     if rel_v is not None:
         out = out + edge_values(p, rel_v, idx)
@@ -149,8 +139,9 @@ def _pick_impl(q, rel_k, rel_v, attn_bias, dropout_p) -> str:
     return "gather"
 
 
-def _masked_softmax(scores: Tensor, scale: float, allowed: Tensor | None, bias: Tensor | None) -> Tensor:
-    """Softmax in at least float32; disallowed entries and fully masked rows come out as 0."""
+def _attention_probs(scores, scale, allowed, bias, dropout_p, dtype) -> Tensor:
+    """Softmax in at least float32 (disallowed entries and fully masked rows come out as 0), then
+    attention dropout and the cast to the values' dtype."""
     acc = torch.promote_types(scores.dtype, torch.float32)
     s = scores.to(acc)
     if scale != 1.0:
@@ -158,9 +149,13 @@ def _masked_softmax(scores: Tensor, scale: float, allowed: Tensor | None, bias: 
     if bias is not None:
         s = s + bias.to(acc)
     if allowed is None:
-        return torch.softmax(s, dim=-1)
-    s = s.masked_fill(~allowed, torch.finfo(acc).min)
-    return torch.softmax(s, dim=-1).masked_fill(~allowed, 0.0)
+        p = torch.softmax(s, dim=-1)
+    else:
+        s = s.masked_fill(~allowed, torch.finfo(acc).min)
+        p = torch.softmax(s, dim=-1).masked_fill(~allowed, 0.0)
+    if dropout_p > 0:
+        p = F.dropout(p, dropout_p)
+    return p.to(dtype)
 
 
 # --- naive: the definition, with (Lq, Lk, D) edge tensors --------------------------------------
@@ -279,12 +274,15 @@ class _ValuesWithEdges(torch.autograd.Function):
         return grad_p, p.transpose(-2, -1) @ grad, grad_rel_v, None, None
 
 
-def _gather_logits(scores, q, rel_k, kmax, query_offset):
-    qw = q @ rel_k.to(q.dtype).transpose(-2, -1)  # (B, H, Lq, 2k+1)
-    return _AddByLabel.apply(scores, qw, kmax, query_offset)
-
-
-def _gather_values(p, v, rel_v, kmax, query_offset):
+def _gather(q, k, v, rel_k, rel_v, kmax, allowed, attn_bias, query_offset, dropout_p, scale):
+    q = q * scale  # scaling q costs Lq·D, scaling the logits Lq·Lk
+    scores = q @ k.transpose(-2, -1)
+    if rel_k is not None:
+        qw = q @ rel_k.to(q.dtype).transpose(-2, -1)  # (B, H, Lq, 2k+1)
+        scores = _AddByLabel.apply(scores, qw, kmax, query_offset)
+    p = _attention_probs(scores, 1.0, allowed, attn_bias, dropout_p, v.dtype)
+    if rel_v is None:
+        return p @ v
     return _ValuesWithEdges.apply(p, v, rel_v.to(p.dtype), kmax, query_offset)
 
 

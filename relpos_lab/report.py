@@ -16,7 +16,7 @@ import yaml
 
 from .errors import UserError
 from .plots import plot_curves
-from .sweep import MANIFEST
+from .sweep import MANIFEST, group_label
 
 
 @dataclass
@@ -44,7 +44,7 @@ def load_groups(sweep_dir: Path, over: tuple[str, ...]) -> tuple[dict, list[Grou
     missing = []
     for point in manifest["points"]:
         kept = {a: v for a, v in point["labels"].items() if a not in over}
-        label = " ".join(kept.values()) or manifest["name"]
+        label = group_label(point["labels"], over) or manifest["name"]
         group = groups.setdefault(label, Group(label, kept))
         results = Path(point["run_dir"]) / "results.json"
         if not results.is_file():

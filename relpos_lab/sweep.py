@@ -90,6 +90,11 @@ class Sweep:
         return path
 
 
+def group_label(labels: dict[str, str], over: tuple[str, ...] = ("seed",)) -> str:
+    """The report group of a point: its grid labels without the averaged-over axes, e.g. "shaw_k16"."""
+    return " ".join(label for axis, label in labels.items() if axis not in over)
+
+
 def load_sweep(path: str | Path, overrides: list[str] = ()) -> Sweep:
     """Parse and validate a sweep file; every point's config is checked before anything runs."""
     path = Path(path)
@@ -117,7 +122,7 @@ def load_sweep(path: str | Path, overrides: list[str] = ()) -> Sweep:
         labels = {axis: label for axis, (label, _) in zip(axes, combo)}
         sweep.points.append(SweepPoint(index, labels, [o for _, ovr in combo for o in ovr]))
     if sweep.reference:
-        groups = {" ".join(v for a, v in p.labels.items() if a != "seed") for p in sweep.points}
+        groups = {group_label(p.labels) for p in sweep.points}
         unknown = sorted(set(sweep.reference["values"]) - groups)
         if unknown:
             raise ConfigError(f"{path}: reference.values names '{unknown[0]}', which is no group of this grid; "
