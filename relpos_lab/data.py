@@ -10,8 +10,10 @@ Batches hold `data.batch_size` examples, or, when the task bounds a split by tok
 
 Distributed sampling is done here, not by Lightning (the trainer is built with
 ``use_distributed_sampler=False``): token batches must be sharded as whole batches, which
-Lightning's sampler injection cannot do. Training shards with a shuffling DistributedSampler
-seeded by the experiment's seed (what Lightning would inject). A DistributedSampler pads a split to
+Lightning's sampler injection cannot do. Training shuffles with a DistributedSampler seeded by the
+experiment's seed (what Lightning would inject), on one process too, and serves it through a
+resumable.ResumableDataLoader: a run resumed mid-epoch continues that epoch's order where the
+checkpoint left it instead of starting the epoch over. A DistributedSampler pads a split to
 a multiple of the world size by repeating examples, which would bias the final numbers;
 `trainer.validate` / `test` (the final evaluation and `relpos-lab eval`) therefore shard without
 repeats; ranks may then differ by one batch, which is safe there because no collective runs per
@@ -24,9 +26,10 @@ import lightning as L
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.trainer.states import TrainerFn
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, SequentialSampler
 
 from .batching import TokenBatchSampler
+from .resumable import ResumableDataLoader
 from .task import Task
 
 
@@ -66,17 +69,24 @@ class TaskDataModule(L.LightningDataModule):
         fitting = trainer is None or trainer.state.fn == TrainerFn.FITTING
         common = dict(collate_fn=self.task.collate, num_workers=workers, persistent_workers=workers > 0)
         max_tokens = self.task.max_tokens(split)
+        if shuffle:  # training: an order that is a function of (seed, epoch), so a resume can rejoin it
+            if max_tokens:  # one global order for every rank: the batches are sharded, not the examples
+                order = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=self.task.seed)
+                batches = TokenBatchSampler(order, self._sizes(dataset), max_tokens, num_replicas=world, rank=rank)
+            else:
+                order = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=self.task.seed)
+                batches = BatchSampler(order, batch_size, drop_last=False)
+            return ResumableDataLoader(dataset, batches, **common)
         if max_tokens:
-            # One global order for every rank: the batches are sharded, not the examples.
-            order = (DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=self.task.seed)
-                     if shuffle else SequentialSampler(dataset))
-            sizes = [self.task.num_tokens(example) for example in dataset]
-            batches = TokenBatchSampler(order, sizes, max_tokens, num_replicas=world, rank=rank, even=fitting)
+            batches = TokenBatchSampler(SequentialSampler(dataset), self._sizes(dataset), max_tokens,
+                                        num_replicas=world, rank=rank, even=fitting)
             return DataLoader(dataset, batch_sampler=batches, **common)
         sampler = None
         if world > 1 and fitting:
-            sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=self.task.seed)
+            sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
         elif world > 1:
             sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
-        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler,
-                          **common)
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **common)
+
+    def _sizes(self, dataset: Dataset) -> list[int]:
+        return [self.task.num_tokens(example) for example in dataset]

@@ -167,6 +167,7 @@ def test_killed_run_resumes_from_last_checkpoint_in_the_same_directory(tmp_path)
 
     out = run_cli(*args, "resume=true", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
+    assert "not resumable" not in out.stderr  # Lightning restores the loader's place in the epoch
     assert run_dir_of(tmp_path) == run_dir  # same directory, no second run
     results = json.loads((run_dir / "results.json").read_text())
     assert results["started_at_step"] == killed_at and results["global_step"] == 300
