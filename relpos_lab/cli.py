@@ -155,18 +155,27 @@ def show_config(args: argparse.Namespace) -> None:
          arg("--list", action="store_true", help="print the grid and each point's status, run nothing"),
          arg("--slurm", action="store_true", help="submit the unfinished points as one SLURM job array"),
          arg("--dry-run", action="store_true", help="with --slurm: print the sbatch script, submit nothing"),
+         arg("--reuse", action="store_true", help="link points whose experiment already finished in another "
+             "sweep under the same logging root instead of training them again"),
          OVERRIDES)
 def sweep(args: argparse.Namespace) -> int:
     from . import experiment
     from .config import load_config
-    from .sweep import is_finished, load_sweep, run_locally
+    from .sweep import is_finished, link_identical_runs, load_sweep, run_locally
 
     grid = load_sweep(args.sweep_file, args.overrides)
+    if args.reuse:
+        link_identical_runs(grid, echo=_echo)
     if args.slurm:
         return submit_sweep(grid, args.dry_run)
     if args.point is not None:
         if not 0 <= args.point < len(grid.points):
             raise UserError(f"--point {args.point} is outside the grid of {grid.path} (0..{len(grid.points) - 1})")
+        point = grid.points[args.point]
+        if is_finished(point):  # e.g. a requeued array task, or a point linked by --reuse
+            _echo(f"{grid.name} point {args.point} {point.labels} is finished ({_shown(Path(point.run_dir))}): "
+                  "nothing to train")
+            return 0
         cfg = load_config(grid.experiment, [*grid.overrides_of(args.point), "resume=true"])
         summary = experiment.train(cfg, echo=_echo)
         if summary.metrics:

@@ -33,11 +33,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from .config import load_config
 from .errors import ConfigError
-from .tracking import run_directory
+from .tracking import config_hash, run_directory
 
 SWEEP_KEYS = ("experiment", "name", "overrides", "grid", "reference")
 REFERENCE_KEYS = ("source", "metric", "values")
@@ -174,6 +174,37 @@ def _format(value) -> str:
 
 def is_finished(point: SweepPoint) -> bool:
     return (Path(point.run_dir) / "results.json").is_file()
+
+
+def link_identical_runs(sweep: Sweep, echo=print) -> int:
+    """Point each not-yet-started point at a finished run of the same experiment in another sweep.
+
+    Sweeps share points: the paper's Table 2 at k=16 and Table 3 with both edge terms are the
+    model of Table 1's relative row. Two runs are the same experiment when their configs hash
+    alike without `name` (the sweep's name, which picks the directory). A linked point's run
+    directory is a relative symlink to the finished one, so it counts as finished and reports
+    read it like any other; its W&B run stays in the group of the sweep that trained it.
+    Returns how many points were linked.
+    """
+    root = sweep.directory.parent
+    finished: dict[str, Path] = {}
+    for results in sorted(root.glob("*/*/results.json")):
+        run = results.parent
+        if run.parent == sweep.directory or run.is_symlink() or not (run / "config.yaml").is_file():
+            continue
+        finished.setdefault(config_hash(OmegaConf.load(run / "config.yaml"), ignore=("name",)), run)
+    linked = 0
+    for point in sweep.points:
+        run_dir = Path(point.run_dir)
+        if run_dir.exists() or run_dir.is_symlink():  # started, finished or linked already
+            continue
+        same = finished.get(config_hash(sweep.config(point.index), ignore=("name",)))
+        if same is not None:
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            run_dir.symlink_to(os.path.relpath(same, run_dir.parent))
+            echo(f"  point {point.index} {point.labels}: the same experiment finished in {same}: linked")
+            linked += 1
+    return linked
 
 
 def run_locally(sweep: Sweep, max_parallel: int = 1, echo=print) -> list[int]:

@@ -92,10 +92,10 @@ VOLATILE_KEYS: tuple[str, ...] = (
 # --- run directory ------------------------------------------------------------------------------
 
 
-def config_hash(cfg: DictConfig, length: int = 8) -> str:
-    """Hex digest of the resolved config minus VOLATILE_KEYS: the identity of an experiment."""
+def config_hash(cfg: DictConfig, length: int = 8, ignore: tuple[str, ...] = ()) -> str:
+    """Hex digest of the resolved config minus VOLATILE_KEYS (and `ignore`): the identity of an experiment."""
     container = OmegaConf.to_container(cfg, resolve=True)
-    for key in VOLATILE_KEYS:
+    for key in (*VOLATILE_KEYS, *ignore):
         _drop(container, key.split("."))
     canonical = json.dumps(container, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:length]

@@ -154,3 +154,31 @@ def test_report_shows_budget_signatures_and_the_published_numbers(tmp_path):
     assert "Column *paper bleu*: Table 2" in text
     assert "Budget: 600 steps; 2.40 M parameters; wall time 12.5 min per run (10.0–15.0, 2 runs not resumed)." in text
     assert "Signatures: bleu_signature: `nrefs:1|tok:13a`." in text
+
+
+def test_reuse_links_a_point_that_another_sweep_already_trained(tmp_path):
+    write_sweep(tmp_path, "")
+    (tmp_path / "first.yaml").write_text("experiment: tiny.yaml\nname: first\ngrid: {seed: [1]}\n")
+    (tmp_path / "second.yaml").write_text("experiment: tiny.yaml\nname: second\ngrid: {seed: [1, 2]}\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+
+    def sweep(*args):
+        res = subprocess.run([sys.executable, "-m", "relpos_lab", "sweep", *args], capture_output=True, text=True,
+                             env=env, cwd=tmp_path, timeout=600)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return res.stdout
+
+    sweep("first.yaml")
+    (trained,) = (tmp_path / "runs" / "first").glob("*/results.json")
+    out = sweep("second.yaml", "--reuse")
+    assert "point 0 {'seed': '1'}: the same experiment finished in" in out
+    assert "1 already finished; running 1" in out
+    second = load_sweep(tmp_path / "second.yaml")
+    linked, fresh = (Path(p.run_dir) for p in second.points)
+    assert linked.is_symlink() and linked.resolve() == trained.parent.resolve()
+    assert not fresh.is_symlink() and (fresh / "results.json").is_file()
+    assert "nothing to train" in sweep("second.yaml", "--point", "0")
+    assert "running 0" in sweep("first.yaml", "--reuse")  # nothing to link back: its point is trained
+    write_report(second.directory, tmp_path / "report")
+    (row,) = csv.DictReader(open(tmp_path / "report" / "summary.csv"))
+    assert row["n_runs"] == "2"

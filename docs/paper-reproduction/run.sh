@@ -2,7 +2,8 @@
 # Regenerates docs/paper-reproduction.md's tables and plots: the three *_small sweeps of Shaw et
 # al. 2018 on this machine's gettext EN→DE corpus, two runs at a time (one core each), then one
 # `relpos-lab report` per sweep. Finished points are skipped and interrupted ones resume, so the
-# script can be stopped and restarted; a report lists the points that are still missing.
+# script can be stopped and restarted; a report lists the points that are still missing. Points
+# shared between sweeps (relative k=16 with a^K and a^V is in all three) train once (--reuse).
 # Usage: docs/paper-reproduction/run.sh [abs_vs_rel clipping ablation]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -10,7 +11,7 @@ out=docs/paper-reproduction
 sweeps=("$@")
 [ ${#sweeps[@]} -eq 0 ] && sweeps=(abs_vs_rel clipping ablation)
 for sweep in "${sweeps[@]}"; do
-    relpos-lab sweep "configs/sweep/shaw2018_${sweep}_small.yaml" --max-parallel 2
+    relpos-lab sweep "configs/sweep/shaw2018_${sweep}_small.yaml" --max-parallel 2 --reuse
     split=valid; [ "$sweep" = abs_vs_rel ] && split=test  # paper: Table 1 on newstest2014, Tables 2-3 on newstest2013
     relpos-lab report "runs/shaw2018_${sweep}_small" --split "$split" --metric bleu chrf --out "$out/$sweep"
 done
