@@ -141,7 +141,8 @@ def _pick_impl(q, rel_k, rel_v, attn_bias, dropout_p) -> str:
 
 def _attention_probs(scores, scale, allowed, bias, dropout_p, dtype) -> Tensor:
     """Softmax in at least float32 (disallowed entries and fully masked rows come out as 0), then
-    attention dropout and the cast to the values' dtype."""
+    attention dropout and the cast to the values' dtype. `scores` are fresh logits: they may be
+    overwritten."""
     acc = torch.promote_types(scores.dtype, torch.float32)
     s = scores.to(acc)
     if scale != 1.0:
@@ -151,11 +152,33 @@ def _attention_probs(scores, scale, allowed, bias, dropout_p, dtype) -> Tensor:
     if allowed is None:
         p = torch.softmax(s, dim=-1)
     else:
-        s = s.masked_fill(~allowed, torch.finfo(acc).min)
-        p = torch.softmax(s, dim=-1).masked_fill(~allowed, 0.0)
+        p = torch.softmax(_MaskLogits.apply(s, ~allowed), dim=-1)
+        dead = ~allowed.any(-1, keepdim=True)  # rows that may attend to nothing
+        if p.device.type != "cpu" or dead.any():  # the check would stall an accelerator's queue
+            p = p.masked_fill(dead, 0.0)
     if dropout_p > 0:
         p = F.dropout(p, dropout_p)
     return p.to(dtype)
+
+
+class _MaskLogits(torch.autograd.Function):
+    """Disallowed logits set to the dtype's minimum, in place, with a pass-through backward.
+
+    masked_fill's backward would zero the gradient at the filled entries, but it is exactly zero
+    there already: the softmax gives them probability 0 (in a fully masked row, the row is zeroed
+    after the softmax). Passing it through is exact and saves two passes over the (Lq, Lk)
+    matrix, the copy of an out-of-place fill and its backward: with a padding mask they had made
+    `gather` 1.5× slower (B=8, H=8, L=512), with a causal one as well 2×.
+    """
+
+    @staticmethod
+    def forward(ctx, s, blocked):
+        ctx.mark_dirty(s)
+        return s.masked_fill_(blocked, torch.finfo(s.dtype).min)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
 
 
 # --- naive: the definition, with (Lq, Lk, D) edge tensors --------------------------------------

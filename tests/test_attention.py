@@ -194,6 +194,17 @@ def test_gradcheck(impl, per_head):
     assert torch.autograd.gradcheck(f, inputs)
 
 
+def test_gradcheck_through_masks_and_a_row_that_sees_nothing():
+    """The masked logits pass their gradient through (it is zero there): checked numerically."""
+    q, k, v, kw = make_case(B=2, H=1, Lq=4, Lk=4, K=1, causal=True, padding=True)
+    assert not kw["attn_mask"][0].any()  # sequence 0: every row fully masked
+    rel_k, rel_v = kw.pop("rel_k"), kw.pop("rel_v")
+    inputs = tuple(t.requires_grad_(True) for t in (q, k, v, rel_k, rel_v))
+    for impl in ("gather", "naive"):
+        assert torch.autograd.gradcheck(
+            lambda *x: relative_attention(*x[:3], rel_k=x[3], rel_v=x[4], impl=impl, **kw), inputs)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("impl", ["naive", "batched", "gather"])
 def test_half_inputs_give_half_outputs_close_to_float32(impl, dtype):
