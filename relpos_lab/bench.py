@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .attention import relative_attention
+from .attention import relative_attention, visibility_mask
 from .decoding import greedy_search
 from .positions import PositionConfig, build_relative
 from .transformer import EncoderDecoder, ModelConfig, MultiHeadAttention, label_smoothed_loss
@@ -61,7 +61,23 @@ def interleaved(fns: dict, repeats: int, warmup: int, device) -> dict[str, list[
 
 # --- attention ---------------------------------------------------------------------------------
 
-def attention_candidate(name: str, b, h, length, d, k, dtype, device, backward=True):
+MASKS = ("none", "padding", "causal")
+
+
+def attention_mask(mask: str, b: int, length: int, device) -> tuple[torch.Tensor | None, bool]:
+    """(key mask, is_causal) of a batch as training sees it: `padding` gives the sequences lengths
+    from `length` down to about 3/4 of it (an encoder's self-attention); `causal` adds causality
+    (a decoder's)."""
+    if mask not in MASKS:
+        raise ValueError(f"unknown mask {mask!r}; choose one of {', '.join(MASKS)}")
+    if mask == "none":
+        return None, False
+    lengths = torch.tensor([length - (length // 4) * i // max(b - 1, 1) for i in range(b)], device=device)
+    keys = (torch.arange(length, device=device)[None, :] < lengths[:, None])[:, None, None, :]
+    return keys, mask == "causal"
+
+
+def attention_candidate(name: str, b, h, length, d, k, dtype, device, backward=True, mask="none"):
     """A closure running one forward(+backward) of attention candidate `name`."""
     g = torch.Generator(device="cpu").manual_seed(0)
 
@@ -70,19 +86,24 @@ def attention_candidate(name: str, b, h, length, d, k, dtype, device, backward=T
 
     q, kk, v = leaf(b, h, length, d), leaf(b, h, length, d), leaf(b, h, length, d)
     rel_k, rel_v = leaf(2 * k + 1, d), leaf(2 * k + 1, d)
+    keys, causal = attention_mask(mask, b, length, device)
+    allowed = visibility_mask(keys, causal, length, length, 0, device)
 
     if name == "sdpa":
         def forward():
-            return F.scaled_dot_product_attention(q, kk, v)
+            return F.scaled_dot_product_attention(q, kk, v, attn_mask=allowed)
     elif name == "unfused":
         def forward():
-            p = torch.softmax((q @ kk.transpose(-2, -1)).float() / math.sqrt(d), dim=-1).to(dtype)
-            return p @ v
+            s = (q @ kk.transpose(-2, -1)).float() / math.sqrt(d)
+            if allowed is not None:
+                s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
+            return torch.softmax(s, dim=-1).to(dtype) @ v
     else:
         impl = name.removeprefix("shaw-")
 
         def forward():
-            return relative_attention(q, kk, v, rel_k=rel_k, rel_v=rel_v, max_distance=k, impl=impl)
+            return relative_attention(q, kk, v, rel_k=rel_k, rel_v=rel_v, max_distance=k, impl=impl,
+                                      attn_mask=keys, is_causal=causal)
 
     def run():
         out = forward()
@@ -110,24 +131,27 @@ def peak_kb():
 args = json.loads(sys.argv[1])
 torch.set_num_threads(args.pop("threads"))
 dtype = getattr(torch, args.pop("dtype"))
-small = attention_candidate(args["name"], args["b"], args["h"], 16, args["d"], args["k"], dtype, torch.device("cpu"))
+small = attention_candidate(args["name"], args["b"], args["h"], 16, args["d"], args["k"], dtype, torch.device("cpu"),
+                            mask=args["mask"])
 small()
 base = peak_kb()
-run = attention_candidate(args["name"], args["b"], args["h"], args["length"], args["d"], args["k"], dtype, torch.device("cpu"))
+run = attention_candidate(args["name"], args["b"], args["h"], args["length"], args["d"], args["k"], dtype,
+                          torch.device("cpu"), mask=args["mask"])
 run()
 print((peak_kb() - base) / 1024)
 """
 
 
-def peak_memory_mb(name, b, h, length, d, k, dtype, device, threads) -> float:
+def peak_memory_mb(name, b, h, length, d, k, dtype, device, threads, mask="none") -> float:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        attention_candidate(name, b, h, length, d, k, dtype, device)()
+        attention_candidate(name, b, h, length, d, k, dtype, device, mask=mask)()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20
-    args = dict(name=name, b=b, h=h, length=length, d=d, k=k, dtype=str(dtype).removeprefix("torch."), threads=threads)
+    args = dict(name=name, b=b, h=h, length=length, d=d, k=k, dtype=str(dtype).removeprefix("torch."), threads=threads,
+                mask=mask)
     res = subprocess.run([sys.executable, "-c", PEAK_SNIPPET, json.dumps(args)], capture_output=True, text=True)
     if res.returncode:
         raise RuntimeError(f"peak-memory probe for {name} failed:\n{res.stderr[-2000:]}")
@@ -138,9 +162,10 @@ def bench_attention(args, device, dtype) -> list[Result]:
     names = ["sdpa", "unfused"] + [f"shaw-{impl}" for impl in args.impl]
     results = []
     for length in args.length:
-        shape = dict(batch=args.batch, heads=args.heads, length=length, head_dim=args.head_dim, k=args.max_distance)
+        shape = dict(batch=args.batch, heads=args.heads, length=length, head_dim=args.head_dim, k=args.max_distance,
+                     mask=args.mask)
         fns = {n: attention_candidate(n, args.batch, args.heads, length, args.head_dim, args.max_distance,
-                                      dtype, device, backward=not args.forward_only) for n in names}
+                                      dtype, device, backward=not args.forward_only, mask=args.mask) for n in names}
         times = interleaved(fns, args.repeats, args.warmup, device)
         base = statistics.median(times["sdpa"])
         for n in names:
@@ -148,7 +173,7 @@ def bench_attention(args, device, dtype) -> list[Result]:
             peak = None
             if args.memory:
                 peak = peak_memory_mb(n, args.batch, args.heads, length, args.head_dim, args.max_distance,
-                                      dtype, device, torch.get_num_threads())
+                                      dtype, device, torch.get_num_threads(), args.mask)
             results.append(Result(n, shape, med, times[n], peak, med / base))
     return results
 
@@ -312,6 +337,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--forward-only", action="store_true")
+    parser.add_argument("--mask", default="none", choices=MASKS,
+                        help="attention: key padding as in a batch of unequal lengths, or padding + causal")
     parser.add_argument("--memory", action="store_true", help="attention: also measure peak memory")
     parser.add_argument("--json", dest="json_path", default=None, help="also write results here")
     parser.add_argument("--opennmt", default=None, metavar="DIR",

@@ -74,3 +74,16 @@ def test_peak_memory_is_the_candidates_own_even_after_a_large_parent_peak():
     # unfused forward+backward at B=2, H=4, L=1024 holds several 32 MiB attention matrices
     peak = bench.peak_memory_mb("unfused", 2, 4, 1024, 16, 2, torch.float32, torch.device("cpu"), 1)
     assert peak > 64, peak
+
+
+def test_attention_bench_with_masks_compares_masked_candidates(tmp_path):
+    import torch
+
+    keys, causal = bench.attention_mask("causal", 4, 16, torch.device("cpu"))
+    assert causal and keys.shape == (4, 1, 1, 16)
+    assert keys.sum(-1).flatten().tolist() == [16, 15, 14, 12]  # unequal lengths, the longest unpadded
+    out = tmp_path / "bench.json"
+    bench.main(["attention", *TINY, "--impl", "gather", "--mask", "causal", "--json", str(out)])
+    results = json.loads(out.read_text())["results"]
+    assert {r["name"] for r in results} == {"sdpa", "unfused", "shaw-gather"}
+    assert all(r["shape"]["mask"] == "causal" for r in results)

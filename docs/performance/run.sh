@@ -9,6 +9,8 @@ bench() { local name=$1; shift; relpos-lab bench "$@" --json "$out/$name.json" |
 # Issue targets: Shaw attention (a^K and a^V) forward+backward vs bare SDPA, B=8 H=8 D=64 k=16, 2 threads.
 bench attention attention --threads 2 --length 512 1024 --impl gather banded batched --repeats 7
 # Peak memory at L=2048 against the unfused softmax(QK^T)V, each candidate in a fresh process.
+bench attention_padding attention --threads 2 --length 512 --impl gather --mask padding --repeats 7
+bench attention_causal attention --threads 2 --length 512 --impl gather --mask causal --repeats 7
 bench attention_memory attention --threads 2 --length 2048 --impl gather --repeats 2 --warmup 1 --memory
 # One self-attention module (d_model 512, 8 heads), with and without Shaw positions, and OpenNMT-py
 # 3.5.1's (max_relative_positions=16) as a peer: fetched into a scratch directory, never installed.
