@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import csv
 import os
+from pathlib import Path
 from typing import Any
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+
+from .wandb_offline import wait_until_complete
 
 
 class _AppendingWriter(ExperimentWriter):
@@ -151,12 +154,16 @@ class RunWandbLogger(WandbLogger):
         if self._experiment is None or self._failure is not None:
             return
         run, self._experiment = self._experiment, None
+        run_file = Path(run.dir).parent / f"run-{run.id}.wandb"
         try:
             if preempted:
                 run.mark_preempting()
             run.finish(exit_code=exit_code)
         except Exception as err:
             self._fail("could not finish the W&B run", err)
+            return
+        if run_file.is_file():  # offline: the run directory is complete when the command returns
+            wait_until_complete(run_file)
 
     def _finish_other_run(self) -> None:
         """Finish a different W&B run left open in this process (an earlier run of a sweep).

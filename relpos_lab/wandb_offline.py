@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 import warnings
 import zlib
 from collections.abc import Iterator
@@ -164,6 +165,27 @@ def read_run(path: str | Path) -> OfflineRun:
     summary.pop("_wandb", None)
     run.config, run.summary, run.history, run.exit_code = config, summary, history, exit_code
     return run
+
+
+def wait_until_complete(path: str | Path, timeout: float = 60.0) -> bool:
+    """Wait until the run file holds its exit record; False if it still does not after `timeout` s.
+
+    ``run.finish()`` can return while wandb-core is still writing the file (seen on a loaded
+    machine: an empty file, or one without its run record), so a reader in the same process
+    must wait for it.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a cut-short file warns while it is being written
+                if read_run(path).exit_code is not None:
+                    return True
+        except (RunFileError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
 
 
 def read_runs(root: str | Path) -> dict[str, list[OfflineRun]]:

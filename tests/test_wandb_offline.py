@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
-import warnings
+from pathlib import Path
 
 import pytest
 import wandb
 
-from relpos_lab.wandb_offline import RunFileError, find_run_files, read_records, read_run, read_runs
+from relpos_lab.wandb_offline import (RunFileError, find_run_files, read_records, read_run, read_runs,
+                                      wait_until_complete)
 
 
 pytestmark = pytest.mark.usefixtures("offline_wandb")  # tests/conftest.py
@@ -19,6 +19,8 @@ def _log_run(root, run_id, rows, config=None, **init):
     for row in rows:
         run.log(row)
     run.finish()
+    # finish() can return while wandb-core still writes the file: wait for its exit record.
+    assert wait_until_complete(Path(run.dir).parent / f"run-{run_id}.wandb")
 
 
 def test_history_config_and_metadata_read_back(tmp_path):
@@ -42,15 +44,7 @@ def test_history_config_and_metadata_read_back(tmp_path):
 def test_records_spanning_several_blocks_are_reassembled(tmp_path):
     big = "x" * 100_000  # a history record ~3 blocks of 32 KiB long: first, middle, last chunks
     _log_run(tmp_path, "big1", [{"text": big, "n": 1}, {"n": 2}])
-    # wandb.finish() can return while wandb-core still writes the file: wait for its exit record.
-    deadline = time.monotonic() + 60
-    while True:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            run = read_run(find_run_files(tmp_path)[0])
-        if run.exit_code is not None or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    run = read_run(find_run_files(tmp_path)[0])
     assert run.metric("text") == [big]
     assert run.metric("n") == [1, 2]
 
@@ -59,6 +53,7 @@ def test_config_updates_after_init_are_applied(tmp_path):
     run = wandb.init(dir=str(tmp_path), id="cfg1", project="reader-test", config={"a": 1})
     run.config.update({"b": {"c": 2}, "a": 3}, allow_val_change=True)
     run.finish()
+    assert wait_until_complete(find_run_files(tmp_path)[0])
     assert read_run(find_run_files(tmp_path)[0]).config == {"a": 3, "b": {"c": 2}}
 
 
@@ -107,3 +102,13 @@ def test_find_run_files_looks_only_in_offline_run_folders(tmp_path):
         (tmp_path / rel).write_bytes(b"")
     found = [p.relative_to(tmp_path).as_posix() for p in find_run_files(tmp_path)]
     assert found == ["a/wandb/offline-run-1-x/run-x.wandb", "b/c/wandb/offline-run-2-y/run-y.wandb"]
+
+
+def test_waiting_for_a_run_file_ends_at_its_exit_record(tmp_path):
+    _log_run(tmp_path, "done1", [{"x": 1}])  # waits inside
+    path = find_run_files(tmp_path)[0]
+    assert wait_until_complete(path, timeout=0)
+    cut = tmp_path / "run-cut.wandb"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # as if wandb-core were still writing
+    assert not wait_until_complete(cut, timeout=0.3)
+    assert not wait_until_complete(tmp_path / "run-missing.wandb", timeout=0.1)
