@@ -29,6 +29,11 @@ class Group:
     run_dirs: list[str] = field(default_factory=list)
 
 
+def _cell(mean: float, std: float, n: int, digits: int, sep: str = " ± ") -> str:
+    """mean ± std; a single run has no spread to show, so it shows its value alone."""
+    return f"{mean:.{digits}f}{sep}{std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
+
+
 def mean_std(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single value)."""
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
@@ -169,7 +174,7 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
     header = shown + ([paper] if paper else [])
     lines += ["| group | runs | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(header)]
     for row in rows:
-        cells = [f"{row[m][0]:.3f} ± {row[m][1]:.3f}" if m in row else "" for m in shown]
+        cells = [_cell(*row[m], row["n"], 3) if m in row else "" for m in shown]
         if paper:
             value = reference["values"].get(row["group"])
             cells.append("" if value is None else f"{value:g}")
@@ -182,6 +187,6 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
                   "| group | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---|" * len(lengths)]
         for label, pts in table.items():
             lines.append(f"| {label} | " + " | ".join(
-                f"{pts[n][0]:.2f}±{pts[n][1]:.2f}" if n in pts else "" for n in lengths) + " |")
+                _cell(*pts[n], 2, sep="±") if n in pts else "" for n in lengths) + " |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return out / "report.md"

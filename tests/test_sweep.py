@@ -150,7 +150,7 @@ def test_report_shows_budget_signatures_and_the_published_numbers(tmp_path):
         "points": [{"index": i, "labels": l, "overrides": [], "run_dir": d} for i, (l, d) in enumerate(points)]}))
     text = write_report(root, tmp_path / "out", metrics=("exact_match",)).read_text()
     assert "| group | runs | exact_match | paper bleu |" in text
-    assert "| 0 | 1 | 0.100 ± 0.000 | 12.5 |" in text and "| 16 | 2 | 0.400 ± 0.141 | 25.8 |" in text
+    assert "| 0 | 1 | 0.100 | 12.5 |" in text and "| 16 | 2 | 0.400 ± 0.141 | 25.8 |" in text
     assert "Column *paper bleu*: Table 2" in text
     assert "Budget: 600 steps; 2.40 M parameters; wall time 12.5 min per run (10.0–15.0, 2 runs not resumed)." in text
     assert "Signatures: bleu_signature: `nrefs:1|tok:13a`." in text
