@@ -1,9 +1,13 @@
-"""Accuracy-versus-length curves: the one way this project draws them.
+"""The project's two figures: metric-versus-length curves and per-group run spreads.
 
 Length generalisation is the question most position-scheme experiments ask, so a run's per-length
 evaluation (tracking.plot_by_length) and a sweep's comparison of runs both draw the same picture:
 one line per curve, sequence length on x, the training lengths shaded so extrapolation is visible
 at a glance. Keeping one drawing function means the two can never disagree on what the plot shows.
+
+A sweep report also draws its main table (plot_groups): every run as a dot, so a mean over three
+seeds cannot hide that one of them failed, and the published numbers, when the sweep carries them,
+on their own axis because they come from another corpus and model size.
 
 Figures are built with matplotlib's object API on the Agg canvas, never pyplot, so plotting from a
 training process touches no global backend state and needs no display.
@@ -12,13 +16,15 @@ training process touches no global backend state and needs no display.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 Curves = Mapping[str, Mapping[int | str, float]]
+Groups = Mapping[str, Mapping[str, Sequence[float]]]
 
 
 def plot_curves(
@@ -65,6 +71,72 @@ def plot_curves(
     fig.tight_layout()
     fig.savefig(path)
     return path
+
+
+def plot_groups(
+    panels: Groups,
+    path: str | Path,
+    reference: tuple[str, Mapping[str, float], str] | None = None,
+    title: str | None = None,
+    xlabel: str | None = None,
+) -> Path:
+    """Draw `{metric: {group: [one value per run]}}` as one panel per metric and save a PNG.
+
+    Groups keep their order along x; each run is a dot, the mean ± sample std a bar beside them.
+    `reference` = (metric, {group: value}, label) adds published values to that metric's panel on a
+    right-hand axis (a different corpus has a different scale; only the shape should be compared).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = groups_figure(panels, reference, title, xlabel)
+    fig.savefig(path)
+    return path
+
+
+def groups_figure(
+    panels: Groups,
+    reference: tuple[str, Mapping[str, float], str] | None = None,
+    title: str | None = None,
+    xlabel: str | None = None,
+) -> Figure:
+    """plot_groups' figure, unsaved (tests read its axes)."""
+    if not panels or not any(panels.values()):
+        raise ValueError("plot_groups: no values to draw")
+    fig = Figure(figsize=(min(4.0 + 3.2 * len(panels), 16.0), 3.8), dpi=120)
+    FigureCanvasAgg(fig)
+    for i, (metric, groups) in enumerate(panels.items()):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        labels = list(groups)
+        for x, label in enumerate(labels):
+            values = [float(v) for v in groups[label]]
+            if not values:
+                continue
+            ax.plot([x - 0.08] * len(values), values, "o", color="C0", markersize=4, alpha=0.7,
+                    label="run" if x == 0 else None)
+            mean, std = statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+            ax.errorbar([x + 0.08], [mean], yerr=[std], fmt="s", color="C1", capsize=3, markersize=5,
+                        label="mean ± std" if x == 0 else None)
+        if reference and reference[0] == metric:
+            _, published, ref_label = reference
+            xs = [x for x, label in enumerate(labels) if label in published]
+            if xs:
+                twin = ax.twinx()
+                twin.plot(xs, [published[labels[x]] for x in xs], "D--", color="C2", fillstyle="none",
+                          markersize=5, label=ref_label)
+                twin.set_ylabel(f"{ref_label} (right axis)", color="C2")
+                twin.tick_params(axis="y", colors="C2")
+                twin.legend(fontsize="small", loc="lower right")
+        ax.set_xticks(range(len(labels)), labels, rotation=30 if max(map(len, labels)) > 6 else 0)
+        ax.set_xlim(-0.5, len(labels) - 0.5)
+        ax.set_ylabel(metric.replace("_", " "))
+        if xlabel:
+            ax.set_xlabel(xlabel)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize="small", loc="upper left")
+    if title:
+        fig.suptitle(title, fontsize="medium")
+    fig.tight_layout()
+    return fig
 
 
 def _length(key: int | str) -> int:

@@ -132,15 +132,19 @@ def test_report_numbers_on_hand_made_results(tmp_path):
     assert "Missing (1 points without results):** b 1" in text
     assert "| a | 0.83±0.29 | 0.50±0.50 |" in text  # length 1: 1, 1, .5; length 3: 0, .5, 1
     assert "seeds 1, 2, 3" in text and "training lengths 1–2" in text
+    assert "| a | 2 | 0.700 | `a2` |" in text  # every run listed with its seed
+    assert "b1-never-ran" not in text.split("## Runs")[1]
+    assert (tmp_path / "out" / "groups.png").stat().st_size > 5000
 
 
 def test_report_shows_budget_signatures_and_the_published_numbers(tmp_path):
     root = tmp_path / "runs" / "paper"
-    budget = {"global_step": 600, "parameters": 2_400_000}
+    budget = {"global_step": 600, "parameters": 2_404_000}
     sig = {"details": {"test": {"bleu_signature": "nrefs:1|tok:13a"}}}
     points = [
         ({"k": "0", "seed": "1"}, _fake_run(root, "k0", 0.1, {}, 1, wall_seconds=600.0, **budget, **sig)),
-        ({"k": "16", "seed": "1"}, _fake_run(root, "k16", 0.3, {}, 1, wall_seconds=900.0, **budget, **sig)),
+        ({"k": "16", "seed": "1"}, _fake_run(root, "k16", 0.3, {}, 1, wall_seconds=900.0,
+                                             **{**budget, "parameters": 2_431_000}, **sig)),
         ({"k": "16", "seed": "2"}, _fake_run(root, "k16b", 0.5, {}, 2, wall_seconds=1.0, started_at_step=500,
                                              **budget, **sig)),  # a resumed attempt: not a run's wall time
     ]
@@ -152,7 +156,7 @@ def test_report_shows_budget_signatures_and_the_published_numbers(tmp_path):
     assert "| group | runs | exact_match | paper bleu |" in text
     assert "| 0 | 1 | 0.100 | 12.5 |" in text and "| 16 | 2 | 0.400 ± 0.141 | 25.8 |" in text
     assert "Column *paper bleu*: Table 2" in text
-    assert "Budget: 600 steps; 2.40 M parameters; wall time 12.5 min per run (10.0–15.0, 2 runs not resumed)." in text
+    assert "Budget: 600 steps; 2.40–2.43 M parameters; wall time 12.5 min per run (10.0–15.0, 2 runs not resumed)." in text
     assert "Signatures: bleu_signature: `nrefs:1|tok:13a`." in text
 
 

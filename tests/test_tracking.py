@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from relpos_lab import tracking
 from relpos_lab.loggers import RunCSVLogger, RunWandbLogger
+from relpos_lab.plots import groups_figure, plot_groups
 from relpos_lab.tracking import (
     LoggingConfig,
     build_loggers,
@@ -158,6 +159,24 @@ def test_plot_curves_accepts_json_length_keys(tmp_path):
     curves = {"shaw k=4": {"10": 0.9, "2": 1.0, "30": 0.1}, "sinusoidal": {"2": 1.0, "10": 0.5}}
     path = plot_curves(curves, tmp_path / "sweep.png", train_range=(2, 10), ylabel="exact match")
     assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_group_figure_shows_every_run_and_the_reference_on_its_own_axis(tmp_path):
+    panels = {"bleu": {"0": [20.0, 24.0], "16": [35.0]}, "chrf": {"0": [40.0, 44.0], "16": [54.0]}}
+    fig = groups_figure(panels, reference=("bleu", {"0": 12.5, "16": 25.8, "64": 25.9}, "paper bleu"), xlabel="k")
+    bleu, paper, chrf = fig.axes  # the reference gets a twin axis on the bleu panel only
+    def drawn(marker):
+        return [list(line.get_ydata()) for line in bleu.lines if line.get_marker() == marker]
+
+    assert drawn("o") == [[20.0, 24.0], [35.0]]  # each run a dot
+    assert drawn("s") == [[22.0], [35.0]]  # the group means
+    assert [t.get_text() for t in bleu.get_xticklabels()] == ["0", "16"] and bleu.get_xlabel() == "k"
+    (published,) = paper.lines
+    assert list(published.get_ydata()) == [12.5, 25.8]  # groups without results (64) are not drawn
+    assert not any(line.get_label() == "paper bleu" for line in chrf.lines)
+    with pytest.raises(ValueError, match="no values"):
+        groups_figure({"bleu": {}})
+    assert plot_groups(panels, tmp_path / "groups.png").read_bytes()[:8] == PNG_MAGIC
 
 
 # --- W&B mode and loggers -----------------------------------------------------------------------
