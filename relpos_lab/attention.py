@@ -20,7 +20,9 @@ Every implementation computes exactly this; they differ only in what they materi
               masks only. Exact, but not yet faster than ``gather`` on CPU (torch's CPU flash
               backward dominates; `relpos-lab bench attention --impl gather banded`), so ``auto``
               does not pick it yet.
-- ``auto``    the fastest exact one for the device and grad mode.
+- ``auto``    torch's SDPA when there is nothing relative to add (no tables, no bias), else
+              ``gather``: the fastest exact form measured on CPU (docs/performance.md). It does
+              not yet switch by device (untested on GPUs: no accelerator here).
 
 The op also carries the additive score biases of other schemes (ALiBi, T5) through ``attn_bias``,
 so every position scheme runs through this one function.
@@ -89,6 +91,8 @@ def relative_attention(
     if impl == "auto":
         impl = _pick_impl(q, rel_k, rel_v, attn_bias, dropout_p)
     if impl == "sdpa":
+        if attn_mask is None and is_causal and lq == lk and query_offset == 0:  # lets CUDA pick flash
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
     scale = 1.0 / math.sqrt(q.shape[-1])
     if impl == "banded":
@@ -189,7 +193,7 @@ class _MaskLogits(torch.autograd.Function):
 # --- naive: the definition, with (Lq, Lk, D) edge tensors --------------------------------------
 
 def _naive_logits(q, rel_k, idx):
-    a_k = rel_k[..., idx, :]  # (Lq, Lk, D) or (H, Lq, Lk, D)
+    a_k = rel_k[..., idx, :].to(q.dtype)  # (Lq, Lk, D) or (H, Lq, Lk, D)
     return torch.einsum("bhqd,qkd->bhqk" if rel_k.dim() == 2 else "bhqd,hqkd->bhqk", q, a_k)
 
 
@@ -321,7 +325,6 @@ def _flex(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset,
 
     b, h, lq, d = q.shape
     lk = k.shape[-2]
-    n_labels = 2 * max_distance + 1
     acc = torch.promote_types(q.dtype, torch.float32)
     qw = (q @ rel_k.to(q.dtype).transpose(-2, -1)).to(acc) * scale if rel_k is not None else None
     bias = attn_bias.to(acc).expand(b, h, lq, lk) if attn_bias is not None else None
@@ -349,14 +352,15 @@ def _flex(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset,
 
 
 FLEX_COMPILE = True
-"""Compile FlexAttention (its fast path). Tests switch it off: eager flex is exact but unfused."""
+"""Compile FlexAttention on CUDA (its fast path). On CPU, torch's compiled flex refuses the
+log-sum-exp this op needs, so CPU always runs eager flex: exact, unfused."""
 
 _compiled_flex = None
 
 
 def _flex_call(flex_attention, q, k, v, score_mod, scale):
     global _compiled_flex
-    if FLEX_COMPILE:
+    if FLEX_COMPILE and q.is_cuda:
         if _compiled_flex is None:
             _compiled_flex = torch.compile(flex_attention, dynamic=False)
         fn = _compiled_flex
@@ -376,7 +380,7 @@ def _bucket_masses(q, k, v, qw, bias, allowed, lse, max_distance, query_offset, 
     The right tail (j - i ≥ k) is one more flex pass restricted to that tail; the left tail is
     what remains of the row's unit mass.
     """
-    b, h, lq, d = q.shape
+    b, h, lq, _ = q.shape
     lk = k.shape[-2]
     kmax = max_distance
     acc = lse.dtype

@@ -24,11 +24,10 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import registry
-from .attention import IMPLS
 from .errors import ConfigError, UserError
 from .positions import SCHEMES
 from .tracking import WANDB_MODES, LoggingConfig
-from .transformer import ModelConfig
+from .transformer import MODEL_IMPLS, ModelConfig
 
 SCHEDULERS = ("inverse_sqrt", "cosine", "constant")
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
@@ -143,7 +142,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.precision": PRECISIONS,
     "trainer.accelerator": ACCELERATORS,
     "model.positions.scheme": SCHEMES,
-    "model.attention_impl": IMPLS,
+    "model.attention_impl": MODEL_IMPLS,
     "logging.wandb.mode": WANDB_MODES,
 }
 

@@ -3,7 +3,9 @@
 A model decodes through two methods (EncoderDecoder and DecoderLM have them):
 ``start_decoding(src) -> cache`` and ``decode_step(tokens, cache) -> logits`` for one or more new
 positions; the cache has ``reorder(index)``. The first step feeds the whole prefix (BOS, or a
-prompt for a decoder-only model) at once: a multi-token prefill.
+prompt for a decoder-only model) at once: a multi-token prefill. Prompts in one batch must have
+equal lengths: there is no key-padding mask for the decoder, so a padded prompt would be
+continued from its padding.
 
 Both searches return generated tokens (no BOS, EOS included, pad_id after it) as (B, T).
 """
@@ -104,7 +106,9 @@ def beam_search(model, src: Tensor | None, *, beam_size: int = 4, length_penalty
         pool_tokens = torch.cat((fin_tokens, padded), dim=1)
         fin_scores, keep = pool_scores.topk(k, dim=1)
         fin_tokens = pool_tokens.gather(1, keep[:, :, None].expand(-1, -1, max_steps))
-        done |= torch.isfinite(fin_scores).all(dim=1)
+        # A sentence is done with `beam_size` finished hypotheses, or at its length limit (every
+        # live beam was forced to EOS and finalised this step, however few there were).
+        done |= torch.isfinite(fin_scores).all(dim=1) | (step + 1 >= limit)
         if bool(done.all()):
             break
 

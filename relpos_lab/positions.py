@@ -49,8 +49,11 @@ class PositionConfig:
             raise ValueError(f"positions.max_distance must be >= 0, got {self.max_distance}")
         if self.max_len < 1:
             raise ValueError(f"positions.max_len must be >= 1, got {self.max_len}")
-        if self.t5_num_buckets < 2 or self.t5_max_distance < self.t5_num_buckets // 2:
-            raise ValueError("positions.t5_num_buckets must be >= 2 and t5_max_distance >= t5_num_buckets/2")
+        if self.t5_num_buckets < 2 or self.t5_max_distance <= self.t5_num_buckets // 2:
+            # The decoder's one-directional buckets have num_buckets/2 exact distances; the
+            # log-spaced ones divide by log(max_distance / (num_buckets/2)), which must be > 0.
+            raise ValueError(f"positions.t5_num_buckets must be >= 2 and t5_max_distance > t5_num_buckets/2 "
+                             f"(got {self.t5_num_buckets} and {self.t5_max_distance})")
 
 
 # --- absolute schemes: added to embeddings ---------------------------------------------------

@@ -14,8 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import IMPLS, relative_attention
+from .attention import relative_attention
 from .positions import PositionConfig, RelativePositions, build_absolute, build_relative
+
+
+MODEL_IMPLS = ("naive", "batched", "gather", "flex", "auto")
+"""The attention impls a whole model can run on: every one of its attention calls (self-attention
+with a KV cache, cross-attention) must be supported. 'banded' is self-attention only."""
 
 
 @dataclass
@@ -51,8 +56,14 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.attention_impl not in IMPLS:
-            raise ValueError(f"model.attention_impl={self.attention_impl!r}; choose one of {', '.join(IMPLS)}")
+        if self.attention_impl not in MODEL_IMPLS:
+            raise ValueError(
+                f"model.attention_impl={self.attention_impl!r}; choose one of {', '.join(MODEL_IMPLS)}"
+                + (" ('banded' handles encoder self-attention only, without dropout: compare it with "
+                   "`relpos-lab bench attention --impl gather banded`)" if self.attention_impl == "banded" else ""))
+        if self.attention_impl == "flex" and self.attention_dropout > 0:
+            raise ValueError(f"model.attention_impl='flex' has no attention dropout; set model.attention_dropout=0 "
+                             f"(now {self.attention_dropout}) or use attention_impl=gather")
         if self.share_src_tgt_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError("model.share_src_tgt_embeddings needs equal source and target vocabularies")
         self.positions.validate()

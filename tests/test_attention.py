@@ -14,12 +14,6 @@ from relpos_lab.attention import relative_attention
 EXACT_IMPLS = ["naive", "batched", "gather", "flex", "auto"]
 
 
-@pytest.fixture(autouse=True)
-def _eager_flex(monkeypatch):
-    # Eager FlexAttention is exact and skips a ~16 s compile; the compiled path is benchmarked.
-    monkeypatch.setattr(attention, "FLEX_COMPILE", False)
-
-
 def reference(q, k, v, rel_k, rel_v, max_distance, mask, causal, offset, bias=None):
     """e_ij = q_i·(k_j + a^K_ij)/sqrt(D); z_i = Σ_j softmax(e)_ij (v_j + a^V_ij), element by element."""
     B, H, Lq, D = q.shape
@@ -214,6 +208,24 @@ def test_half_inputs_give_half_outputs_close_to_float32(impl, dtype):
     got = relative_attention(q.to(dtype), k.to(dtype), v.to(dtype), impl=impl, **half)
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), want, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("impl", ["naive", "batched", "gather", "flex"])
+def test_half_inputs_with_float32_tables(impl):
+    """A training loop without autocast: bf16 activations, the position tables still float32."""
+    q, k, v, kw = make_case(B=2, H=2, Lq=16, Lk=16, K=3, causal=True, D=16, dtype=torch.float32)
+    want = relative_attention(q, k, v, impl="naive", **kw)
+    got = relative_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), impl=impl, **kw)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=5e-2, rtol=5e-2)
+
+
+def test_flex_runs_on_cpu_with_the_default_settings():
+    """FLEX_COMPILE stays on: torch's CPU compiler cannot return the log-sum-exp, so CPU runs eager."""
+    assert attention.FLEX_COMPILE
+    q, k, v, kw = make_case(B=1, H=2, Lq=8, Lk=8, K=2, causal=True, D=8, dtype=torch.float32)
+    torch.testing.assert_close(relative_attention(q, k, v, impl="flex", **kw),
+                               relative_attention(q, k, v, impl="naive", **kw), atol=1e-5, rtol=1e-5)
 
 
 class SoftmaxDtypes(TorchDispatchMode):

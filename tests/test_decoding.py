@@ -96,6 +96,23 @@ def test_beam_finds_the_higher_scoring_sequence_greedy_misses():
     assert beam.tolist() == [[GardenPath.B, EOS]] * 2
 
 
+def test_a_sentence_that_reaches_its_length_limit_stops_the_search():
+    """Sentence 0 may emit one token (forced EOS, one finished hypothesis); sentence 1 finishes
+    two hypotheses at step 2: the search ends there instead of running to sentence 1's limit."""
+    calls = []
+
+    class Counting(GardenPath):
+        def decode_step(self, tokens, cache):
+            calls.append(tokens.shape)
+            return super().decode_step(tokens, cache)
+
+    src = torch.tensor([[7, PAD, PAD, PAD, PAD, PAD], [7] * 6])
+    out = beam_search(Counting(), src, beam_size=2, length_penalty=0.0, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+                      max_len_a=1.0, max_len_b=0)
+    assert out.tolist() == [[EOS, PAD], [GardenPath.B, EOS]]
+    assert len(calls) == 2
+
+
 def test_gnmt_length_penalty():
     assert gnmt_length_penalty(torch.tensor(1), 0.6).item() == pytest.approx(1.0)
     assert gnmt_length_penalty(torch.tensor(7), 0.6).item() == pytest.approx(2 ** 0.6)

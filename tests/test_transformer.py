@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from relpos_lab.positions import SCHEMES, PositionConfig
-from relpos_lab.transformer import DecoderLM, EncoderDecoder, ModelConfig, label_smoothed_loss
+from relpos_lab.transformer import MODEL_IMPLS, DecoderLM, EncoderDecoder, ModelConfig, label_smoothed_loss
 
 
 def tiny(scheme="shaw", **kw):
@@ -40,6 +40,30 @@ def test_cached_encoder_decoder_equals_full_pass(scheme, split, norm_first):
     full = model(src, tgt)
     cache = model.start_decoding(src)
     steps = torch.cat([model.decode_step(part, cache) for part in chunks(tgt, SPLITS[split])], dim=1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", MODEL_IMPLS)
+def test_every_model_impl_trains_and_decodes_like_auto(impl):
+    """A config's attention_impl runs every attention call: self (cached), cross, with dropout."""
+    torch.manual_seed(0)
+    cfg = tiny(attention_impl=impl, attention_dropout=0.0 if impl == "flex" else 0.1)
+    model = EncoderDecoder(cfg)
+    reference = EncoderDecoder(tiny(attention_impl="auto", attention_dropout=cfg.attention_dropout))
+    reference.load_state_dict(model.state_dict())
+    src, tgt = torch.randint(3, 13, (3, 7)), torch.randint(3, 13, (3, 9))
+    src[1, 4:] = 0
+    if impl == "flex":  # torch's FlexAttention has no CPU backward: a forward in training mode
+        with torch.no_grad():
+            model(src, tgt)
+    else:
+        model(src, tgt).sum().backward()
+    model.eval(), reference.eval()
+    with torch.no_grad():
+        full = model(src, tgt)
+        torch.testing.assert_close(full, reference(src, tgt), atol=1e-5, rtol=1e-5)
+        cache = model.start_decoding(src)
+        steps = torch.cat([model.decode_step(part, cache) for part in chunks(tgt, [4, 1, 1, 3])], dim=1)
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
 
 
@@ -91,6 +115,10 @@ def test_tied_and_shared_embeddings():
 @pytest.mark.parametrize("kwargs,message", [
     (dict(d_model=30, n_heads=4), "d_model=30 is not divisible by model.n_heads=4"),
     (dict(attention_impl="fast"), "attention_impl='fast'"),
+    (dict(attention_impl="banded"), "'banded' handles encoder self-attention only"),
+    (dict(attention_impl="flex", attention_dropout=0.1), "set model.attention_dropout=0"),
+    (dict(positions=PositionConfig(scheme="t5_bias", t5_num_buckets=32, t5_max_distance=16)),
+     "t5_max_distance > t5_num_buckets/2"),
     (dict(dropout=1.5), "dropout must be in"),
     (dict(share_src_tgt_embeddings=True, tgt_vocab_size=7), "equal source and target"),
     (dict(positions=PositionConfig(scheme="rope"), d_model=18, n_heads=2, d_ff=8), "even head dimension"),
