@@ -227,7 +227,8 @@ def submit_sweep(grid, dry_run: bool) -> int:
 @command("report", "aggregate a sweep's runs: tables (Markdown, CSV) and plots, mean ± std over seeds",
          arg("sweep_dir", help="directory a sweep ran in (runs/<sweep name>)"),
          arg("--out", default=None, help="output directory (default: <sweep_dir>/report)"),
-         arg("--split", default="test", help="split to report (default: test)"),
+         arg("--split", default=None, help="split to report (default: the one the sweep's published "
+             "numbers compare with, else test)"),
          arg("--metric", nargs="+", default=["exact_match", "token_accuracy"], help="metrics to tabulate and plot"),
          arg("--over", nargs="+", default=["seed"], help="axes averaged over (default: seed)"))
 def report(args: argparse.Namespace) -> None:

@@ -45,23 +45,30 @@ def load_groups(sweep_dir: Path, over: tuple[str, ...]) -> tuple[dict, list[Grou
         raise UserError(f"{sweep_dir} has no {MANIFEST}; pass the directory a sweep ran in "
                         "(runs/<sweep name>), or run `relpos-lab sweep FILE --list` to create it")
     manifest = json.loads(manifest_path.read_text())
+    axes = manifest.get("axes") or list(manifest["points"][0]["labels"])
+    unknown = [a for a in over if a not in axes]
+    if unknown:
+        raise UserError(f"--over {unknown[0]}: no such axis in sweep {manifest['name']}; its axes are {', '.join(axes)}")
     groups: dict[str, Group] = {}
     missing = []
     for point in manifest["points"]:
         kept = {a: v for a, v in point["labels"].items() if a not in over}
         label = group_label(point["labels"], over) or manifest["name"]
         group = groups.setdefault(label, Group(label, kept))
-        results = Path(point["run_dir"]) / "results.json"
+        # Run directories are the sweep directory's children; the manifest's paths may be relative
+        # to wherever the sweep was started, or to another machine (runs copied from a cluster).
+        run_dir = sweep_dir / Path(point["run_dir"]).name
+        results = run_dir / "results.json"
         if not results.is_file():
             missing.append(point)
             continue
         result = json.loads(results.read_text())
-        config = yaml.safe_load((Path(point["run_dir"]) / "config.yaml").read_text()) or {}
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
         result.setdefault("seed", config.get("seed"))
         if not result.get("train_lengths"):
             result["train_lengths"] = (config.get("task") or {}).get("train_lengths")
         group.results.append(result)
-        group.run_dirs.append(point["run_dir"])
+        group.run_dirs.append(str(run_dir))
     return manifest, [g for g in groups.values() if g.results], missing
 
 
@@ -131,12 +138,20 @@ def _run_name(run_dir: str) -> str:
     return path.name
 
 
-def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: str = "test",
+def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: str | None = None,
                  metrics: tuple[str, ...] = ("exact_match", "token_accuracy"), over: tuple[str, ...] = ("seed",)) -> Path:
-    """Write report.md, summary.csv, by_length.csv, groups.png (every run) and one by-length plot per metric."""
+    """Write report.md, summary.csv, by_length.csv, groups.png (every run) and one by-length plot per metric.
+
+    `split` defaults to the one the sweep's published numbers compare with, else test.
+    """
     sweep_dir = Path(sweep_dir)
     out = Path(out) if out else sweep_dir / "report"
     manifest, groups, missing = load_groups(sweep_dir, over)
+    reference = manifest.get("reference")
+    split = split or (reference or {}).get("split") or "test"
+    unmatched = reference if reference and reference.get("split", split) != split else None
+    if unmatched:
+        reference = None  # published numbers beside another split's scores would mislead
     if not groups:
         raise UserError(f"no finished runs in {sweep_dir} yet ({len(missing)} points without results.json)")
     out.mkdir(parents=True, exist_ok=True)
@@ -167,7 +182,6 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
                                      out / f"{m}_by_length.png", train, ylabel=f"{split} {m.replace('_', ' ')}",
                                      title=f"{manifest['name']}: mean over {', '.join(over)}"))
 
-    reference = manifest.get("reference")
     paper = f"paper {reference['metric']}" if reference else None
     spread = {m: {g.label: [r["metrics"][f"{split}/{m}"] for r in g.results if f"{split}/{m}" in r["metrics"]]
                   for g in groups} for m in shown}
@@ -185,6 +199,9 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
     lines += budget_lines(groups) + signature_lines(groups, split)
     if reference:
         lines += [f"Column *{paper}*: {reference['source']} (published; not computed here).", ""]
+    if unmatched:
+        lines += [f"The published numbers ({unmatched['source']}) compare with split `{unmatched['split']}`, "
+                  f"not `{split}`: not shown (`--split {unmatched['split']}` shows them).", ""]
     if missing:
         lines += [f"**Missing ({len(missing)} points without results):** "
                   + "; ".join(" ".join(p["labels"].values()) for p in missing), ""]

@@ -13,6 +13,7 @@ A sweep file names a base experiment and its axes::
     reference:                                    # optional: published numbers, shown beside
       source: Shaw et al. 2018, Table 2           # ours by `relpos-lab report`
       metric: bleu
+      split: valid                                # our split to compare them with (newstest2013)
       values: {none: 12.5, shaw_k16: 25.8}        # report group label -> number
 
 Points are the product of the axes, numbered in order (the last axis varies fastest). Every point
@@ -40,7 +41,7 @@ from .errors import ConfigError
 from .tracking import config_hash, run_directory
 
 SWEEP_KEYS = ("experiment", "name", "overrides", "grid", "reference")
-REFERENCE_KEYS = ("source", "metric", "values")
+REFERENCE_KEYS = ("source", "metric", "split", "values")
 MANIFEST = "sweep.json"
 
 
@@ -135,7 +136,7 @@ def load_sweep(path: str | Path, overrides: list[str] = ()) -> Sweep:
 
 
 def _reference(path: Path, spec) -> dict | None:
-    """The sweep file's published numbers: {source, metric, values: {group label: number}}."""
+    """The sweep file's published numbers: {source, metric, split, values: {group label: number}}."""
     if spec is None:
         return None
     if not isinstance(spec, dict) or set(spec) != set(REFERENCE_KEYS):
@@ -143,7 +144,7 @@ def _reference(path: Path, spec) -> dict | None:
     values = spec["values"]
     if not isinstance(values, dict) or not all(isinstance(v, (int, float)) for v in values.values()):
         raise ConfigError(f"{path}: reference.values must map report group labels to numbers")
-    return {"source": str(spec["source"]), "metric": str(spec["metric"]),
+    return {"source": str(spec["source"]), "metric": str(spec["metric"]), "split": str(spec["split"]),
             "values": {str(k): float(v) for k, v in values.items()}}
 
 

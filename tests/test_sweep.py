@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from relpos_lab.errors import ConfigError
+from relpos_lab.errors import ConfigError, UserError
 from relpos_lab.report import write_report
 from relpos_lab.sweep import load_sweep
 
@@ -66,9 +66,9 @@ def test_grid_is_the_product_of_axes_with_labels_and_overrides(tmp_path):
     ("experiment: tiny.yaml\ngrid: {seed: [1, 1]}\n", "same config"),
     ("experiment: tiny.yaml\ngrid: {model.positions.shceme: [none]}\n", "shceme"),
     ("experiment: tiny.yaml\ngrid: {seed: [1]}\nreference: {metric: bleu, values: {a: 1}}\n",
-     "exactly the keys source, metric, values"),
+     "exactly the keys source, metric, split, values"),
     ("experiment: tiny.yaml\ngrid: {optim.lr: [0.1, 0.2], seed: [1]}\n"
-     "reference: {source: paper, metric: bleu, values: {'0.1': 1, '0.3': 2}}\n", "names '0.3', which is no group"),
+     "reference: {source: paper, metric: bleu, split: test, values: {'0.1': 1, '0.3': 2}}\n", "names '0.3', which is no group"),
 ])
 def test_bad_sweep_files_are_clear_errors(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
@@ -158,6 +158,37 @@ def test_report_shows_budget_signatures_and_the_published_numbers(tmp_path):
     assert "Column *paper bleu*: Table 2" in text
     assert "Budget: 600 steps; 2.40–2.43 M parameters; wall time 12.5 min per run (10.0–15.0, 2 runs not resumed)." in text
     assert "Signatures: bleu_signature: `nrefs:1|tok:13a`." in text
+
+
+def _hand_sweep(root: Path, exact: float, reference=None) -> None:
+    """A one-point sweep whose manifest names its run relative to the directory it started in."""
+    _fake_run(root / "runs" / "s", "r1", exact, {}, 1)
+    (root / "runs" / "s" / "sweep.json").write_text(json.dumps({
+        "name": "s", "sweep_file": "x.yaml", "axes": ["k", "seed"], "reference": reference,
+        "points": [{"index": 0, "labels": {"k": "0", "seed": "1"}, "overrides": [], "run_dir": "runs/s/r1"}]}))
+
+
+def test_report_reads_its_own_runs_from_any_working_directory(tmp_path, monkeypatch):
+    _hand_sweep(tmp_path / "a", 0.1)
+    _hand_sweep(tmp_path / "b", 0.9)  # a copy of the same sweep elsewhere, e.g. rsynced from a cluster
+    monkeypatch.chdir(tmp_path / "b")
+    text = write_report(tmp_path / "a" / "runs" / "s", tmp_path / "out", metrics=("exact_match",)).read_text()
+    assert "| 0 | 1 | 0.100 |" in text
+
+
+def test_report_refuses_an_unknown_axis_to_average_over(tmp_path):
+    _hand_sweep(tmp_path, 0.5)
+    with pytest.raises(UserError, match="--over seeds: no such axis in sweep s; its axes are k, seed"):
+        write_report(tmp_path / "runs" / "s", tmp_path / "out", over=("seeds",))
+
+
+def test_published_numbers_are_shown_only_beside_their_own_split(tmp_path):
+    _hand_sweep(tmp_path, 0.5, reference={"source": "Table 2", "metric": "bleu", "split": "test", "values": {"0": 12.5}})
+    sweep_dir = tmp_path / "runs" / "s"
+    text = write_report(sweep_dir, tmp_path / "out", metrics=("exact_match",)).read_text()  # default: the reference's split
+    assert "split `test`" in text and "| 0 | 1 | 0.500 | 12.5 |" in text
+    text = write_report(sweep_dir, tmp_path / "out", split="valid", metrics=("exact_match",)).read_text()
+    assert "paper bleu" not in text and "compare with split `test`, not `valid`: not shown" in text
 
 
 def test_reuse_links_a_point_that_another_sweep_already_trained(tmp_path):
