@@ -66,9 +66,30 @@ def train(args: argparse.Namespace) -> None:
     from .config import load_config
 
     cfg = load_config(args.config, args.overrides)
+    _check_own_run_directory(Path(args.config), cfg)
     summary = experiment.train(cfg, echo=_echo)
     if summary.metrics:  # rank 0 of a distributed run
         show_summary(summary, f"{cfg.name}: trained")
+
+
+def _check_own_run_directory(config: Path, cfg) -> None:
+    """A run's own config.yaml (what a requeued job trains) must still resolve to that run.
+
+    It stops resolving there when the code's config schema gains a field or changes a default (the
+    run directory hashes the whole resolved config), an override changes the experiment, or
+    logging.root points elsewhere: training would then start from scratch in another directory.
+    """
+    from .tracking import run_directory
+
+    home = config.resolve().parent
+    if config.name != "config.yaml" or not (home / "checkpoints").is_dir():
+        return
+    resolved = run_directory(cfg)
+    if resolved.resolve() != home:
+        raise UserError(f"{_shown(config)} belongs to the run in {_shown(home)}, but now resolves to {_shown(resolved)}: "
+                        "an override changed the experiment, logging.root points elsewhere (run from the directory "
+                        "the run was started in), or the config schema changed since the run started (continue it "
+                        "with the code it started with: `git log` at its start time). Nothing was trained.")
 
 
 @command("eval", "evaluate a checkpoint on a split (the same evaluation as validation)",

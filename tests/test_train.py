@@ -147,6 +147,19 @@ def test_rerunning_a_finished_run_without_resume_is_refused(trained, monkeypatch
     assert "resume=true" in err and str(run_dir.name) in err
 
 
+def test_a_runs_own_config_that_resolves_elsewhere_is_refused(trained, monkeypatch, capsys):
+    """What a requeued job trains: the run's config.yaml. If it no longer resolves to that run (a
+    new config default, an override, another working directory), nothing starts from scratch."""
+    root, run_dir, _ = trained
+    monkeypatch.chdir(root)
+    own = str(run_dir.relative_to(root) / "config.yaml")
+    err = one_line_error(capsys, "train", own, "resume=true", "seed=7")
+    assert f"belongs to the run in {run_dir.relative_to(root)}, but now resolves to" in err
+    assert "Nothing was trained" in err and len([p for p in root.glob("runs/*/*") if p.is_dir()]) == 1
+    monkeypatch.chdir(root / "runs")  # logging.root=runs is relative: from here it is runs/runs
+    assert "now resolves to" in one_line_error(capsys, "train", str(run_dir / "config.yaml"), "resume=true")
+
+
 def test_killed_run_resumes_from_last_checkpoint_in_the_same_directory(tmp_path):
     (tmp_path / "tiny.yaml").write_text(TINY)
     args = ["train", "tiny.yaml", "trainer.max_steps=300", "trainer.val_every_n_steps=150",
