@@ -44,7 +44,9 @@ class TaskDataModule(L.LightningDataModule):
         self.task.prepare_data()
 
     def setup(self, stage: str) -> None:
-        needed = {"fit": ("train", "valid"), "validate": ("valid",), "test": (self.test_split,)}
+        # Fitting also loads the test split: a missing or broken test file must stop the run
+        # before training, not after it (the final evaluation runs on it).
+        needed = {"fit": ("train", "valid", self.test_split), "validate": ("valid",), "test": (self.test_split,)}
         for split in needed.get(stage, ()):
             self.dataset(split)
 

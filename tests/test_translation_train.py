@@ -145,6 +145,16 @@ def test_a_two_process_ddp_evaluation_scores_what_one_process_scores(toy, monkey
     assert len(lines(run_dir / "outputs" / "test.hyp")) == 60  # every sentence once, none repeated
 
 
+def test_a_missing_test_file_stops_the_run_before_training(toy, tmp_path, monkeypatch, capsys):
+    data = write_toy_files(tmp_path / "no_test", {"train": 30, "valid": 5, "test": 5})
+    (data / "test.xx").unlink()
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", str(toy / "toy.yaml"), f"task.data_dir={data}", "logging.wandb.mode=disabled"]) == 2
+    err = capsys.readouterr().err
+    assert "missing corpus file" in err and "test.xx" in err
+    assert not list(tmp_path.glob("runs/*/*/checkpoints/*.ckpt"))  # nothing was trained
+
+
 def test_a_corpus_with_misaligned_files_is_one_line_naming_the_files(toy, tmp_path, monkeypatch, capsys):
     data = write_toy_files(tmp_path / "bad", {"train": 30, "valid": 5, "test": 5})
     (data / "train.xx").write_text("".join(f"{line}\n" for line in lines(data / "train.xx")[:-1]))
