@@ -96,8 +96,9 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print) -> RunSummary:
         trainer.validate(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
         trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
         splits = {"valid": module.results["valid"], "test": module.results["test"]}
+        started_at = trainer.global_step if module.start_step is None else module.start_step  # None: nothing left to fit
         extra = {"task": task.cfg.name, "checkpoint": _relative(checkpoint, run_dir),
-                 "global_step": trainer.global_step, "started_at_step": module.start_step,
+                 "global_step": trainer.global_step, "started_at_step": started_at,
                  "main_metric": f"valid/{task.main_metric}", "seed": cfg.seed,
                  "train_lengths": list(task.train_length_range() or []) or None,
                  "parameters": sum(p.numel() for p in module.model.parameters()),

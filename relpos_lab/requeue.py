@@ -18,6 +18,10 @@ resumes from that checkpoint (experiment.resume_checkpoint) in the same run dire
 stop skips that; the step's metrics are therefore sent first, or the step of the checkpoint
 would be missing from metrics.csv and W&B (the resumed attempt starts after it).
 
+A signal during the final validate/test (after fitting, when no step boundary comes) requeues the
+job at once, without a checkpoint: `last.ckpt` already holds the finished training, so the next
+attempt's fit ends immediately and it evaluates again.
+
 Four Lightning internals are used (the cluster environment, the requeue handler, the
 accumulation test, the logger connector's step update); tests/test_slurm_cluster.py's requeue
 test breaks if a Lightning release changes them.
@@ -26,7 +30,9 @@ Outside SLURM, or with Lightning's auto-requeue switched off, the callback does 
 """
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -49,6 +55,8 @@ class DeferredRequeue(Callback):
         self.sigterm_wait_s = sigterm_wait_s
         self._signum: int | None = None  # the requeue signal, once received
         self._active = False
+        self._evaluating = False  # a validate/test stage: no training step will come to act at
+        self._global_zero = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # setup runs before the Trainer registers its signal handlers, and Lightning does not
@@ -59,9 +67,18 @@ class DeferredRequeue(Callback):
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be installed from the main thread
         self._active = True
+        self._evaluating, self._global_zero = stage != "fit", trainer.is_global_zero
         signal.signal(env.requeue_signal, self._note_signal)
+        if self._evaluating and self._signum is not None:  # came after fit's last training step
+            self._signum = None
+            if self._global_zero:
+                _requeue_now()
 
     def _note_signal(self, signum: int, _frame) -> None:
+        if self._evaluating:  # nothing to checkpoint: ask for the requeue; SLURM's SIGTERM stops us
+            if self._global_zero:
+                _requeue_now()
+            return
         self._signum = signum  # nothing else: the rank may be anywhere, even inside a collective
 
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
@@ -86,3 +103,14 @@ class DeferredRequeue(Callback):
             time.sleep(0.05)
         rank_zero_warn(f"no SIGTERM within {self.sigterm_wait_s:.0f}s of the requeue request: training "
                        "continues (was the job submitted with --requeue?)")
+
+
+def _requeue_now() -> None:
+    """`scontrol requeue` this job (this array task), as Lightning's handler does."""
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job_id = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ["SLURM_JOB_ID"]
+    rank_zero_info(f"requeue signal during the final evaluation: requeueing SLURM job {job_id} "
+                   "(the next attempt evaluates again from last.ckpt)")
+    result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    if result.returncode != 0:
+        rank_zero_warn(f"scontrol requeue {job_id} failed: {result.stderr.strip()}")

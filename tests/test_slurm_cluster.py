@@ -104,6 +104,20 @@ def first_periodic_checkpoint(root: Path) -> int:
     pytest.fail("no periodic checkpoint appeared")
 
 
+def final_checkpoint(root: Path, steps: int) -> None:
+    """Wait until last.ckpt holds the finished training (the final evaluation comes next)."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        last = next(root.glob("runs/*/*/checkpoints/last.ckpt"), None)
+        try:
+            if last is not None and global_step(last) == steps:
+                return
+        except (OSError, RuntimeError, EOFError):  # still being written
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"no last.ckpt at step {steps} appeared")
+
+
 def logged_steps(run_dir: Path, key: str) -> list[int]:
     with open(run_dir / "metrics.csv", newline="") as file:
         return [int(row["step"]) for row in csv.DictReader(file) if row.get(key)]
@@ -176,3 +190,23 @@ def test_a_signalled_job_checkpoints_requeues_and_finishes_from_its_checkpoint(w
     assert len(attempts) == 2
     assert max(attempts[0].metric("trainer/global_step")) <= resumed_at
     assert attempts[1].metric("test/exact_match")
+
+
+def test_a_job_signalled_during_its_final_evaluation_requeues_and_evaluates_again(workdir, capsys):
+    # A long test split (reversing up to 40 tokens, greedy) keeps the job in its final evaluation.
+    steps = 40
+    job_id = submit(capsys, "submit", "tiny.yaml", f"trainer.max_steps={steps}", "task.test_lengths=[1,40]",
+                    "task.eval_size_per_length=300")
+    try:
+        final_checkpoint(workdir, steps)
+        subprocess.run(["scancel", "-s", "USR1", job_id], check=True, timeout=30)
+        (record,) = wait_for(job_id)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30)
+    run_dir = the_run_dir(workdir)
+    text = logs(run_dir, job_id)
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", text[-3000:]
+    assert "requeue signal during the final evaluation" in text and "attempt 2 " in text
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["global_step"] == steps and results["started_at_step"] == steps  # nothing retrained
+    assert set(results["by_length"]["test"]) == {str(n) for n in range(1, 41)}
