@@ -44,7 +44,9 @@ class Evaluation(nn.Module):
         keys = [str(b) for b in self.buckets or []]
         self.bucket_metrics = nn.ModuleDict({k: metrics.clone() for k in keys})
         self.bucket_counts = nn.ModuleDict({k: SumMetric() for k in keys})
-        self._has_nll = False
+        # Whether any rank saw teacher-forced NLL: a metric, so every rank agrees on it and
+        # computes nll (a collective) too, even one whose shard of the split is empty.
+        self.nll_batches = SumMetric()
 
     def update(self, *args: Any, lengths: Tensor) -> None:
         self.metrics.update(*args)
@@ -63,13 +65,13 @@ class Evaluation(nn.Module):
         """Teacher-forced negative log-likelihood, token-weighted (reported as loss and ppl)."""
         n = n_tokens.float().clamp_min(1)
         self.nll.update(nll_sum.float() / n, weight=n)
-        self._has_nll = True
+        self.nll_batches.update(1.0)
 
     def compute(self) -> EvalResult:
         with warnings.catch_warnings():  # empty buckets are expected; they are dropped below
             warnings.filterwarnings("ignore", message=".*compute.*before.*update.*")
             metrics = {k: float(v) for k, v in self.metrics.compute().items()}
-            if self._has_nll:
+            if float(self.nll_batches.compute()) > 0:
                 metrics["loss"] = float(self.nll.compute())
                 metrics["ppl"] = math.exp(min(metrics["loss"], 50.0))
             by_length = None
@@ -85,7 +87,7 @@ class Evaluation(nn.Module):
     def reset(self) -> None:
         self.metrics.reset()
         self.nll.reset()
-        self._has_nll = False
+        self.nll_batches.reset()
         for key in self.bucket_metrics:
             self.bucket_metrics[key].reset()
             self.bucket_counts[key].reset()

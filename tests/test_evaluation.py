@@ -1,6 +1,10 @@
 """Evaluation: the task metrics overall and per length bucket, on hand-made predictions."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -118,3 +122,36 @@ def test_probe_from_hand_made_predictions_to_summary():
     summary = length_generalization(result.by_length, (1, 1))
     assert summary["exact_match_id"] == 1.0 and summary["exact_match_ood"] == pytest.approx(1 / 3)
     assert summary["token_accuracy_ood"] == pytest.approx(7 / 9)
+
+
+RANKS_SCRIPT = """
+import sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+from torchmetrics import MetricCollection, SumMetric
+from relpos_lab.evaluation import Evaluation
+
+def main(rank, store):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    ev = Evaluation(MetricCollection({"total": SumMetric()}))
+    if rank == 0:  # rank 1's shard of the split is empty
+        ev.update(torch.tensor([1.0, 2.0]), lengths=torch.tensor([1, 1]))
+        ev.update_nll(torch.tensor(6.0), torch.tensor(3))
+    sys.stdout.write(f"{rank} {sorted(ev.compute().metrics.items())}\\n")  # one write: ranks share the pipe
+    sys.stdout.flush()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(main, args=(sys.argv[1],), nprocs=2)
+"""
+
+
+def test_a_rank_without_examples_computes_what_the_others_compute(tmp_path):
+    """The NLL is synced only if every rank computes it: a rank that saw no batch must too, or
+    the ranks' collectives pair up wrongly (a hang, or another metric's values)."""
+    (tmp_path / "ranks.py").write_text(RANKS_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(tmp_path / "ranks.py"), str(tmp_path / "store")], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = sorted(line for line in out.stdout.splitlines() if line[:2] in ("0 ", "1 "))
+    want = "[('loss', 2.0), ('ppl', 7.38905609893065), ('total', 3.0)]"
+    assert lines == [f"0 {want}", f"1 {want}"]
