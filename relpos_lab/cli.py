@@ -96,7 +96,7 @@ def _check_own_run_directory(config: Path, cfg) -> None:
          arg("checkpoint", help="a .ckpt file written by `relpos-lab train`"),
          arg("--split", default="test", help="split to evaluate (default: test)"),
          arg("--output", default=None, help="directory for results.json and plots "
-             "(default: <run dir>/eval/<checkpoint>-<split>)"),
+             "(default: <run dir>/eval/<checkpoint>-<split>[-<hash of the overrides>])"),
          OVERRIDES)
 def evaluate(args: argparse.Namespace) -> None:
     from . import experiment

@@ -11,6 +11,7 @@ with per-length numbers and plots.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 import warnings
 from collections.abc import Callable
@@ -117,22 +118,35 @@ def evaluate(checkpoint: str | Path, split: str = "test", overrides: list[str] =
     """Evaluate a checkpoint on one split with the same `Task.evaluate` as validation.
 
     The config comes from the checkpoint (overrides apply on top, e.g. longer test lengths).
-    Results go to `output`, by default ``<run dir>/eval/<checkpoint>-<split>/``.
+    Results go to `output`, by default ``<run dir>/eval/<checkpoint>-<split>[-<hash of the
+    overrides>]/``, with the config that ran: evaluations with other overrides do not overwrite it.
     """
     started = time.time()
     checkpoint = Path(checkpoint)
     cfg, task = task_from_checkpoint(checkpoint, overrides)
     task.check_split(split)
-    out_dir = Path(output) if output else checkpoint.resolve().parent.parent / "eval" / f"{checkpoint.stem}-{split}"
+    out_dir = Path(output) if output else _eval_directory(checkpoint, split, overrides)
     module = RelposModule(cfg, task, test_split=split)
     data = TaskDataModule(task, cfg.data, test_split=split)
     single = OmegaConf.merge(cfg, {"trainer": {"devices": 1, "num_nodes": 1, "strategy": "auto"}})
     trainer = build_trainer(single, out_dir, loggers=[], callbacks=[])
     trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
+    tracking.save_resolved_config(cfg, out_dir)
     summary = _write(out_dir, {split: module.results[split]}, task, [],
-                     {"task": task.cfg.name, "checkpoint": str(checkpoint), "split": split})
+                     {"task": task.cfg.name, "checkpoint": str(checkpoint), "split": split,
+                      "overrides": list(overrides)})
     summary.checkpoint, summary.seconds = checkpoint, time.time() - started
     return summary
+
+
+def _eval_directory(checkpoint: Path, split: str, overrides: list[str]) -> Path:
+    """<run dir>/eval/<checkpoint>-<split>[-<hash>]; hpc_ckpt_N.ckpt sits in the run dir itself."""
+    checkpoint = checkpoint.resolve()
+    run_dir = checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else checkpoint.parent
+    name = f"{checkpoint.stem}-{split}"
+    if overrides:
+        name += "-" + hashlib.sha256("\n".join(overrides).encode()).hexdigest()[:8]
+    return run_dir / "eval" / name
 
 
 def checkpoint_config(checkpoint: Path) -> dict:

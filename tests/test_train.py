@@ -138,6 +138,18 @@ def test_eval_overrides_apply_to_the_checkpoints_config(trained):
     assert out.returncode == 0, out.stderr[-3000:]
     evaluated = json.loads((root / "longer" / "results.json").read_text())
     assert sorted(evaluated["by_length"]["test"]) == ["7", "8"]
+    assert evaluated["overrides"] == ["task.test_lengths=[7,8]"]
+    assert "test_lengths:\n  - 7\n  - 8\n" in (root / "longer" / "config.yaml").read_text()
+
+
+def test_evaluations_with_other_overrides_keep_their_own_default_directories(trained):
+    root, run_dir, _ = trained
+    for lengths in ("[7,8]", "[9,9]"):
+        out = run_cli("eval", str(run_dir / "checkpoints" / "last.ckpt"), f"task.test_lengths={lengths}", cwd=root)
+        assert out.returncode == 0, out.stderr[-3000:]
+    outputs = sorted((run_dir / "eval").glob("last-test-*/results.json"))
+    assert len(outputs) == 2
+    assert {tuple(json.loads(p.read_text())["by_length"]["test"]) for p in outputs} == {("7", "8"), ("9",)}
 
 
 def test_rerunning_a_finished_run_without_resume_is_refused(trained, monkeypatch, capsys):
