@@ -32,6 +32,7 @@ from .errors import UserError
 from .evaluation import EvalResult, length_generalization
 from .module import TASK_STATE, RelposModule
 from .requeue import DeferredRequeue
+from .runlock import run_lock
 from .task import Task
 
 CHECKPOINTS = "checkpoints"
@@ -63,6 +64,11 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print) -> RunSummary:
     started = time.time()
     check_hardware(cfg)
     run_dir = tracking.run_directory(cfg)
+    with run_lock(run_dir):
+        return _train(cfg, run_dir, started, echo)
+
+
+def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str], None]) -> RunSummary:
     resume_from = resume_checkpoint(run_dir)
     if resume_from is not None and not cfg.resume:
         raise UserError(f"{run_dir} already holds this run ({resume_from.name}); "

@@ -16,15 +16,20 @@ function of the config, tracking.run_directory), appending to the same log files
   ``<run dir>/config.yaml``, the resolved config written at submission, so editing the YAML files
   while the job waits or between requeues cannot move it to another run directory.
 - `relpos-lab sweep FILE --slurm`: one job array, index i = grid point i, unfinished points only,
-  at most ``cluster.array_parallelism`` at once; each task runs ``relpos-lab sweep FILE --point i``.
-  Script and logs go to ``<sweep dir>/slurm/``.
+  at most ``cluster.array_parallelism`` at once. Script and logs go to ``<sweep dir>/slurm/``. As
+  with `submit`, what each task trains is fixed at submission: every submitted point's resolved
+  config is written into its run directory, and ``<sweep dir>/slurm/array-<time>/<i>`` links index
+  i to that directory; task i trains ``array-<time>/<i>/config.yaml``. Editing the grid while the
+  array waits cannot shift an index onto another point.
 """
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +58,7 @@ class Job:
     error: Path  # stderr log
     directory: Path  # the run directory (a single run) or the sweep directory (an array)
     array: str | None = None  # e.g. "0-3%2"
+    points: Path | None = None  # an array's index -> run directory links (written at submission)
 
     def logs_of(self, job_id: str) -> tuple[Path, Path]:
         """The log paths with SLURM's patterns filled in (%A_%a stays per task: shown with *)."""
@@ -160,10 +166,23 @@ def sweep_job(sweep: Sweep) -> Job | None:
             raise UserError(f"sweep {sweep.path}: point {index} {sweep.points[index].labels} needs other SLURM "
                             f"resources than point {todo[0]} ({', '.join(differ)}); one job array has one shape: "
                             "split the sweep or submit the points one by one")
-    command = (f"{PROG} sweep {shlex.quote(str(sweep.path.resolve()))} --point $SLURM_ARRAY_TASK_ID"
-               + "".join(f" {shlex.quote(o)}" for o in sweep.extra))
+    points = logs / f"array-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    command = f"{PROG} train {shlex.quote(str(points))}/$SLURM_ARRAY_TASK_ID/config.yaml resume=true"
     script = render(shape, setup_lines(first), command)
-    return Job(sweep.name, script, logs / "array.sbatch", output, error, directory, array)
+    return Job(sweep.name, script, logs / "array.sbatch", output, error, directory, array, points)
+
+
+def pin_points(sweep: Sweep, job: Job) -> None:
+    """Write each submitted point's resolved config into its run directory and link array index
+    i to it (job.points/i), so a task trains what was submitted whatever the grid says by then."""
+    job.points.mkdir(parents=True)
+    for index in [p.index for p in sweep.points if not is_finished(p)]:  # the array's indices
+        cfg = sweep.config(index)
+        run_dir = run_directory(cfg).resolve()
+        snapshot = save_resolved_config(cfg, run_dir)
+        if run_directory(load_config(snapshot)).resolve() != run_dir:
+            raise RuntimeError(f"{snapshot} does not reload into its own run directory")
+        (job.points / str(index)).symlink_to(run_dir)
 
 
 def submit_sweep(sweep: Sweep) -> tuple[Job | None, str | None]:
@@ -173,6 +192,7 @@ def submit_sweep(sweep: Sweep) -> tuple[Job | None, str | None]:
     if job is None:
         return None, None
     sweep.write_manifest()
+    pin_points(sweep, job)
     return job, sbatch(job)
 
 

@@ -7,6 +7,7 @@ test_slurm_cluster.py submit real jobs.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from relpos_lab import cli
-from relpos_lab.slurm import _index_ranges
+from relpos_lab.config import load_config
+from relpos_lab.slurm import _index_ranges, pin_points, sweep_job
+from relpos_lab.sweep import load_sweep
 
 TINY = """
 task: {name: reverse, train_lengths: [1, 4], valid_lengths: [1, 4], test_lengths: [1, 6],
@@ -168,8 +171,9 @@ def test_a_sweep_is_one_array_with_an_index_per_point_and_a_throttle(workdir, ca
     assert option(script, "ntasks-per-node") == "2" and option(script, "job-name") == "grid"
     sweep_dir = (workdir / "runs" / "grid").resolve()
     assert option(script, "output") == f"{sweep_dir}/slurm/%A_%a.out"
-    assert script.rstrip().endswith(f"relpos-lab sweep {workdir / 'sweep.yaml'} --point $SLURM_ARRAY_TASK_ID "
-                                    "cluster.array_parallelism=2 trainer.devices=2")
+    command = script.rstrip().splitlines()[-1]
+    assert re.fullmatch(rf"srun --kill-on-bad-exit=1 relpos-lab train {sweep_dir}/slurm/array-[0-9-]+"
+                        r"/\$SLURM_ARRAY_TASK_ID/config.yaml resume=true", command), command
 
 
 def test_an_unthrottled_array_has_no_percent(workdir, capsys):
@@ -184,6 +188,20 @@ def test_finished_points_are_left_out_of_the_array(workdir, capsys):
     (Path(points[1]["run_dir"]) / "results.json").write_text("{}")
     capsys.readouterr()
     assert option(dry_run(capsys, "sweep", "sweep.yaml", "--slurm"), "array") == "0,2"
+
+
+def test_each_array_index_stays_the_point_it_was_submitted_as(workdir, capsys):
+    grid = load_sweep("sweep.yaml", ["trainer.max_steps=7"])
+    job = sweep_job(grid)
+    pin_points(grid, job)
+    submitted = [Path(p.run_dir).resolve() for p in grid.points]
+    assert [(job.points / str(i)).resolve() for i in range(3)] == submitted
+    for run_dir in submitted:  # the resolved config each task will train, written at submission
+        assert load_config(run_dir / "config.yaml").trainer.max_steps == 7
+    # The grid is edited while the array waits: index 0 is now another experiment.
+    (workdir / "sweep.yaml").write_text((workdir / "sweep.yaml").read_text().replace("[1, 2, 3]", "[9, 1, 2, 3]"))
+    assert Path(load_sweep("sweep.yaml", ["trainer.max_steps=7"]).points[0].run_dir).resolve() != submitted[0]
+    assert (job.points / "0" / "config.yaml").resolve().parent == submitted[0]
 
 
 def test_points_needing_different_resources_cannot_share_an_array(workdir, capsys):

@@ -152,7 +152,7 @@ def test_a_sweep_runs_as_one_job_array_with_a_run_directory_per_point(workdir, c
         results = json.loads((Path(point["run_dir"]) / "results.json").read_text())
         assert results["global_step"] == 20
         log = (workdir / "runs" / "grid" / "slurm" / f"{job_id}_{point['index']}.out").read_text()
-        assert f"(array task {point['index']})" in log and f"point {point['index']}" in log
+        assert f"(array task {point['index']})" in log and Path(point["run_dir"]).name in log  # the pinned point
     assert len({p["run_dir"] for p in manifest["points"]}) == 2
 
 

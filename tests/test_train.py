@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from relpos_lab import cli
+from relpos_lab.runlock import run_lock
 from relpos_lab.wandb_offline import read_run, read_runs
 
 TINY = """
@@ -170,6 +171,18 @@ def test_a_runs_own_config_that_resolves_elsewhere_is_refused(trained, monkeypat
     assert "Nothing was trained" in err and len([p for p in root.glob("runs/*/*") if p.is_dir()]) == 1
     monkeypatch.chdir(root / "runs")  # logging.root=runs is relative: from here it is runs/runs
     assert "now resolves to" in one_line_error(capsys, "train", str(run_dir / "config.yaml"), "resume=true")
+
+
+def test_a_run_being_trained_elsewhere_is_not_trained_twice(trained, monkeypatch, capsys):
+    root, run_dir, _ = trained
+    monkeypatch.chdir(root)
+    before = (run_dir / "checkpoints" / "last.ckpt").stat().st_mtime_ns
+    with run_lock(run_dir):  # another trainer of this run (flock: a second open file conflicts too)
+        err = one_line_error(capsys, "train", "tiny.yaml", "resume=true", "logging.wandb.mode=disabled")
+    assert f"{run_dir.relative_to(root)} is being trained by pid {os.getpid()} on " in err
+    assert (run_dir / "checkpoints" / "last.ckpt").stat().st_mtime_ns == before
+    with run_lock(run_dir):  # released when its holder ends
+        pass
 
 
 def test_killed_run_resumes_from_last_checkpoint_in_the_same_directory(tmp_path):
