@@ -9,7 +9,9 @@ the detokenized output (bleu.py) — per source-length bucket too, the view a po
 
 Training pairs longer than `max_len` subword tokens on either side, or whose lengths differ by
 more than `max_len_ratio` (Moses' clean-corpus rule), are filtered out, and counted in the log.
-Valid and test are never filtered: every reference sentence is scored.
+Valid and test are never length-filtered: every reference sentence with a non-empty source and
+reference is scored (pairs with an empty side are skipped in every split, and counted in the log:
+corpora.from_pairs).
 
 The checkpoint carries the subword model (`state_dict`), so `relpos-lab translate CHECKPOINT`
 and `relpos-lab eval` need no cache. This module uses only relpos_lab's public API and is
