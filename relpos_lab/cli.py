@@ -21,9 +21,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .errors import UserError
+from .errors import PROG, UserError, shown_path
 
-PROG = "relpos-lab"
 console = Console()
 
 
@@ -86,7 +85,7 @@ def _check_own_run_directory(config: Path, cfg) -> None:
         return
     resolved = run_directory(cfg)
     if resolved.resolve() != home:
-        raise UserError(f"{_shown(config)} belongs to the run in {_shown(home)}, but now resolves to {_shown(resolved)}: "
+        raise UserError(f"{shown_path(config)} belongs to the run in {shown_path(home)}, but now resolves to {shown_path(resolved)}: "
                         "an override changed the experiment, logging.root points elsewhere (run from the directory "
                         "the run was started in), or the config schema changed since the run started (continue it "
                         "with the code it started with: `git log` at its start time). Nothing was trained.")
@@ -194,7 +193,7 @@ def sweep(args: argparse.Namespace) -> int:
             raise UserError(f"--point {args.point} is outside the grid of {grid.path} (0..{len(grid.points) - 1})")
         point = grid.points[args.point]
         if is_finished(point):  # e.g. a requeued array task, or a point linked by --reuse
-            _echo(f"{grid.name} point {args.point} {point.labels} is finished ({_shown(Path(point.run_dir))}): "
+            _echo(f"{grid.name} point {args.point} {point.labels} is finished ({shown_path(Path(point.run_dir))}): "
                   "nothing to train")
             return 0
         cfg = load_config(grid.experiment, [*grid.overrides_of(args.point), "resume=true"])
@@ -206,12 +205,12 @@ def sweep(args: argparse.Namespace) -> int:
     if args.list:
         table = Table(*grid.axes, "point", "status", "run directory", title=f"sweep {grid.name} ({manifest})")
         for p in grid.points:
-            table.add_row(*p.labels.values(), str(p.index), "finished" if is_finished(p) else "to run", _shown(Path(p.run_dir)))
+            table.add_row(*p.labels.values(), str(p.index), "finished" if is_finished(p) else "to run", shown_path(Path(p.run_dir)))
         console.print(table)
         return 0
     failed = run_locally(grid, args.max_parallel, echo=_echo)
     console.print(f"sweep {grid.name}: {len(grid.points) - len(failed)}/{len(grid.points)} points finished; "
-                  f"report with: {PROG} report {_shown(grid.directory)}")
+                  f"report with: {PROG} report {shown_path(grid.directory)}")
     return 1 if failed else 0
 
 
@@ -256,7 +255,7 @@ def report(args: argparse.Namespace) -> None:
     from .report import write_report
 
     path = write_report(args.sweep_dir, args.out, args.split, tuple(args.metric), tuple(args.over))
-    console.print(f"report: {_shown(path)}")
+    console.print(f"report: {shown_path(path)}")
     console.print(path.read_text().split("\n## ")[0], markup=False, highlight=False)
 
 
@@ -279,11 +278,11 @@ def show_summary(summary, title: str) -> None:
     where += [("plot", p) for p in summary.plots]
     where += [("output", p) for p in summary.outputs]
     if sorted((summary.run_dir / "wandb").glob("offline-run-*/run-*.wandb")):  # not when W&B failed to start
-        where.append(("W&B (offline)", f"wandb sync {_shown(summary.run_dir / 'wandb')}/offline-run-*"))
+        where.append(("W&B (offline)", f"wandb sync {shown_path(summary.run_dir / 'wandb')}/offline-run-*"))
     console.rule(f"[bold]{title}[/bold] in {summary.seconds:.0f}s")
     for label, value in where:
         if value:  # paths stay on one line (soft wrap) so they can be copied
-            console.print(f"{label:>14}  {_shown(value)}", markup=False, highlight=False, soft_wrap=True)
+            console.print(f"{label:>14}  {shown_path(value)}", markup=False, highlight=False, soft_wrap=True)
     splits: dict[str, dict[str, float]] = {}
     for key, value in summary.metrics.items():
         split, _, name = key.rpartition("/")
@@ -300,19 +299,9 @@ def show_submission(job, job_id: str) -> None:
     output, error = job.logs_of(job_id)
     console.rule(f"[bold]submitted SLURM job {job_id}[/bold] ({job.name}" + (f", array {job.array})" if job.array else ")"))
     rows = [("run directory" if job.array is None else "sweep directory", job.directory), ("script", job.path),
-            ("output", output), ("errors", error), ("follow", f"squeue -j {job_id}; tail -f {_shown(output)}")]
+            ("output", output), ("errors", error), ("follow", f"squeue -j {job_id}; tail -f {shown_path(output)}")]
     for label, value in rows:
-        console.print(f"{label:>15}  {_shown(value)}", markup=False, highlight=False, soft_wrap=True)
-
-
-def _shown(path: Path | str) -> str:
-    """A path relative to the working directory when it lies below it, else absolute."""
-    if not isinstance(path, Path):
-        return path
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path.resolve())
+        console.print(f"{label:>15}  {shown_path(value)}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _echo(message: str) -> None:

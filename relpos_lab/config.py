@@ -13,7 +13,6 @@ rejects. The CLI prints that line and exits with status 2.
 """
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import registry
-from .errors import ConfigError, UserError
+from .errors import ConfigError, UserError, did_you_mean, shown_path
 from .positions import SCHEMES
 from .tracking import WANDB_MODES, LoggingConfig
 from .transformer import MODEL_IMPLS, ModelConfig
@@ -171,12 +170,12 @@ def config_from_container(container: dict, label: str, overrides: list[str] = ()
 def read_with_extends(path: Path, _seen: tuple[Path, ...] = ()) -> list[Source]:
     """The file and the files it extends, in merge order (bases first)."""
     path = path.resolve()
-    label = _label(path)
+    label = shown_path(path)
     if path in _seen:
-        chain = " -> ".join(_label(p) for p in (*_seen, path))
+        chain = " -> ".join(shown_path(p) for p in (*_seen, path))
         raise ConfigError(f"{label}: circular extends ({chain})")
     if not path.is_file():
-        raise ConfigError(f"config file not found: {label}" + (f" (extended by {_label(_seen[-1])})" if _seen else ""))
+        raise ConfigError(f"config file not found: {label}" + (f" (extended by {shown_path(_seen[-1])})" if _seen else ""))
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
@@ -283,7 +282,7 @@ def _merge_error(label: str, err: OmegaConfBaseException, schema: DictConfig) ->
     node = OmegaConf.select(schema, parent) if parent else schema
     if "not in" in str(err) and isinstance(node, DictConfig):  # unknown key
         valid = [str(k) for k in node.keys()]
-        close = _closest(leaf, valid)
+        close = did_you_mean(leaf, valid)
         hint = f"did you mean '{_join(parent, close)}'? " if close else ""
         where = f"'{parent}'" if parent else "the top level"
         return f"{label}: unknown key '{key}'; {hint}valid keys at {where}: {', '.join(valid)}"
@@ -295,7 +294,7 @@ def _check_choices(cfg: DictConfig, provenance: dict[str, str]) -> None:
         value = OmegaConf.select(cfg, key)
         if value is None or str(value) in choices:
             continue
-        close = _closest(str(value), choices)
+        close = did_you_mean(str(value), choices)
         hint = f"did you mean '{close}'? " if close else ""
         raise ConfigError(f"{provenance.get(key, 'schema default')}: {key}={value!r} is not a valid choice; "
                           f"{hint}choose one of: {', '.join(choices)}")
@@ -336,15 +335,6 @@ def _provenance(sources: list[Source]) -> dict[str, str]:
     return where
 
 
-def _closest(word: str, candidates: list[str] | tuple[str, ...]) -> str | None:
-    """The valid spelling the user most likely meant: a completion of `word`, else a near match."""
-    completions = [c for c in candidates if c.startswith(word)]
-    if len(completions) == 1:
-        return completions[0]
-    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.5)
-    return close[0] if close else None
-
-
 def _at_least(obj: Any, section: str, **minimums: int) -> None:
     for name, low in minimums.items():
         if getattr(obj, name) < low:
@@ -359,12 +349,6 @@ def _first_line(err: Exception) -> str:
     text = getattr(err, "msg", None) or str(err)
     return str(text).strip().splitlines()[0]
 
-
-def _label(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -255,7 +255,7 @@ def _uses_gpu(accelerator: str) -> bool:
 def _global_step(checkpoint: Path) -> int | None:
     if not checkpoint.is_file():
         return None
-    return torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True).get("global_step")
+    return load_checkpoint(checkpoint).get("global_step")
 
 
 def _relative(path: Path, root: Path) -> str:

@@ -11,11 +11,10 @@ records a plugin that fails to import together with its error instead of failing
 """
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, replace
 from importlib.metadata import EntryPoint, entry_points
 
-from .errors import UserError
+from .errors import UserError, did_you_mean
 from .task import Task, TaskConfig
 
 GROUP = "relpos_lab.tasks"
@@ -84,8 +83,8 @@ def get_task_class(name: str) -> type[Task]:
 
 
 def unknown_task_message(name: str, names: list[str]) -> str:
-    close = difflib.get_close_matches(name, names, n=1)
-    hint = f"did you mean '{close[0]}'? " if close else ""
+    close = did_you_mean(name, names)
+    hint = f"did you mean '{close}'? " if close else ""
     listing = ", ".join(names) if names else "none installed"
     return f"unknown task '{name}'; {hint}available tasks: {listing} (see `relpos-lab tasks`)"
 

@@ -36,12 +36,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from .config import load_config
-from .errors import UserError
+from .errors import PROG, UserError
 from .sweep import Sweep, is_finished
 from .tracking import run_directory, save_resolved_config
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "slurm" / "job.sbatch"
-PROG = "relpos-lab"
 GPU_ACCELERATORS = ("gpu", "cuda")
 # Lightning takes a job with one of these names for an interactive shell and ignores SLURM.
 INTERACTIVE_JOB_NAMES = ("bash", "interactive")

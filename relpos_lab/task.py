@@ -16,7 +16,6 @@ side effects.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -31,7 +30,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassExactMatch
 
 from .decoding import beam_search, greedy_search
-from .errors import ConfigError, UserError
+from .errors import ConfigError, UserError, did_you_mean
 from .evaluation import Evaluation
 from .transformer import EncoderDecoder, LossOutput, ModelConfig, label_smoothed_loss
 
@@ -118,8 +117,8 @@ class Task:
 
     def check_split(self, split: str) -> None:
         if split not in self.splits:
-            close = difflib.get_close_matches(split, self.splits, n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
+            close = did_you_mean(split, list(self.splits))
+            hint = f"did you mean '{close}'? " if close else ""
             raise UserError(f"task '{self.cfg.name}' has no split '{split}'; {hint}splits: {', '.join(self.splits)}")
 
     # --- what every task defines ------------------------------------------------------------

@@ -37,6 +37,7 @@ from .plots import plot_curves
 
 __all__ = [
     "VOLATILE_KEYS",
+    "atomic_write",
     "LoggingConfig",
     "WandbConfig",
     "build_loggers",
@@ -142,7 +143,7 @@ def _slugify(text: str) -> str:
 def save_resolved_config(cfg: DictConfig, run_dir: str | Path) -> Path:
     """Write ``run_dir/config.yaml`` with every interpolation resolved: what actually ran."""
     path = Path(run_dir) / "config.yaml"
-    _atomic_write(path, OmegaConf.to_yaml(cfg, resolve=True))
+    atomic_write(path, OmegaConf.to_yaml(cfg, resolve=True))
     return path
 
 
@@ -178,7 +179,7 @@ def write_results(
     except (TypeError, ValueError) as err:
         raise ValueError(f"write_results: extra is not strict JSON ({err})") from None
     path = Path(run_dir) / "results.json"
-    _atomic_write(path, text + "\n")
+    atomic_write(path, text + "\n")
     return path
 
 
@@ -212,12 +213,13 @@ def _as_length(length: Any, where: str) -> int:
         raise ValueError(f"write_results: {where} has length key {length!r}, not an integer") from None
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write a file so that readers (and a crash) see the old content or the new, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as file:
-            file.write(text)
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as file:
+            file.write(data)
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp, path)

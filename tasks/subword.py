@@ -26,7 +26,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -36,6 +35,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from relpos_lab.errors import UserError
+from relpos_lab.tracking import atomic_write
 from relpos_lab.task import Vocabulary
 
 MODEL_TYPES = ("unigram", "bpe")
@@ -110,9 +110,9 @@ def load_or_train(cfg: SubwordConfig, src: Sequence[str], tgt: Sequence[str], ca
         if path.is_file():  # another run trained it while we waited for the lock
             return SubwordModel(path.read_bytes()), False
         proto = train(cfg, [*src, *tgt])
-        _atomic_write(path, proto)
+        atomic_write(path, proto)
         settings = {**asdict(cfg), "sentences": {"src": len(src), "tgt": len(tgt)}}
-        _atomic_write(path.with_suffix(".json"), json.dumps(settings, indent=2).encode())
+        atomic_write(path.with_suffix(".json"), json.dumps(settings, indent=2).encode())
     return SubwordModel(proto), True
 
 
@@ -152,14 +152,3 @@ def _locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
