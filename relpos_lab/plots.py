@@ -84,7 +84,8 @@ def plot_groups(
 
     Groups keep their order along x; each run is a dot, the mean ± sample std a bar beside them.
     `reference` = (metric, {group: value}, label) adds published values to that metric's panel on a
-    right-hand axis (a different corpus has a different scale; only the shape should be compared).
+    right-hand axis with the same scale, shifted (another corpus has another level; differences
+    between groups compare directly).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,9 +122,16 @@ def groups_figure(
             xs = [x for x, label in enumerate(labels) if label in published]
             if xs:
                 twin = ax.twinx()
-                twin.plot(xs, [published[labels[x]] for x in xs], "D--", color="C2", fillstyle="none",
-                          markersize=5, label=ref_label)
-                twin.set_ylabel(f"{ref_label} (right axis)", color="C2")
+                ys = [published[labels[x]] for x in xs]
+                twin.plot(xs, ys, "D--", color="C2", fillstyle="none", markersize=5, label=ref_label)
+                # Same units per inch on both axes, only shifted: a 0.3-point published effect must
+                # not be stretched to the height of a 5-point one measured here.
+                low, high = ax.get_ylim()
+                span = max(high - low, 1.2 * (max(ys) - min(ys)))
+                middle, ref_middle = (low + high) / 2, (max(ys) + min(ys)) / 2
+                ax.set_ylim(middle - span / 2, middle + span / 2)
+                twin.set_ylim(ref_middle - span / 2, ref_middle + span / 2)
+                twin.set_ylabel(f"{ref_label} (right axis, same scale)", color="C2")
                 twin.tick_params(axis="y", colors="C2")
                 twin.legend(fontsize="small", loc="lower right")
         ax.set_xticks(range(len(labels)), labels, rotation=30 if max(map(len, labels)) > 6 else 0)

@@ -173,6 +173,8 @@ def test_group_figure_shows_every_run_and_the_reference_on_its_own_axis(tmp_path
     assert [t.get_text() for t in bleu.get_xticklabels()] == ["0", "16"] and bleu.get_xlabel() == "k"
     (published,) = paper.lines
     assert list(published.get_ydata()) == [12.5, 25.8]  # groups without results (64) are not drawn
+    span = lambda axis: axis.get_ylim()[1] - axis.get_ylim()[0]  # noqa: E731
+    assert span(paper) == pytest.approx(span(bleu))  # one scale: effects compare by eye
     assert not any(line.get_label() == "paper bleu" for line in chrf.lines)
     with pytest.raises(ValueError, match="no values"):
         groups_figure({"bleu": {}})
