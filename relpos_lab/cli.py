@@ -249,12 +249,13 @@ def submit_sweep(grid, dry_run: bool) -> int:
          arg("--out", default=None, help="output directory (default: <sweep_dir>/report)"),
          arg("--split", default=None, help="split to report (default: the one the sweep's published "
              "numbers compare with, else test)"),
-         arg("--metric", nargs="+", default=["exact_match", "token_accuracy"], help="metrics to tabulate and plot"),
+         arg("--metric", nargs="+", default=None, help="metrics to tabulate and plot (default: every metric "
+             "of the split but the loss, e.g. bleu chrf for translation)"),
          arg("--over", nargs="+", default=["seed"], help="axes averaged over (default: seed)"))
 def report(args: argparse.Namespace) -> None:
     from .report import write_report
 
-    path = write_report(args.sweep_dir, args.out, args.split, tuple(args.metric), tuple(args.over))
+    path = write_report(args.sweep_dir, args.out, args.split, tuple(args.metric or ()), tuple(args.over))
     console.print(f"report: {shown_path(path)}")
     console.print(path.read_text().split("\n## ")[0], markup=False, highlight=False)
 

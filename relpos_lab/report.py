@@ -139,10 +139,12 @@ def _run_name(run_dir: str) -> str:
 
 
 def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: str | None = None,
-                 metrics: tuple[str, ...] = ("exact_match", "token_accuracy"), over: tuple[str, ...] = ("seed",)) -> Path:
+                 metrics: tuple[str, ...] | None = None, over: tuple[str, ...] = ("seed",)) -> Path:
     """Write report.md, summary.csv, by_length.csv, groups.png (every run) and one by-length plot per metric.
 
-    `split` defaults to the one the sweep's published numbers compare with, else test.
+    `split` defaults to the one the sweep's published numbers compare with, else test; `metrics`
+    to every metric the runs report on it but the loss (exact_match and token_accuracy for the
+    synthetic tasks, bleu and chrf for translation). A metric also shows its `_id`/`_ood` parts.
     """
     sweep_dir = Path(sweep_dir)
     out = Path(out) if out else sweep_dir / "report"
@@ -156,6 +158,8 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
         raise UserError(f"no finished runs in {sweep_dir} yet ({len(missing)} points without results.json)")
     out.mkdir(parents=True, exist_ok=True)
     names, rows = summarize(groups, split)
+    if not metrics:
+        metrics = tuple(m for m in names if m not in ("loss", "ppl") and not m.endswith(("_id", "_ood")))
     shown = [m for m in names if any(m.startswith(x) for x in metrics)]
     train = train_range(groups)
     seeds = sorted({r.get("seed") for g in groups for r in g.results if r.get("seed") is not None})

@@ -176,6 +176,19 @@ def test_report_reads_its_own_runs_from_any_working_directory(tmp_path, monkeypa
     assert "| 0 | 1 | 0.100 |" in text
 
 
+def test_the_report_shows_every_metric_but_the_loss_by_default(tmp_path):
+    run = tmp_path / "runs" / "s" / "r1"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 1\n")
+    (run / "results.json").write_text(json.dumps({"metrics": {"test/bleu": 30.0, "test/chrf": 50.0, "test/loss": 2.0,
+                                                              "test/ppl": 7.4, "valid/bleu": 31.0}}))
+    (tmp_path / "runs" / "s" / "sweep.json").write_text(json.dumps({
+        "name": "s", "sweep_file": "x.yaml", "axes": ["seed"],
+        "points": [{"index": 0, "labels": {"seed": "1"}, "overrides": [], "run_dir": str(run)}]}))
+    text = write_report(tmp_path / "runs" / "s", tmp_path / "out").read_text()
+    assert "| group | runs | bleu | chrf |\n" in text and "| s | 1 | 30.000 | 50.000 |" in text
+
+
 def test_report_refuses_an_unknown_axis_to_average_over(tmp_path):
     _hand_sweep(tmp_path, 0.5)
     with pytest.raises(UserError, match="--over seeds: no such axis in sweep s; its axes are k, seed"):
