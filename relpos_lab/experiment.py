@@ -12,6 +12,7 @@ with per-length numbers and plots.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 import warnings
 from collections.abc import Callable
@@ -73,6 +74,10 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
     if resume_from is not None and not cfg.resume:
         raise UserError(f"{run_dir} already holds this run ({resume_from.name}); "
                         "pass resume=true to continue it, or delete the directory to start over")
+    results = run_dir / "results.json"
+    if cfg.resume and results.is_file():  # written only once training and the final evaluation are done
+        _echo(echo, f"{run_dir} is finished (results.json): nothing to train; `relpos-lab eval` re-evaluates")
+        return RunSummary(run_dir, results, json.loads(results.read_text())["metrics"], checkpoint=resume_from)
     if cfg.resume and resume_from is None:
         _echo(echo, f"resume=true but {run_dir} has no checkpoint yet: starting from scratch")
     _echo(echo, f"Run directory: {run_dir}" + (f" (resuming from {resume_from.name})" if resume_from else ""))

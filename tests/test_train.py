@@ -173,6 +173,16 @@ def test_a_runs_own_config_that_resolves_elsewhere_is_refused(trained, monkeypat
     assert "now resolves to" in one_line_error(capsys, "train", str(run_dir / "config.yaml"), "resume=true")
 
 
+def test_resuming_a_finished_run_trains_and_writes_nothing(trained, monkeypatch, capsys):
+    """A job array submitted twice reaches a point the first one finished: nothing happens."""
+    root, run_dir, _ = trained
+    monkeypatch.chdir(root)
+    files = {p: p.stat().st_mtime_ns for p in (run_dir / "results.json", run_dir / "checkpoints" / "last.ckpt")}
+    assert cli.main(["train", "tiny.yaml", "resume=true", "logging.wandb.mode=disabled"]) == 0
+    assert "is finished (results.json): nothing to train" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in files} == files
+
+
 def test_a_run_being_trained_elsewhere_is_not_trained_twice(trained, monkeypatch, capsys):
     root, run_dir, _ = trained
     monkeypatch.chdir(root)
