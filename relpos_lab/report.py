@@ -122,11 +122,26 @@ def budget_lines(groups: list[Group]) -> list[str]:
 
 
 def signature_lines(groups: list[Group], split: str) -> list[str]:
-    """The metric signatures the runs recorded (sacrebleu's), so the scores can be compared."""
-    signatures = sorted({f"{name}: `{value}`" for g in groups for r in g.results
-                         for name, value in ((r.get("details") or {}).get(split) or {}).items()
-                         if name.endswith("_signature")})
-    return (["Signatures: " + "; ".join(signatures) + ".", ""]) if signatures else []
+    """The signatures the runs recorded (sacrebleu's, the scored data's), so the scores can be compared.
+
+    Runs that disagree on one (another sacrebleu version, another test set) are called out: their
+    scores are not comparable, and a table that mixes them would not say so by itself.
+    """
+    seen: dict[str, set[str]] = {}
+    for g in groups:
+        for r in g.results:
+            for name, value in ((r.get("details") or {}).get(split) or {}).items():
+                if name.endswith("_signature"):
+                    seen.setdefault(name, set()).add(value)
+    if not seen:
+        return []
+    lines = ["Signatures: " + "; ".join(f"{name}: " + " / ".join(f"`{v}`" for v in sorted(values))
+                                        for name, values in sorted(seen.items())) + ".", ""]
+    for name, values in sorted(seen.items()):
+        if len(values) > 1:
+            lines += [f"**The runs differ in {name}** ({len(values)} values): their {split} scores are not "
+                      "comparable with each other.", ""]
+    return lines
 
 
 def _run_name(run_dir: str) -> str:

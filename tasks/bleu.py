@@ -17,6 +17,7 @@ corpus back into split order and removes the repeats a padded distributed sample
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import torch
@@ -73,7 +74,8 @@ class CorpusScore(Metric):
         scores = {"bleu": bleu.corpus_score(self.corpus["hyp"], refs).score,
                   "chrf": chrf.corpus_score(self.corpus["hyp"], refs).score}
         self.signatures = {"bleu_signature": str(bleu.get_signature()),
-                           "chrf_signature": str(chrf.get_signature())}
+                           "chrf_signature": str(chrf.get_signature()),
+                           "data_signature": data_signature(self.corpus["src"], self.corpus["ref"])}
         return {name: torch.tensor(value, dtype=torch.float64) for name, value in scores.items()}  # exact
 
     def _decode(self, name: str) -> list[str]:
@@ -84,6 +86,15 @@ class CorpusScore(Metric):
             out.append(data[start: start + n].decode("utf-8"))
             start += n
         return out
+
+
+def data_signature(sources: Sequence[str], references: Sequence[str]) -> str:
+    """Which sentences were scored: BLEU of two runs compares only if they scored the same ones
+    (the gettext corpus comes from the machine's catalogs, so another machine can build another)."""
+    digest = hashlib.sha256()
+    for src, ref in zip(sources, references):
+        digest.update(f"{src}\t{ref}\n".encode("utf-8"))
+    return f"sentences:{len(sources)}|sha256:{digest.hexdigest()[:12]}"
 
 
 def _cat(state: list[Tensor] | Tensor) -> Tensor:

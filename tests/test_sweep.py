@@ -158,6 +158,21 @@ def test_report_shows_budget_signatures_and_the_published_numbers(tmp_path):
     assert "Column *paper bleu*: Table 2" in text
     assert "Budget: 600 steps; 2.40–2.43 M parameters; wall time 12.5 min per run (10.0–15.0, 2 runs not resumed)." in text
     assert "Signatures: bleu_signature: `nrefs:1|tok:13a`." in text
+    assert "differ" not in text
+
+
+def test_report_calls_out_runs_that_scored_different_data(tmp_path):
+    root = tmp_path / "runs" / "mixed"
+    points = [({"k": "16", "seed": str(seed)},
+               _fake_run(root, f"r{seed}", 0.5, {}, seed,
+                         details={"test": {"data_signature": f"sentences:2000|sha256:{digest}"}}))
+              for seed, digest in ((1, "aaa"), (2, "bbb"))]
+    (root / "sweep.json").write_text(json.dumps({
+        "name": "mixed", "sweep_file": "x.yaml",
+        "points": [{"index": i, "labels": l, "overrides": [], "run_dir": d} for i, (l, d) in enumerate(points)]}))
+    text = write_report(root, tmp_path / "out", metrics=("exact_match",)).read_text()
+    assert "data_signature: `sentences:2000|sha256:aaa` / `sentences:2000|sha256:bbb`" in text
+    assert "**The runs differ in data_signature** (2 values)" in text
 
 
 def _hand_sweep(root: Path, exact: float, reference=None) -> None:

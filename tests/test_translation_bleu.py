@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from sacrebleu.metrics import BLEU, CHRF
 
-from relpos_lab_tasks.bleu import CorpusEvaluation, CorpusScore
+from relpos_lab_tasks.bleu import CorpusEvaluation, CorpusScore, data_signature
 from toy_translation import toy_corpus
 
 SRC, REFS = toy_corpus(120, seed=3)
@@ -58,9 +58,18 @@ def test_bleu_and_chrf_equal_sacrebleus_corpus_scores_and_carry_its_signatures()
     assert 5 < result.metrics["bleu"] < 95  # a corpus that tests the n-gram statistics
     bleu, chrf = BLEU(), CHRF()
     bleu.corpus_score(HYPS, [REFS]), chrf.corpus_score(HYPS, [REFS])
-    assert result.details == {"bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
+    assert result.details == {"bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature()),
+                              "data_signature": data_signature(SRC, REFS)}
     assert result.details["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     assert result.outputs == {"hyp": HYPS, "ref": REFS, "src": SRC}  # back in split order
+
+
+def test_data_signature_names_the_scored_sentences_and_changes_with_any_of_them():
+    signature = data_signature(SRC, REFS)
+    assert signature.startswith(f"sentences:{len(SRC)}|sha256:")
+    assert data_signature(SRC, REFS) == signature
+    assert data_signature(SRC, REFS[:-1] + [REFS[-1] + "."]) != signature  # one reference changed
+    assert data_signature(SRC[1:] + SRC[:1], REFS[1:] + REFS[:1]) != signature  # another order
 
 
 def test_per_length_scores_are_sacrebleus_on_each_bucket():
