@@ -223,7 +223,7 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
                   f"not `{split}`: not shown (`--split {unmatched['split']}` shows them).", ""]
     if missing:
         lines += [f"**Missing ({len(missing)} points without results):** "
-                  + "; ".join(" ".join(p["labels"].values()) for p in missing), ""]
+                  + "; ".join(" ".join(f"{a}={v}" for a, v in p["labels"].items()) for p in missing), ""]
     header = shown + ([paper] if paper else [])
     lines += ["| group | runs | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(header)]
     for row in rows:

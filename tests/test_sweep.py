@@ -129,7 +129,7 @@ def test_report_numbers_on_hand_made_results(tmp_path):
                                                            for i, (l, d) in enumerate(points)]}))
     text = write_report(root, tmp_path / "out", metrics=("exact_match",)).read_text()
     assert "| a | 3 | 0.700 ± 0.200 |" in text  # mean of .5 .7 .9, sample std .2
-    assert "Missing (1 points without results):** b 1" in text
+    assert "Missing (1 points without results):** scheme=b seed=1" in text
     assert "| a | 0.83±0.29 | 0.50±0.50 |" in text  # length 1: 1, 1, .5; length 3: 0, .5, 1
     assert "seeds 1, 2, 3" in text and "training lengths 1–2" in text
     assert "| a | 2 | 0.700 | `a2` |" in text  # every run listed with its seed
