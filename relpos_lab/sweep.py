@@ -37,7 +37,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from .config import load_config
-from .errors import ConfigError
+from .errors import ConfigError, shown_path
 from .tracking import config_hash, run_directory
 
 SWEEP_KEYS = ("experiment", "name", "overrides", "grid", "reference")
@@ -84,7 +84,7 @@ class Sweep:
     def write_manifest(self) -> Path:
         path = self.directory / MANIFEST
         path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"name": self.name, "sweep_file": str(self.path), "experiment": str(self.experiment),
+        payload = {"name": self.name, "sweep_file": str(self.path), "experiment": shown_path(self.experiment),
                    "overrides": self.overrides + self.extra, "axes": self.axes, "reference": self.reference,
                    "points": [asdict(p) for p in self.points]}
         path.write_text(json.dumps(payload, indent=2) + "\n")

@@ -1,0 +1,61 @@
+"""The committed small reproduction of Shaw et al. (2018) is what its runs say.
+
+docs/paper-reproduction/runs/ holds the run directories (without checkpoints); the reports beside
+them are what `relpos-lab report` makes of those runs (docs/paper-reproduction/run.sh). These
+tests regenerate every report and compare, so neither a hand edit of a report nor a run committed
+without regenerating it can land unnoticed.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from relpos_lab.report import write_report
+from relpos_lab.tracking import run_directory
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = Path("docs/paper-reproduction")  # relative, as run.sh names it: the reports print the path
+SWEEPS = sorted(p.parent.name for p in (ROOT / DOCS / "runs").glob("*/sweep.json"))
+
+
+def _report_dir(sweep: str) -> Path:
+    """shaw2018_<table>_small -> docs/paper-reproduction/<table>, where run.sh writes its report."""
+    return DOCS / sweep.removeprefix("shaw2018_").removesuffix("_small")
+
+
+def _runs(sweep: str) -> list[Path]:
+    return sorted(p for p in (ROOT / DOCS / "runs" / sweep).iterdir() if p.is_dir() and p.name != "logs")
+
+
+def test_the_three_small_sweeps_have_committed_runs():
+    assert {"shaw2018_abs_vs_rel_small", "shaw2018_clipping_small", "shaw2018_ablation_small"} <= set(SWEEPS)
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_committed_report_is_what_the_runs_regenerate(sweep, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    write_report(DOCS / "runs" / sweep, tmp_path, metrics=("bleu", "chrf"))
+    for name in ("report.md", "summary.csv", "by_length.csv"):
+        assert (tmp_path / name).read_text() == (ROOT / _report_dir(sweep) / name).read_text(), (
+            f"{_report_dir(sweep) / name} is not what its runs give: rerun docs/paper-reproduction/run.sh")
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_every_committed_run_is_finished_and_its_config_names_its_directory(sweep):
+    for run in _runs(sweep):
+        assert (run / "results.json").is_file(), f"{run} is unfinished: commit a run once it has results.json"
+        config = OmegaConf.load(run / "config.yaml")
+        assert run_directory(config).name == run.resolve().name, f"{run}/config.yaml is not the config of {run.name}"
+
+
+def test_every_run_scored_the_same_valid_and_test_sentences():
+    signatures: dict[str, set[str]] = {}
+    for sweep in SWEEPS:
+        for run in _runs(sweep):
+            details = json.loads((run / "results.json").read_text()).get("details", {})
+            for split in ("valid", "test"):
+                signatures.setdefault(split, set()).add(details[split]["data_signature"])
+    assert signatures and all(len(values) == 1 for values in signatures.values()), signatures
