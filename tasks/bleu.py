@@ -18,7 +18,7 @@ corpus back into split order and removes the repeats a padded distributed sample
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from sacrebleu.metrics import BLEU, CHRF
@@ -105,9 +105,18 @@ def _cat(state: list[Tensor] | Tensor) -> Tensor:
 
 
 class CorpusEvaluation(Evaluation):
-    """An Evaluation whose result also carries the sacrebleu signatures and the split's text."""
+    """An Evaluation whose result also carries the sacrebleu signatures and the split's text.
+
+    `details()`, asked at compute time, adds to the result's own (e.g. the training data's
+    signature: two runs scored on the same test set can still have learned from different data).
+    """
+
+    def __init__(self, metrics, buckets=None, details: Callable[[], dict[str, str]] | None = None):
+        super().__init__(metrics, buckets)
+        self.details = details
 
     def compute(self) -> EvalResult:
         result = super().compute()
         score = next(m for m in self.metrics.values() if isinstance(m, CorpusScore))
-        return result._replace(details=dict(score.signatures), outputs=dict(score.corpus))
+        extra = self.details() if self.details else {}
+        return result._replace(details={**score.signatures, **extra}, outputs=dict(score.corpus))

@@ -36,7 +36,7 @@ from relpos_lab.evaluation import Evaluation
 from relpos_lab.task import Batch, DecodingConfig, Task, TaskConfig
 from relpos_lab.transformer import label_smoothed_loss
 
-from .bleu import CorpusEvaluation, CorpusScore
+from .bleu import CorpusEvaluation, CorpusScore, data_signature
 from .corpora import ParallelText, read_aligned, read_hf, read_tsv
 from .gettext_corpus import build_corpus
 from .subword import SubwordConfig, SubwordModel, load_or_train
@@ -227,7 +227,13 @@ class TranslationTask(Task):
         return MetricCollection({"corpus": CorpusScore()})
 
     def build_evaluation(self, split: str) -> Evaluation:
-        return CorpusEvaluation(self.build_metrics(), self.length_buckets(split))
+        return CorpusEvaluation(self.build_metrics(), self.length_buckets(split), details=self._train_signature)
+
+    def _train_signature(self) -> dict[str, str]:
+        """Which training pairs the model learned from, when this process read them (a checkpoint
+        evaluated on its own carries its vocabulary, not its training text)."""
+        train = self._texts.get("train")
+        return {"train_data_signature": data_signature(train.src, train.tgt)} if train is not None else {}
 
     def evaluate(self, model: nn.Module, batch: Batch, evaluation: Evaluation) -> Tensor:
         """Teacher-forced loss, then beam search scored as detokenized text against the reference."""

@@ -18,6 +18,8 @@ import sacrebleu
 from relpos_lab import cli
 from relpos_lab.wandb_offline import find_run_files, read_run
 from relpos_lab_tasks import translation_baseline
+from relpos_lab_tasks.bleu import data_signature
+from relpos_lab_tasks.corpora import read_aligned
 from toy_translation import write_toy_files
 
 TOY = """
@@ -67,6 +69,16 @@ def test_results_hold_bleu_chrf_by_length_and_the_sacrebleu_signatures(trained):
         assert set(results["by_length"][split]) <= {"1", "10", "20"}
     assert "subword model: trained unigram model" in out.stderr
     assert "[train] data/toy/train.en + data/toy/train.xx: 2000 sentence pairs" in out.stderr
+
+
+def test_results_name_the_sentences_scored_and_trained_on(trained, toy):
+    _, results, _ = trained
+    data = toy / "data" / "toy"
+    train = read_aligned(data / "train.en", data / "train.xx")
+    for split in ("valid", "test"):
+        text = read_aligned(data / f"{split}.en", data / f"{split}.xx")
+        assert results["details"][split]["data_signature"] == data_signature(text.src, text.tgt)
+        assert results["details"][split]["train_data_signature"] == data_signature(train.src, train.tgt)
 
 
 def test_the_model_learns_to_translate_the_toy_language(trained):
