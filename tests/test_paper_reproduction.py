@@ -8,6 +8,7 @@ without regenerating it can land unnoticed.
 from __future__ import annotations
 
 import json
+import runpy
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,13 @@ def test_committed_report_is_what_the_runs_regenerate(sweep, tmp_path, monkeypat
     for name in ("report.md", "summary.csv", "by_length.csv"):
         assert (tmp_path / name).read_text() == (ROOT / _report_dir(sweep) / name).read_text(), (
             f"{_report_dir(sweep) / name} is not what its runs give: rerun docs/paper-reproduction/run.sh")
+
+
+def test_the_tables_in_the_doc_are_the_reports_tables():
+    sync = runpy.run_path(str(ROOT / DOCS / "sync_tables.py"))
+    doc = (ROOT / "docs" / "paper-reproduction.md").read_text()
+    assert len(sync["BLOCK"].findall(doc)) == 3
+    assert sync["synced"](doc) == doc, "docs/paper-reproduction.md: run python docs/paper-reproduction/sync_tables.py"
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)
