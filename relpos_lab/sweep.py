@@ -197,7 +197,10 @@ def link_identical_runs(sweep: Sweep, echo=print) -> int:
     linked = 0
     for point in sweep.points:
         run_dir = Path(point.run_dir)
-        if run_dir.exists() or run_dir.is_symlink():  # started, finished or linked already
+        if run_dir.is_symlink() and not run_dir.exists():  # its run was withdrawn (deleted)
+            run_dir.unlink()
+            echo(f"  point {point.index} {point.labels}: linked to a run that is gone: link removed")
+        if run_dir.exists():  # started, finished or linked already
             continue
         same = finished.get(config_hash(sweep.config(point.index), ignore=("name",)))
         if same is not None:

@@ -12,7 +12,7 @@ import pytest
 
 from relpos_lab.errors import ConfigError, UserError
 from relpos_lab.report import write_report
-from relpos_lab.sweep import load_sweep
+from relpos_lab.sweep import link_identical_runs, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -245,3 +245,14 @@ def test_reuse_links_a_point_that_another_sweep_already_trained(tmp_path):
     write_report(second.directory, tmp_path / "report")
     (row,) = csv.DictReader(open(tmp_path / "report" / "summary.csv"))
     assert row["n_runs"] == "2"
+
+
+def test_reuse_removes_a_link_whose_run_was_withdrawn_so_the_point_trains_again(tmp_path):
+    grid = load_sweep(write_sweep(tmp_path, "experiment: tiny.yaml\nname: s\ngrid: {seed: [1]}\n"))
+    run_dir = Path(grid.points[0].run_dir)
+    run_dir.parent.mkdir(parents=True)
+    run_dir.symlink_to("../other/translation-deleted")
+    said = []
+    assert link_identical_runs(grid, echo=said.append) == 0
+    assert not run_dir.is_symlink() and not run_dir.exists()
+    assert said == ["  point 0 {'seed': '1'}: linked to a run that is gone: link removed"]
