@@ -192,6 +192,9 @@ def sweep(args: argparse.Namespace) -> int:
         if not 0 <= args.point < len(grid.points):
             raise UserError(f"--point {args.point} is outside the grid of {grid.path} (0..{len(grid.points) - 1})")
         point = grid.points[args.point]
+        if Path(point.run_dir).is_symlink() and not Path(point.run_dir).exists():
+            raise UserError(f"{grid.name} point {args.point}: its run directory {point.run_dir} links to a run that is "
+                            "gone; rerun with --reuse (it removes the link) or delete the link")
         if is_finished(point):  # e.g. a requeued array task, or a point linked by --reuse
             _echo(f"{grid.name} point {args.point} {point.labels} is finished ({shown_path(Path(point.run_dir))}): "
                   "nothing to train")

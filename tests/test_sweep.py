@@ -256,3 +256,15 @@ def test_reuse_removes_a_link_whose_run_was_withdrawn_so_the_point_trains_again(
     assert link_identical_runs(grid, echo=said.append) == 0
     assert not run_dir.is_symlink() and not run_dir.exists()
     assert said == ["  point 0 {'seed': '1'}: linked to a run that is gone: link removed"]
+
+
+def test_training_a_point_whose_link_dangles_says_how_to_fix_it(tmp_path):
+    path = write_sweep(tmp_path, "experiment: tiny.yaml\nname: s\ngrid: {seed: [1]}\n")
+    run_dir = Path(load_sweep(path).points[0].run_dir)
+    run_dir.parent.mkdir(parents=True)
+    run_dir.symlink_to("../other/translation-deleted")
+    res = subprocess.run([sys.executable, "-m", "relpos_lab", "sweep", str(path), "--point", "0"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode != 0
+    assert "links to a run that is gone; rerun with --reuse (it removes the link) or delete the link" in res.stderr
+    assert run_dir.is_symlink()  # nothing was written through it
