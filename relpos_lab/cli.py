@@ -181,7 +181,7 @@ def show_config(args: argparse.Namespace) -> None:
 def sweep(args: argparse.Namespace) -> int:
     from . import experiment
     from .config import load_config
-    from .sweep import is_finished, link_identical_runs, load_sweep, run_locally
+    from .sweep import is_dangling, is_finished, link_identical_runs, load_sweep, run_locally
 
     grid = load_sweep(args.sweep_file, args.overrides)
     if args.reuse:
@@ -192,7 +192,7 @@ def sweep(args: argparse.Namespace) -> int:
         if not 0 <= args.point < len(grid.points):
             raise UserError(f"--point {args.point} is outside the grid of {grid.path} (0..{len(grid.points) - 1})")
         point = grid.points[args.point]
-        if Path(point.run_dir).is_symlink() and not Path(point.run_dir).exists():
+        if is_dangling(point):
             raise UserError(f"{grid.name} point {args.point}: its run directory {point.run_dir} links to a run that is "
                             "gone; rerun with --reuse (it removes the link) or delete the link")
         if is_finished(point):  # e.g. a requeued array task, or a point linked by --reuse

@@ -177,6 +177,12 @@ def is_finished(point: SweepPoint) -> bool:
     return (Path(point.run_dir) / "results.json").is_file()
 
 
+def is_dangling(point: SweepPoint) -> bool:
+    """The point's run directory is a --reuse link whose run was withdrawn (deleted)."""
+    run_dir = Path(point.run_dir)
+    return run_dir.is_symlink() and not run_dir.exists()
+
+
 def link_identical_runs(sweep: Sweep, echo=print) -> int:
     """Point each not-yet-started point at a finished run of the same experiment in another sweep.
 
@@ -197,7 +203,7 @@ def link_identical_runs(sweep: Sweep, echo=print) -> int:
     linked = 0
     for point in sweep.points:
         run_dir = Path(point.run_dir)
-        if run_dir.is_symlink() and not run_dir.exists():  # its run was withdrawn (deleted)
+        if is_dangling(point):
             run_dir.unlink()
             echo(f"  point {point.index} {point.labels}: linked to a run that is gone: link removed")
         if run_dir.exists():  # started, finished or linked already
