@@ -11,18 +11,18 @@ Every implementation computes exactly this; they differ only in what they materi
               probabilities into 2k+1 label masses and does one matmul with rel_v. No Lq·Lk·D
               tensor, and no Lq·Lk index either: beyond the clip each row has one label per side,
               so only a window around the diagonal is indexed (see `add_by_label`).
-- ``flex``    FlexAttention with a score_mod for the key term; the value term from bucket masses
-              recovered with the log-sum-exp. Backward needs CUDA.
-- ``banded``  (CPU) beyond the clip, a^K and a^V are constant per row, so the two tails j−i ≤ −k
-              and j−i ≥ k are plain causal attention (torch's fused flash kernel, with its
-              log-sum-exp) shifted by a per-row constant; only the band |j−i| < k is computed
-              exactly on the side, in blocks. Self-attention, Lq = Lk, no offset, key-padding
-              masks only. Exact, but not yet faster than ``gather`` on CPU (torch's CPU flash
-              backward dominates; `relpos-lab bench attention --impl gather banded`), so ``auto``
-              does not pick it yet.
-- ``auto``    torch's SDPA when there is nothing relative to add (no tables, no bias), else
-              ``gather``: the fastest exact form measured on CPU (docs/performance.md). It does
-              not yet switch by device (untested on GPUs: no accelerator here).
+- ``flex``    FlexAttention with a score_mod for the key term and masks as a BlockMask; the value
+              term from bucket masses recovered with the log-sum-exp. Backward needs CUDA.
+- ``banded``  beyond the clip, a^K and a^V are constant per row, so the two tails j−i ≤ −k and
+              j−i ≥ k are plain attention shifted by a per-row constant: a fused kernel returning
+              its log-sum-exp runs them (CPU: torch's flash kernel on shifted slices; CUDA:
+              FlexAttention with a block-sparse BlockMask per tail, no score_mod), and only the
+              band |j−i| < k is computed exactly on the side, in blocks; everything is combined
+              by log-sum-exp. Self-attention, Lq = Lk, no offset, key-padding masks only. Memory
+              is linear in L. On CPU it is exact but not faster than ``gather``.
+- ``auto``    torch's SDPA when there is nothing relative to add (no tables, no bias); on CUDA,
+              ``banded`` when gradients are needed and it supports the call (docs/performance.md
+              has the GPU measurements); else ``gather``, the fastest exact form on CPU.
 
 The op also carries the additive score biases of other schemes (ALiBi, T5) through ``attn_bias``,
 so every position scheme runs through this one function.
@@ -89,21 +89,22 @@ def relative_attention(
     lq, lk = q.shape[-2], k.shape[-2]
     allowed = visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device)
     if impl == "auto":
-        impl = _pick_impl(q, rel_k, rel_v, attn_bias, dropout_p)
+        impl = _pick_impl(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias)
     if impl == "sdpa":
         if attn_mask is None and is_causal and lq == lk and query_offset == 0:  # lets CUDA pick flash
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
     scale = 1.0 / math.sqrt(q.shape[-1])
     if impl == "banded":
-        why = _banded_unsupported(q, k, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias)
+        why = _banded_unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias)
         if why:
             raise ValueError(f"impl='banded' does not support {why}; use 'gather'")
         return _banded(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, scale)
     if impl == "flex":
         if dropout_p > 0:
             raise ValueError("impl='flex' does not support attention dropout; use 'gather'")
-        return _flex(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset, scale)
+        return _flex(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, allowed, attn_bias, query_offset,
+                     scale)
     if impl == "gather":
         return _gather(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset, dropout_p, scale)
     idx = relative_positions(lq, lk, max_distance, query_offset, q.device)
@@ -137,10 +138,19 @@ def _check_shapes(q, k, v, rel_k, rel_v, max_distance):
             )
 
 
-def _pick_impl(q, rel_k, rel_v, attn_bias, dropout_p) -> str:
+def _pick_impl(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias) -> str:
     if rel_k is None and rel_v is None and attn_bias is None:
         return "sdpa"
+    if (q.is_cuda and torch.is_grad_enabled() and q.shape[-2] >= BANDED_MIN_LENGTH
+            and any(t is not None and t.requires_grad for t in (q, k, rel_k, rel_v))
+            and _banded_unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p,
+                                    attn_bias) is None):
+        return "banded"
     return "gather"
+
+
+BANDED_MIN_LENGTH = 0
+"""On CUDA, ``auto`` trains with ``banded`` from this many query rows on (below, ``gather``)."""
 
 
 def _attention_probs(scores, scale, allowed, bias, dropout_p, dtype) -> Tensor:
@@ -320,33 +330,32 @@ def _gather(q, k, v, rel_k, rel_v, kmax, allowed, attn_bias, query_offset, dropo
 
 # --- flex: FlexAttention for the key term, bucket masses from the log-sum-exp -------------------
 
-def _flex(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset, scale):
-    from torch.nn.attention.flex_attention import flex_attention
-
+def _flex(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, allowed, attn_bias, query_offset, scale):
     b, h, lq, d = q.shape
     lk = k.shape[-2]
     acc = torch.promote_types(q.dtype, torch.float32)
     qw = (q @ rel_k.to(q.dtype).transpose(-2, -1)).to(acc) * scale if rel_k is not None else None
     bias = attn_bias.to(acc).expand(b, h, lq, lk) if attn_bias is not None else None
-    mask = allowed.expand(b, h, lq, lk) if allowed is not None else None
 
-    def label(q_idx, kv_idx):
-        return (kv_idx - q_idx - query_offset).clamp(-max_distance, max_distance) + max_distance
+    kmax, offset = (torch.full((), x, dtype=torch.long, device=q.device) for x in (max_distance, query_offset))
+
+    def label(q_idx, kv_idx):  # device scalars: one compiled kernel for every k and offset
+        return torch.clamp(kv_idx - q_idx - offset, -kmax, kmax) + kmax
 
     def score_mod(score, bi, hi, q_idx, kv_idx):
         if qw is not None:
             score = score + qw[bi, hi, q_idx, label(q_idx, kv_idx)]
         if bias is not None:
             score = score + bias[bi, hi, q_idx, kv_idx]
-        if mask is not None:
-            score = torch.where(mask[bi, hi, q_idx, kv_idx], score, -float("inf"))
         return score
 
-    out, lse = _flex_call(flex_attention, q, k, v, score_mod, scale)
-    out = torch.nan_to_num(out.to(acc), nan=0.0)
+    block_mask = flex_block_mask(attn_mask, is_causal, lq, lk, query_offset, None, max_distance, q.device)
+    out, lse = _flex_attend(q, k, v, scale, score_mod, block_mask)
+    out = out.to(acc)
     if rel_v is not None:
-        masses = _bucket_masses(q, k, v, qw, bias, allowed, lse.to(acc), max_distance,
-                                query_offset, scale, score_mod, flex_attention)
+        masses = _bucket_masses(q, k, qw, bias, allowed, lse.to(acc), max_distance, query_offset, scale,
+                                lambda: _flex_attend(q, k, v, scale, score_mod, flex_block_mask(
+                                    attn_mask, is_causal, lq, lk, query_offset, "right", max_distance, q.device))[1])
         out = out + masses @ rel_v.to(acc)
     return out.to(q.dtype)
 
@@ -358,27 +367,92 @@ log-sum-exp this op needs, so CPU always runs eager flex: exact, unfused."""
 _compiled_flex = None
 
 
-def _flex_call(flex_attention, q, k, v, score_mod, scale):
+def _flex_attend(q, k, v, scale, score_mod=None, block_mask=None) -> tuple[Tensor, Tensor]:
+    """FlexAttention's output and log-sum-exp (natural log; −inf, with a zero output, on rows
+    that may attend to nothing). Compiled once on CUDA; shapes become dynamic after the first
+    recompile, so training on batches of varying length does not compile per shape."""
+    from torch.nn.attention import flex_attention as fa
+
     global _compiled_flex
+    fn = fa.flex_attention
     if FLEX_COMPILE and q.is_cuda:
         if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention, dynamic=False)
+            _compiled_flex = torch.compile(fa.flex_attention)
         fn = _compiled_flex
+    kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=scale)
+    if hasattr(fa, "AuxRequest"):  # torch >= 2.9; return_lse before (and deprecated since)
+        out, aux = fn(q, k, v, return_aux=fa.AuxRequest(lse=True), **kwargs)
+        lse = aux.lse
     else:
-        fn = flex_attention
-    from torch.nn.attention.flex_attention import AuxRequest
-
-    out, aux = fn(q, k, v, score_mod=score_mod, scale=scale, return_aux=AuxRequest(lse=True))
-    return out, aux.lse
+        out, lse = fn(q, k, v, return_lse=True, **kwargs)
+    seen = torch.isfinite(lse)
+    return torch.where(seen[..., None], out, out.new_zeros(())), lse
 
 
-def _bucket_masses(q, k, v, qw, bias, allowed, lse, max_distance, query_offset, scale,
-                   score_mod, flex_attention):
+_BLOCK_MASKS: dict = {}
+_BLOCK_MASK_CACHE = 32
+
+
+def flex_block_mask(attn_mask, is_causal, lq, lk, query_offset, region, kmax, device):
+    """FlexAttention's BlockMask for a call: key padding or a dense boolean mask, causality and
+    an optional region of relative offsets ("left": j − i ≤ −k, "right": j − i ≥ k, "band":
+    |j − i| < k), all as mask_mod, so fully masked blocks are skipped rather than scored.
+
+    Built once and reused while the same mask tensor comes back (a model's layers share one
+    padding mask per batch): the cache holds the mask itself, so an id is never mistaken for
+    a new tensor's. None when nothing is masked.
+    """
+    if attn_mask is None and not is_causal and region is None:
+        return None
+    anchor = attn_mask
+    key = (id(anchor), anchor._version if anchor is not None else 0, is_causal, lq, lk, query_offset, region,
+           kmax, str(device))
+    hit = _BLOCK_MASKS.get(key)
+    if hit is not None and hit[0] is anchor:
+        return hit[1]
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    keep = dense = None
+    batch = heads = None
+    if attn_mask is not None:
+        m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+        if m.shape[1] == 1 and m.shape[2] == 1:
+            keep = m[:, 0, 0, :].expand(m.shape[0], lk)
+            batch = keep.shape[0]
+        else:
+            dense = m.expand(m.shape[0], m.shape[1], lq, lk)
+            batch, heads = dense.shape[0], (dense.shape[1] if dense.shape[1] > 1 else None)
+
+    # The allowed offsets j - i as a range [lo, hi]; device scalars, not Python constants, so the
+    # compiled kernel is the same for every region, k and offset instead of one compile each.
+    big = lq + lk + abs(query_offset)
+    lo, hi = {None: (-big, big), "left": (-big, -kmax), "right": (kmax, big), "band": (1 - kmax, kmax - 1)}[region]
+    if is_causal:
+        hi = min(hi, 0)
+    lo, hi, offset = (torch.full((), x, dtype=torch.long, device=device) for x in (lo, hi, query_offset))
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        rel = kv_idx - q_idx - offset
+        ok = (rel >= lo) & (rel <= hi)
+        if keep is not None:
+            ok = ok & keep[b, kv_idx]
+        if dense is not None:
+            ok = ok & dense[b, h if heads else 0, q_idx, kv_idx]
+        return ok
+
+    block_mask = create_block_mask(mask_mod, batch, heads, lq, lk, device=device)
+    if len(_BLOCK_MASKS) >= _BLOCK_MASK_CACHE:
+        _BLOCK_MASKS.pop(next(iter(_BLOCK_MASKS)))
+    _BLOCK_MASKS[key] = (anchor, block_mask)
+    return block_mask
+
+
+def _bucket_masses(q, k, qw, bias, allowed, lse, max_distance, query_offset, scale, right_tail_lse):
     """(B, H, Lq, 2k+1) probability mass per relative label, without the probabilities.
 
     Inside the band |j - i| < k each label holds one key, so its mass is exp(e_ij - lse_i).
-    The right tail (j - i ≥ k) is one more flex pass restricted to that tail; the left tail is
-    what remains of the row's unit mass.
+    The right tail (j - i ≥ k) is one more flex pass restricted to that tail (its log-sum-exp
+    comes from `right_tail_lse()`); the left tail is what remains of the row's unit mass.
     """
     b, h, lq, _ = q.shape
     lk = k.shape[-2]
@@ -407,29 +481,35 @@ def _bucket_masses(q, k, v, qw, bias, allowed, lse, max_distance, query_offset, 
         masses[..., 0] = live.to(acc)
         return masses
 
-    def right_tail(score, bi, hi, q_idx, kv_idx):
-        s = score_mod(score, bi, hi, q_idx, kv_idx)
-        return torch.where(kv_idx - q_idx - query_offset >= kmax, s, -float("inf"))
-
-    _, lse_right = _flex_call(flex_attention, q, k, v, right_tail, scale)
+    lse_right = right_tail_lse()
     masses[..., -1] = torch.where(live, torch.exp(lse_right.to(acc) - lse), torch.zeros_like(lse))
     left = 1.0 - masses.sum(-1)
     masses[..., 0] = torch.where(live, left.clamp_min(0.0), torch.zeros_like(left))
     return masses
 
 
-# --- banded: fused flash kernel for the two tails, the band |j - i| < k on the side -------------
+# --- banded: a fused kernel for the two tails, the band |j - i| < k on the side -----------------
 
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _FLASH_CPU_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 
-def _banded_unsupported(q, k, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias) -> str | None:
+def _banded_unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p,
+                        attn_bias) -> str | None:
     """Why `banded` cannot run these arguments (None: it can)."""
-    if _FLASH_CPU is None or q.device.type != "cpu":
-        return "this device (it needs torch's CPU flash-attention kernel)"
-    if q.dtype not in (torch.float32, torch.float64, torch.bfloat16):
-        return f"dtype {q.dtype}"
+    if q.device.type == "cpu":
+        if _FLASH_CPU is None:
+            return "this torch (it needs torch's CPU flash-attention kernel)"
+        if q.dtype not in (torch.float32, torch.float64, torch.bfloat16):
+            return f"dtype {q.dtype}"
+    elif q.device.type == "cuda":
+        d = q.shape[-1]
+        if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            return f"dtype {q.dtype} on CUDA"
+        if d < 16 or d & (d - 1) or v.shape[-1] != d:
+            return f"head dimension {d} on CUDA (FlexAttention's kernels want a power of two >= 16)"
+    else:
+        return f"device {q.device.type}"
     if q.shape != k.shape or query_offset:
         return "Lq != Lk or a query offset (cached decoding)"
     if dropout_p > 0 or attn_bias is not None:
@@ -501,6 +581,38 @@ def _band_windows(x, block):
     return x.unfold(2, 3 * block, block).transpose(-1, -2), nb
 
 
+def _cpu_tails(q, k, v, attn_mask, keep, kmax, is_causal, scale):
+    """The tails as causal flash attention on shifted slices: row i's left tail is keys 0..i−k."""
+    b, h, n, d = q.shape
+    acc = torch.promote_types(q.dtype, torch.float32)
+    empty_lse = q.new_full((b, h, n), float("-inf"), dtype=acc)
+    empty_out = q.new_zeros(b, h, n, d, dtype=acc)
+    o_left, lse_left = _causal_tail(q[:, :, kmax:], k[:, :, : n - kmax], v[:, :, : n - kmax],
+                                    keep[:, : n - kmax] if keep is not None else None, scale)
+    o_left = torch.cat((empty_out[:, :, :kmax], o_left.to(acc)), dim=2)
+    lse_left = torch.cat((empty_lse[:, :, :kmax], lse_left.to(acc)), dim=2)
+    if not is_causal:
+        o_right, lse_right = _causal_tail(q[:, :, : n - kmax].flip(2), k[:, :, kmax:].flip(2), v[:, :, kmax:].flip(2),
+                                          keep[:, kmax:].flip(1) if keep is not None else None, scale)
+        o_right = torch.cat((o_right.flip(2).to(acc), empty_out[:, :, :kmax]), dim=2)
+        lse_right = torch.cat((lse_right.flip(2).to(acc), empty_lse[:, :, :kmax]), dim=2)
+
+    return (o_left, lse_left) + ((None, None) if is_causal else (o_right, lse_right))
+
+
+def _flex_tails(q, k, v, attn_mask, keep, kmax, is_causal, scale):
+    """The tails as FlexAttention over the whole sequence, each restricted by its BlockMask: the
+    blocks wholly outside a tail are skipped, so the two tails together cost about one attention."""
+    n = q.shape[-2]
+    o_left, lse_left = _flex_attend(q, k, v, scale, block_mask=flex_block_mask(
+        attn_mask, False, n, n, 0, "left", kmax, q.device))
+    if is_causal:
+        return o_left, lse_left, None, None
+    o_right, lse_right = _flex_attend(q, k, v, scale, block_mask=flex_block_mask(
+        attn_mask, False, n, n, 0, "right", kmax, q.device))
+    return o_left, lse_left, o_right, lse_right
+
+
 def _banded(q, k, v, rel_k, rel_v, kmax, attn_mask, is_causal, scale):
     b, h, n, d = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
@@ -525,18 +637,9 @@ def _banded(q, k, v, rel_k, rel_v, kmax, attn_mask, is_causal, scale):
         valid = valid & keep[:, j.clamp(0, n - 1)][:, None]
     e_band = e_band.masked_fill(~valid, float("-inf"))
 
-    # Tails: keys j <= i - k (left) and j >= i + k (right) are causal attention on shifted slices.
-    empty_lse = q.new_full((b, h, n), float("-inf"), dtype=acc)
-    empty_out = q.new_zeros(b, h, n, d, dtype=acc)
-    o_left, lse_left = _causal_tail(q[:, :, kmax:], k[:, :, : n - kmax], v[:, :, : n - kmax],
-                                    keep[:, : n - kmax] if keep is not None else None, scale)
-    o_left = torch.cat((empty_out[:, :, :kmax], o_left.to(acc)), dim=2)
-    lse_left = torch.cat((empty_lse[:, :, :kmax], lse_left.to(acc)), dim=2)
-    if not is_causal:
-        o_right, lse_right = _causal_tail(q[:, :, : n - kmax].flip(2), k[:, :, kmax:].flip(2), v[:, :, kmax:].flip(2),
-                                          keep[:, kmax:].flip(1) if keep is not None else None, scale)
-        o_right = torch.cat((o_right.flip(2).to(acc), empty_out[:, :, :kmax]), dim=2)
-        lse_right = torch.cat((lse_right.flip(2).to(acc), empty_lse[:, :, :kmax]), dim=2)
+    # Tails: keys j <= i - k (left) and j >= i + k (right): plain attention and its log-sum-exp.
+    tails = _cpu_tails if q.device.type == "cpu" else _flex_tails
+    o_left, lse_left, o_right, lse_right = tails(q, k, v, attn_mask, keep, kmax, is_causal, scale)
 
     a_left = lse_left + qw[..., 0]
     logits = [a_left[..., None], e_band]

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .attention import relative_attention, visibility_mask
+from .attention import _flex_attend, flex_block_mask, relative_attention, visibility_mask
 from .decoding import greedy_search
 from .positions import PositionConfig, build_relative
 from .transformer import EncoderDecoder, ModelConfig, MultiHeadAttention, label_smoothed_loss
@@ -43,7 +43,8 @@ def _sync(device):
 
 
 def interleaved(fns: dict, repeats: int, warmup: int, device) -> dict[str, list[float]]:
-    """Run every candidate once per round so drift (thermal, other load) hits all of them alike."""
+    """Run every candidate once per round so drift (thermal, other load) hits all of them alike.
+    On CUDA each call is timed with device events (the GPU's own clock, no launch-queue gaps)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -51,6 +52,14 @@ def interleaved(fns: dict, repeats: int, warmup: int, device) -> dict[str, list[
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end))
+                continue
             _sync(device)
             start = time.perf_counter()
             fn()
@@ -91,7 +100,27 @@ def attention_candidate(name: str, b, h, length, d, k, dtype, device, backward=T
 
     if name == "sdpa":
         def forward():
+            if allowed is None:  # lets CUDA pick its flash kernel
+                return F.scaled_dot_product_attention(q, kk, v, is_causal=False)
+            if keys is None and causal:
+                return F.scaled_dot_product_attention(q, kk, v, is_causal=True)
             return F.scaled_dot_product_attention(q, kk, v, attn_mask=allowed)
+    elif name == "flash":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def forward():  # flash attention without positions; padding cannot be expressed, causality can
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(q, kk, v, is_causal=causal)
+    elif name == "flex-bias":
+        bias = leaf(h, 2 * k + 1).detach().mul_(0.1).requires_grad_(backward)
+        block_mask = flex_block_mask(keys, causal, length, length, 0, None, k, device)
+        kmax = torch.full((), k, device=device)
+
+        def score_mod(score, bi, hi, q_idx, kv_idx):  # a learned bias per head and clipped distance
+            return score + bias[hi, torch.clamp(kv_idx - q_idx, -kmax, kmax) + kmax]
+
+        def forward():
+            return _flex_attend(q, kk, v, d ** -0.5, score_mod, block_mask)[0]
     elif name == "unfused":
         def forward():
             s = (q @ kk.transpose(-2, -1)).float() / math.sqrt(d)
@@ -105,10 +134,12 @@ def attention_candidate(name: str, b, h, length, d, k, dtype, device, backward=T
             return relative_attention(q, kk, v, rel_k=rel_k, rel_v=rel_v, max_distance=k, impl=impl,
                                       attn_mask=keys, is_causal=causal)
 
+    grad = torch.randn(b, h, length, d, generator=g).to(device=device, dtype=dtype)
+
     def run():
         out = forward()
         if backward:
-            out.backward(torch.ones_like(out))
+            out.backward(grad)
             for t in (q, kk, v, rel_k, rel_v):
                 t.grad = None
     return run
@@ -159,22 +190,27 @@ def peak_memory_mb(name, b, h, length, d, k, dtype, device, threads, mask="none"
 
 
 def bench_attention(args, device, dtype) -> list[Result]:
-    names = ["sdpa", "unfused"] + [f"shaw-{impl}" for impl in args.impl]
+    base_name = args.baseline
+    names = list(dict.fromkeys([base_name, *args.candidates] + [f"shaw-{impl}" for impl in args.impl]))
     results = []
     for length in args.length:
-        shape = dict(batch=args.batch, heads=args.heads, length=length, head_dim=args.head_dim, k=args.max_distance,
+        batch = max(1, args.tokens // length) if args.tokens else args.batch
+        shape = dict(batch=batch, heads=args.heads, length=length, head_dim=args.head_dim, k=args.max_distance,
                      mask=args.mask)
-        fns = {n: attention_candidate(n, args.batch, args.heads, length, args.head_dim, args.max_distance,
+        fns = {n: attention_candidate(n, batch, args.heads, length, args.head_dim, args.max_distance,
                                       dtype, device, backward=not args.forward_only, mask=args.mask) for n in names}
         times = interleaved(fns, args.repeats, args.warmup, device)
-        base = statistics.median(times["sdpa"])
+        base = statistics.median(times[base_name])
         for n in names:
             med = statistics.median(times[n])
             peak = None
             if args.memory:
-                peak = peak_memory_mb(n, args.batch, args.heads, length, args.head_dim, args.max_distance,
+                peak = peak_memory_mb(n, batch, args.heads, length, args.head_dim, args.max_distance,
                                       dtype, device, torch.get_num_threads(), args.mask)
             results.append(Result(n, shape, med, times[n], peak, med / base))
+        del fns
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return results
 
 
@@ -243,32 +279,46 @@ def opennmt_attention(path: str, heads: int, d_model: int, max_distance: int) ->
 # --- end-to-end training throughput ------------------------------------------------------------
 
 def bench_model(args, device, dtype) -> list[Result]:
-    shape = dict(batch=args.batch, length=args.length[0], d_model=args.d_model, heads=args.heads,
-                 d_ff=args.d_ff, layers=args.layers, k=args.max_distance)
-    fns, n_tokens = {}, args.batch * args.length[0]
-    for scheme in ("sinusoidal", "shaw"):
-        torch.manual_seed(0)
-        cfg = ModelConfig(src_vocab_size=8000, tgt_vocab_size=8000, d_model=args.d_model, n_heads=args.heads,
-                          d_ff=args.d_ff, n_encoder_layers=args.layers, n_decoder_layers=args.layers,
-                          positions=PositionConfig(scheme=scheme, max_distance=args.max_distance))
-        model = EncoderDecoder(cfg).to(device=device, dtype=dtype).train()
-        opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-        src = torch.randint(4, 8000, (args.batch, args.length[0]), device=device)
-        tgt = torch.randint(4, 8000, (args.batch, args.length[0] + 1), device=device)
+    """Training steps (forward, backward, Adam) of the encoder-decoder, sinusoidal vs Shaw.
 
-        def step(model=model, opt=opt, src=src, tgt=tgt):
-            loss = label_smoothed_loss(model(src, tgt[:, :-1]), tgt[:, 1:]).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        fns[f"model-{scheme}"] = step
-    times = interleaved(fns, args.repeats, args.warmup, device)
-    base = statistics.median(times["model-sinusoidal"])
+    With --precision bf16-mixed the weights stay float32 under bf16 autocast, as Lightning's
+    bf16-mixed trains; --dtype then only sets the dtype of a model trained without autocast.
+    """
     out = []
-    for n, t in times.items():
-        med = statistics.median(t)
-        # ratio here is throughput relative to sinusoidal (higher is better)
-        out.append(Result(n, shape, med, t, None, base / med, {"tokens_per_s": n_tokens / (med / 1e3)}))
+    for length in args.length:
+        batch = max(1, args.tokens // length) if args.tokens else args.batch
+        shape = dict(batch=batch, length=length, d_model=args.d_model, heads=args.heads, d_ff=args.d_ff,
+                     layers=args.layers, k=args.max_distance, precision=args.precision)
+        fns, n_tokens = {}, batch * length
+        candidates = [("sinusoidal", "auto")] + [("shaw", impl) for impl in args.impl]
+        for scheme, impl in candidates:
+            torch.manual_seed(0)
+            cfg = ModelConfig(src_vocab_size=8000, tgt_vocab_size=8000, d_model=args.d_model, n_heads=args.heads,
+                              d_ff=args.d_ff, n_encoder_layers=args.layers, n_decoder_layers=args.layers,
+                              attention_dropout=args.attention_dropout, attention_impl=impl,
+                              positions=PositionConfig(scheme=scheme, max_distance=args.max_distance))
+            model = EncoderDecoder(cfg).to(device=device, dtype=torch.float32 if args.precision else dtype).train()
+            opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+            src = torch.randint(4, 8000, (batch, length), device=device)
+            tgt = torch.randint(4, 8000, (batch, length + 1), device=device)
+
+            def step(model=model, opt=opt, src=src, tgt=tgt):
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed"):
+                    loss = label_smoothed_loss(model(src, tgt[:, :-1]), tgt[:, 1:]).loss
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            name = "model-sinusoidal" if scheme == "sinusoidal" else f"model-shaw-{impl}"
+            fns[name] = step
+        times = interleaved(fns, args.repeats, args.warmup, device)
+        base = statistics.median(times["model-sinusoidal"])
+        for n, t in times.items():
+            med = statistics.median(t)
+            # ratio here is throughput relative to sinusoidal (higher is better)
+            out.append(Result(n, shape, med, t, None, base / med, {"tokens_per_s": n_tokens / (med / 1e3)}))
+        del fns
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return out
 
 
@@ -312,7 +362,7 @@ def bench_decode(args, device, dtype) -> list[Result]:
 
 BENCHES = {"attention": bench_attention, "layer": bench_layer, "model": bench_model, "decode": bench_decode}
 RATIO_MEANING = {
-    "attention": "time / bare SDPA (lower is better)",
+    "attention": "time / the baseline without positions, --baseline (lower is better)",
     "layer": "time / module without positions (lower is better)",
     "model": "throughput / sinusoidal model (higher is better)",
     "decode": "speed-up over recompute-everything (higher is better)",
@@ -330,7 +380,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--d-ff", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=128, help="decode: tokens generated")
-    parser.add_argument("--impl", nargs="+", default=["gather", "batched"], help="attention: impls to compare")
+    parser.add_argument("--impl", nargs="+", default=None,
+                        help="Shaw impls to compare (attention default: gather batched; model default: auto)")
+    parser.add_argument("--baseline", default="sdpa", choices=["sdpa", "flash"],
+                        help="attention: the candidate ratios are taken against (flash: CUDA's flash kernel)")
+    parser.add_argument("--candidates", nargs="*", default=["unfused"],
+                        help="attention: peers without Shaw tables (sdpa, flash, unfused, flex-bias)")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="batch = tokens // length for each length (default: --batch at every length)")
+    parser.add_argument("--precision", default=None, choices=["bf16-mixed"],
+                        help="model: float32 weights under bf16 autocast, as trainer.precision=bf16-mixed")
+    parser.add_argument("--attention-dropout", type=float, default=0.0,
+                        help="model: attention dropout (> 0 keeps Shaw on gather: the fused forms have none)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -352,6 +413,8 @@ def run(args: argparse.Namespace) -> list[Result]:
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if args.impl is None:
+        args.impl = ["auto"] if args.what == "model" else ["gather", "batched"]
     results = BENCHES[args.what](args, device, dtype)
     machine = dict(device=str(device), threads=torch.get_num_threads(), torch=torch.__version__,
                    cpu=platform.processor() or platform.machine(),
@@ -361,7 +424,7 @@ def run(args: argparse.Namespace) -> list[Result]:
     for col in ("candidate", "shape", "median ms", "ratio", "peak MB"):
         table.add_column(col, justify="left" if col in ("candidate", "shape") else "right")
     for r in results:
-        table.add_row(r.name, " ".join(f"{k}={v}" for k, v in r.shape.items()), f"{r.median_ms:.1f}",
+        table.add_row(r.name, " ".join(f"{k}={v}" for k, v in r.shape.items()), f"{r.median_ms:.3g}",
                       f"{r.ratio:.2f}" if r.ratio is not None else "", f"{r.peak_mb:.0f}" if r.peak_mb is not None else "")
     Console().print(table)
     for r in results:

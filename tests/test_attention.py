@@ -382,3 +382,27 @@ def test_banded_refuses_what_it_cannot_compute():
     q, k, v, kw = make_case(**CASES["rect_offset_causal"])
     with pytest.raises(ValueError, match="impl='banded' does not support Lq != Lk"):
         relative_attention(q, k, v, impl="banded", **kw)
+
+
+@pytest.mark.parametrize("case", list(BANDED_CASES))
+def test_banded_with_flex_tails_matches_the_reference(monkeypatch, case):
+    """CUDA's banded runs its tails through FlexAttention with block masks: the same combination
+    is checked here with eager flex on CPU (forward; flex's backward needs CUDA, tests/test_cuda.py)."""
+    monkeypatch.setattr(attention, "_cpu_tails", attention._flex_tails)
+    q, k, v, kw = make_case(**BANDED_CASES[case])
+    want = reference(q, k, v, kw["rel_k"], kw["rel_v"], kw["max_distance"], kw["attn_mask"],
+                     kw["is_causal"], kw["query_offset"])
+    torch.testing.assert_close(relative_attention(q, k, v, impl="banded", **kw), want, atol=1e-10, rtol=1e-10)
+
+
+def test_flex_block_masks_are_built_once_per_mask_tensor():
+    """Layers share one padding mask per batch: its BlockMask is built once; a new tensor with
+    the same values (or the same one changed in place) gets its own."""
+    mask = torch.ones(2, 1, 1, 8, dtype=torch.bool)
+    first = attention.flex_block_mask(mask, False, 8, 8, 0, "left", 2, "cpu")
+    assert attention.flex_block_mask(mask, False, 8, 8, 0, "left", 2, "cpu") is first
+    assert attention.flex_block_mask(mask.clone(), False, 8, 8, 0, "left", 2, "cpu") is not first
+    mask[1, ..., 5:] = False
+    changed = attention.flex_block_mask(mask, False, 8, 8, 0, "left", 2, "cpu")
+    assert changed is not first
+    assert attention.flex_block_mask(None, False, 8, 8, 0, None, 2, "cpu") is None

@@ -19,7 +19,7 @@ def test_bench_writes_a_result_per_candidate(what, tmp_path):
     expected = {
         "attention": {"sdpa", "unfused", "shaw-gather", "shaw-batched"},
         "layer": {"layer-none", "layer-shaw"},
-        "model": {"model-sinusoidal", "model-shaw"},
+        "model": {"model-sinusoidal", "model-shaw-auto"},
         "decode": {"decode-recompute", "decode-cached"},
     }[what]
     assert names == expected

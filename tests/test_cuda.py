@@ -1,0 +1,323 @@
+"""The CUDA tier (`pytest -m cuda`, skipped without a GPU): every attention impl against float64,
+the fused forms' gradients (FlexAttention's backward, its log-sum-exp term included), masks,
+bf16, no host synchronisation, bf16-mixed training through the CLI, cached decoding.
+
+Tolerances are relative errors ‖x − ref‖ / ‖ref‖ against float64 computed from the same
+(rounded) inputs, so they measure the arithmetic alone:
+- float32 through cuBLAS (naive, batched, gather): 1e-5;
+- float32 through Triton (flex, banded): its float32 dot runs on tf32 (10-bit mantissa,
+  unit roundoff 2^-11 ≈ 5e-4 per product, averaged over D and L), so 2e-3;
+- bf16 (8-bit mantissa, unit roundoff 2^-9 ≈ 2e-3, and the probabilities are rounded once
+  more before P·V): 2e-2 for outputs and gradients.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from relpos_lab import attention
+from relpos_lab.attention import relative_attention
+from relpos_lab.positions import SCHEMES, PositionConfig
+from relpos_lab.transformer import EncoderDecoder, ModelConfig, label_smoothed_loss
+
+# Many shapes, dtypes and masks compile FlexAttention more often than a training run ever does:
+# keep them all compiled instead of falling back to eager flex after dynamo's default 8.
+torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 1024)
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CUDA = torch.device("cuda")
+IMPLS = ["naive", "batched", "gather", "flex", "banded", "auto"]
+FUSED = ["flex", "banded"]
+
+CASES = {
+    "bidirectional": dict(B=2, H=4, L=300, K=16),
+    "padding": dict(B=3, H=2, L=300, K=16, padding=True),
+    "causal": dict(B=2, H=2, L=300, K=16, causal=True),
+    "causal_padding": dict(B=3, H=2, L=257, K=8, causal=True, padding=True),
+    "per_head_padding": dict(B=2, H=4, L=200, K=16, per_head=True, padding=True),
+    "values_only": dict(B=2, H=2, L=300, K=16, use_k=False),
+    "keys_only_k1": dict(B=2, H=2, L=130, K=1, use_v=False, padding=True),
+    "offset_causal": dict(B=2, H=2, L=300, K=16, causal=True, lq=37),
+}
+
+
+def make(B, H, L, K, D=64, causal=False, padding=False, per_head=False, use_k=True, use_v=True, lq=None,
+         seed=0):
+    """float64 CPU inputs and relative_attention's keyword arguments; `lq` queries at offset L − lq."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    lq = lq or L
+    q, k, v = rand(B, H, lq, D), rand(B, H, L, D), rand(B, H, L, D)
+    table = (H, 2 * K + 1, D) if per_head else (2 * K + 1, D)
+    mask = None
+    if padding:
+        lengths = torch.randint(K // 2 + 1, L + 1, (B,), generator=g)
+        lengths[-1] = L
+        mask = (torch.arange(L)[None, :] < lengths[:, None])[:, None, None, :]
+        mask[0] = False  # a sentence with no visible key: its rows must be zeros, its gradients finite
+    kw = dict(rel_k=rand(*table) * 0.5 if use_k else None, rel_v=rand(*table) if use_v else None, max_distance=K,
+              attn_mask=mask, is_causal=causal, query_offset=L - lq)
+    return q, k, v, kw
+
+
+def to(x, dtype=None):
+    if x is None:
+        return None
+    if x.dtype == torch.bool:
+        return x.to(CUDA)
+    return x.to(CUDA, dtype)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
+    assert torch.isfinite(x).all(), "non-finite values"
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def tolerance(impl, dtype) -> float:
+    if dtype == torch.bfloat16:
+        return 2e-2
+    return 2e-3 if impl in FUSED else 1e-5
+
+
+def supported(impl, case) -> bool:
+    c = CASES[case]
+    return not (impl == "banded" and c.get("lq"))
+
+
+def leaves(q, k, v, kw):
+    return [t for t in (q, k, v, kw["rel_k"], kw["rel_v"]) if t is not None]
+
+
+def run(impl, q, k, v, kw, dtype, grad_weights=None):
+    """Output (and gradients of every input if `grad_weights`) of `impl` on CUDA in `dtype`."""
+    ins = [to(t, dtype).requires_grad_(grad_weights is not None) for t in (q, k, v)]
+    tables = {n: (to(kw[n], dtype).requires_grad_(grad_weights is not None) if kw[n] is not None else None)
+              for n in ("rel_k", "rel_v")}
+    args = {**kw, **tables, "attn_mask": to(kw["attn_mask"])}
+    out = relative_attention(*ins, impl=impl, **args)
+    if grad_weights is None:
+        return out, []
+    (out.float() * to(grad_weights, torch.float32)).sum().backward()
+    return out, [t.grad for t in ins + [tables["rel_k"], tables["rel_v"]] if t is not None]
+
+
+def reference(q, k, v, kw, dtype, grad_weights=None):
+    """float64 on the CPU from the inputs rounded to `dtype`: the paper's form (naive)."""
+    ins = [t.to(dtype).double().requires_grad_(grad_weights is not None) for t in leaves(q, k, v, kw)]
+    it = iter(ins)
+    q64, k64, v64 = next(it), next(it), next(it)
+    tables = {n: (next(it) if kw[n] is not None else None) for n in ("rel_k", "rel_v")}
+    out = relative_attention(q64, k64, v64, impl="naive", **{**kw, **tables})
+    if grad_weights is None:
+        return out, []
+    (out * grad_weights).sum().backward()
+    return out, [t.grad for t in ins]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_impl_matches_float64(case, impl, dtype):
+    if not supported(impl, case):
+        pytest.skip("banded: self-attention without a query offset only")
+    q, k, v, kw = make(**CASES[case])
+    want, _ = reference(q, k, v, kw, dtype)
+    got, _ = run(impl, q, k, v, kw, dtype)
+    assert got.dtype == dtype and got.is_cuda
+    assert rel_err(got, want) < tolerance(impl, dtype)
+    if kw["attn_mask"] is not None:
+        assert got[0].abs().max() == 0  # the sentence that sees nothing
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("impl", FUSED + ["gather"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_gradients_of_every_input_match_float64(case, impl, dtype):
+    """The first backward of flex and of banded's FlexAttention tails on a GPU: q, k, v, rel_k and
+    rel_v, through the log-sum-exps that carry the value term's bucket masses."""
+    if not supported(impl, case):
+        pytest.skip("banded: self-attention without a query offset only")
+    q, k, v, kw = make(**CASES[case], seed=1)
+    w = torch.randn(q.shape[:-1] + (v.shape[-1],), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    _, want = reference(q, k, v, kw, dtype, w)
+    _, got = run(impl, q, k, v, kw, dtype, w)
+    assert len(got) == len(want)
+    for name, g, g_ref in zip(["q", "k", "v", "rel_k", "rel_v"], got, want):
+        assert rel_err(g, g_ref) < tolerance(impl, dtype), name
+
+
+def test_flex_log_sum_exp_is_differentiated_exactly():
+    """What `flex` and `banded` differentiate through: FlexAttention's log-sum-exp, on a block-sparse
+    tail with padding and rows that see no key (lse −inf, output 0, gradient 0)."""
+    g = torch.Generator().manual_seed(3)
+    B, H, L, D, K = 2, 2, 300, 64, 16
+    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64) for _ in range(3))
+    keep = torch.arange(L)[None, :] < torch.tensor([[230], [L]])
+    mask = keep[:, None, None, :]
+    w_out, w_lse = torch.randn(B, H, L, D, generator=g, dtype=torch.float64), torch.randn(B, H, L, generator=g,
+                                                                                         dtype=torch.float64)
+    ins = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    allowed = mask & (j <= i - K)
+    s = (ins[0] @ ins[1].transpose(-1, -2) / D**0.5).masked_fill(~allowed, float("-inf"))
+    lse_ref = torch.logsumexp(s, -1)
+    seen = torch.isfinite(lse_ref)
+    p = torch.softmax(s.masked_fill(~seen[..., None], 0.0), -1).masked_fill(~allowed, 0.0)
+    out_ref = p @ ins[2]
+    (out_ref * w_out).sum().add((lse_ref.where(seen, 0.0) * w_lse).sum()).backward()
+    want = [t.grad for t in ins]
+
+    cuda_ins = [to(t, torch.float32).requires_grad_(True) for t in (q, k, v)]
+    block_mask = attention.flex_block_mask(to(mask), False, L, L, 0, "left", K, CUDA)
+    out, lse = attention._flex_attend(*cuda_ins, D**-0.5, block_mask=block_mask)
+    assert torch.equal(torch.isfinite(lse).cpu(), seen)
+    assert rel_err(lse.where(torch.isfinite(lse), 0.0), lse_ref.where(seen, 0.0)) < 1e-3
+    assert rel_err(out, out_ref) < 2e-3
+    (out * to(w_out, torch.float32)).sum().add((lse.where(torch.isfinite(lse), 0.0) * to(w_lse, torch.float32)).sum()
+                                              ).backward()
+    for name, t, g_ref in zip("qkv", cuda_ins, want):
+        assert rel_err(t.grad, g_ref) < 2e-3, name
+
+
+def test_auto_trains_with_banded_and_infers_with_gather(monkeypatch):
+    calls = []
+    for name in ("_banded", "_gather"):
+        real = getattr(attention, name)
+        monkeypatch.setattr(attention, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    q, k, v, kw = make(**CASES["padding"])
+    run("auto", q, k, v, kw, torch.bfloat16, torch.randn(q.shape))
+    with torch.no_grad():
+        run("auto", q, k, v, kw, torch.bfloat16)
+    kw["max_distance"], kw["rel_k"], kw["rel_v"] = 0, kw["rel_k"][:1], kw["rel_v"][:1]
+    run("auto", q, k, v, kw, torch.bfloat16, torch.randn(q.shape))  # k = 0: no tails to fuse
+    assert calls == ["_banded", "_gather", "_gather"]
+
+
+@pytest.mark.parametrize("fresh_mask", [False, True], ids=["same_mask", "new_mask_each_step"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_banded_training_step_never_synchronises_with_the_host(causal, fresh_mask):
+    q, k, v, kw = make(B=4, H=4, L=512, K=16, causal=causal, padding=True)
+    ins = [to(t, torch.bfloat16).requires_grad_(True) for t in leaves(q, k, v, kw)]
+    mask = to(kw["attn_mask"])
+
+    def step():
+        m = mask.clone() if fresh_mask else mask
+        out = relative_attention(*ins[:3], rel_k=ins[3], rel_v=ins[4], max_distance=16, attn_mask=m,
+                                 is_causal=causal, impl="banded")
+        out.float().square().sum().backward()
+
+    step()  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+def tiny_model(scheme="shaw", **kw) -> EncoderDecoder:
+    cfg = dict(src_vocab_size=50, tgt_vocab_size=50, d_model=64, n_heads=2, d_ff=128, n_encoder_layers=2,
+               n_decoder_layers=2, dropout=0.0, attention_dropout=0.0,
+               positions=PositionConfig(scheme=scheme, max_distance=4))
+    cfg.update(kw)
+    return EncoderDecoder(ModelConfig(**cfg))
+
+
+def test_a_model_trains_with_auto_as_with_gather():
+    """auto (banded in self-attention, SDPA across) and gather give one loss and one gradient."""
+    torch.manual_seed(0)
+    src, tgt = torch.randint(3, 50, (4, 40), device=CUDA), torch.randint(3, 50, (4, 31), device=CUDA)
+    src[1, 25:] = 0
+    grads = {}
+    for impl in ("gather", "auto"):
+        torch.manual_seed(0)
+        model = tiny_model(attention_impl=impl).to(CUDA)
+        loss = label_smoothed_loss(model(src, tgt[:, :-1]), tgt[:, 1:]).loss
+        loss.backward()
+        grads[impl] = (loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert rel_err(grads["auto"][0], grads["gather"][0]) < 1e-4
+    for g, g_ref in zip(grads["auto"][1], grads["gather"][1]):
+        assert rel_err(g, g_ref) < 5e-3
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_cached_decoding_equals_a_full_pass(scheme):
+    torch.manual_seed(0)
+    model = tiny_model(scheme).to(CUDA).eval()
+    src, tgt = torch.randint(3, 50, (3, 23), device=CUDA), torch.randint(3, 50, (3, 19), device=CUDA)
+    src[1, 15:] = 0
+    with torch.no_grad():
+        full = model(src, tgt)
+        cache = model.start_decoding(src)
+        steps = [model.decode_step(tgt[:, :5], cache)] + [model.decode_step(tgt[:, i:i + 1], cache)
+                                                          for i in range(5, 19)]
+    assert rel_err(torch.cat(steps, dim=1), full) < 1e-5
+
+
+# --- bf16-mixed training through the CLI, against float32 -------------------------------------
+
+REVERSE = """
+task: {name: reverse, train_lengths: [20, 48], valid_lengths: [20, 48], test_lengths: [20, 48],
+       train_size: 512, eval_size_per_length: 2}
+model: {d_model: 64, n_heads: 2, d_ff: 128, n_encoder_layers: 2, n_decoder_layers: 2, dropout: 0.0,
+        attention_dropout: 0.0, positions: {scheme: shaw, max_distance: 8}}
+data: {batch_size: 32, eval_batch_size: 64}
+optim: {lr: 0.001, warmup_steps: 10}
+trainer: {accelerator: gpu, devices: 1, strategy: auto, max_steps: 12, val_every_n_steps: 12, log_every_n_steps: 1,
+          num_sanity_val_steps: 0, enable_progress_bar: false, enable_model_summary: false}
+logging: {root: runs, wandb: {mode: disabled}}
+"""
+
+TRANSLATION = """
+task: {name: translation, corpus: files, data_dir: data/toy, src_lang: en, tgt_lang: xx,
+       subword: {vocab_size: 200}, max_tokens: 1200, eval_max_tokens: 2400, length_buckets: [1, 10, 20]}
+model: {d_model: 64, n_heads: 2, d_ff: 128, n_encoder_layers: 2, n_decoder_layers: 2, dropout: 0.0,
+        attention_dropout: 0.0, positions: {scheme: shaw, max_distance: 4}}
+optim: {lr: 0.001, warmup_steps: 10}
+trainer: {accelerator: gpu, devices: 1, strategy: auto, max_steps: 12, val_every_n_steps: 12, log_every_n_steps: 1,
+          num_sanity_val_steps: 0, enable_progress_bar: false, enable_model_summary: false}
+logging: {root: runs, wandb: {mode: disabled}}
+"""
+
+
+def train_losses(root: Path, config: str, precision: str) -> list[float]:
+    name = {"32": "fp32", "bf16-mixed": "bf16"}[precision]
+    out = subprocess.run([sys.executable, "-m", "relpos_lab", "train", config, f"trainer.precision={precision}",
+                          f"name={name}"], cwd=root, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "COLUMNS": "250"})
+    assert out.returncode == 0, out.stderr[-4000:]
+    (metrics,) = root.glob(f"runs/{name}/*/metrics.csv")
+    with open(metrics, newline="") as file:
+        rows = [(int(r["step"]), float(r["train/loss"])) for r in csv.DictReader(file) if r.get("train/loss")]
+    return [loss for _, loss in sorted(rows)]
+
+
+@pytest.mark.parametrize("task", ["reverse", "translation"])
+def test_bf16_mixed_training_follows_float32(task, tmp_path):
+    config = {"reverse": REVERSE, "translation": TRANSLATION}[task]
+    if task == "translation":
+        sys.path.insert(0, str(Path(__file__).parent))
+        from toy_translation import write_toy_files
+
+        write_toy_files(tmp_path / "data" / "toy")
+    (tmp_path / "run.yaml").write_text(config)
+    fp32, bf16 = train_losses(tmp_path, "run.yaml", "32"), train_losses(tmp_path, "run.yaml", "bf16-mixed")
+    assert len(fp32) == len(bf16) >= 10
+    assert all(torch.isfinite(torch.tensor(bf16)))
+    assert bf16[-1] < bf16[0]  # it learns
+    for a, b in zip(bf16, fp32):
+        assert abs(a - b) / abs(b) < 3e-2, (bf16, fp32)
