@@ -45,10 +45,15 @@ def _sync(device):
 def interleaved(fns: dict, repeats: int, warmup: int, device) -> dict[str, list[float]]:
     """Run every candidate once per round so drift (thermal, other load) hits all of them alike.
     On CUDA each call is timed with device events (the GPU's own clock, no launch-queue gaps)."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    _sync(device)
+    for name, fn in list(fns.items()):  # a candidate that cannot run here is reported, not fatal
+        try:
+            for _ in range(warmup):
+                fn()
+            _sync(device)
+        except Exception as err:  # noqa: BLE001 - e.g. a kernel the device has no resources for
+            print(f"bench: {name} failed and is left out: {type(err).__name__}: {str(err).splitlines()[0][:300]}",
+                  file=sys.stderr)
+            del fns[name]
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
@@ -201,7 +206,7 @@ def bench_attention(args, device, dtype) -> list[Result]:
                                       dtype, device, backward=not args.forward_only, mask=args.mask) for n in names}
         times = interleaved(fns, args.repeats, args.warmup, device)
         base = statistics.median(times[base_name])
-        for n in names:
+        for n in times:
             med = statistics.median(times[n])
             peak = None
             if args.memory:

@@ -250,8 +250,12 @@ def test_a_model_trains_with_auto_as_with_gather():
         loss.backward()
         grads[impl] = (loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None])
     assert rel_err(grads["auto"][0], grads["gather"][0]) < 1e-4
+    assert len(grads["auto"][1]) == len(grads["gather"][1])
+    scale = max(g.abs().max().item() for g in grads["gather"][1])
     for g, g_ref in zip(grads["auto"][1], grads["gather"][1]):
-        assert rel_err(g, g_ref) < 5e-3
+        # relative per tensor, but gradients that are zero in exact arithmetic (the key
+        # projection's bias: softmax ignores a constant per row) are rounding noise in both
+        assert (g - g_ref).norm() <= 5e-3 * g_ref.norm() + 1e-6 * scale
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

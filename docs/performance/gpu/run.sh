@@ -15,7 +15,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 for step in "${steps[@]}"; do
   case $step in
     tests)  # the CUDA tier; -n spreads FlexAttention's compiles over the CPU cores
-      python3 -m pytest -m cuda -q -n 8 --durations=10 2>&1 | tee "$out/cuda_tests.txt" | tail -40 ;;
+      python3 -m pytest -m cuda tests/test_cuda.py -q -n 8 --durations=10 2>&1 | tee "$out/cuda_tests.txt" | tail -40 ;;
     attention)  # forward + backward, bf16, a^K + a^V, k = 16; B = 32768 tokens / L, H = 8, D = 64
       for mask in none padding causal; do
         bench "attention_$mask" attention --dtype bfloat16 --tokens 32768 --heads 8 --length 512 1024 2048 4096 8192 \
