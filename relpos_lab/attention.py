@@ -372,15 +372,17 @@ _SCORE_MOD_KERNEL = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2}
 2.11) the default tiles asked for 240-304 KB of shared memory, over the 227 KB there are."""
 
 
-def _flex_attend(q, k, v, scale, score_mod=None, block_mask=None, kernel_options=None) -> tuple[Tensor, Tensor]:
+def _flex_attend(q, k, v, scale, score_mod=None, block_mask=None, kernel_options=None,
+                 compiled=True) -> tuple[Tensor, Tensor]:
     """FlexAttention's output and log-sum-exp (natural log; −inf, with a zero output, on rows
     that may attend to nothing). Compiled once on CUDA; shapes become dynamic after the first
-    recompile, so training on batches of varying length does not compile per shape."""
+    recompile, so training on batches of varying length does not compile per shape. `compiled`
+    False: called from inside a compiled region, which compiles it with everything else."""
     from torch.nn.attention import flex_attention as fa
 
     global _compiled_flex
     fn = fa.flex_attention
-    if FLEX_COMPILE and q.is_cuda:
+    if FLEX_COMPILE and q.is_cuda and compiled:
         if _compiled_flex is None:
             _compiled_flex = torch.compile(fa.flex_attention)
         fn = _compiled_flex
@@ -584,11 +586,13 @@ def _band_windows(x, block):
     """(B, H, nb, 3·block, D): for query block b, the keys of blocks b−1, b, b+1 (zero padded)."""
     b, h, n, d = x.shape
     nb = -(-n // block)
-    x = F.pad(x, (0, 0, block, nb * block - n + block))
-    return x.unfold(2, 3 * block, block).transpose(-1, -2), nb
+    x = F.pad(x, (0, 0, block, nb * block - n + block)).view(b, h, nb + 2, block, d)
+    # Three shifted block views concatenated (not Tensor.unfold: compiled, the backward of its
+    # overlapping windows came out wrong for k and v on torch 2.13's CPU inductor).
+    return torch.cat((x[:, :, :-2], x[:, :, 1:-1], x[:, :, 2:]), dim=3), nb
 
 
-def _cpu_tails(q, k, v, attn_mask, keep, kmax, is_causal, scale):
+def _cpu_tails(q, k, v, keep, kmax, is_causal, scale):
     """The tails as causal flash attention on shifted slices: row i's left tail is keys 0..i−k."""
     b, h, n, d = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
@@ -607,46 +611,108 @@ def _cpu_tails(q, k, v, attn_mask, keep, kmax, is_causal, scale):
     return (o_left, lse_left) + ((None, None) if is_causal else (o_right, lse_right))
 
 
-def _flex_tails(q, k, v, attn_mask, keep, kmax, is_causal, scale):
+def _flex_tails(q, k, v, masks, kmax, is_causal, scale, compiled):
     """The tails as FlexAttention over the whole sequence, each restricted by its BlockMask: the
     blocks wholly outside a tail are skipped, so the two tails together cost about one attention."""
-    n = q.shape[-2]
-    o_left, lse_left = _flex_attend(q, k, v, scale, block_mask=flex_block_mask(
-        attn_mask, False, n, n, 0, "left", kmax, q.device))
+    left, right = masks
+    o_left, lse_left = _flex_attend(q, k, v, scale, block_mask=left, compiled=compiled)
     if is_causal:
         return o_left, lse_left, None, None
-    o_right, lse_right = _flex_attend(q, k, v, scale, block_mask=flex_block_mask(
-        attn_mask, False, n, n, 0, "right", kmax, q.device))
+    o_right, lse_right = _flex_attend(q, k, v, scale, block_mask=right, compiled=compiled)
     return o_left, lse_left, o_right, lse_right
 
 
+def _diagonal_view(x: Tensor, first: int, width: int) -> Tensor:
+    """(…, rows, W) → (…, rows, width): row r's columns r + first … r + first + width − 1, a view.
+    `x` must be contiguous in its last two dimensions."""
+    *lead, rows, w = x.shape
+    return x.as_strided((*lead, rows, width), (*x.stride()[:-2], w + 1, 1), x.storage_offset() + first)
+
+
+class _Diagonals(torch.autograd.Function):
+    """Copy a diagonal band out of (…, rows, W) blocks; the backward puts it back into zeros."""
+
+    @staticmethod
+    def forward(ctx, x, first, width):
+        ctx.shape, ctx.first = x.shape, first
+        return _diagonal_view(x.contiguous(), first, width).clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _Undiagonals.apply(grad, ctx.first, ctx.shape[-1]), None, None
+
+
+class _Undiagonals(torch.autograd.Function):
+    """The inverse: (…, rows, width) → (…, rows, W), zero outside the band."""
+
+    @staticmethod
+    def forward(ctx, band, first, w):
+        ctx.first, ctx.width = first, band.shape[-1]
+        out = band.new_zeros(*band.shape[:-1], w)
+        _diagonal_view(out, first, band.shape[-1]).copy_(band)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _Diagonals.apply(grad, ctx.first, ctx.width), None, None
+
+
+BAND_BLOCK = 16
+"""Query rows per band block (at least k): each block meets 3·block keys in one small matmul."""
+
+BANDED_COMPILE = True
+"""On CUDA, compile banded's band and combination around the FlexAttention tails (one graph of
+fused kernels instead of some thirty eager ones)."""
+
+_compiled_banded = None
+
+
 def _banded(q, k, v, rel_k, rel_v, kmax, attn_mask, is_causal, scale):
+    n = q.shape[-2]
+    keep = attn_mask.reshape(attn_mask.shape[0], n).expand(q.shape[0], n) if attn_mask is not None else None
+    if q.device.type == "cpu":
+        return _banded_core(q, k, v, rel_k, rel_v, kmax, keep, is_causal, scale, None, False)
+    masks = tuple(flex_block_mask(attn_mask, False, n, n, 0, side, kmax, q.device) for side in ("left", "right"))
+    if not BANDED_COMPILE:
+        return _banded_core(q, k, v, rel_k, rel_v, kmax, keep, is_causal, scale, masks, True)
+    global _compiled_banded
+    if _compiled_banded is None:
+        _compiled_banded = torch.compile(_banded_core)
+    return _compiled_banded(q, k, v, rel_k, rel_v, kmax, keep, is_causal, scale, masks, False)
+
+
+def _banded_core(q, k, v, rel_k, rel_v, kmax, keep, is_causal, scale, masks, compile_flex):
+    """The band exactly, the tails as attention (CPU flash kernel, or FlexAttention with `masks`),
+    combined by log-sum-exp. Query block b meets the keys of blocks b−1..b+1 in one small matmul;
+    row r's band is a diagonal of that block, read and written as a strided view."""
     b, h, n, d = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
-    keep = attn_mask.reshape(attn_mask.shape[0], n).expand(b, n) if attn_mask is not None else None
     labels = 2 * kmax + 1
     qw = (q @ rel_k.to(q.dtype).transpose(-2, -1)).to(acc) * scale if rel_k is not None else \
         q.new_zeros(b, h, n, labels, dtype=acc)
 
-    # Band |j - i| < k (j - i <= 0 when causal), in blocks: query block b meets key blocks b-1..b+1.
-    block = max(kmax, 16)
-    offsets = torch.arange(-kmax + 1, 1 if is_causal else kmax, device=q.device)
+    # Band: offsets −k+1 … k−1 (… 0 when causal), labels 1 … 2k−1 (1 … k).
+    block = max(kmax, BAND_BLOCK)
+    hi = 0 if is_causal else kmax - 1
+    width = hi + kmax
     k_win, nb = _band_windows(k, block)
     v_win, _ = _band_windows(v, block)
     q_blk = F.pad(q, (0, 0, 0, nb * block - n)).view(b, h, nb, block, d)
-    rows = torch.arange(block, device=q.device)
-    cols = (block + rows[:, None] + offsets[None, :]).expand(b, h, nb, block, len(offsets))
     scores = (q_blk @ k_win.transpose(-1, -2)).to(acc) * scale  # (B, H, nb, block, 3·block)
-    e_band = scores.gather(-1, cols).reshape(b, h, nb * block, -1)[:, :, :n] + qw[..., offsets + kmax]
-    j = torch.arange(n, device=q.device)[:, None] + offsets[None, :]
+    first = block - kmax + 1  # row r's offset −k+1 sits at column block + r − k + 1
+    e_band = _Diagonals.apply(scores, first, width).reshape(b, h, nb * block, width)[:, :, :n]
+    e_band = e_band + qw[..., 1:1 + width]
+    j = torch.arange(n, device=q.device)[:, None] + torch.arange(-kmax + 1, hi + 1, device=q.device)[None, :]
     valid = (j >= 0) & (j < n)
     if keep is not None:
         valid = valid & keep[:, j.clamp(0, n - 1)][:, None]
     e_band = e_band.masked_fill(~valid, float("-inf"))
 
     # Tails: keys j <= i - k (left) and j >= i + k (right): plain attention and its log-sum-exp.
-    tails = _cpu_tails if q.device.type == "cpu" else _flex_tails
-    o_left, lse_left, o_right, lse_right = tails(q, k, v, attn_mask, keep, kmax, is_causal, scale)
+    if masks is None:
+        o_left, lse_left, o_right, lse_right = _cpu_tails(q, k, v, keep, kmax, is_causal, scale)
+    else:
+        o_left, lse_left, o_right, lse_right = _flex_tails(q, k, v, masks, kmax, is_causal, scale, compile_flex)
 
     a_left = lse_left + qw[..., 0]
     logits = [a_left[..., None], e_band]
@@ -657,23 +723,15 @@ def _banded(q, k, v, rel_k, rel_v, kmax, attn_mask, is_causal, scale):
     alive = torch.isfinite(logits).any(-1, keepdim=True)  # fully masked rows: every mass 0, no NaN
     lse = torch.logsumexp(torch.where(alive, logits, torch.zeros_like(logits)), dim=-1)
     lse = torch.where(alive.squeeze(-1), lse, torch.zeros_like(lse))
-    m_left = torch.exp(a_left - lse)
-    p_band = torch.exp(e_band - lse[..., None])
-    out = m_left[..., None] * o_left
-    # Band values: scatter band probabilities back into the block layout, one matmul with v windows.
-    p_blk = scores.new_zeros(scores.shape).scatter(
-        -1, cols, F.pad(p_band, (0, 0, 0, nb * block - n)).view(b, h, nb, block, -1))
-    out = out + (p_blk.to(v.dtype) @ v_win).reshape(b, h, nb * block, d)[:, :, :n].to(acc)
+    masses = torch.exp(logits - lse[..., None])  # left tail, band…, right tail: labels 0 … 2k (0 … k)
+    p_band = masses[..., 1:1 + width]
+    out = masses[..., :1] * o_left
     if not is_causal:
-        m_right = torch.exp(a_right - lse)
-        out = out + m_right[..., None] * o_right
+        out = out + masses[..., -1:] * o_right
+    # Band values: the band probabilities back into the block layout, one matmul with v windows.
+    p_blk = _Undiagonals.apply(F.pad(p_band, (0, 0, 0, nb * block - n)).view(b, h, nb, block, width),
+                               first, 3 * block)
+    out = out + (p_blk.to(v.dtype) @ v_win).reshape(b, h, nb * block, d)[:, :, :n].to(acc)
     if rel_v is not None:
-        masses = [m_left[..., None], p_band] + ([] if is_causal else [m_right[..., None]])
-        label_ids = torch.cat((torch.zeros(1, dtype=torch.long, device=q.device), offsets + kmax)
-                              + (() if is_causal else (torch.full((1,), 2 * kmax, device=q.device),)))
-        masses = torch.cat(masses, dim=-1)
-        if rel_v.dim() == 2:
-            out = out + masses @ rel_v.to(acc)[label_ids]
-        else:
-            out = out + masses @ rel_v.to(acc)[:, label_ids]
+        out = out + masses @ rel_v.to(acc)[..., : masses.shape[-1], :]
     return out.to(q.dtype)

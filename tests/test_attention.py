@@ -385,14 +385,18 @@ def test_banded_refuses_what_it_cannot_compute():
 
 
 @pytest.mark.parametrize("case", list(BANDED_CASES))
-def test_banded_with_flex_tails_matches_the_reference(monkeypatch, case):
-    """CUDA's banded runs its tails through FlexAttention with block masks: the same combination
-    is checked here with eager flex on CPU (forward; flex's backward needs CUDA, tests/test_cuda.py)."""
-    monkeypatch.setattr(attention, "_cpu_tails", attention._flex_tails)
+def test_banded_with_flex_tails_matches_the_reference(case):
+    """CUDA's banded runs its tails through FlexAttention with block masks: the same core is
+    checked here with eager flex on CPU (forward; flex's backward needs CUDA, tests/test_cuda.py)."""
     q, k, v, kw = make_case(**BANDED_CASES[case])
     want = reference(q, k, v, kw["rel_k"], kw["rel_v"], kw["max_distance"], kw["attn_mask"],
                      kw["is_causal"], kw["query_offset"])
-    torch.testing.assert_close(relative_attention(q, k, v, impl="banded", **kw), want, atol=1e-10, rtol=1e-10)
+    n, kmax, mask = q.shape[-2], kw["max_distance"], kw["attn_mask"]
+    keep = mask.reshape(mask.shape[0], n).expand(q.shape[0], n) if mask is not None else None
+    masks = tuple(attention.flex_block_mask(mask, False, n, n, 0, side, kmax, "cpu") for side in ("left", "right"))
+    got = attention._banded_core(q, k, v, kw["rel_k"], kw["rel_v"], kmax, keep, kw["is_causal"],
+                                 q.shape[-1] ** -0.5, masks, False)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
 
 
 def test_flex_block_masks_are_built_once_per_mask_tensor():
@@ -406,3 +410,18 @@ def test_flex_block_masks_are_built_once_per_mask_tensor():
     changed = attention.flex_block_mask(mask, False, 8, 8, 0, "left", 2, "cpu")
     assert changed is not first
     assert attention.flex_block_mask(None, False, 8, 8, 0, None, 2, "cpu") is None
+
+
+def test_banded_core_compiles_to_the_same_values_and_gradients():
+    """CUDA runs banded's core under torch.compile: compiled and eager agree (here on CPU)."""
+    q, k, v, kw = make_case(B=2, H=2, Lq=40, Lk=40, K=4, D=16, padding=True, dtype=torch.float32)
+    keep = kw["attn_mask"].reshape(2, 40)
+    keep[0] = True
+    inputs = [t.requires_grad_(True) for t in (q, k, v, kw["rel_k"], kw["rel_v"])]
+
+    def core(fn):
+        out = fn(*inputs, 4, keep, False, 0.25, None, False)
+        return [out] + list(torch.autograd.grad(out.square().sum(), inputs))
+
+    for got, want in zip(core(torch.compile(attention._banded_core)), core(attention._banded_core)):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
