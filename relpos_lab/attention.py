@@ -660,9 +660,11 @@ class _Undiagonals(torch.autograd.Function):
 BAND_BLOCK = 16
 """Query rows per band block (at least k): each block meets 3·block keys in one small matmul."""
 
-BANDED_COMPILE = True
-"""On CUDA, compile banded's band and combination around the FlexAttention tails (one graph of
-fused kernels instead of some thirty eager ones)."""
+BANDED_COMPILE = False
+"""On CUDA, compile banded's whole core (band, combination and the FlexAttention tails) as one
+graph. Off: torch 2.11's inductor fails to compile it on CUDA ("ValueError: The argument
+'-15 + ((-1))' is not comparable" in its tiling, on an H100), although torch 2.13 compiles it
+exactly on CPU (tests/test_attention.py). Eager, only the FlexAttention tails are compiled."""
 
 _compiled_banded = None
 

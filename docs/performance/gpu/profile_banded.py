@@ -18,7 +18,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--length", type=int, default=2048)
 parser.add_argument("--tokens", type=int, default=32768)
 parser.add_argument("--mask", default="none")
-parser.add_argument("--blocks", type=int, nargs="+", default=[16, 64])
+parser.add_argument("--blocks", type=int, nargs="+", default=[16, 64], help="band block sizes (eager)")
+parser.add_argument("--compiled", action="store_true", help="also the compiled core (fails on torch 2.11 CUDA)")
 args = parser.parse_args()
 dev, dtype, L = torch.device("cuda"), torch.bfloat16, args.length
 B, H, D, K = max(1, args.tokens // L), 8, 64, 16
@@ -33,24 +34,25 @@ def variant(compile_core, block):
     return fn
 
 
-fns = {"flash": attention_candidate("flash", B, H, L, D, K, dtype, dev, mask=args.mask),
-       "banded-eager-16": variant(False, 16)}
-for block in args.blocks:
-    fns[f"banded-compiled-{block}"] = variant(True, block)
+VARIANTS = [(f"eager-{b}", False, b) for b in args.blocks] + \
+    ([(f"compiled-{b}", True, b) for b in args.blocks] if args.compiled else [])
+fns = {"flash": attention_candidate("flash", B, H, L, D, K, dtype, dev, mask=args.mask)}
+for name, compile_core, block in VARIANTS:
+    fns[f"banded-{name}"] = variant(compile_core, block)
 
 # Exactness of each variant against eager banded (same inputs, fp32 to see the arithmetic).
 g = torch.Generator(device="cpu").manual_seed(1)
 x = [torch.randn(*s, generator=g).to(dev).requires_grad_(True) for s in [(2, H, 700, D)] * 3 + [(2 * K + 1, D)] * 2]
 keys, causal = (torch.arange(700, device=dev)[None] < torch.tensor([[600], [700]], device=dev))[:, None, None], False
 results = {}
-for name, compile_core, block in [("eager", False, 16)] + [(f"compiled-{b}", True, b) for b in args.blocks]:
+for name, compile_core, block in VARIANTS:
     attention.BANDED_COMPILE, attention.BAND_BLOCK = compile_core, block
     out = attention.relative_attention(*x[:3], rel_k=x[3], rel_v=x[4], max_distance=K, attn_mask=keys,
                                        impl="banded")
     results[name] = [out] + list(torch.autograd.grad(out.square().sum(), x))
 for name, vals in results.items():
-    err = max(((a - b).norm() / b.norm()).item() for a, b in zip(vals, results["eager"]))
-    print(f"exactness {name} vs eager (fp32, padding): max relative error {err:.2e}")
+    err = max(((a - b).norm() / b.norm()).item() for a, b in zip(vals, results[VARIANTS[0][0]]))
+    print(f"exactness {name} vs {VARIANTS[0][0]} (fp32, padding): max relative error {err:.2e}")
 
 times = interleaved(fns, repeats=10, warmup=3, device=dev)
 base = statistics.median(times["flash"])
@@ -60,7 +62,7 @@ for name, t in times.items():
 
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-for name in ["banded-eager-16", f"banded-compiled-{args.blocks[0]}"]:
+for name in [f"banded-{VARIANTS[0][0]}"]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
             fns[name]()
