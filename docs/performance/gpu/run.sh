@@ -1,31 +1,38 @@
 #!/usr/bin/env bash
 # The GPU section of docs/performance.md: `pytest -m cuda` and every CUDA benchmark, on one GPU.
-#   docs/performance/gpu/run.sh [tests] [attention] [model] [decode]   (default: all of them)
+#   docs/performance/gpu/run.sh [tests] [attention] [peers] [model] [decode] [profile]   (default: all)
 # Writes docs/performance/gpu/*.txt (the tables) and *.json next to this script, or under $OUT
-# when that is set (the lent GPU machines return files from there).
+# when that is set (the lent GPU machines return files from there). On a bare machine first:
+# pip install --no-deps --no-build-isolation -e .   (plus omegaconf if missing; wandb is optional here)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out="${OUT:-docs/performance/gpu}"
 mkdir -p "$out"
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(tests attention model decode)
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(tests attention peers model decode profile)
 bench() { name=$1; shift; python3 -m relpos_lab bench "$@" --json "$out/$name.json" 2>&1 | tee "$out/$name.txt"; }
 export COLUMNS=160 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
+# Forward + backward of one attention op: bf16, a^K + a^V, k = 16, H = 8, D = 64, B = 32768 tokens / L.
+ATTN=(attention --dtype bfloat16 --tokens 32768 --heads 8 --baseline flash --memory)
 for step in "${steps[@]}"; do
   case $step in
-    tests)  # the CUDA tier; -n spreads FlexAttention's compiles over the CPU cores
-      python3 -m pytest -m cuda tests/test_cuda.py -q -n 8 --durations=10 2>&1 | tee "$out/cuda_tests.txt" | tail -40 ;;
-    attention)  # forward + backward, bf16, a^K + a^V, k = 16; B = 32768 tokens / L, H = 8, D = 64
-      for mask in none padding causal; do
-        bench "attention_$mask" attention --dtype bfloat16 --tokens 32768 --heads 8 --length 512 1024 2048 4096 8192 \
-          --baseline flash --candidates sdpa flex-bias --impl gather flex banded --mask $mask --memory \
-          --repeats 10 --warmup 3
-      done ;;
+    tests)  # the CUDA tier; -n spreads FlexAttention's compiles over the CPU cores (~6 min on 16)
+      python3 -m pytest -m cuda tests/test_cuda.py -q -n 8 -p no:benchmark 2>&1 | tee "$out/cuda_tests.txt" | tail -40 ;;
+    attention)
+      bench attention_none "${ATTN[@]}" --length 512 2048 8192 --candidates sdpa --impl gather banded \
+        --repeats 5 --warmup 2
+      bench attention_causal "${ATTN[@]}" --length 2048 --mask causal --candidates sdpa --impl gather banded \
+        --repeats 5 --warmup 2 ;;
+    peers)  # FlexAttention peers: Shaw's key term as a score_mod (flex), a learned relative bias (flex-bias)
+      bench attention_flex_peers "${ATTN[@]}" --length 512 1024 2048 4096 8192 --candidates sdpa flex-bias \
+        --impl gather flex banded --repeats 10 --warmup 3 ;;
     model)  # the 6+6 base model (d 512, 8 heads, ff 2048), bf16-mixed, 16384 tokens per batch
       bench model_base model --precision bf16-mixed --layers 6 --tokens 16384 --length 128 512 2048 \
-        --impl auto gather --repeats 10 --warmup 3 ;;
+        --impl auto gather --repeats 5 --warmup 2 ;;
     decode)
-      bench decode decode --layers 6 --batch 64 --length 64 --steps 128 --repeats 5 --warmup 1 ;;
+      bench decode decode --layers 6 --batch 64 --length 64 --steps 64 --repeats 3 --warmup 1 ;;
+    profile)
+      python3 docs/performance/gpu/profile_banded.py 2>&1 | tee "$out/profile_banded.txt" ;;
   esac
 done
