@@ -26,13 +26,21 @@ from relpos_lab.attention import relative_attention
 from relpos_lab.positions import SCHEMES, PositionConfig
 from relpos_lab.transformer import EncoderDecoder, ModelConfig, label_smoothed_loss
 
-# Many shapes, dtypes and masks compile FlexAttention more often than a training run ever does:
-# keep them all compiled instead of falling back to eager flex after dynamo's default 8.
-torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 1024)
-
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def many_compiled_variants():
+    """Many shapes, dtypes and masks compile FlexAttention more often than a training run does:
+    keep them all compiled instead of falling back to eager flex after dynamo's default 8."""
+    config = torch._dynamo.config
+    saved = config.cache_size_limit, config.accumulated_cache_size_limit
+    config.cache_size_limit, config.accumulated_cache_size_limit = max(saved[0], 256), max(saved[1], 1024)
+    yield
+    config.cache_size_limit, config.accumulated_cache_size_limit = saved
+
 
 CUDA = torch.device("cuda")
 IMPLS = ["naive", "batched", "gather", "flex", "banded", "auto"]
