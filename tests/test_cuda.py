@@ -30,7 +30,6 @@ pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def many_compiled_variants():
     """Many shapes, dtypes and masks compile FlexAttention more often than a training run does:
