@@ -27,6 +27,8 @@ from relpos_lab.wandb_offline import read_runs
 
 GLOBAL_BATCH = 32
 STEPS = 12
+pytestmark = pytest.mark.integration  # real processes: DDP over gloo
+
 CONFIG = f"""
 task: {{name: reverse, train_lengths: [5, 5], valid_lengths: [1, 5], test_lengths: [1, 7],
        train_size: {GLOBAL_BATCH}, eval_size_per_length: 3}}

@@ -64,12 +64,38 @@ def test_t5_buckets_exact_near_and_log_spaced_far():
     assert causal.bucket(torch.tensor([2, 0, -2])).tolist() == [0, 0, 2]
 
 
+# What each scheme contributes: an absolute module on the embeddings, and what its relative
+# module hands relative_attention (keyword arguments) or does to q and k (rotation).
+CONTRIBUTIONS = {
+    "none": (None, set(), False),
+    "sinusoidal": (SinusoidalPositions, set(), False),
+    "learned": (LearnedPositions, set(), False),
+    "shaw": (None, {"rel_k", "rel_v", "max_distance"}, False),
+    "rope": (None, set(), True),
+    "alibi": (None, {"attn_bias"}, False),
+    "t5_bias": (None, {"attn_bias"}, False),
+}
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_every_scheme_builds(scheme):
+def test_every_scheme_contributes_where_it_says(scheme):
+    assert set(CONTRIBUTIONS) == set(SCHEMES)
+    absolute, kwargs, rotates = CONTRIBUTIONS[scheme]
     cfg = PositionConfig(scheme=scheme)
     cfg.validate()
-    build_absolute(cfg, 16)
-    build_relative(cfg, 8, 2, causal=True)
+    module = build_absolute(cfg, 16)
+    assert (module is None) if absolute is None else isinstance(module, absolute)
+    x = torch.randn(2, 5, 16)
+    if module is not None:
+        assert module(x).shape == x.shape and not torch.equal(module(x), x)
+    rel = build_relative(cfg, 8, 2, causal=True)
+    got = rel.attention_kwargs(5, 5, 0, "cpu")
+    assert set(got) == kwargs
+    if "attn_bias" in got:
+        assert got["attn_bias"].shape[-3:] == (2, 5, 5)
+    q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    q2, k2 = rel.rotate(q, k, 0)
+    assert (not torch.equal(q2, q) and not torch.equal(k2, k)) if rotates else (q2 is q and k2 is k)
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -141,6 +141,7 @@ def installed_plugin(tmp_path_factory):
         subprocess.run([*pip, "uninstall", "-y", PLUGIN_DIST], check=True, timeout=300, capture_output=True)
 
 
+@pytest.mark.integration
 def test_tasks_command_lists_builtins_the_plugin_and_the_broken_plugin(installed_plugin, tmp_path):
     out = run_cli("tasks", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -150,6 +151,7 @@ def test_tasks_command_lists_builtins_the_plugin_and_the_broken_plugin(installed
     assert "failed to load: ImportError: this plugin is broken on purpose" in out.stdout
 
 
+@pytest.mark.integration
 def test_an_installed_plugin_trains_through_the_cli(installed_plugin, tmp_path):
     (tmp_path / "shift.yaml").write_text(PLUGIN_EXPERIMENT)
     out = run_cli("train", "shift.yaml", cwd=tmp_path)

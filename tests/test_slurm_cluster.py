@@ -21,7 +21,7 @@ import torch
 from relpos_lab import cli
 from relpos_lab.wandb_offline import read_runs
 
-pytestmark = [pytest.mark.slurm,
+pytestmark = [pytest.mark.slurm, pytest.mark.integration,
               pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs SLURM (slurm/dev-cluster-start.sh)")]
 
 TINY = """

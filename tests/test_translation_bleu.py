@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 import sacrebleu
 import torch
 import torch.distributed as dist
@@ -106,6 +107,7 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_two_ddp_processes_give_the_scores_of_one(tmp_path):
     out = tmp_path / "ddp.json"
     mp.spawn(_rank, args=(2, f"file://{tmp_path / 'init'}", str(out)), nprocs=2, join=True)

@@ -141,6 +141,7 @@ def test_the_copy_baseline_is_sacrebleus_score_of_the_sources(toy, monkeypatch, 
     assert baseline["bleu"] == sacrebleu.corpus_bleu(src, [ref]).score and baseline["sentences"] == len(ref)
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # ~25 s: three processes start; tests/test_translation_bleu.py checks DDP == 1 process fast
 def test_a_two_process_ddp_evaluation_scores_what_one_process_scores(toy, monkeypatch):
     out = run_cli("train", "toy.yaml", "name=toy_ddp", "trainer.devices=2", "trainer.strategy=ddp",
