@@ -29,6 +29,7 @@ so every position scheme runs through this one function.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import torch
@@ -500,6 +501,7 @@ def _bucket_masses(q, k, qw, bias, allowed, lse, max_distance, query_offset, sca
 # --- banded: a fused kernel for the two tails, the band |j - i| < k on the side -----------------
 
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_HAS_FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None  # found, not imported
 _FLASH_CPU_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 
@@ -513,6 +515,8 @@ def _banded_unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_of
             return f"dtype {q.dtype}"
     elif q.device.type == "cuda":
         d = q.shape[-1]
+        if not _HAS_FLEX:
+            return "this torch (it needs torch.nn.attention.flex_attention, torch >= 2.5)"
         if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             return f"dtype {q.dtype} on CUDA"
         if d < 16 or d & (d - 1) or v.shape[-1] != d:
