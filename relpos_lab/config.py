@@ -13,7 +13,11 @@ rejects. The CLI prints that line and exits with status 2.
 """
 from __future__ import annotations
 
+import ast
+import dataclasses
+import inspect
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,9 +40,12 @@ COMMAND_LINE = "command line"
 
 @dataclass
 class DataConfig:
-    batch_size: int = 64  # examples per device and step (global batch = × devices × nodes)
+    batch_size: int = 64
+    """examples per device and step (global batch = × devices × nodes)"""
     eval_batch_size: int = 256
-    num_workers: int = 0  # DataLoader worker processes; 0 loads in the training process
+    """examples per evaluation batch (per device)"""
+    num_workers: int = 0
+    """DataLoader worker processes; 0 loads in the training process"""
 
     def validate(self) -> None:
         _at_least(self, "data", batch_size=1, eval_batch_size=1, num_workers=0)
@@ -48,14 +55,22 @@ class DataConfig:
 class OptimConfig:
     """Adam as in the Transformer paper, with a warm-up then inverse-sqrt or cosine decay."""
 
-    lr: float = 1e-3  # peak learning rate, reached at the end of warm-up
+    lr: float = 1e-3
+    """peak learning rate, reached at the end of warm-up"""
     betas: tuple[float, float] = (0.9, 0.98)
+    """Adam's β1, β2"""
     eps: float = 1e-9
+    """Adam's ε"""
     weight_decay: float = 0.0
-    scheduler: str = "inverse_sqrt"  # inverse_sqrt | cosine | constant
+    """decoupled weight decay (AdamW); 0: plain Adam"""
+    scheduler: str = "inverse_sqrt"
+    """inverse_sqrt | cosine | constant"""
     warmup_steps: int = 4000
-    min_lr_ratio: float = 0.0  # cosine: final learning rate as a fraction of lr
+    """steps of linear warm-up to lr"""
+    min_lr_ratio: float = 0.0
+    """cosine: final learning rate as a fraction of lr"""
     label_smoothing: float = 0.1
+    """uniform label smoothing of the training loss"""
 
     def validate(self) -> None:
         if self.lr <= 0:
@@ -72,21 +87,36 @@ class TrainerConfig:
     """Lightning Trainer settings. devices × num_nodes is the world size, here and nowhere else
     (a SLURM launcher derives --ntasks-per-node and --nodes from these two)."""
 
-    accelerator: str = "auto"  # auto | cpu | gpu | cuda | mps
-    devices: int = 1  # processes (GPUs) per node
+    accelerator: str = "auto"
+    """auto | cpu | gpu | cuda | mps"""
+    devices: int = 1
+    """processes (GPUs) per node"""
     num_nodes: int = 1
-    strategy: str = "auto"  # Lightning strategy name, e.g. ddp
-    precision: str = "32"  # 32 | bf16-mixed | 16-mixed (GPU only)
+    """nodes; devices × num_nodes is the world size"""
+    strategy: str = "auto"
+    """Lightning strategy name, e.g. ddp"""
+    precision: str = "32"
+    """32 | bf16-mixed | 16-mixed (GPU only)"""
     max_steps: int = 10000
-    val_every_n_steps: int = 1000  # training batches between validations (across epochs)
-    checkpoint_every_n_steps: int = 0  # refresh last.ckpt every N steps; 0: at each validation
+    """optimizer steps to train"""
+    val_every_n_steps: int = 1000
+    """training batches between validations (across epochs)"""
+    checkpoint_every_n_steps: int = 0
+    """refresh last.ckpt every N steps; 0: at each validation"""
     log_every_n_steps: int = 50
-    gradient_clip_val: float = 0.0  # clip the global gradient norm; 0: off
+    """training steps between logged metrics"""
+    gradient_clip_val: float = 0.0
+    """clip the global gradient norm; 0: off"""
     accumulate_grad_batches: int = 1
+    """batches per optimizer step"""
     num_sanity_val_steps: int = 2
+    """validation batches run before training starts (catches evaluation bugs early)"""
     deterministic: bool = False
+    """torch's deterministic algorithms (slower)"""
     enable_progress_bar: bool = True
+    """rich progress bar on the console"""
     enable_model_summary: bool = True
+    """print the model's layers and parameter counts at the start"""
 
     def validate(self) -> None:
         _at_least(self, "trainer", devices=1, num_nodes=1, max_steps=1, val_every_n_steps=1,
@@ -105,17 +135,28 @@ class ClusterConfig:
     """
 
     partition: str | None = None
+    """sbatch --partition"""
     account: str | None = None
+    """sbatch --account"""
     qos: str | None = None
+    """sbatch --qos"""
     constraint: str | None = None
+    """sbatch --constraint (node features)"""
     time: str = "04:00:00"
-    mem: str | None = None  # per node, e.g. 64G
-    cpus_per_task: int = 4  # per process: data loading workers + the process itself
-    extra_sbatch: list[str] = field(default_factory=list)  # further "#SBATCH" options, e.g. --gres=...
-    setup: list[str] | None = None  # shell lines before the run (module load, conda activate);
-    # None: activate the virtual environment relpos-lab was submitted from
-    signal_seconds: int = 90  # SIGUSR1 this long before the time limit: checkpoint, then requeue
-    array_parallelism: int = 0  # at most this many array tasks at once (the % throttle); 0: no limit
+    """sbatch --time, the job's time limit; the run checkpoints and requeues before it"""
+    mem: str | None = None
+    """per node, e.g. 64G"""
+    cpus_per_task: int = 4
+    """per process: data loading workers + the process itself"""
+    extra_sbatch: list[str] = field(default_factory=list)
+    """further "#SBATCH" options, e.g. --gres=..."""
+    setup: list[str] | None = None
+    """shell lines before the run (module load, conda activate); None: activate the virtual
+    environment relpos-lab was submitted from"""
+    signal_seconds: int = 90
+    """SIGUSR1 this long before the time limit: checkpoint, then requeue"""
+    array_parallelism: int = 0
+    """at most this many array tasks at once (the % throttle); 0: no limit"""
 
     def validate(self) -> None:
         _at_least(self, "cluster", cpus_per_task=1, array_parallelism=0, signal_seconds=1)
@@ -123,16 +164,26 @@ class ClusterConfig:
 
 @dataclass
 class ExperimentConfig:
-    name: str = MISSING  # experiment name; defaults to the config file's stem
+    name: str = MISSING
+    """experiment name; defaults to the config file's stem"""
     seed: int = 0
-    resume: bool = False  # continue from <run dir>/checkpoints/last.ckpt
-    task: Any = None  # validated against the chosen task's config_class (see load_config)
+    """seeds model initialisation, data order and the synthetic tasks' data"""
+    resume: bool = False
+    """continue from <run dir>/checkpoints/last.ckpt"""
+    task: Any = None
+    """the task and its options: validated against the chosen task's config_class (see load_config)"""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """the Transformer and its position scheme"""
     data: DataConfig = field(default_factory=DataConfig)
+    """batching and data loading"""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    """optimizer and learning-rate schedule"""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """the Lightning Trainer: hardware, precision, steps"""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """run directories and W&B"""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """SLURM settings for submit and sweep --slurm"""
 
 
 # Keys whose value must be one of a few strings (checked with a "did you mean").
@@ -283,7 +334,8 @@ def _merge_error(label: str, err: OmegaConfBaseException, schema: DictConfig) ->
     if "not in" in str(err) and isinstance(node, DictConfig):  # unknown key
         valid = [str(k) for k in node.keys()]
         close = did_you_mean(leaf, valid)
-        hint = f"did you mean '{_join(parent, close)}'? " if close else ""
+        about = field_help(OmegaConf.get_type(node)).get(close or "")
+        hint = f"did you mean '{_join(parent, close)}'{f' ({about})' if about else ''}? " if close else ""
         where = f"'{parent}'" if parent else "the top level"
         return f"{label}: unknown key '{key}'; {hint}valid keys at {where}: {', '.join(valid)}"
     return f"{label}: bad value for '{key}': {_first_line(err)}"
@@ -349,6 +401,80 @@ def _first_line(err: Exception) -> str:
     text = getattr(err, "msg", None) or str(err)
     return str(text).strip().splitlines()[0]
 
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """{field: help} of a config dataclass, from its fields' attribute docstrings (a string
+    literal right after the field, as litgpt writes them) or `field(metadata={"help": ...})`, as
+    fairseq does; base classes first, so a subclass can redocument a field. Plugins' configs
+    are read the same way. Empty where the source cannot be read (e.g. an interactive class)."""
+    found: dict[str, str] = {}
+    if not dataclasses.is_dataclass(cls):
+        return found
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for stmt, nxt in zip(body, body[1:]):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                found[stmt.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
+        for f in dataclasses.fields(klass):
+            if "help" in f.metadata:
+                found[f.name] = str(f.metadata["help"])
+    return found
+
+
+def describe_keys(cls: type, prefix: str) -> list[str]:
+    """The fields of config dataclass `cls` as `<prefix>.<key> (type, default ...)` lines, each
+    followed by its help; a nested section points to its own listing."""
+    helps, lines = field_help(cls), []
+    for f in dataclasses.fields(cls):
+        key = _join(prefix, f.name)
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        if f.default is not dataclasses.MISSING:
+            default = "required" if f.default == MISSING else f"default {f.default!r}"
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+            if dataclasses.is_dataclass(value):
+                lines.append(f"{key} (section: relpos-lab config --help-keys {key})")
+                lines += [f"    {helps[f.name]}"] if f.name in helps else []
+                continue
+            default = f"default {value!r}"
+        else:
+            default = "required"
+        lines.append(f"{key} ({kind}, {default})")
+        lines += [f"    {helps[f.name]}"] if f.name in helps else []
+    return lines
+
+
+def section_class(section: str, task: str | None = None) -> type:
+    """The config dataclass of a dotted section (`model`, `model.positions`, `trainer`, ...;
+    `task` with the task's name): what `relpos-lab config --help-keys` lists."""
+    if section.split(".")[0] == "task":
+        if not task:
+            raise UserError(f"--help-keys {section}: name the task, e.g. --task reverse (`relpos-lab tasks` lists them)")
+        cls, parts = registry.get_task_class(task).config_class, section.split(".")[1:]
+    else:
+        cls, parts = ExperimentConfig, section.split(".") if section else []
+    path = "task" if section.startswith("task") else ""
+    for part in parts:
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        sub = fields.get(part)
+        value = sub.default_factory() if sub is not None and sub.default_factory is not dataclasses.MISSING else None
+        if not dataclasses.is_dataclass(value):
+            sections = [name for name, f in fields.items() if f.default_factory is not dataclasses.MISSING
+                        and dataclasses.is_dataclass(f.default_factory())]
+            close = did_you_mean(part, sections)
+            hint = f"did you mean '{_join(path, close)}'? " if close else ""
+            raise UserError(f"--help-keys {section}: no section '{_join(path, part)}'; {hint}"
+                            f"sections there: {', '.join(_join(path, s) for s in sections) or 'none'}")
+        cls, path = type(value), _join(path, part)
+    return cls
 
 
 def to_yaml(cfg: DictConfig) -> str:

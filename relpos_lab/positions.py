@@ -25,15 +25,25 @@ SCHEMES = ("none", "sinusoidal", "learned", "shaw", "rope", "alibi", "t5_bias")
 @dataclass
 class PositionConfig:
     scheme: str = "shaw"
-    max_distance: int = 16  # Shaw's clipping distance k: 2k+1 labels
-    use_keys: bool = True  # a^K (the paper's ablation switches these off)
-    use_values: bool = True  # a^V
-    per_head: bool = False  # the paper shares tables across heads
-    add_sinusoids: bool = False  # Shaw on top of absolute sinusoids
-    max_len: int = 1024  # learned absolute positions only
+    """none | sinusoidal | learned | shaw | rope | alibi | t5_bias"""
+    max_distance: int = 16
+    """Shaw's clipping distance k: 2k+1 labels"""
+    use_keys: bool = True
+    """a^K (the paper's ablation switches these off)"""
+    use_values: bool = True
+    """a^V"""
+    per_head: bool = False
+    """the paper shares tables across heads"""
+    add_sinusoids: bool = False
+    """Shaw on top of absolute sinusoids"""
+    max_len: int = 1024
+    """learned absolute positions only"""
     rope_base: float = 10000.0
+    """rope: base of the rotation frequencies"""
     t5_num_buckets: int = 32
+    """t5_bias: relative-position buckets (half per direction when bidirectional)"""
     t5_max_distance: int = 128
+    """t5_bias: distances from here on share the last bucket"""
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field and the fix."""

@@ -42,17 +42,23 @@ class DecodingConfig:
     """How predictions are produced for evaluation: greedy when beam_size is 1."""
 
     beam_size: int = 1
+    """hypotheses kept by beam search; 1: greedy"""
     length_penalty: float = 0.6
-    max_len_a: float = 1.0  # output budget a·|source| + b (fairseq's --max-len-a/b)
+    """GNMT length penalty α of beam search"""
+    max_len_a: float = 1.0
+    """output budget a·|source| + b (fairseq's --max-len-a/b)"""
     max_len_b: int = 10
+    """see max_len_a"""
 
 
 @dataclass
 class TaskConfig:
     """Base of every task's config; a task's own fields go in a subclass (`Task.config_class`)."""
 
-    name: str = MISSING  # the entry-point name that selects the task
+    name: str = MISSING
+    """the entry-point name that selects the task"""
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    """how evaluation decodes"""
 
     def validate(self) -> None:
         """Raise ValueError naming a bad field; subclasses extend it (call super().validate())."""

@@ -58,18 +58,26 @@ WANDB_MODES = ("offline", "online", "disabled")
 
 @dataclass
 class WandbConfig:
-    mode: str = "offline"  # offline | online | disabled; see resolve_wandb_mode
+    mode: str = "offline"
+    """offline | online | disabled; see resolve_wandb_mode"""
     project: str = "relpos_lab"
+    """W&B project"""
     entity: str | None = None
-    group: str | None = None  # default: the experiment (or sweep) name, cfg.name
+    """W&B entity (user or team); None: your default"""
+    group: str | None = None
+    """default: the experiment (or sweep) name, cfg.name"""
     tags: list[str] = field(default_factory=list)
+    """W&B tags of the run"""
 
 
 @dataclass
 class LoggingConfig:
-    root: str = "runs"  # run directories go to <root>/<name>/<slug>-<hash8>
+    root: str = "runs"
+    """run directories go to <root>/<name>/<slug>-<hash8>"""
     wandb: WandbConfig = field(default_factory=WandbConfig)
-    num_samples: int = 8  # sample predictions shown per evaluation (W&B table)
+    """Weights & Biases tracking"""
+    num_samples: int = 8
+    """sample predictions shown per evaluation (W&B table)"""
 
 
 # Keys that do not change what a run computes, left out of the run directory's hash so that

@@ -25,21 +25,36 @@ with a KV cache, cross-attention) must be supported. 'banded' is self-attention 
 
 @dataclass
 class ModelConfig:
-    src_vocab_size: int = 0  # 0: filled in from the task's vocabulary
+    src_vocab_size: int = 0
+    """0: filled in from the task's vocabulary"""
     tgt_vocab_size: int = 0
+    """0: filled in from the task's vocabulary"""
     d_model: int = 512
+    """width of embeddings and residual stream"""
     n_heads: int = 8
+    """attention heads per layer; must divide d_model"""
     d_ff: int = 2048
-    n_encoder_layers: int = 6  # 0 with DecoderLM: a decoder-only model
+    """hidden width of the feed-forward sublayer"""
+    n_encoder_layers: int = 6
+    """0 with DecoderLM: a decoder-only model"""
     n_decoder_layers: int = 6
+    """decoder layers"""
     dropout: float = 0.1
+    """dropout on embeddings, sublayer outputs and the feed-forward hidden layer"""
     attention_dropout: float = 0.1
-    norm_first: bool = False  # False: post-LN as in the paper; True: pre-LN
-    tie_embeddings: bool = True  # decoder input embedding == output projection
+    """dropout on attention probabilities (> 0 keeps Shaw attention on 'gather': the fused forms have none)"""
+    norm_first: bool = False
+    """False: post-LN as in the paper; True: pre-LN"""
+    tie_embeddings: bool = True
+    """decoder input embedding == output projection"""
     share_src_tgt_embeddings: bool = False
+    """one embedding table for source and target (equal vocabularies)"""
     pad_id: int = 0
+    """token id of padding"""
     attention_impl: str = "auto"
+    """naive | batched | gather | flex | auto: how relative_attention computes (auto: fastest exact)"""
     positions: PositionConfig = field(default_factory=PositionConfig)
+    """the position scheme and its options"""
 
     def validate(self) -> None:
         """Raise ValueError naming the impossible setting and the fix."""

@@ -43,10 +43,14 @@ MODEL_TYPES = ("unigram", "bpe")
 
 @dataclass
 class SubwordConfig:
-    vocab_size: int = 8000  # an upper bound: a small corpus yields fewer pieces
-    model_type: str = "unigram"  # unigram | bpe
-    character_coverage: float = 1.0  # share of characters covered by pieces; the rest map to <unk>
-    input_sentence_size: int = 2_000_000  # sentences (both sides) sampled to train on; 0: all
+    vocab_size: int = 8000
+    """an upper bound: a small corpus yields fewer pieces"""
+    model_type: str = "unigram"
+    """unigram | bpe"""
+    character_coverage: float = 1.0
+    """share of characters covered by pieces; the rest map to <unk>"""
+    input_sentence_size: int = 2_000_000
+    """sentences (both sides) sampled to train on; 0: all"""
 
     def validate(self) -> None:
         if self.model_type not in MODEL_TYPES:

@@ -27,14 +27,22 @@ from relpos_lab.task import DecodingConfig, Pair, Task, TaskConfig, Vocabulary
 
 @dataclass
 class SyntheticConfig(TaskConfig):
-    alphabet_size: int = 10  # symbols "0", "1", ..., excluding the specials
-    train_lengths: list[int] = field(default_factory=lambda: [1, 16])  # inclusive [min, max]
+    alphabet_size: int = 10
+    """symbols "0", "1", ..., excluding the specials"""
+    train_lengths: list[int] = field(default_factory=lambda: [1, 16])
+    """inclusive [min, max] of training strings"""
     valid_lengths: list[int] = field(default_factory=lambda: [1, 16])
-    test_lengths: list[int] = field(default_factory=lambda: [1, 32])  # may exceed training
-    train_size: int = 20000  # training examples, lengths drawn uniformly from train_lengths
-    eval_size_per_length: int = 32  # valid/test examples for each length of their range
-    eval_length_step: int = 1  # evaluate every n-th length of the valid/test ranges (long probes)
-    data_seed: int | None = None  # None: the experiment's seed
+    """inclusive [min, max] of validation"""
+    test_lengths: list[int] = field(default_factory=lambda: [1, 32])
+    """inclusive [min, max] of test strings; may exceed training (length generalization)"""
+    train_size: int = 20000
+    """training examples, lengths drawn uniformly from train_lengths"""
+    eval_size_per_length: int = 32
+    """valid/test examples for each length of their range"""
+    eval_length_step: int = 1
+    """evaluate every n-th length of the valid/test ranges (long probes)"""
+    data_seed: int | None = None
+    """None: the experiment's seed"""
 
     def validate(self) -> None:
         super().validate()
@@ -106,8 +114,8 @@ class ReverseTask(SyntheticTask):
 
 @dataclass
 class DuplicateConfig(SyntheticConfig):
-    # Targets are twice as long as sources: the output budget is 2·|source| + 10.
     decoding: DecodingConfig = field(default_factory=lambda: DecodingConfig(max_len_a=2.0))
+    """Targets are twice as long as sources: the output budget is 2·|source| + 10."""
 
 
 class DuplicateTask(SyntheticTask):

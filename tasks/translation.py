@@ -47,28 +47,45 @@ HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 
 @dataclass
 class TranslationConfig(TaskConfig):
-    corpus: str = "gettext"  # gettext | files | tsv | hf
-    data_dir: str = "data/gettext-en-de"  # the corpus files (files, tsv) and the cached subword model
+    corpus: str = "gettext"
+    """gettext | files | tsv | hf"""
+    data_dir: str = "data/gettext-en-de"
+    """the corpus files (files, tsv) and the cached subword model"""
     src_lang: str = "en"
+    """source language code (file suffix, gettext: en)"""
     tgt_lang: str = "de"
-    # File stem (files: <stem>.<lang>, tsv: <stem>.tsv) or HF split of each split, where it is not
-    # the split's own name (HF: valid -> validation); e.g. {valid: newstest2013, test: newstest2014}.
+    """target language code (file suffix, gettext catalog language)"""
     split_names: dict[str, str] = field(default_factory=dict)
-    hf_dataset: str | None = None  # corpus=hf: e.g. wmt14, iwslt2017
-    hf_config: str | None = None  # corpus=hf: e.g. de-en, iwslt2017-en-de
-    locale_dir: str = "/usr/share/locale"  # corpus=gettext: catalogs of <locale_dir>/<tgt_lang>/LC_MESSAGES
-    valid_size: int = 1000  # corpus=gettext: messages held out for valid
-    test_size: int = 2000  # corpus=gettext: messages held out for test
-    max_chars: int = 200  # corpus=gettext: longer messages (option tables, licences) are left out
+    """File stem (files: <stem>.<lang>, tsv: <stem>.tsv) or HF split of each split, where it is not
+    the split's own name (HF: valid -> validation); e.g. {valid: newstest2013, test: newstest2014}."""
+    hf_dataset: str | None = None
+    """corpus=hf: e.g. wmt14, iwslt2017"""
+    hf_config: str | None = None
+    """corpus=hf: e.g. de-en, iwslt2017-en-de"""
+    locale_dir: str = "/usr/share/locale"
+    """corpus=gettext: catalogs of <locale_dir>/<tgt_lang>/LC_MESSAGES"""
+    valid_size: int = 1000
+    """corpus=gettext: messages held out for valid"""
+    test_size: int = 2000
+    """corpus=gettext: messages held out for test"""
+    max_chars: int = 200
+    """corpus=gettext: longer messages (option tables, licences) are left out"""
     subword: SubwordConfig = field(default_factory=SubwordConfig)
-    max_len: int = 128  # training pairs with a side longer than this (subword tokens) are filtered
-    max_len_ratio: float = 3.0  # ... or with (longer + 1) / (shorter + 1) above this
-    max_tokens: int = 4096  # padded tokens per training batch (per process)
-    eval_max_tokens: int = 4096  # padded tokens per evaluation batch (beam search multiplies them)
-    length_buckets: list[int] = field(default_factory=lambda: [1, 6, 11, 21, 41])  # by_length: lower
-    # bounds of source-length buckets (subword tokens) for BLEU/chrF by length; [] for none
+    """the SentencePiece model trained on the corpus"""
+    max_len: int = 128
+    """training pairs with a side longer than this (subword tokens) are filtered"""
+    max_len_ratio: float = 3.0
+    """... or with (longer + 1) / (shorter + 1) above this"""
+    max_tokens: int = 4096
+    """padded tokens per training batch (per process)"""
+    eval_max_tokens: int = 4096
+    """padded tokens per evaluation batch (beam search multiplies them)"""
+    length_buckets: list[int] = field(default_factory=lambda: [1, 6, 11, 21, 41])
+    """by_length: lower bounds of source-length buckets (subword tokens) for BLEU/chrF by length;
+    [] for none"""
     decoding: DecodingConfig = field(default_factory=lambda: DecodingConfig(
         beam_size=4, length_penalty=0.6, max_len_a=1.5, max_len_b=10))
+    """beam search of 4, as in the paper"""
 
     def validate(self) -> None:
         super().validate()

@@ -187,3 +187,76 @@ def test_shared_pieces_are_validated_too(tmp_path):
     piece = write(tmp_path, "model/odd.yaml", "model: {d_model: 30, n_heads: 4}\n")
     with pytest.raises(ConfigError, match="odd.yaml: model.d_model=30 is not divisible"):
         load_config(piece, partial=True)
+
+
+# --- what each key means: attribute docstrings, shown by --help-keys and in unknown-key errors ---
+
+def _sections(cls, prefix=""):
+    """Every (dotted path, dataclass) of a config tree."""
+    import dataclasses
+
+    yield prefix, cls
+    for f in dataclasses.fields(cls):
+        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(value := f.default_factory()):
+            yield from _sections(type(value), f"{prefix}.{f.name}".lstrip("."))
+
+
+def test_every_key_of_every_shipped_schema_says_what_it_means():
+    import dataclasses
+
+    from relpos_lab import registry
+    from relpos_lab.config import ExperimentConfig, field_help
+
+    roots = [("", ExperimentConfig)] + [("task", registry.get_task_class(n).config_class)
+                                        for n in ("reverse", "duplicate", "translation")]
+    for root, cls in roots:
+        for path, section in _sections(cls, root):
+            helps = field_help(section)
+            missing = [f.name for f in dataclasses.fields(section) if not helps.get(f.name)]
+            assert not missing, f"{path or 'top level'} ({section.__name__}): no help for {missing}"
+
+
+def test_field_help_reads_attribute_docstrings_and_metadata_and_subclasses_override():
+    from dataclasses import dataclass, field
+
+    from relpos_lab.config import field_help
+
+    @dataclass
+    class Base:
+        width: int = 4
+        """how wide"""
+        depth: int = field(default=2, metadata={"help": "how deep"})
+        plain: int = 0
+
+    @dataclass
+    class Child(Base):
+        width: int = 8
+        """how wide, doubled"""
+
+    assert field_help(Base) == {"width": "how wide", "depth": "how deep"}
+    assert field_help(Child) == {"width": "how wide, doubled", "depth": "how deep"}
+
+
+def test_an_unknown_key_error_says_what_the_suggested_key_means(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("task: {name: reverse}\nmodel: {n_head: 4}\n")
+    with pytest.raises(ConfigError, match=r"did you mean 'model.n_heads' \(attention heads per layer; must divide "
+                                          r"d_model\)\?"):
+        load_config(path)
+
+
+def test_help_keys_lists_a_section_with_types_defaults_and_help(tmp_path, capsys):
+    from relpos_lab import cli
+
+    assert cli.main(["config", "--help-keys", "model.positions"]) == 0
+    out = capsys.readouterr().out
+    assert "model.positions.max_distance (int, default 16)\n    Shaw's clipping distance k: 2k+1 labels" in out
+    assert cli.main(["config", "--help-keys", "task", "--task", "reverse"]) == 0
+    out = capsys.readouterr().out
+    assert "task.train_lengths (list[int], default [1, 16])" in out
+    assert "task.decoding (section: relpos-lab config --help-keys task.decoding)" in out
+    (tmp_path / "exp.yaml").write_text("task: {name: translation}\n")
+    assert cli.main(["config", "--help-keys", "task.subword", str(tmp_path / "exp.yaml")]) == 0
+    assert "task.subword.vocab_size (int, default 8000)" in capsys.readouterr().out
+    assert cli.main(["config", "--help-keys", "model.postions"]) == 2
+    assert "did you mean 'model.positions'?" in capsys.readouterr().err

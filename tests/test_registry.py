@@ -75,6 +75,7 @@ from relpos_lab.task import Pair, Task, TaskConfig, Vocabulary
 @dataclass
 class ShiftConfig(TaskConfig):
     alphabet_size: int = 6
+    """symbols the strings are made of"""
     length: int = 4
     size: int = 128
 
@@ -149,6 +150,16 @@ def test_tasks_command_lists_builtins_the_plugin_and_the_broken_plugin(installed
         assert name in out.stdout
     assert "Replace every symbol by the next one" in out.stdout
     assert "failed to load: ImportError: this plugin is broken on purpose" in out.stdout
+
+
+@pytest.mark.integration
+def test_an_installed_plugins_keys_explain_themselves(installed_plugin, tmp_path):
+    out = run_cli("config", "--help-keys", "task", "--task", "throwaway_shift", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "task.alphabet_size (int, default 6)\n    symbols the strings are made of" in out.stdout
+    (tmp_path / "typo.yaml").write_text("task: {name: throwaway_shift, alphabet_sise: 3}\n")
+    out = run_cli("config", "typo.yaml", cwd=tmp_path)
+    assert "did you mean 'task.alphabet_size' (symbols the strings are made of)?" in out.stderr
 
 
 @pytest.mark.integration
