@@ -618,11 +618,10 @@ def _cpu_tails(q, k, v, keep, kmax, is_causal, scale):
 def _flex_tails(q, k, v, masks, kmax, is_causal, scale, compiled):
     """The tails as FlexAttention over the whole sequence, each restricted by its BlockMask: the
     blocks wholly outside a tail are skipped, so the two tails together cost about one attention."""
-    left, right = masks
-    o_left, lse_left = _flex_attend(q, k, v, scale, block_mask=left, compiled=compiled)
+    o_left, lse_left = _flex_attend(q, k, v, scale, block_mask=masks[0], compiled=compiled)
     if is_causal:
         return o_left, lse_left, None, None
-    o_right, lse_right = _flex_attend(q, k, v, scale, block_mask=right, compiled=compiled)
+    o_right, lse_right = _flex_attend(q, k, v, scale, block_mask=masks[1], compiled=compiled)
     return o_left, lse_left, o_right, lse_right
 
 
@@ -678,7 +677,8 @@ def _banded(q, k, v, rel_k, rel_v, kmax, attn_mask, is_causal, scale):
     keep = attn_mask.reshape(attn_mask.shape[0], n).expand(q.shape[0], n) if attn_mask is not None else None
     if q.device.type == "cpu":
         return _banded_core(q, k, v, rel_k, rel_v, kmax, keep, is_causal, scale, None, False)
-    masks = tuple(flex_block_mask(attn_mask, False, n, n, 0, side, kmax, q.device) for side in ("left", "right"))
+    masks = tuple(flex_block_mask(attn_mask, False, n, n, 0, side, kmax, q.device)
+                  for side in (("left",) if is_causal else ("left", "right")))
     if not BANDED_COMPILE:
         return _banded_core(q, k, v, rel_k, rel_v, kmax, keep, is_causal, scale, masks, True)
     global _compiled_banded
