@@ -247,7 +247,8 @@ def tiny(tmp_path, monkeypatch) -> str:
 def test_unknown_config_key_is_one_line(tiny, capsys, tmp_path):
     (tmp_path / "bad.yaml").write_text("extends: tiny.yaml\ntrainer: {max_step: 3}\n")
     err = one_line_error(capsys, "train", "bad.yaml")
-    assert "bad.yaml: unknown key 'trainer.max_step'; did you mean 'trainer.max_steps'?" in err
+    assert ("bad.yaml: unknown key 'trainer.max_step'; did you mean 'trainer.max_steps' (optimizer steps to train)?"
+            in err)
 
 
 def test_misspelled_task_is_one_line(tiny, capsys):
