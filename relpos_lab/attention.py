@@ -501,8 +501,8 @@ def _bucket_masses(q, k, qw, bias, allowed, lse, max_distance, query_offset, sca
 # --- banded: a fused kernel for the two tails, the band |j - i| < k on the side -----------------
 
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-_HAS_FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None  # found, not imported
 _FLASH_CPU_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+_HAS_FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None  # found, not imported
 
 
 def _banded_unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p,
