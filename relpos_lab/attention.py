@@ -142,16 +142,12 @@ def _check_shapes(q, k, v, rel_k, rel_v, max_distance):
 def _pick_impl(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias) -> str:
     if rel_k is None and rel_v is None and attn_bias is None:
         return "sdpa"
-    if (q.is_cuda and torch.is_grad_enabled() and q.shape[-2] >= BANDED_MIN_LENGTH
+    if (q.is_cuda and torch.is_grad_enabled()
             and any(t is not None and t.requires_grad for t in (q, k, rel_k, rel_v))
             and _banded_unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p,
                                     attn_bias) is None):
         return "banded"
     return "gather"
-
-
-BANDED_MIN_LENGTH = 0
-"""On CUDA, ``auto`` trains with ``banded`` from this many query rows on (below, ``gather``)."""
 
 
 def _attention_probs(scores, scale, allowed, bias, dropout_p, dtype) -> Tensor:
@@ -354,10 +350,11 @@ def _flex(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, allowed, at
     out, lse = _flex_attend(q, k, v, scale, score_mod, block_mask, _SCORE_MOD_KERNEL)
     out = out.to(acc)
     if rel_v is not None:
-        masses = _bucket_masses(q, k, qw, bias, allowed, lse.to(acc), max_distance, query_offset, scale,
-                                lambda: _flex_attend(q, k, v, scale, score_mod, flex_block_mask(
-                                    attn_mask, is_causal, lq, lk, query_offset, "right", max_distance, q.device),
-                                    _SCORE_MOD_KERNEL)[1])
+        lse_right = None  # the right tail j − i ≥ k (none when k = 0): one more pass restricted to it
+        if max_distance > 0:
+            right = flex_block_mask(attn_mask, is_causal, lq, lk, query_offset, "right", max_distance, q.device)
+            lse_right = _flex_attend(q, k, v, scale, score_mod, right, _SCORE_MOD_KERNEL)[1]
+        masses = _bucket_masses(q, k, qw, bias, allowed, lse.to(acc), max_distance, query_offset, scale, lse_right)
         out = out + masses @ rel_v.to(acc)
     return out.to(q.dtype)
 
@@ -405,8 +402,8 @@ _BLOCK_MASK_CACHE = 32
 
 def flex_block_mask(attn_mask, is_causal, lq, lk, query_offset, region, kmax, device):
     """FlexAttention's BlockMask for a call: key padding or a dense boolean mask, causality and
-    an optional region of relative offsets ("left": j − i ≤ −k, "right": j − i ≥ k, "band":
-    |j − i| < k), all as mask_mod, so fully masked blocks are skipped rather than scored.
+    an optional region of relative offsets ("left": j − i ≤ −k, "right": j − i ≥ k), all as
+    mask_mod, so fully masked blocks are skipped rather than scored.
 
     Built once and reused while the same mask tensor comes back (a model's layers share one
     padding mask per batch): the cache holds the mask itself, so an id is never mistaken for
@@ -436,7 +433,7 @@ def flex_block_mask(attn_mask, is_causal, lq, lk, query_offset, region, kmax, de
     # The allowed offsets j - i as a range [lo, hi]; device scalars, not Python constants, so the
     # compiled kernel is the same for every region, k and offset instead of one compile each.
     big = lq + lk + abs(query_offset)
-    lo, hi = {None: (-big, big), "left": (-big, -kmax), "right": (kmax, big), "band": (1 - kmax, kmax - 1)}[region]
+    lo, hi = {None: (-big, big), "left": (-big, -kmax), "right": (kmax, big)}[region]
     if is_causal:
         hi = min(hi, 0)
     lo, hi, offset = (torch.full((), x, dtype=torch.long, device=device) for x in (lo, hi, query_offset))
@@ -457,12 +454,12 @@ def flex_block_mask(attn_mask, is_causal, lq, lk, query_offset, region, kmax, de
     return block_mask
 
 
-def _bucket_masses(q, k, qw, bias, allowed, lse, max_distance, query_offset, scale, right_tail_lse):
+def _bucket_masses(q, k, qw, bias, allowed, lse, max_distance, query_offset, scale, lse_right):
     """(B, H, Lq, 2k+1) probability mass per relative label, without the probabilities.
 
     Inside the band |j - i| < k each label holds one key, so its mass is exp(e_ij - lse_i).
-    The right tail (j - i ≥ k) is one more flex pass restricted to that tail (its log-sum-exp
-    comes from `right_tail_lse()`); the left tail is what remains of the row's unit mass.
+    The right tail's (j - i ≥ k) mass comes from `lse_right`, the log-sum-exp of a flex pass
+    restricted to it; the left tail is what remains of the row's unit mass.
     """
     b, h, lq, _ = q.shape
     lk = k.shape[-2]
@@ -491,7 +488,6 @@ def _bucket_masses(q, k, qw, bias, allowed, lse, max_distance, query_offset, sca
         masses[..., 0] = live.to(acc)
         return masses
 
-    lse_right = right_tail_lse()
     masses[..., -1] = torch.where(live, torch.exp(lse_right.to(acc) - lse), torch.zeros_like(lse))
     left = 1.0 - masses.sum(-1)
     masses[..., 0] = torch.where(live, left.clamp_min(0.0), torch.zeros_like(left))

@@ -164,7 +164,7 @@ def tasks(args: argparse.Namespace) -> None:
              help="list the keys of a section (model, model.positions, trainer, task, ...; '' for the top level) "
                   "with their types, defaults and help, instead of printing a config"),
          arg("--task", default=None, help="with --help-keys task: the task (default: the config's task)"))
-def show_config(args: argparse.Namespace) -> int | None:
+def show_config(args: argparse.Namespace) -> None:
     from .config import describe_keys, load_config, section_class, to_yaml
 
     if args.help_keys is not None:
@@ -172,15 +172,13 @@ def show_config(args: argparse.Namespace) -> int | None:
         if task is None and args.config and args.help_keys.startswith("task"):
             task = load_config(args.config, args.overrides).task.name
         print("\n".join(describe_keys(section_class(args.help_keys, task), args.help_keys)))
-        return None
+        return
     if not args.config:
-        print("relpos-lab config: give an experiment YAML file, or --help-keys SECTION", file=sys.stderr)
-        return 2
+        raise UserError("config: give an experiment YAML file, or --help-keys SECTION")
     from .tracking import run_directory
 
     cfg = load_config(args.config, args.overrides)
     sys.stdout.write(f"# run directory: {run_directory(cfg)}\n{to_yaml(cfg)}")
-    return None
 
 
 @command("sweep", "run a grid of experiments from a sweep file, skipping finished points",

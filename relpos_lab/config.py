@@ -429,25 +429,30 @@ def field_help(cls: type) -> dict[str, str]:
     return found
 
 
+def subsections(cls: type) -> dict[str, type]:
+    """{field: dataclass} of the fields of config dataclass `cls` that are sections of their own."""
+    found = {}
+    for f in dataclasses.fields(cls):
+        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(value := f.default_factory()):
+            found[f.name] = type(value)
+    return found
+
+
 def describe_keys(cls: type, prefix: str) -> list[str]:
     """The fields of config dataclass `cls` as `<prefix>.<key> (type, default ...)` lines, each
     followed by its help; a nested section points to its own listing."""
-    helps, lines = field_help(cls), []
+    helps, sections, lines = field_help(cls), subsections(cls), []
     for f in dataclasses.fields(cls):
         key = _join(prefix, f.name)
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        if f.default is not dataclasses.MISSING:
-            default = "required" if f.default == MISSING else f"default {f.default!r}"
+        if f.name in sections:
+            lines.append(f"{key} (section: relpos-lab config --help-keys {key})")
+        elif f.default is not dataclasses.MISSING:
+            lines.append(f"{key} ({kind}, {'required' if f.default == MISSING else f'default {f.default!r}'})")
         elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-            if dataclasses.is_dataclass(value):
-                lines.append(f"{key} (section: relpos-lab config --help-keys {key})")
-                lines += [f"    {helps[f.name]}"] if f.name in helps else []
-                continue
-            default = f"default {value!r}"
+            lines.append(f"{key} ({kind}, default {f.default_factory()!r})")
         else:
-            default = "required"
-        lines.append(f"{key} ({kind}, {default})")
+            lines.append(f"{key} ({kind}, required)")
         lines += [f"    {helps[f.name]}"] if f.name in helps else []
     return lines
 
@@ -463,17 +468,13 @@ def section_class(section: str, task: str | None = None) -> type:
         cls, parts = ExperimentConfig, section.split(".") if section else []
     path = "task" if section.startswith("task") else ""
     for part in parts:
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        sub = fields.get(part)
-        value = sub.default_factory() if sub is not None and sub.default_factory is not dataclasses.MISSING else None
-        if not dataclasses.is_dataclass(value):
-            sections = [name for name, f in fields.items() if f.default_factory is not dataclasses.MISSING
-                        and dataclasses.is_dataclass(f.default_factory())]
-            close = did_you_mean(part, sections)
+        sections = subsections(cls)
+        if part not in sections:
+            close = did_you_mean(part, list(sections))
             hint = f"did you mean '{_join(path, close)}'? " if close else ""
             raise UserError(f"--help-keys {section}: no section '{_join(path, part)}'; {hint}"
                             f"sections there: {', '.join(_join(path, s) for s in sections) or 'none'}")
-        cls, path = type(value), _join(path, part)
+        cls, path = sections[part], _join(path, part)
     return cls
 
 

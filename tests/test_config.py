@@ -193,12 +193,11 @@ def test_shared_pieces_are_validated_too(tmp_path):
 
 def _sections(cls, prefix=""):
     """Every (dotted path, dataclass) of a config tree."""
-    import dataclasses
+    from relpos_lab.config import subsections
 
     yield prefix, cls
-    for f in dataclasses.fields(cls):
-        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(value := f.default_factory()):
-            yield from _sections(type(value), f"{prefix}.{f.name}".lstrip("."))
+    for name, section in subsections(cls).items():
+        yield from _sections(section, f"{prefix}.{name}".lstrip("."))
 
 
 def test_every_key_of_every_shipped_schema_says_what_it_means():
