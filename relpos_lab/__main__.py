@@ -1,4 +1,4 @@
 """`python -m relpos_lab ...` is the `relpos-lab` command."""
-from .cli import run
+from relpos_lab.cli import run
 
 raise SystemExit(run())

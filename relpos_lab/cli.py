@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .errors import PROG, UserError, shown_path
+from relpos_lab.api.errors import PROG, UserError, shown_path
 
 console = Console()
 
@@ -61,8 +61,8 @@ OVERRIDES = arg("overrides", nargs="*", metavar="key=value",
 
 @command("train", "train a model from an experiment config", arg("config", help="experiment YAML file"), OVERRIDES)
 def train(args: argparse.Namespace) -> None:
-    from . import experiment
-    from .config import load_config
+    from relpos_lab.training import experiment
+    from relpos_lab.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     _check_own_run_directory(Path(args.config), cfg)
@@ -78,7 +78,7 @@ def _check_own_run_directory(config: Path, cfg) -> None:
     run directory hashes the whole resolved config), an override changes the experiment, or
     logging.root points elsewhere: training would then start from scratch in another directory.
     """
-    from .tracking import run_directory
+    from relpos_lab.records.rundir import run_directory
 
     home = config.resolve().parent
     if config.name != "config.yaml" or not (home / "checkpoints").is_dir():
@@ -98,7 +98,7 @@ def _check_own_run_directory(config: Path, cfg) -> None:
              "(default: <run dir>/eval/<checkpoint>-<split>[-<hash of the overrides>])"),
          OVERRIDES)
 def evaluate(args: argparse.Namespace) -> None:
-    from . import experiment
+    from relpos_lab.training import experiment
 
     summary = experiment.evaluate(args.checkpoint, args.split, args.overrides, args.output)
     show_summary(summary, f"{Path(args.checkpoint).name} on {args.split}")
@@ -116,7 +116,7 @@ def evaluate(args: argparse.Namespace) -> None:
 def translate(args: argparse.Namespace) -> None:
     import torch
 
-    from .inference import load_for_inference, translate as run
+    from relpos_lab.training.inference import load_for_inference, translate as run
 
     overrides = list(args.overrides)
     if args.beam is not None:
@@ -141,7 +141,7 @@ def translate(args: argparse.Namespace) -> None:
 
 @command("tasks", "list installed tasks (built-in and plugins), with any that failed to load")
 def tasks(args: argparse.Namespace) -> None:
-    from . import registry
+    from relpos_lab.api import registry
 
     entries = registry.discover()
     table = Table(title=f"tasks (entry-point group {registry.GROUP})", title_justify="left")
@@ -165,7 +165,8 @@ def tasks(args: argparse.Namespace) -> None:
                   "with their types, defaults and help, instead of printing a config"),
          arg("--task", default=None, help="with --help-keys task: the task (default: the config's task)"))
 def show_config(args: argparse.Namespace) -> None:
-    from .config import describe_keys, load_config, section_class, to_yaml
+    from relpos_lab.config import load_config, to_yaml
+    from relpos_lab.config.help import describe_keys, section_class
 
     if args.help_keys is not None:
         task = args.task
@@ -175,7 +176,7 @@ def show_config(args: argparse.Namespace) -> None:
         return
     if not args.config:
         raise UserError("config: give an experiment YAML file, or --help-keys SECTION")
-    from .tracking import run_directory
+    from relpos_lab.records.rundir import run_directory
 
     cfg = load_config(args.config, args.overrides)
     sys.stdout.write(f"# run directory: {run_directory(cfg)}\n{to_yaml(cfg)}")
@@ -193,9 +194,9 @@ def show_config(args: argparse.Namespace) -> None:
              "sweep under the same logging root instead of training them again"),
          OVERRIDES)
 def sweep(args: argparse.Namespace) -> int:
-    from . import experiment
-    from .config import load_config
-    from .sweep import is_dangling, is_finished, link_identical_runs, load_sweep, run_locally
+    from relpos_lab.training import experiment
+    from relpos_lab.config import load_config
+    from relpos_lab.launch.sweep import is_dangling, is_finished, link_identical_runs, load_sweep, run_locally
 
     grid = load_sweep(args.sweep_file, args.overrides)
     if args.reuse:
@@ -236,7 +237,7 @@ def sweep(args: argparse.Namespace) -> int:
          arg("--dry-run", action="store_true", help="print the sbatch script, submit nothing"),
          OVERRIDES)
 def submit(args: argparse.Namespace) -> None:
-    from . import slurm
+    from relpos_lab.launch import slurm
 
     if args.dry_run:
         sys.stdout.write(slurm.run_job(args.config, args.overrides)[0].script)
@@ -246,7 +247,7 @@ def submit(args: argparse.Namespace) -> None:
 
 def submit_sweep(grid, dry_run: bool) -> int:
     """`sweep --slurm`: the grid's unfinished points as one job array (see slurm.py)."""
-    from . import slurm
+    from relpos_lab.launch import slurm
 
     if dry_run:
         job = slurm.sweep_job(grid)
@@ -270,7 +271,7 @@ def submit_sweep(grid, dry_run: bool) -> int:
              "of the split but the loss, e.g. bleu chrf for translation)"),
          arg("--over", nargs="+", default=["seed"], help="axes averaged over (default: seed)"))
 def report(args: argparse.Namespace) -> None:
-    from .report import write_report
+    from relpos_lab.analysis.report import write_report
 
     path = write_report(args.sweep_dir, args.out, args.split, tuple(args.metric or ()), tuple(args.over))
     console.print(f"report: {shown_path(path)}")
@@ -281,7 +282,7 @@ def report(args: argparse.Namespace) -> None:
          "(`relpos-lab bench attention --help`)",
          arg("bench_args", nargs=argparse.REMAINDER, metavar="attention|layer|model|decode [options]"))
 def bench(args: argparse.Namespace) -> None:
-    from . import bench as benchmarks
+    from relpos_lab.analysis import bench as benchmarks
 
     benchmarks.main(args.bench_args)
 

@@ -11,7 +11,7 @@ Data is generated from the seed, never read from files: the same config always y
 examples. Valid and test hold the same number of examples for every length, so the per-length
 accuracies in results.json (`by_length`) are equally precise.
 
-This module uses only the public plugin API (relpos_lab.task), as a third-party task would; it is
+This module uses only the public plugin API (relpos_lab.api.task), as a third-party task would; it is
 registered through the ``relpos_lab.tasks`` entry points in pyproject.toml.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from relpos_lab.task import DecodingConfig, Pair, Task, TaskConfig, Vocabulary
+from relpos_lab.api import DecodingConfig, Pair, Seq2SeqTask, TaskConfig, Vocabulary
 
 
 @dataclass
@@ -57,7 +57,7 @@ class SyntheticConfig(TaskConfig):
                 raise ValueError(f"task.{name}={getattr(self, name)} must be >= 1")
 
 
-class SyntheticTask(Task):
+class SyntheticTask(Seq2SeqTask):
     """A string task whose target is a fixed function (`transform`) of its source."""
 
     config_class = SyntheticConfig

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from relpos_lab import attention
-from relpos_lab.attention import relative_attention
+from relpos_lab.core import attention
+from relpos_lab.core.attention import relative_attention
 
 EXACT_IMPLS = ["naive", "batched", "gather", "flex", "auto"]
 
@@ -312,7 +312,7 @@ def test_gather_never_materialises_an_lq_lk_d_tensor(per_head):
 
 PEAK_SCRIPT = textwrap.dedent("""
     import resource, sys, torch
-    from relpos_lab.attention import relative_attention
+    from relpos_lab.core.attention import relative_attention
     torch.set_num_threads(1)
     L, D, K = 1024, 64, 16
     q, k, v = (torch.randn(1, 1, L, D, requires_grad=True) for _ in range(3))

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from relpos_lab import bench
+from relpos_lab.analysis import bench
 
 TINY = ["--batch", "1", "--heads", "2", "--head-dim", "8", "--d-model", "16", "--d-ff", "32",
         "--layers", "1", "--length", "16", "--max-distance", "2", "--repeats", "2", "--warmup", "1"]
@@ -39,8 +39,8 @@ def test_attention_bench_measures_peak_memory_in_a_subprocess(tmp_path):
 def test_recompute_baseline_agrees_with_cached_greedy():
     import torch
 
-    from relpos_lab.decoding import greedy_search
-    from relpos_lab.transformer import EncoderDecoder, ModelConfig
+    from relpos_lab.core.decoding import greedy_search
+    from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
 
     torch.manual_seed(0)
     model = EncoderDecoder(ModelConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2, d_ff=32,

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from relpos_lab.config import load_config
-from relpos_lab.errors import ConfigError
+from relpos_lab.api.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ALL_YAML = sorted(CONFIGS.rglob("*.yaml"))
@@ -42,7 +42,7 @@ def test_every_config_file_validates_against_the_schema(path: Path):
         cfg = load_config(path)
         assert OmegaConf.missing_keys(cfg) == set()
     elif path.parent.name == "sweep":  # every grid point is a whole experiment
-        from relpos_lab.sweep import load_sweep
+        from relpos_lab.launch.sweep import load_sweep
 
         assert load_sweep(path).points
     else:  # shared pieces (model/, trainer/, ...) are partial experiments
@@ -193,7 +193,7 @@ def test_shared_pieces_are_validated_too(tmp_path):
 
 def _sections(cls, prefix=""):
     """Every (dotted path, dataclass) of a config tree."""
-    from relpos_lab.config import subsections
+    from relpos_lab.config.help import subsections
 
     yield prefix, cls
     for name, section in subsections(cls).items():
@@ -203,8 +203,9 @@ def _sections(cls, prefix=""):
 def test_every_key_of_every_shipped_schema_says_what_it_means():
     import dataclasses
 
-    from relpos_lab import registry
-    from relpos_lab.config import ExperimentConfig, field_help
+    from relpos_lab.api import registry
+    from relpos_lab.config import ExperimentConfig
+    from relpos_lab.config.help import field_help
 
     roots = [("", ExperimentConfig)] + [("task", registry.get_task_class(n).config_class)
                                         for n in ("reverse", "duplicate", "translation")]
@@ -218,7 +219,7 @@ def test_every_key_of_every_shipped_schema_says_what_it_means():
 def test_field_help_reads_attribute_docstrings_and_metadata_and_subclasses_override():
     from dataclasses import dataclass, field
 
-    from relpos_lab.config import field_help
+    from relpos_lab.config.help import field_help
 
     @dataclass
     class Base:

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from relpos_lab import attention
-from relpos_lab.attention import relative_attention
-from relpos_lab.positions import SCHEMES, PositionConfig
-from relpos_lab.transformer import EncoderDecoder, ModelConfig, label_smoothed_loss
+from relpos_lab.core import attention
+from relpos_lab.core.attention import relative_attention
+from relpos_lab.core.positions import SCHEMES, PositionConfig
+from relpos_lab.core.loss import label_smoothed_loss
+from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from relpos_lab.decoding import beam_search, gnmt_length_penalty, greedy_search
-from relpos_lab.positions import PositionConfig
-from relpos_lab.transformer import DecoderLM, EncoderDecoder, ModelConfig
+from relpos_lab.core.decoding import beam_search, gnmt_length_penalty, greedy_search
+from relpos_lab.core.positions import PositionConfig
+from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
 
 PAD, BOS, EOS = 0, 1, 2
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from relpos_lab import experiment
-from relpos_lab.wandb_offline import read_runs
+from relpos_lab.training import experiment
+from relpos_lab.records.wandb_offline import read_runs
 
 GLOBAL_BATCH = 32
 STEPS = 12

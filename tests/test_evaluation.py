@@ -8,13 +8,14 @@ import sys
 import pytest
 import torch
 
-from relpos_lab.evaluation import Evaluation
-from relpos_lab.task import Task, TaskConfig, Vocabulary, align
+from relpos_lab.api.evaluation import Evaluation
+from relpos_lab.api import Seq2SeqTask, TaskConfig, Vocabulary
+from relpos_lab.api.seq2seq import align
 
 PAD, EOS = Vocabulary.pad_id, Vocabulary.eos_id
 
 
-class _Symbols(Task):
+class _Symbols(Seq2SeqTask):
     def build_vocab(self) -> Vocabulary:
         return Vocabulary("abcdef")
 
@@ -97,7 +98,7 @@ def test_list_arguments_are_split_by_bucket_too():
 
 
 def test_length_generalization_summaries_average_buckets_inside_and_beyond_training():
-    from relpos_lab.evaluation import length_generalization
+    from relpos_lab.api.evaluation import length_generalization
 
     by_length = {1: {"exact_match": 1.0, "n": 4}, 2: {"exact_match": 0.5, "n": 4}, 3: {"exact_match": 0.75, "n": 9},
                  4: {"exact_match": 0.25, "n": 4}, 5: {"exact_match": 0.0, "n": 4}}
@@ -109,7 +110,7 @@ def test_length_generalization_summaries_average_buckets_inside_and_beyond_train
 
 def test_probe_from_hand_made_predictions_to_summary():
     """Bucketing + metrics + summary on predictions whose right answers are known by hand."""
-    from relpos_lab.evaluation import length_generalization
+    from relpos_lab.api.evaluation import length_generalization
 
     target = torch.tensor([[4, EOS, PAD], [4, 5, EOS], [4, 5, EOS], [5, 4, EOS]])
     preds = torch.tensor([[4, EOS, PAD], [4, 5, EOS], [4, 4, EOS], [5, 5, EOS]])
@@ -127,7 +128,7 @@ def test_probe_from_hand_made_predictions_to_summary():
 RANKS_SCRIPT = """
 import sys, torch, torch.distributed as dist, torch.multiprocessing as mp
 from torchmetrics import MetricCollection, SumMetric
-from relpos_lab.evaluation import Evaluation
+from relpos_lab.api.evaluation import Evaluation
 
 def main(rank, store):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)

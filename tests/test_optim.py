@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from relpos_lab.config import OptimConfig
-from relpos_lab.optim import build_optimizer, build_scheduler, lr_factor
+from relpos_lab.training.optim import build_optimizer, build_scheduler, lr_factor
 
 
 def factors(scheduler, n, warmup=4, total=10, min_lr_ratio=0.0):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from relpos_lab.report import write_report
-from relpos_lab.tracking import run_directory
+from relpos_lab.analysis.report import write_report
+from relpos_lab.records.rundir import run_directory
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = Path("docs/paper-reproduction")  # relative, as run.sh names it: the reports print the path

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from relpos_lab.positions import (
+from relpos_lab.core.positions import (
     SCHEMES, AlibiPositions, LearnedPositions, PositionConfig, RotaryPositions, ShawPositions,
     SinusoidalPositions, T5BiasPositions, alibi_slopes, build_absolute, build_relative,
 )

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from relpos_lab import registry
-from relpos_lab.errors import UserError
+from relpos_lab.api import registry
+from relpos_lab.api.errors import UserError
 
 PLUGIN_DIST = "relpos-lab-throwaway-plugin"
 
@@ -51,9 +51,9 @@ def test_a_plugin_that_fails_to_import_is_recorded_and_the_others_still_load(mon
 
 
 def test_an_entry_point_that_is_not_a_task_is_rejected(monkeypatch):
-    with_entry_points(monkeypatch, EntryPoint("notatask", "relpos_lab.errors:UserError", registry.GROUP))
+    with_entry_points(monkeypatch, EntryPoint("notatask", "relpos_lab.api.errors:UserError", registry.GROUP))
     entry = {e.name: e for e in registry.discover()}["notatask"]
-    assert "not a subclass of relpos_lab.task.Task" in entry.error
+    assert "not a subclass of relpos_lab.api.Task" in entry.error
 
 
 def test_two_plugins_claiming_one_name_is_reported(monkeypatch):
@@ -69,7 +69,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relpos_lab.task import Pair, Task, TaskConfig, Vocabulary
+from relpos_lab.api import Pair, Seq2SeqTask, TaskConfig, Vocabulary
 
 
 @dataclass
@@ -80,7 +80,7 @@ class ShiftConfig(TaskConfig):
     size: int = 128
 
 
-class ShiftTask(Task):
+class ShiftTask(Seq2SeqTask):
     """Replace every symbol by the next one in the alphabet."""
 
     config_class = ShiftConfig

@@ -9,15 +9,15 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from omegaconf import OmegaConf
 
-from relpos_lab import registry
+from relpos_lab.api import registry
 from relpos_lab.config import DataConfig, config_from_container
-from relpos_lab.data import TaskDataModule
-from relpos_lab.experiment import build_trainer
-from relpos_lab.module import RelposModule
-from relpos_lab.task import Pair, Task, TaskConfig, Vocabulary
+from relpos_lab.training.data import TaskDataModule
+from relpos_lab.training.experiment import build_trainer
+from relpos_lab.training.module import RelposModule
+from relpos_lab.api import Pair, Seq2SeqTask, TaskConfig, Vocabulary
 
 
-class _Numbered(Task):
+class _Numbered(Seq2SeqTask):
     """Examples of varied length whose tokens say which example they are."""
 
     def __init__(self, cfg: TaskConfig, max_tokens: int | None):

@@ -16,8 +16,8 @@ import pytest
 
 from relpos_lab import cli
 from relpos_lab.config import load_config
-from relpos_lab.slurm import _index_ranges, pin_points, sweep_job
-from relpos_lab.sweep import load_sweep
+from relpos_lab.launch.slurm import _index_ranges, pin_points, sweep_job
+from relpos_lab.launch.sweep import load_sweep
 
 TINY = """
 task: {name: reverse, train_lengths: [1, 4], valid_lengths: [1, 4], test_lengths: [1, 6],

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from relpos_lab import cli
-from relpos_lab.wandb_offline import read_runs
+from relpos_lab.records.wandb_offline import read_runs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration,
               pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs SLURM (slurm/dev-cluster-start.sh)")]

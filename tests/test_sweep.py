@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from relpos_lab.errors import ConfigError, UserError
-from relpos_lab.report import write_report
-from relpos_lab.sweep import link_identical_runs, load_sweep
+from relpos_lab.api.errors import ConfigError, UserError
+from relpos_lab.analysis.report import write_report
+from relpos_lab.launch.sweep import link_identical_runs, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 

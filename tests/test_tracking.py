@@ -16,23 +16,15 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from relpos_lab import tracking
-from relpos_lab.loggers import RunCSVLogger, RunWandbLogger
-from relpos_lab.plots import groups_figure, plot_groups
-from relpos_lab.tracking import (
-    LoggingConfig,
-    build_loggers,
-    close_loggers,
-    log_samples,
-    plot_by_length,
-    plot_curves,
-    resolve_wandb_mode,
-    run_directory,
-    save_resolved_config,
-    wandb_run_id,
-    write_results,
+from relpos_lab.config import LoggingConfig
+from relpos_lab.records import loggers as run_loggers
+from relpos_lab.records.loggers import (
+    RunCSVLogger, RunWandbLogger, build_loggers, close_loggers, log_samples, resolve_wandb_mode, wandb_run_id,
 )
-from relpos_lab.wandb_offline import find_run_files, read_run, read_runs
+from relpos_lab.records.plots import groups_figure, plot_curves, plot_groups
+from relpos_lab.records.results import plot_by_length, write_results
+from relpos_lab.records.rundir import run_directory, save_resolved_config
+from relpos_lab.records.wandb_offline import find_run_files, read_run, read_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -330,7 +322,7 @@ def test_wandb_config_records_git_commit_and_slurm_ids(tmp_path, monkeypatch):
     close_loggers(loggers)
     provenance = read_run(find_run_files(run_dir)[0]).config["provenance"]
     assert provenance["slurm"] == {"job_id": "4242", "array_job_id": "4240", "array_task_id": "2"}
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(tracking.__file__).parent,
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(run_loggers.__file__).parent,
                           capture_output=True, text=True)
     assert provenance.get("git_commit") == (head.stdout.strip() if head.returncode == 0 else None)
 
@@ -355,7 +347,7 @@ def test_wandb_missing_entirely_leaves_csv_logging(tmp_path, monkeypatch):
     def unavailable(**kwargs):
         raise ModuleNotFoundError("No module named 'wandb'")
 
-    monkeypatch.setattr(tracking, "RunWandbLogger", unavailable)
+    monkeypatch.setattr(run_loggers, "RunWandbLogger", unavailable)
     with pytest.warns(UserWarning, match="CSV only"):
         loggers = build_loggers(_cfg(tmp_path), tmp_path / "run")
     assert [type(lg) for lg in loggers] == [RunCSVLogger]

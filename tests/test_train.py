@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from relpos_lab import cli
-from relpos_lab.runlock import run_lock
-from relpos_lab.wandb_offline import read_run, read_runs
+from relpos_lab.records.runlock import run_lock
+from relpos_lab.records.wandb_offline import read_run, read_runs
 
 TINY = """
 task: {name: reverse, train_lengths: [1, 4], valid_lengths: [1, 4], test_lengths: [1, 6],

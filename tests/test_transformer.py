@@ -3,8 +3,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from relpos_lab.positions import SCHEMES, PositionConfig
-from relpos_lab.transformer import MODEL_IMPLS, DecoderLM, EncoderDecoder, ModelConfig, label_smoothed_loss
+from relpos_lab.core.positions import SCHEMES, PositionConfig
+from relpos_lab.core.loss import label_smoothed_loss
+from relpos_lab.core.transformer import MODEL_IMPLS, DecoderLM, EncoderDecoder, ModelConfig
 
 
 def tiny(scheme="shaw", **kw):

@@ -8,10 +8,10 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DistributedSampler, SequentialSampler
 
-from relpos_lab.batching import TokenBatchSampler
+from relpos_lab.training.batching import TokenBatchSampler
 from relpos_lab.config import DataConfig
-from relpos_lab.data import TaskDataModule
-from relpos_lab.task import Pair, Task, TaskConfig, Vocabulary
+from relpos_lab.training.data import TaskDataModule
+from relpos_lab.api import Pair, Seq2SeqTask, TaskConfig, Vocabulary
 
 _rng = random.Random(0)
 SIZES = [_rng.randint(1, 40) for _ in range(500)]
@@ -86,7 +86,7 @@ def test_evaluation_shards_have_no_repeats():
 # --- through the data module --------------------------------------------------------------------
 
 
-class _Lengths(Task):
+class _Lengths(Seq2SeqTask):
     """Pairs of varied lengths, batched by tokens."""
 
     def build_vocab(self) -> Vocabulary:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from relpos_lab.errors import UserError
-from relpos_lab_tasks.corpora import from_hf_rows, read_aligned, read_hf, read_tsv
-from relpos_lab_tasks.gettext_corpus import build_corpus, clean_message, read_mo
+from relpos_lab.api.errors import UserError
+from relpos_lab_tasks.translation.corpora import from_hf_rows, read_aligned, read_hf, read_tsv
+from relpos_lab_tasks.translation.gettext import build_corpus, clean_message, read_mo
 from toy_translation import mo_bytes
 
 MACHINE_CATALOGS = Path("/usr/share/locale/de/LC_MESSAGES")

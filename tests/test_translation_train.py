@@ -16,10 +16,10 @@ import pytest
 import sacrebleu
 
 from relpos_lab import cli
-from relpos_lab.wandb_offline import find_run_files, read_run
-from relpos_lab_tasks import translation_baseline
-from relpos_lab_tasks.bleu import data_signature
-from relpos_lab_tasks.corpora import read_aligned
+from relpos_lab.records.wandb_offline import find_run_files, read_run
+from relpos_lab_tasks.translation import baseline as translation_baseline
+from relpos_lab_tasks.translation.bleu import data_signature
+from relpos_lab_tasks.translation.corpora import read_aligned
 from toy_translation import write_toy_files
 
 TOY = """

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import wandb
 
-from relpos_lab.wandb_offline import (RunFileError, find_run_files, read_records, read_run, read_runs,
+from relpos_lab.records.wandb_offline import (RunFileError, find_run_files, read_records, read_run, read_runs,
                                       wait_until_complete)
 
 

@@ -11,8 +11,8 @@ import statistics
 
 import torch
 
-from relpos_lab import attention
-from relpos_lab.bench import attention_candidate, interleaved
+from relpos_lab.core import attention
+from relpos_lab.analysis.bench import attention_candidate, interleaved
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--length", type=int, default=2048)

@@ -1,0 +1,455 @@
+"""`relpos-lab bench`: speed and memory measured side by side in one run.
+
+Every claim about performance comes from here: candidates are interleaved (each repeat runs all of
+them in turn, after warm-up), times are medians, and ratios are taken against a baseline measured
+in the same run. Peak memory on CPU is the growth of the process's peak RSS while running one
+candidate in a fresh subprocess (the only honest CPU peak); on CUDA it is max_memory_allocated.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from relpos_lab.core.attention import _flex_attend, flex_block_mask, relative_attention, visibility_mask
+from relpos_lab.core.decoding import greedy_search
+from relpos_lab.core.positions import PositionConfig, build_relative
+from relpos_lab.core.loss import label_smoothed_loss
+from relpos_lab.core.transformer import EncoderDecoder, ModelConfig, MultiHeadAttention
+
+
+@dataclass
+class Result:
+    name: str
+    shape: dict
+    median_ms: float
+    times_ms: list[float]
+    peak_mb: float | None = None
+    ratio: float | None = None  # median time / baseline's median time
+    extra: dict = field(default_factory=dict)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def interleaved(fns: dict, repeats: int, warmup: int, device) -> dict[str, list[float]]:
+    """Run every candidate once per round so drift (thermal, other load) hits all of them alike.
+    On CUDA each call is timed with device events (the GPU's own clock, no launch-queue gaps)."""
+    for name, fn in list(fns.items()):  # a candidate that cannot run here is reported, not fatal
+        try:
+            for _ in range(warmup):
+                fn()
+            _sync(device)
+        except Exception as err:  # noqa: BLE001 - e.g. a kernel the device has no resources for
+            print(f"bench: {name} failed and is left out: {type(err).__name__}: {str(err).splitlines()[0][:300]}",
+                  file=sys.stderr)
+            del fns[name]
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end))
+                continue
+            _sync(device)
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+# --- attention ---------------------------------------------------------------------------------
+
+MASKS = ("none", "padding", "causal")
+
+
+def attention_mask(mask: str, b: int, length: int, device) -> tuple[torch.Tensor | None, bool]:
+    """(key mask, is_causal) of a batch as training sees it: `padding` gives the sequences lengths
+    from `length` down to about 3/4 of it (an encoder's self-attention); `causal` adds causality
+    (a decoder's)."""
+    if mask not in MASKS:
+        raise ValueError(f"unknown mask {mask!r}; choose one of {', '.join(MASKS)}")
+    if mask == "none":
+        return None, False
+    lengths = torch.tensor([length - (length // 4) * i // max(b - 1, 1) for i in range(b)], device=device)
+    keys = (torch.arange(length, device=device)[None, :] < lengths[:, None])[:, None, None, :]
+    return keys, mask == "causal"
+
+
+def attention_candidate(name: str, b, h, length, d, k, dtype, device, backward=True, mask="none"):
+    """A closure running one forward(+backward) of attention candidate `name`."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_(backward)
+
+    q, kk, v = leaf(b, h, length, d), leaf(b, h, length, d), leaf(b, h, length, d)
+    rel_k, rel_v = leaf(2 * k + 1, d), leaf(2 * k + 1, d)
+    keys, causal = attention_mask(mask, b, length, device)
+    allowed = visibility_mask(keys, causal, length, length, 0, device)
+
+    if name == "sdpa":
+        def forward():
+            if allowed is None:  # lets CUDA pick its flash kernel
+                return F.scaled_dot_product_attention(q, kk, v, is_causal=False)
+            if keys is None and causal:
+                return F.scaled_dot_product_attention(q, kk, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, kk, v, attn_mask=allowed)
+    elif name == "flash":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def forward():  # flash attention without positions; padding cannot be expressed, causality can
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(q, kk, v, is_causal=causal)
+    elif name == "flex-bias":
+        bias = leaf(h, 2 * k + 1).detach().mul_(0.1).requires_grad_(backward)
+        block_mask = flex_block_mask(keys, causal, length, length, 0, None, k, device)
+        kmax = torch.full((), k, device=device)
+
+        def score_mod(score, bi, hi, q_idx, kv_idx):  # a learned bias per head and clipped distance
+            return score + bias[hi, torch.clamp(kv_idx - q_idx, -kmax, kmax) + kmax]
+
+        def forward():
+            return _flex_attend(q, kk, v, d ** -0.5, score_mod, block_mask)[0]
+    elif name == "unfused":
+        def forward():
+            s = (q @ kk.transpose(-2, -1)).float() / math.sqrt(d)
+            if allowed is not None:
+                s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
+            return torch.softmax(s, dim=-1).to(dtype) @ v
+    else:
+        impl = name.removeprefix("shaw-")
+
+        def forward():
+            return relative_attention(q, kk, v, rel_k=rel_k, rel_v=rel_v, max_distance=k, impl=impl,
+                                      attn_mask=keys, is_causal=causal)
+
+    grad = torch.randn(b, h, length, d, generator=g).to(device=device, dtype=dtype)
+
+    def run():
+        out = forward()
+        if backward:
+            out.backward(grad)
+            for t in (q, kk, v, rel_k, rel_v):
+                t.grad = None
+    return run
+
+
+# The peak comes from /proc/self/status (VmHWM, this process's own high-water mark) where there is
+# one: on Linux, ru_maxrss of a child starts at its parent's peak, so after the timings of a long
+# benchmark it hides the child's growth completely (every candidate read 0 MB).
+PEAK_SNIPPET = """
+import json, resource, sys, torch
+from relpos_lab.analysis.bench import attention_candidate
+
+def peak_kb():
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+args = json.loads(sys.argv[1])
+torch.set_num_threads(args.pop("threads"))
+dtype = getattr(torch, args.pop("dtype"))
+small = attention_candidate(args["name"], args["b"], args["h"], 16, args["d"], args["k"], dtype, torch.device("cpu"),
+                            mask=args["mask"])
+small()
+base = peak_kb()
+run = attention_candidate(args["name"], args["b"], args["h"], args["length"], args["d"], args["k"], dtype,
+                          torch.device("cpu"), mask=args["mask"])
+run()
+print((peak_kb() - base) / 1024)
+"""
+
+
+def peak_memory_mb(name, b, h, length, d, k, dtype, device, threads, mask="none") -> float:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        attention_candidate(name, b, h, length, d, k, dtype, device, mask=mask)()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    args = dict(name=name, b=b, h=h, length=length, d=d, k=k, dtype=str(dtype).removeprefix("torch."), threads=threads,
+                mask=mask)
+    res = subprocess.run([sys.executable, "-c", PEAK_SNIPPET, json.dumps(args)], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"peak-memory probe for {name} failed:\n{res.stderr[-2000:]}")
+    return float(res.stdout.strip().splitlines()[-1])
+
+
+def bench_attention(args, device, dtype) -> list[Result]:
+    base_name = args.baseline
+    names = list(dict.fromkeys([base_name, *args.candidates] + [f"shaw-{impl}" for impl in args.impl]))
+    results = []
+    for length in args.length:
+        batch = max(1, args.tokens // length) if args.tokens else args.batch
+        shape = dict(batch=batch, heads=args.heads, length=length, head_dim=args.head_dim, k=args.max_distance,
+                     mask=args.mask)
+        fns = {n: attention_candidate(n, batch, args.heads, length, args.head_dim, args.max_distance,
+                                      dtype, device, backward=not args.forward_only, mask=args.mask) for n in names}
+        times = interleaved(fns, args.repeats, args.warmup, device)
+        base = statistics.median(times[base_name])
+        for n in times:
+            med = statistics.median(times[n])
+            peak = None
+            if args.memory:
+                peak = peak_memory_mb(n, batch, args.heads, length, args.head_dim, args.max_distance,
+                                      dtype, device, torch.get_num_threads(), args.mask)
+            results.append(Result(n, shape, med, times[n], peak, med / base))
+        del fns
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
+# --- one self-attention module ------------------------------------------------------------------
+
+def bench_layer(args, device, dtype) -> list[Result]:
+    results = []
+    for length in args.length:
+        shape = dict(batch=args.batch, length=length, d_model=args.d_model, heads=args.heads, k=args.max_distance)
+        fns = {}
+        for scheme in ("none", "shaw"):
+            cfg = ModelConfig(d_model=args.d_model, n_heads=args.heads, attention_dropout=0.0,
+                              positions=PositionConfig(scheme=scheme, max_distance=args.max_distance))
+            rel = build_relative(cfg.positions, cfg.head_dim, cfg.n_heads, causal=False)
+            module = MultiHeadAttention(cfg, rel).to(device=device, dtype=dtype)
+            x = torch.randn(args.batch, length, args.d_model, device=device, dtype=dtype, requires_grad=True)
+
+            def run(module=module, x=x):
+                module(x).sum().backward()
+                module.zero_grad(set_to_none=True)
+                x.grad = None
+            fns[f"layer-{scheme}"] = run
+        if args.opennmt:
+            module = opennmt_attention(args.opennmt, args.heads, args.d_model, args.max_distance).to(device, dtype)
+            x = torch.randn(args.batch, length, args.d_model, device=device, dtype=dtype, requires_grad=True)
+
+            def run_peer(module=module, x=x):
+                module(x, x, x, mask=None)[0].sum().backward()
+                module.zero_grad(set_to_none=True)
+                x.grad = None
+            fns["layer-opennmt"] = run_peer
+        times = interleaved(fns, args.repeats, args.warmup, device)
+        base = statistics.median(times["layer-none"])
+        for n, t in times.items():
+            extra = {}
+            if n == "layer-shaw" and "layer-opennmt" in times:
+                extra["speedup_over_opennmt"] = statistics.median(times["layer-opennmt"]) / statistics.median(t)
+            results.append(Result(n, shape, statistics.median(t), t, None, statistics.median(t) / base, extra))
+    return results
+
+
+def opennmt_attention(path: str, heads: int, d_model: int, max_distance: int) -> torch.nn.Module:
+    """OpenNMT-py's MultiHeadedAttention with Shaw positions, as an optional benchmark peer.
+
+    `path` holds an unpacked OpenNMT-py wheel (the directory with `onmt/`), e.g. after
+    `pip download OpenNMT-py==3.5.1 --no-deps` and unzip; it is never a dependency. Only
+    onmt/modules/multi_headed_attn.py (and the one sibling it imports) is loaded, under a private
+    package name, so OpenNMT-py's own dependencies are not needed.
+    """
+    import importlib
+    import types
+    from pathlib import Path
+
+    modules = Path(path) / "onmt" / "modules"
+    if not (modules / "multi_headed_attn.py").is_file():
+        raise SystemExit(f"--opennmt {path}: no onmt/modules/multi_headed_attn.py there; unpack an OpenNMT-py wheel "
+                         "(pip download OpenNMT-py==3.5.1 --no-deps; unzip it) and pass that directory")
+    package = types.ModuleType("_opennmt_peer")
+    package.__path__ = [str(modules)]
+    sys.modules.setdefault("_opennmt_peer", package)
+    peer = importlib.import_module("_opennmt_peer.multi_headed_attn")
+    return peer.MultiHeadedAttention(heads, d_model, dropout=0.0, is_decoder=False,
+                                     max_relative_positions=max_distance, attn_type="self")
+
+
+# --- end-to-end training throughput ------------------------------------------------------------
+
+def bench_model(args, device, dtype) -> list[Result]:
+    """Training steps (forward, backward, Adam) of the encoder-decoder, sinusoidal vs Shaw.
+
+    With --precision bf16-mixed the weights stay float32 under bf16 autocast, as Lightning's
+    bf16-mixed trains; --dtype then only sets the dtype of a model trained without autocast.
+    """
+    out = []
+    for length in args.length:
+        batch = max(1, args.tokens // length) if args.tokens else args.batch
+        shape = dict(batch=batch, length=length, d_model=args.d_model, heads=args.heads, d_ff=args.d_ff,
+                     layers=args.layers, k=args.max_distance, precision=args.precision)
+        fns, n_tokens = {}, batch * length
+        candidates = [("sinusoidal", "auto")] + [("shaw", impl) for impl in args.impl]
+        for scheme, impl in candidates:
+            torch.manual_seed(0)
+            cfg = ModelConfig(src_vocab_size=8000, tgt_vocab_size=8000, d_model=args.d_model, n_heads=args.heads,
+                              d_ff=args.d_ff, n_encoder_layers=args.layers, n_decoder_layers=args.layers,
+                              attention_dropout=args.attention_dropout, attention_impl=impl,
+                              positions=PositionConfig(scheme=scheme, max_distance=args.max_distance))
+            model = EncoderDecoder(cfg).to(device=device, dtype=torch.float32 if args.precision else dtype).train()
+            opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+            src = torch.randint(4, 8000, (batch, length), device=device)
+            tgt = torch.randint(4, 8000, (batch, length + 1), device=device)
+
+            def step(model=model, opt=opt, src=src, tgt=tgt):
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed"):
+                    loss = label_smoothed_loss(model(src, tgt[:, :-1]), tgt[:, 1:]).loss
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            name = "model-sinusoidal" if scheme == "sinusoidal" else f"model-shaw-{impl}"
+            fns[name] = step
+        times = interleaved(fns, args.repeats, args.warmup, device)
+        base = statistics.median(times["model-sinusoidal"])
+        for n, t in times.items():
+            med = statistics.median(t)
+            # ratio here is throughput relative to sinusoidal (higher is better)
+            out.append(Result(n, shape, med, t, None, base / med, {"tokens_per_s": n_tokens / (med / 1e3)}))
+        del fns
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+# --- cached vs recompute-everything greedy decoding --------------------------------------------
+
+@torch.no_grad()
+def greedy_recompute(model, src, steps, bos_id=1):
+    """The baseline without a cache: every step re-runs the decoder over the whole prefix."""
+    memory, mask = model.encoder(src)
+    tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
+    for _ in range(steps):
+        nxt = model.decoder(tokens, memory, mask)[:, -1].argmax(-1, keepdim=True)
+        tokens = torch.cat([tokens, nxt], dim=1)
+    return tokens[:, 1:]
+
+
+def bench_decode(args, device, dtype) -> list[Result]:
+    steps = args.steps
+    shape = dict(batch=args.batch, src_length=args.length[0], steps=steps, d_model=args.d_model, layers=args.layers)
+    torch.manual_seed(0)
+    cfg = ModelConfig(src_vocab_size=1000, tgt_vocab_size=1000, d_model=args.d_model, n_heads=args.heads,
+                      d_ff=args.d_ff, n_encoder_layers=args.layers, n_decoder_layers=args.layers,
+                      positions=PositionConfig(scheme="shaw", max_distance=args.max_distance))
+    model = EncoderDecoder(cfg).to(device=device, dtype=dtype).eval()
+    src = torch.randint(4, 1000, (args.batch, args.length[0]), device=device)
+    eos = -1  # never emitted: both decoders run exactly `steps` steps
+    fns = {
+        "decode-recompute": lambda: greedy_recompute(model, src, steps),
+        "decode-cached": lambda: greedy_search(model, src, bos_id=1, eos_id=eos, pad_id=0, max_len_a=0.0,
+                                               max_len_b=steps),
+    }
+    # Both must produce the same tokens, or the comparison means nothing.
+    cached = fns["decode-cached"]()
+    if not torch.equal(cached[:, : steps - 1], fns["decode-recompute"]()[:, : steps - 1]):
+        raise RuntimeError("cached and recomputed greedy decoding disagree")
+    times = interleaved(fns, args.repeats, args.warmup, device)
+    base = statistics.median(times["decode-recompute"])
+    # ratio here is speed-up over recompute (higher is better)
+    return [Result(n, shape, statistics.median(t), t, None, base / statistics.median(t)) for n, t in times.items()]
+
+
+BENCHES = {"attention": bench_attention, "layer": bench_layer, "model": bench_model, "decode": bench_decode}
+RATIO_MEANING = {
+    "attention": "time / the baseline without positions, --baseline (lower is better)",
+    "layer": "time / module without positions (lower is better)",
+    "model": "throughput / sinusoidal model (higher is better)",
+    "decode": "speed-up over recompute-everything (higher is better)",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("what", choices=list(BENCHES), help="what to measure")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--length", type=int, nargs="+", default=[512])
+    parser.add_argument("--max-distance", type=int, default=16)
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--d-ff", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=128, help="decode: tokens generated")
+    parser.add_argument("--impl", nargs="+", default=None,
+                        help="Shaw impls to compare (attention default: gather batched; model default: auto)")
+    parser.add_argument("--baseline", default="sdpa", choices=["sdpa", "flash"],
+                        help="attention: the candidate ratios are taken against (flash: CUDA's flash kernel)")
+    parser.add_argument("--candidates", nargs="*", default=["unfused"],
+                        help="attention: peers without Shaw tables (sdpa, flash, unfused, flex-bias)")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="batch = tokens // length for each length (default: --batch at every length)")
+    parser.add_argument("--precision", default=None, choices=["bf16-mixed"],
+                        help="model: float32 weights under bf16 autocast, as trainer.precision=bf16-mixed")
+    parser.add_argument("--attention-dropout", type=float, default=0.0,
+                        help="model: attention dropout (> 0 keeps Shaw on gather: the fused forms have none)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--forward-only", action="store_true")
+    parser.add_argument("--mask", default="none", choices=MASKS,
+                        help="attention: key padding as in a batch of unequal lengths, or padding + causal")
+    parser.add_argument("--memory", action="store_true", help="attention: also measure peak memory")
+    parser.add_argument("--json", dest="json_path", default=None, help="also write results here")
+    parser.add_argument("--opennmt", default=None, metavar="DIR",
+                        help="layer: also time OpenNMT-py's attention from an unpacked OpenNMT-py wheel in DIR")
+
+
+def run(args: argparse.Namespace) -> list[Result]:
+    from rich.console import Console
+    from rich.table import Table
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if args.impl is None:
+        args.impl = ["auto"] if args.what == "model" else ["gather", "batched"]
+    results = BENCHES[args.what](args, device, dtype)
+    machine = dict(device=str(device), threads=torch.get_num_threads(), torch=torch.__version__,
+                   cpu=platform.processor() or platform.machine(),
+                   gpu=torch.cuda.get_device_name() if device.type == "cuda" else None)
+    table = Table(title=f"bench {args.what} — {machine['device']}, {machine['threads']} threads, {args.dtype}",
+                  caption=f"ratio: {RATIO_MEANING[args.what]}")
+    for col in ("candidate", "shape", "median ms", "ratio", "peak MB"):
+        table.add_column(col, justify="left" if col in ("candidate", "shape") else "right")
+    for r in results:
+        table.add_row(r.name, " ".join(f"{k}={v}" for k, v in r.shape.items()), f"{r.median_ms:.3g}",
+                      f"{r.ratio:.2f}" if r.ratio is not None else "", f"{r.peak_mb:.0f}" if r.peak_mb is not None else "")
+    Console().print(table)
+    for r in results:
+        if "speedup_over_opennmt" in r.extra:
+            Console().print(f"{r.name} at length {r.shape['length']}: {r.extra['speedup_over_opennmt']:.2f}x faster "
+                            "than OpenNMT-py's attention (forward+backward)")
+    if args.json_path:
+        payload = {"bench": args.what, "machine": machine, "args": {k: v for k, v in vars(args).items() if k != "func"},
+                   "results": [asdict(r) for r in results]}
+        with open(args.json_path, "w") as f:
+            json.dump(payload, f, indent=2)
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="relpos-lab bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""Seq2SeqTask: the Task contract filled for sequence-to-sequence problems over token ids.
+
+An encoder-decoder trained with label-smoothed cross-entropy under teacher forcing, evaluated by
+decoding (greedy or beam, per `cfg.decoding`) and comparing with the reference: token accuracy and
+exact match, EOS included. A task that subclasses it defines `build_vocab` and `dataset`, and may
+override any verb (translation replaces the metrics with corpus BLEU).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from functools import cached_property
+from typing import ClassVar, NamedTuple
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import Dataset
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassExactMatch
+
+from relpos_lab.api.errors import ConfigError
+from relpos_lab.api.evaluation import Evaluation
+from relpos_lab.api.task import Batch, Task
+from relpos_lab.api.vocabulary import Vocabulary
+from relpos_lab.core.decoding import beam_search, greedy_search
+from relpos_lab.core.loss import LossOutput, label_smoothed_loss
+from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
+
+
+class Pair(NamedTuple):
+    """One example: source and target token ids, without BOS/EOS (collate adds them)."""
+
+    src: Tensor
+    tgt: Tensor
+
+
+class Seq2SeqTask(Task):
+    """Base of sequence-to-sequence tasks: define `build_vocab` and `dataset`; the rest has defaults."""
+
+    main_metric: ClassVar[str] = "exact_match"
+    main_metric_mode: ClassVar[str] = "max"
+
+    # --- what every task defines ------------------------------------------------------------
+
+    def build_vocab(self) -> Vocabulary:
+        raise NotImplementedError(f"{type(self).__name__} must define build_vocab()")
+
+    def dataset(self, split: str) -> Dataset:
+        """The examples (`Pair`s) of one split: "train", "valid", "test" or a task's own."""
+        raise NotImplementedError(f"{type(self).__name__} must define dataset(split)")
+
+    # --- vocabulary and data ----------------------------------------------------------------
+
+    @cached_property
+    def vocab(self) -> Vocabulary:
+        return self.build_vocab()
+
+    @property
+    def src_vocab(self) -> Vocabulary:
+        return self.vocab
+
+    @property
+    def tgt_vocab(self) -> Vocabulary:
+        return self.vocab
+
+
+
+    def num_tokens(self, example: Pair) -> int:
+        """An example's size for token batching: its longer side once collated (target + EOS)."""
+        return max(len(example.src), len(example.tgt) + 1)
+
+    def example_length(self, example: Pair) -> int:
+        """The length an example is bucketed by: its source length."""
+        return len(example.src)
+
+
+    def bucket_of(self, lengths: Tensor) -> Tensor:
+        """Map example lengths to bucket keys (identity: one bucket per length)."""
+        return lengths
+
+
+    def collate(self, examples: Sequence[Pair]) -> Batch:
+        """Pad a list of pairs into src, tgt_in (BOS + target), tgt_out (target + EOS), length."""
+        src_v, tgt_v = self.src_vocab, self.tgt_vocab
+        bos, eos = torch.tensor([tgt_v.bos_id]), torch.tensor([tgt_v.eos_id])
+        src = [torch.as_tensor(e.src, dtype=torch.long) for e in examples]
+        tgt = [torch.as_tensor(e.tgt, dtype=torch.long) for e in examples]
+        return {
+            "src": pad_sequence(src, batch_first=True, padding_value=src_v.pad_id),
+            "tgt_in": pad_sequence([torch.cat((bos, t)) for t in tgt], batch_first=True, padding_value=tgt_v.pad_id),
+            "tgt_out": pad_sequence([torch.cat((t, eos)) for t in tgt], batch_first=True, padding_value=tgt_v.pad_id),
+            "length": torch.tensor([self.example_length(e) for e in examples], dtype=torch.long),
+        }
+
+    # --- raw text in and out (`relpos-lab translate`) ------------------------------------------
+
+    def encode_input(self, line: str) -> Tensor:
+        """Source ids of one line of user input: whitespace-separated symbols by default."""
+        return torch.tensor(self.src_vocab.encode(line.split()), dtype=torch.long)
+
+    def input_batch(self, inputs: Sequence[Tensor]) -> Batch:
+        return {"src": pad_sequence(list(inputs), batch_first=True, padding_value=self.src_vocab.pad_id)}
+
+    def decode_output(self, ids: Tensor) -> str:
+        """The text of predicted target ids (up to EOS): symbols joined by spaces by default."""
+        return " ".join(self.tgt_vocab.decode(ids))
+
+
+
+    # --- model and training -----------------------------------------------------------------
+
+    def build_model(self, cfg: ModelConfig) -> nn.Module:
+        """The core encoder-decoder, with vocabulary sizes and pad id taken from the task."""
+        sizes = {"src_vocab_size": len(self.src_vocab), "tgt_vocab_size": len(self.tgt_vocab)}
+        for key, size in sizes.items():
+            if getattr(cfg, key) not in (0, size):
+                raise ConfigError(
+                    f"model.{key}={getattr(cfg, key)} but task '{self.cfg.name}' has a vocabulary of "
+                    f"{size} symbols; leave it 0 to take the task's size"
+                )
+        if self.src_vocab.pad_id != self.tgt_vocab.pad_id:
+            raise ValueError("source and target vocabularies must share the pad id")
+        return EncoderDecoder(dataclasses.replace(cfg, **sizes, pad_id=self.tgt_vocab.pad_id))
+
+    def loss(self, model: nn.Module, batch: Batch, label_smoothing: float) -> LossOutput:
+        """The training objective of one batch: label-smoothed cross-entropy under teacher forcing."""
+        logits = model(batch["src"], batch["tgt_in"])
+        return label_smoothed_loss(logits, batch["tgt_out"], smoothing=label_smoothing,
+                                   ignore_index=self.tgt_vocab.pad_id)
+
+    # --- evaluation -------------------------------------------------------------------------
+
+    def build_metrics(self) -> MetricCollection:
+        """Metrics of (predictions, reference) token tensors, both (B, T), pad where unused.
+
+        token_accuracy: share of reference tokens (EOS included) predicted at their position;
+        exact_match: share of examples whose prediction equals the reference, EOS included.
+        """
+        n, pad = len(self.tgt_vocab), self.tgt_vocab.pad_id
+        return MetricCollection({
+            "token_accuracy": MulticlassAccuracy(num_classes=n, average="micro", ignore_index=pad),
+            "exact_match": MulticlassExactMatch(num_classes=n, ignore_index=pad),
+        })
+
+    def build_evaluation(self, split: str) -> Evaluation:
+        return Evaluation(self.build_metrics(), self.length_buckets(split))
+
+    def decode(self, model: nn.Module, batch: Batch) -> Tensor:
+        """Predicted target ids (B, T'), EOS included and pad after it, per `cfg.decoding`."""
+        d, v = self.cfg.decoding, self.tgt_vocab
+        kwargs = dict(bos_id=v.bos_id, eos_id=v.eos_id, pad_id=v.pad_id,
+                      max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+        if d.beam_size > 1:
+            return beam_search(model, batch["src"], beam_size=d.beam_size,
+                               length_penalty=d.length_penalty, **kwargs)
+        return greedy_search(model, batch["src"], **kwargs)
+
+    def evaluate(self, model: nn.Module, batch: Batch, evaluation: Evaluation) -> Tensor:
+        """Score one batch into `evaluation` and return the predictions (for sample tables).
+
+        The one evaluation of the framework: validation, test and `relpos-lab eval` all call it.
+        """
+        pad = self.tgt_vocab.pad_id
+        forced = label_smoothed_loss(model(batch["src"], batch["tgt_in"]), batch["tgt_out"],
+                                     smoothing=0.0, ignore_index=pad)
+        evaluation.update_nll(forced.nll_sum, forced.n_tokens)
+        hyps = self.decode(model, batch)
+        target = batch["tgt_out"]
+        evaluation.update(align(hyps, target.shape[1], pad), target, lengths=self.bucket_of(batch["length"]))
+        return hyps
+
+    def sample_rows(self, batch: Batch, hyps: Tensor, n: int = 8) -> tuple[list[str], list[list]]:
+        """(columns, rows) of a few predictions, as text, for the W&B samples table."""
+        src_v, tgt_v = self.src_vocab, self.tgt_vocab
+        rows = []
+        for i in range(min(n, hyps.shape[0])):
+            target, prediction = tgt_v.decode(batch["tgt_out"][i]), tgt_v.decode(hyps[i])
+            rows.append([" ".join(src_v.decode(batch["src"][i])), " ".join(target),
+                         " ".join(prediction), target == prediction])
+        return ["source", "target", "prediction", "correct"], rows
+
+
+def align(hyps: Tensor, width: int, pad_id: int) -> Tensor:
+    """Cut or pad predictions to the reference width, so they compare position by position.
+
+    A prediction longer than its reference cannot match: the reference's EOS position then holds
+    a non-EOS token. A shorter one puts EOS (or pad) where the reference has a token.
+    """
+    if hyps.shape[1] >= width:
+        return hyps[:, :width]
+    return torch.nn.functional.pad(hyps, (0, width - hyps.shape[1]), value=pad_id)

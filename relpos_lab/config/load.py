@@ -1,0 +1,229 @@
+"""Loading an experiment: YAML files and command-line overrides into one validated config.
+
+An experiment is a YAML file laid over the schema defaults (schema.py). A file may `extends:` other
+files (a path or a list of paths, relative to the file), which are laid down first; then come the
+command line's ``key=value`` overrides (OmegaConf dot-list syntax). The ``task`` section is checked
+against the chosen task's own config dataclass, found through the registry, so a plugin's options
+are validated exactly like the built-in ones.
+
+Every mistake becomes one `ConfigError` line naming the key, where it was set (file or command
+line) and what would have been valid: an unknown key (with the closest valid key), a value of the
+wrong type, a value outside its choices, a missing required value, or a model shape the core
+rejects. The CLI prints that line and exits with status 2.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from relpos_lab.api import registry
+from relpos_lab.api.errors import ConfigError, UserError, did_you_mean, shown_path
+from relpos_lab.config.help import field_help, join_key
+from relpos_lab.config.schema import CHOICES, ExperimentConfig
+
+COMMAND_LINE = "command line"
+
+Source = tuple[str, DictConfig]  # (label for messages: a file path or "command line", content)
+
+
+def load_config(path: str | Path, overrides: list[str] = (), *, partial: bool = False) -> DictConfig:
+    """The experiment at `path` (with what it extends), then `overrides`, validated.
+
+    partial=True checks a shared piece (configs/model/*.yaml, ...) that is not a whole
+    experiment: a missing task and missing values are then allowed.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    sources = read_with_extends(path) + [parse_overrides(overrides)]
+    return compose(sources, default_name=path.stem, partial=partial)
+
+
+def config_from_container(container: dict, label: str, overrides: list[str] = ()) -> DictConfig:
+    """Validate a config stored elsewhere (a checkpoint's), with command-line overrides on top."""
+    sources = [(label, OmegaConf.create(container)), parse_overrides(overrides)]
+    return compose(sources, default_name=str(container.get("name") or "experiment"))
+
+
+def read_with_extends(path: Path, _seen: tuple[Path, ...] = ()) -> list[Source]:
+    """The file and the files it extends, in merge order (bases first)."""
+    path = path.resolve()
+    label = shown_path(path)
+    if path in _seen:
+        chain = " -> ".join(shown_path(p) for p in (*_seen, path))
+        raise ConfigError(f"{label}: circular extends ({chain})")
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {label}" + (f" (extended by {shown_path(_seen[-1])})" if _seen else ""))
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{label}:{where} is not valid YAML ({getattr(err, 'problem', err)})") from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{label}: must hold a mapping of config sections, not a {type(raw).__name__}")
+    bases = raw.pop("extends", None) or []
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError(f"{label}: extends must be a path or a list of paths, got {bases!r}")
+    sources: list[Source] = []
+    for base in bases:
+        sources += read_with_extends(path.parent / base, (*_seen, path))
+    try:
+        content = OmegaConf.create(raw)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{label}: {_first_line(err)}") from None
+    return sources + [(label, content)]
+
+
+def parse_overrides(overrides: list[str]) -> Source:
+    """`key=value` strings as one source; the value is parsed as YAML (`[1, 8]`, `true`, `1e-3`)."""
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if "=" not in item or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
+            raise ConfigError(f"{COMMAND_LINE}: override {item!r} is not of the form key=value (e.g. optim.lr=3e-4)")
+    try:
+        return COMMAND_LINE, OmegaConf.from_dotlist(list(overrides))
+    except (OmegaConfBaseException, yaml.YAMLError) as err:
+        raise ConfigError(f"{COMMAND_LINE}: {_first_line(err)}") from None
+
+
+def compose(sources: list[Source], *, default_name: str, partial: bool = False) -> DictConfig:
+    """Merge `sources` in order over the schema and validate the result (see module docstring)."""
+    provenance = _provenance(sources)
+    schema = OmegaConf.structured(ExperimentConfig)
+    task_cls = _task_class(sources, provenance, partial)
+    if task_cls is not None:
+        schema.task = OmegaConf.structured(task_cls.config_class)
+    cfg = schema
+    for label, content in sources:
+        _check_sections_are_mappings(label, content, schema)
+        try:
+            cfg = OmegaConf.merge(cfg, content)
+        except OmegaConfBaseException as err:
+            raise ConfigError(_merge_error(label, err, schema)) from None
+    if OmegaConf.is_missing(cfg, "name"):
+        cfg.name = default_name
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", "")
+        raise ConfigError(f"{provenance.get(key, 'config')}: cannot resolve '{key}': {_first_line(err)}") from None
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing and not partial:
+        files = [label for label, _ in sources if label != COMMAND_LINE]
+        where = f"in {files[-1]} " if files else ""
+        raise ConfigError(f"missing required value '{missing[0]}': set it {where}or pass {missing[0]}=... on the command line")
+    _check_choices(cfg, provenance)
+    sections = ["model", "data", "optim", "trainer", "cluster"] + (["task"] if task_cls is not None else [])
+    _check_sections(cfg, provenance, sections)
+    return cfg
+
+
+def _check_sections_are_mappings(label: str, content: DictConfig, schema: DictConfig) -> None:
+    """`optim: 3` or `task: reverse` would otherwise fail deep inside the merge without a key."""
+    for key, value in OmegaConf.to_container(content, resolve=False).items():
+        section = key == "task" or isinstance(schema.get(key), DictConfig)
+        if section and value is not None and not isinstance(value, dict):
+            example = "task: {name: reverse}" if key == "task" else f"{key}: {{...}}"
+            raise ConfigError(f"{label}: '{key}' must be a mapping of settings, e.g. {example}")
+
+
+def _task_class(sources: list[Source], provenance: dict[str, str], partial: bool):
+    try:
+        raw = OmegaConf.merge(OmegaConf.create(), *(content for _, content in sources))
+    except OmegaConfBaseException as err:  # e.g. a section given as a mapping in one file, a value in another
+        key = getattr(err, "full_key", "") or "?"
+        raise ConfigError(f"{provenance.get(key, 'config')}: conflicting values for '{key}': {_first_line(err)}") from None
+    task = raw.get("task")
+    if task is None or (isinstance(task, DictConfig) and task.get("name") is None):
+        if partial:
+            return None
+        raise ConfigError(
+            "missing required value 'task.name': choose a task, e.g. task: {name: reverse}; "
+            f"available tasks: {', '.join(registry.available()) or 'none installed'}"
+        )
+    if not isinstance(task, DictConfig) or not isinstance(task.get("name"), str):
+        raise ConfigError(f"{provenance.get('task', provenance.get('task.name', 'config'))}: "
+                          "task must be a mapping with a name, e.g. task: {name: reverse}")
+    try:
+        return registry.get_task_class(task.name)
+    except UserError as err:
+        raise ConfigError(f"{provenance.get('task.name', 'config')}: task.name: {err}") from None
+
+
+def _merge_error(label: str, err: OmegaConfBaseException, schema: DictConfig) -> str:
+    key = getattr(err, "full_key", None) or ""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(schema, parent) if parent else schema
+    if "not in" in str(err) and isinstance(node, DictConfig):  # unknown key
+        valid = [str(k) for k in node.keys()]
+        close = did_you_mean(leaf, valid)
+        about = field_help(OmegaConf.get_type(node)).get(close or "")
+        hint = f"did you mean '{join_key(parent, close)}'{f' ({about})' if about else ''}? " if close else ""
+        where = f"'{parent}'" if parent else "the top level"
+        return f"{label}: unknown key '{key}'; {hint}valid keys at {where}: {', '.join(valid)}"
+    return f"{label}: bad value for '{key}': {_first_line(err)}"
+
+
+def _check_choices(cfg: DictConfig, provenance: dict[str, str]) -> None:
+    for key, choices in CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if value is None or str(value) in choices:
+            continue
+        close = did_you_mean(str(value), choices)
+        hint = f"did you mean '{close}'? " if close else ""
+        raise ConfigError(f"{provenance.get(key, 'schema default')}: {key}={value!r} is not a valid choice; "
+                          f"{hint}choose one of: {', '.join(choices)}")
+
+
+def _check_sections(cfg: DictConfig, provenance: dict[str, str], sections: list[str]) -> None:
+    """Each section's own `validate()` (the core's ModelConfig included), as ConfigErrors."""
+    for section in sections:
+        obj = OmegaConf.to_object(cfg[section])
+        try:
+            obj.validate()
+        except ValueError as err:
+            raise ConfigError(f"{_source_of(str(err), section, provenance)}: {err}") from None
+
+
+def _source_of(message: str, section: str, provenance: dict[str, str]) -> str:
+    """Where the first key named in a validation message (``key=value``) was set."""
+    for name in re.findall(r"([A-Za-z_][\w.]*)=", message):
+        for key in (name, f"{section}.{name}"):
+            if key in provenance:
+                return provenance[key]
+    return "config"
+
+
+def _provenance(sources: list[Source]) -> dict[str, str]:
+    """Dotted key → label of the last source that set it (and the sections along the way)."""
+    where: dict[str, str] = {}
+
+    def walk(node: Any, prefix: str, label: str) -> None:
+        if isinstance(node, dict):
+            for k, value in node.items():
+                key = join_key(prefix, str(k))
+                where[key] = label
+                walk(value, key, label)
+
+    for label, content in sources:
+        walk(OmegaConf.to_container(content, resolve=False), "", label)
+    return where
+
+
+def _first_line(err: Exception) -> str:
+    text = getattr(err, "msg", None) or str(err)
+    return str(text).strip().splitlines()[0]
+
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)

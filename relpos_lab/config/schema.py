@@ -1,0 +1,208 @@
+"""The schema of an experiment config: one dataclass per section, each field documented.
+
+Plain dataclasses (OmegaConf structured configs) over torch-only model pieces, so that reading and
+checking a config never imports Lightning. A task's own section comes from its `config_class`
+(relpos_lab.api); loading and validation are in load.py, the help texts in help.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+from relpos_lab.core.positions import SCHEMES
+from relpos_lab.core.transformer import MODEL_IMPLS, ModelConfig
+
+SCHEDULERS = ("inverse_sqrt", "cosine", "constant")
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+@dataclass
+class DataConfig:
+    batch_size: int = 64
+    """examples per device and step (global batch = × devices × nodes)"""
+    eval_batch_size: int = 256
+    """examples per evaluation batch (per device)"""
+    num_workers: int = 0
+    """DataLoader worker processes; 0 loads in the training process"""
+
+    def validate(self) -> None:
+        _at_least(self, "data", batch_size=1, eval_batch_size=1, num_workers=0)
+
+
+@dataclass
+class OptimConfig:
+    """Adam as in the Transformer paper, with a warm-up then inverse-sqrt or cosine decay."""
+
+    lr: float = 1e-3
+    """peak learning rate, reached at the end of warm-up"""
+    betas: tuple[float, float] = (0.9, 0.98)
+    """Adam's β1, β2"""
+    eps: float = 1e-9
+    """Adam's ε"""
+    weight_decay: float = 0.0
+    """decoupled weight decay (AdamW); 0: plain Adam"""
+    scheduler: str = "inverse_sqrt"
+    """inverse_sqrt | cosine | constant"""
+    warmup_steps: int = 4000
+    """steps of linear warm-up to lr"""
+    min_lr_ratio: float = 0.0
+    """cosine: final learning rate as a fraction of lr"""
+    label_smoothing: float = 0.1
+    """uniform label smoothing of the training loss"""
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr={self.lr} must be > 0")
+        _at_least(self, "optim", warmup_steps=0)
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"optim.label_smoothing={self.label_smoothing} must be in [0, 1)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+
+
+@dataclass
+class TrainerConfig:
+    """Lightning Trainer settings. devices × num_nodes is the world size, here and nowhere else
+    (a SLURM launcher derives --ntasks-per-node and --nodes from these two)."""
+
+    accelerator: str = "auto"
+    """auto | cpu | gpu | cuda | mps"""
+    devices: int = 1
+    """processes (GPUs) per node"""
+    num_nodes: int = 1
+    """nodes; devices × num_nodes is the world size"""
+    strategy: str = "auto"
+    """Lightning strategy name, e.g. ddp"""
+    precision: str = "32"
+    """32 | bf16-mixed | 16-mixed (GPU only)"""
+    max_steps: int = 10000
+    """optimizer steps to train"""
+    val_every_n_steps: int = 1000
+    """training batches between validations (across epochs)"""
+    checkpoint_every_n_steps: int = 0
+    """refresh last.ckpt every N steps; 0: at each validation"""
+    log_every_n_steps: int = 50
+    """training steps between logged metrics"""
+    gradient_clip_val: float = 0.0
+    """clip the global gradient norm; 0: off"""
+    accumulate_grad_batches: int = 1
+    """batches per optimizer step"""
+    num_sanity_val_steps: int = 2
+    """validation batches run before training starts (catches evaluation bugs early)"""
+    deterministic: bool = False
+    """torch's deterministic algorithms (slower)"""
+    enable_progress_bar: bool = True
+    """rich progress bar on the console"""
+    enable_model_summary: bool = True
+    """print the model's layers and parameter counts at the start"""
+
+    def validate(self) -> None:
+        _at_least(self, "trainer", devices=1, num_nodes=1, max_steps=1, val_every_n_steps=1,
+                  checkpoint_every_n_steps=0, log_every_n_steps=1, accumulate_grad_batches=1,
+                  num_sanity_val_steps=0)
+        if self.gradient_clip_val < 0:
+            raise ValueError(f"trainer.gradient_clip_val={self.gradient_clip_val} must be >= 0")
+
+
+@dataclass
+class ClusterConfig:
+    """Where a SLURM job runs (`relpos-lab submit`, `sweep --slurm`; see slurm.py).
+
+    The world size is not here: --nodes is trainer.num_nodes, --ntasks-per-node (and
+    --gpus-per-node on GPUs) is trainer.devices, so the job and Lightning cannot disagree.
+    """
+
+    partition: str | None = None
+    """sbatch --partition"""
+    account: str | None = None
+    """sbatch --account"""
+    qos: str | None = None
+    """sbatch --qos"""
+    constraint: str | None = None
+    """sbatch --constraint (node features)"""
+    time: str = "04:00:00"
+    """sbatch --time, the job's time limit; the run checkpoints and requeues before it"""
+    mem: str | None = None
+    """per node, e.g. 64G"""
+    cpus_per_task: int = 4
+    """per process: data loading workers + the process itself"""
+    extra_sbatch: list[str] = field(default_factory=list)
+    """further "#SBATCH" options, e.g. --gres=..."""
+    setup: list[str] | None = None
+    """shell lines before the run (module load, conda activate); None: activate the virtual
+    environment relpos-lab was submitted from"""
+    signal_seconds: int = 90
+    """SIGUSR1 this long before the time limit: checkpoint, then requeue"""
+    array_parallelism: int = 0
+    """at most this many array tasks at once (the % throttle); 0: no limit"""
+
+    def validate(self) -> None:
+        _at_least(self, "cluster", cpus_per_task=1, array_parallelism=0, signal_seconds=1)
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "offline"
+    """offline | online | disabled; see resolve_wandb_mode"""
+    project: str = "relpos_lab"
+    """W&B project"""
+    entity: str | None = None
+    """W&B entity (user or team); None: your default"""
+    group: str | None = None
+    """default: the experiment (or sweep) name, cfg.name"""
+    tags: list[str] = field(default_factory=list)
+    """W&B tags of the run"""
+
+
+@dataclass
+class LoggingConfig:
+    root: str = "runs"
+    """run directories go to <root>/<name>/<slug>-<hash8>"""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases tracking"""
+    num_samples: int = 8
+    """sample predictions shown per evaluation (W&B table)"""
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = MISSING
+    """experiment name; defaults to the config file's stem"""
+    seed: int = 0
+    """seeds model initialisation, data order and the synthetic tasks' data"""
+    resume: bool = False
+    """continue from <run dir>/checkpoints/last.ckpt"""
+    task: Any = None
+    """the task and its options: validated against the chosen task's config_class (see load_config)"""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """the Transformer and its position scheme"""
+    data: DataConfig = field(default_factory=DataConfig)
+    """batching and data loading"""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """optimizer and learning-rate schedule"""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """the Lightning Trainer: hardware, precision, steps"""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """run directories and W&B"""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """SLURM settings for submit and sweep --slurm"""
+
+
+# Keys whose value must be one of a few strings (checked with a "did you mean").
+CHOICES: dict[str, tuple[str, ...]] = {
+    "optim.scheduler": SCHEDULERS,
+    "trainer.precision": PRECISIONS,
+    "trainer.accelerator": ACCELERATORS,
+    "model.positions.scheme": SCHEMES,
+    "model.attention_impl": MODEL_IMPLS,
+    "logging.wandb.mode": WANDB_MODES,
+}
+
+def _at_least(obj: Any, section: str, **minimums: int) -> None:
+    for name, low in minimums.items():
+        if getattr(obj, name) < low:
+            raise ValueError(f"{section}.{name}={getattr(obj, name)} must be >= {low}")

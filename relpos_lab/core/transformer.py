@@ -1,0 +1,309 @@
+"""The encoder/decoder Transformer of "Attention Is All You Need", with pluggable positions.
+
+Relative positions (any scheme from positions.py) act in the self-attention of encoder and
+decoder; cross-attention has none. Decoding keeps a per-layer key/value cache; queries carry their
+absolute offset into it, so one-token steps and multi-token prefill both equal a full pass.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from relpos_lab.core.attention import relative_attention
+from relpos_lab.core.positions import PositionConfig, RelativePositions, build_absolute, build_relative
+
+
+MODEL_IMPLS = ("naive", "batched", "gather", "flex", "auto")
+"""The attention impls a whole model can run on: every one of its attention calls (self-attention
+with a KV cache, cross-attention) must be supported. 'banded' is self-attention only."""
+
+
+@dataclass
+class ModelConfig:
+    src_vocab_size: int = 0
+    """0: filled in from the task's vocabulary"""
+    tgt_vocab_size: int = 0
+    """0: filled in from the task's vocabulary"""
+    d_model: int = 512
+    """width of embeddings and residual stream"""
+    n_heads: int = 8
+    """attention heads per layer; must divide d_model"""
+    d_ff: int = 2048
+    """hidden width of the feed-forward sublayer"""
+    n_encoder_layers: int = 6
+    """0 with DecoderLM: a decoder-only model"""
+    n_decoder_layers: int = 6
+    """decoder layers"""
+    dropout: float = 0.1
+    """dropout on embeddings, sublayer outputs and the feed-forward hidden layer"""
+    attention_dropout: float = 0.1
+    """dropout on attention probabilities (> 0 keeps Shaw attention on 'gather': the fused forms have none)"""
+    norm_first: bool = False
+    """False: post-LN as in the paper; True: pre-LN"""
+    tie_embeddings: bool = True
+    """decoder input embedding == output projection"""
+    share_src_tgt_embeddings: bool = False
+    """one embedding table for source and target (equal vocabularies)"""
+    pad_id: int = 0
+    """token id of padding"""
+    attention_impl: str = "auto"
+    """naive | batched | gather | flex | auto: how relative_attention computes (auto: fastest exact)"""
+    positions: PositionConfig = field(default_factory=PositionConfig)
+    """the position scheme and its options"""
+
+    def validate(self) -> None:
+        """Raise ValueError naming the impossible setting and the fix."""
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
+                f"pick n_heads from {[h for h in range(1, 33) if self.d_model % h == 0]}"
+            )
+        for name in ("d_model", "n_heads", "d_ff", "n_decoder_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_encoder_layers < 0:
+            raise ValueError(f"model.n_encoder_layers must be >= 0, got {self.n_encoder_layers}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.attention_impl not in MODEL_IMPLS:
+            raise ValueError(
+                f"model.attention_impl={self.attention_impl!r}; choose one of {', '.join(MODEL_IMPLS)}"
+                + (" ('banded' handles encoder self-attention only, without dropout: compare it with "
+                   "`relpos-lab bench attention --impl gather banded`)" if self.attention_impl == "banded" else ""))
+        if self.attention_impl == "flex" and self.attention_dropout > 0:
+            raise ValueError(f"model.attention_impl='flex' has no attention dropout; set model.attention_dropout=0 "
+                             f"(now {self.attention_dropout}) or use attention_impl=gather")
+        if self.share_src_tgt_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError("model.share_src_tgt_embeddings needs equal source and target vocabularies")
+        self.positions.validate()
+        if self.positions.scheme == "rope" and (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"rope needs an even head dimension; d_model/n_heads = {self.d_model // self.n_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, positions: RelativePositions | None = None):
+        super().__init__()
+        self.n_heads, self.impl = cfg.n_heads, cfg.attention_impl
+        self.dropout = cfg.attention_dropout
+        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.positions = positions or RelativePositions()
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, n, d = x.shape
+        return x.view(b, n, self.n_heads, d // self.n_heads).transpose(1, 2)
+
+    def forward(self, x, context=None, attn_mask=None, is_causal=False, cache: dict | None = None,
+                cache_prefix: str = "self") -> Tensor:
+        """Self-attention when context is None, else cross-attention over context.
+
+        With a cache dict, self-attention appends its new keys/values and its queries start at
+        the cache's length; cross-attention projects the context once and reuses it.
+        """
+        q = self._heads(self.q_proj(x))
+        offset = 0
+        if context is None:
+            k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+            if cache is not None and f"{cache_prefix}_k" in cache:
+                offset = cache[f"{cache_prefix}_k"].shape[-2]
+            q, k = self.positions.rotate(q, k, offset)
+            if cache is not None:
+                if offset:
+                    k = torch.cat((cache[f"{cache_prefix}_k"], k), dim=-2)
+                    v = torch.cat((cache[f"{cache_prefix}_v"], v), dim=-2)
+                cache[f"{cache_prefix}_k"], cache[f"{cache_prefix}_v"] = k, v
+        elif cache is not None and f"{cache_prefix}_k" in cache:
+            k, v = cache[f"{cache_prefix}_k"], cache[f"{cache_prefix}_v"]
+        else:
+            k, v = self._heads(self.k_proj(context)), self._heads(self.v_proj(context))
+            if cache is not None:
+                cache[f"{cache_prefix}_k"], cache[f"{cache_prefix}_v"] = k, v
+        extra = self.positions.attention_kwargs(q.shape[-2], k.shape[-2], offset, x.device)
+        y = relative_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, query_offset=offset,
+            dropout_p=self.dropout if self.training else 0.0, impl=self.impl, **extra,
+        )
+        return self.out_proj(y.transpose(1, 2).flatten(2))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+
+
+class Sublayer(nn.Module):
+    """Residual + LayerNorm around one sublayer, post-LN (the paper) or pre-LN."""
+
+    def __init__(self, cfg: ModelConfig, inner: nn.Module):
+        super().__init__()
+        self.inner, self.norm = inner, nn.LayerNorm(cfg.d_model)
+        self.dropout, self.norm_first = nn.Dropout(cfg.dropout), cfg.norm_first
+
+    def forward(self, x, *args, **kwargs):
+        if self.norm_first:
+            return x + self.dropout(self.inner(self.norm(x), *args, **kwargs))
+        return self.norm(x + self.dropout(self.inner(x, *args, **kwargs)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        rel = build_relative(cfg.positions, cfg.head_dim, cfg.n_heads, causal=False)
+        self.self_attn = Sublayer(cfg, MultiHeadAttention(cfg, rel))
+        self.ffn = Sublayer(cfg, FeedForward(cfg))
+
+    def forward(self, x, key_mask):
+        return self.ffn(self.self_attn(x, attn_mask=key_mask))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, cross_attention: bool):
+        super().__init__()
+        rel = build_relative(cfg.positions, cfg.head_dim, cfg.n_heads, causal=True)
+        self.self_attn = Sublayer(cfg, MultiHeadAttention(cfg, rel))
+        self.cross_attn = Sublayer(cfg, MultiHeadAttention(cfg)) if cross_attention else None
+        self.ffn = Sublayer(cfg, FeedForward(cfg))
+
+    def forward(self, x, memory=None, memory_mask=None, cache=None):
+        x = self.self_attn(x, is_causal=True, cache=cache, cache_prefix="self")
+        if self.cross_attn is not None:
+            x = self.cross_attn(x, context=memory, attn_mask=memory_mask, cache=cache, cache_prefix="cross")
+        return self.ffn(x)
+
+
+class Embedding(nn.Module):
+    """Token embedding scaled by sqrt(d_model), plus absolute positions if the scheme has them."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, tokens: nn.Embedding | None = None):
+        super().__init__()
+        self.tokens = tokens or nn.Embedding(vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        if tokens is None:
+            nn.init.normal_(self.tokens.weight, std=cfg.d_model**-0.5)
+            with torch.no_grad():
+                self.tokens.weight[cfg.pad_id].zero_()
+        self.positions = build_absolute(cfg.positions, cfg.d_model)
+        self.scale, self.dropout = math.sqrt(cfg.d_model), nn.Dropout(cfg.dropout)
+
+    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+        x = self.tokens(ids) * self.scale
+        if self.positions is not None:
+            x = self.positions(x, offset)
+        return self.dropout(x)
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, embed: Embedding):
+        super().__init__()
+        self.embed, self.pad_id = embed, cfg.pad_id
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+
+    def forward(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """Returns the memory and its key mask (B, 1, 1, S), True at real tokens."""
+        key_mask = (src != self.pad_id)[:, None, None, :]
+        x = self.embed(src)
+        for layer in self.layers:
+            x = layer(x, key_mask)
+        return self.norm(x), key_mask
+
+
+class Decoder(nn.Module):
+    """Causal stack; with cross_attention=False it is a decoder-only language model body."""
+
+    def __init__(self, cfg: ModelConfig, embed: Embedding, cross_attention: bool = True):
+        super().__init__()
+        self.embed = embed
+        self.layers = nn.ModuleList(DecoderLayer(cfg, cross_attention) for _ in range(cfg.n_decoder_layers))
+        self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.output = nn.Linear(cfg.d_model, embed.tokens.num_embeddings, bias=False)
+        if cfg.tie_embeddings:
+            self.output.weight = embed.tokens.weight
+
+    def forward(self, tgt: Tensor, memory=None, memory_mask=None, cache: "DecoderCache | None" = None) -> Tensor:
+        offset = cache.length if cache is not None else 0
+        x = self.embed(tgt, offset)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, memory_mask, cache.layers[i] if cache is not None else None)
+        if cache is not None:
+            cache.length += tgt.shape[1]
+        return self.output(self.norm(x))
+
+
+class DecoderCache:
+    """Per-layer keys/values of everything decoded so far (and the projected encoder memory)."""
+
+    def __init__(self, n_layers: int, memory=None, memory_mask=None):
+        self.layers: list[dict[str, Tensor]] = [{} for _ in range(n_layers)]
+        self.length = 0
+        self.memory, self.memory_mask = memory, memory_mask
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` (beam search picks its surviving hypotheses with this)."""
+        for layer in self.layers:
+            for key, value in layer.items():
+                layer[key] = value.index_select(0, index)
+        if self.memory is not None:
+            self.memory = self.memory.index_select(0, index)
+            self.memory_mask = self.memory_mask.index_select(0, index)
+
+
+class EncoderDecoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        if cfg.n_encoder_layers < 1 or cfg.src_vocab_size < 1 or cfg.tgt_vocab_size < 1:
+            raise ValueError("EncoderDecoder needs n_encoder_layers >= 1 and both vocabulary sizes set")
+        self.cfg = cfg
+        src_embed = Embedding(cfg, cfg.src_vocab_size)
+        shared = src_embed.tokens if cfg.share_src_tgt_embeddings else None
+        self.encoder = Encoder(cfg, src_embed)
+        self.decoder = Decoder(cfg, Embedding(cfg, cfg.tgt_vocab_size, shared))
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        memory, memory_mask = self.encoder(src)
+        return self.decoder(tgt_in, memory, memory_mask)
+
+    def start_decoding(self, src: Tensor) -> DecoderCache:
+        memory, memory_mask = self.encoder(src)
+        return DecoderCache(len(self.decoder.layers), memory, memory_mask)
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """Logits for `tokens` (one or several new positions) given everything in the cache."""
+        return self.decoder(tokens, cache.memory, cache.memory_mask, cache)
+
+
+class DecoderLM(nn.Module):
+    """Decoder-only use of the same stack, for language-model style tasks."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        if cfg.tgt_vocab_size < 1:
+            raise ValueError("DecoderLM needs tgt_vocab_size set")
+        self.cfg = cfg
+        self.decoder = Decoder(cfg, Embedding(cfg, cfg.tgt_vocab_size), cross_attention=False)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.decoder(tokens)
+
+    def start_decoding(self, src: Tensor | None = None) -> DecoderCache:
+        return DecoderCache(len(self.decoder.layers))
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        return self.decoder(tokens, cache=cache)

@@ -1,0 +1,227 @@
+"""SLURM launchers: an experiment (or a sweep's grid) as an sbatch script, and its submission.
+
+The script is job.sbatch (package data beside this module) with three holes: the #SBATCH options, the set-up lines and the
+command that `srun` starts once per task. The options come from the config, and the world size
+from one place only: ``--nodes`` is ``trainer.num_nodes`` and ``--ntasks-per-node`` (with
+``--gpus-per-node`` on GPUs) is ``trainer.devices`` — the two numbers Lightning's SLURMEnvironment
+checks against the job, so the classic mismatch (a hang, or Lightning refusing to start) cannot be
+written down. Everything else comes from the ``cluster`` section.
+
+Every job asks for ``--signal=SIGUSR1@<cluster.signal_seconds> --requeue --open-mode=append``:
+before the time limit the ranks checkpoint and the job requeues itself (requeue.py); the next
+attempt runs the same command with ``resume=true`` in the same run directory (its path is a
+function of the config, records.rundir.run_directory), appending to the same log files.
+
+- `relpos-lab submit CONFIG`: the script and its logs go to ``<run dir>/slurm/``; the job trains
+  ``<run dir>/config.yaml``, the resolved config written at submission, so editing the YAML files
+  while the job waits or between requeues cannot move it to another run directory.
+- `relpos-lab sweep FILE --slurm`: one job array, index i = grid point i, unfinished points only,
+  at most ``cluster.array_parallelism`` at once. Script and logs go to ``<sweep dir>/slurm/``. As
+  with `submit`, what each task trains is fixed at submission: every submitted point's resolved
+  config is written into its run directory, and ``<sweep dir>/slurm/array-<time>/<i>`` links index
+  i to that directory; task i trains ``array-<time>/<i>/config.yaml``. Editing the grid while the
+  array waits cannot shift an index onto another point.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from relpos_lab.config import load_config
+from relpos_lab.api.errors import PROG, UserError
+from relpos_lab.launch.sweep import Sweep, is_finished
+from relpos_lab.records.rundir import run_directory, save_resolved_config
+
+TEMPLATE = Path(__file__).resolve().parent / "job.sbatch"
+GPU_ACCELERATORS = ("gpu", "cuda")
+# Lightning takes a job with one of these names for an interactive shell and ignores SLURM.
+INTERACTIVE_JOB_NAMES = ("bash", "interactive")
+
+
+@dataclass(frozen=True)
+class Job:
+    """A rendered sbatch script, where it goes, and the log files SLURM will write."""
+
+    name: str
+    script: str
+    path: Path  # the script file
+    output: Path  # stdout log, with SLURM's %j (or %A_%a for arrays) still in it
+    error: Path  # stderr log
+    directory: Path  # the run directory (a single run) or the sweep directory (an array)
+    array: str | None = None  # e.g. "0-3%2"
+    points: Path | None = None  # an array's index -> run directory links (written at submission)
+
+    def logs_of(self, job_id: str) -> tuple[Path, Path]:
+        """The log paths with SLURM's patterns filled in (%A_%a stays per task: shown with *)."""
+        def fill(path: Path) -> Path:
+            return Path(str(path).replace("%j", job_id).replace("%A", job_id).replace("%a", "*"))
+        return fill(self.output), fill(self.error)
+
+
+def sbatch_options(cfg: DictConfig, *, job_name: str, output: Path, error: Path,
+                   array: str | None = None) -> list[str]:
+    """The #SBATCH options of a job running `cfg`, one ``--key=value`` string each."""
+    if job_name in INTERACTIVE_JOB_NAMES:
+        raise UserError(f"a SLURM job named {job_name!r} is taken by Lightning for an interactive shell "
+                        "and runs without its SLURM support: choose another experiment name (name=...)")
+    t, c = cfg.trainer, cfg.cluster
+    options = [f"--job-name={job_name}", f"--nodes={t.num_nodes}", f"--ntasks-per-node={t.devices}"]
+    if t.accelerator in GPU_ACCELERATORS:
+        options.append(f"--gpus-per-node={t.devices}")
+    options.append(f"--cpus-per-task={c.cpus_per_task}")
+    for key in ("mem", "time", "partition", "account", "qos", "constraint"):
+        if c[key] is not None:
+            options.append(f"--{key}={c[key]}")
+    if array is not None:
+        options.append(f"--array={array}")
+    options += [f"--signal=SIGUSR1@{c.signal_seconds}", "--requeue", "--open-mode=append",
+                f"--chdir={Path.cwd()}", f"--output={output}", f"--error={error}"]
+    options += [_option(line) for line in c.extra_sbatch]
+    return options
+
+
+def _option(line: str) -> str:
+    """An extra_sbatch entry, given as ``--gres=gpu:4`` or as a whole ``#SBATCH --gres=gpu:4`` line."""
+    option = line.strip().removeprefix("#SBATCH").strip()
+    if not option.startswith("-"):
+        raise UserError(f"cluster.extra_sbatch: {line!r} is not an sbatch option (e.g. --gres=gpu:4)")
+    return option
+
+
+def setup_lines(cfg: DictConfig) -> list[str]:
+    """cluster.setup, or by default the activation of the environment relpos-lab runs from now."""
+    if cfg.cluster.setup is not None:
+        return list(cfg.cluster.setup)
+    if sys.prefix != sys.base_prefix:  # a virtual environment
+        return [f"source {shlex.quote(str(Path(sys.prefix) / 'bin' / 'activate'))}"]
+    return []
+
+
+def render(options: list[str], setup: list[str], command: str) -> str:
+    """job.sbatch with its holes filled."""
+    if not TEMPLATE.is_file():
+        raise UserError(f"sbatch template not found at {TEMPLATE}: install relpos-lab from its "
+                        "source tree (pip install -e .) to submit jobs")
+    return (TEMPLATE.read_text()
+            .replace("@SBATCH@", "\n".join(f"#SBATCH {o}" for o in options))
+            .replace("@SETUP@", "\n".join(setup))
+            .replace("@COMMAND@", command))
+
+
+# --- one run ------------------------------------------------------------------------------------
+
+
+def run_job(config: str | Path, overrides: list[str] = ()) -> tuple[Job, DictConfig]:
+    """The job that trains `config` with `overrides`, and the resolved config it will train."""
+    cfg = load_config(config, list(overrides))
+    run_dir = run_directory(cfg).resolve()
+    logs = run_dir / "slurm"
+    output, error = logs / "%j.out", logs / "%j.err"
+    command = shlex.join([PROG, "train", str(run_dir / "config.yaml"), "resume=true"])
+    script = render(sbatch_options(cfg, job_name=cfg.name, output=output, error=error), setup_lines(cfg), command)
+    return Job(cfg.name, script, logs / "job.sbatch", output, error, run_dir), cfg
+
+
+def submit_run(config: str | Path, overrides: list[str] = ()) -> tuple[Job, str]:
+    """Write the resolved config and the script into the run directory, then sbatch it."""
+    require_sbatch()
+    job, cfg = run_job(config, overrides)
+    snapshot = save_resolved_config(cfg, job.directory)
+    if run_directory(load_config(snapshot)).resolve() != job.directory:
+        raise RuntimeError(f"{snapshot} does not reload into its own run directory")
+    return job, sbatch(job)
+
+
+# --- a sweep as a job array ---------------------------------------------------------------------
+
+
+def sweep_job(sweep: Sweep) -> Job | None:
+    """One array job over the sweep's unfinished points (None when every point is finished).
+
+    An array has one shape for all its tasks, so every point must ask for the same resources.
+    """
+    todo = [p.index for p in sweep.points if not is_finished(p)]
+    if not todo:
+        return None
+    directory = sweep.directory.resolve()
+    logs = directory / "slurm"
+    output, error = logs / "%A_%a.out", logs / "%A_%a.err"
+    first = sweep.config(todo[0])
+    throttle = first.cluster.array_parallelism
+    array = _index_ranges(todo) + (f"%{throttle}" if throttle else "")
+    shape = sbatch_options(first, job_name=sweep.name, output=output, error=error, array=array)
+    for index in todo[1:]:
+        other = sbatch_options(sweep.config(index), job_name=sweep.name, output=output, error=error, array=array)
+        if other != shape:
+            differ = sorted(set(shape) ^ set(other))
+            raise UserError(f"sweep {sweep.path}: point {index} {sweep.points[index].labels} needs other SLURM "
+                            f"resources than point {todo[0]} ({', '.join(differ)}); one job array has one shape: "
+                            "split the sweep or submit the points one by one")
+    points = logs / f"array-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    command = f"{PROG} train {shlex.quote(str(points))}/$SLURM_ARRAY_TASK_ID/config.yaml resume=true"
+    script = render(shape, setup_lines(first), command)
+    return Job(sweep.name, script, logs / "array.sbatch", output, error, directory, array, points)
+
+
+def pin_points(sweep: Sweep, job: Job) -> None:
+    """Write each submitted point's resolved config into its run directory and link array index
+    i to it (job.points/i), so a task trains what was submitted whatever the grid says by then."""
+    job.points.mkdir(parents=True)
+    for index in [p.index for p in sweep.points if not is_finished(p)]:  # the array's indices
+        cfg = sweep.config(index)
+        run_dir = run_directory(cfg).resolve()
+        snapshot = save_resolved_config(cfg, run_dir)
+        if run_directory(load_config(snapshot)).resolve() != run_dir:
+            raise RuntimeError(f"{snapshot} does not reload into its own run directory")
+        (job.points / str(index)).symlink_to(run_dir)
+
+
+def submit_sweep(sweep: Sweep) -> tuple[Job | None, str | None]:
+    """Submit the sweep's unfinished points as one job array; (None, None) if none is left."""
+    require_sbatch()
+    job = sweep_job(sweep)
+    if job is None:
+        return None, None
+    sweep.write_manifest()
+    pin_points(sweep, job)
+    return job, sbatch(job)
+
+
+def _index_ranges(indices: list[int]) -> str:
+    """SLURM's --array syntax for sorted indices: [0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+    ranges: list[list[int]] = []
+    for i in indices:
+        if ranges and i == ranges[-1][1] + 1:
+            ranges[-1][1] = i
+        else:
+            ranges.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+# --- submission ---------------------------------------------------------------------------------
+
+
+def require_sbatch() -> None:
+    """Fail before anything is written when there is no SLURM to submit to."""
+    if shutil.which("sbatch") is None:
+        raise UserError("sbatch not found: submitting needs a SLURM cluster (slurm/dev-cluster-start.sh "
+                        "starts one on this machine); --dry-run prints the script without submitting")
+
+
+def sbatch(job: Job) -> str:
+    """Write the job's script and submit it; returns the job id."""
+    job.path.parent.mkdir(parents=True, exist_ok=True)  # also the log directory: SLURM will not create it
+    job.path.write_text(job.script)
+    out = subprocess.run(["sbatch", "--parsable", str(job.path)], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        reason = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
+        raise UserError(f"sbatch refused {job.path}: {reason}")
+    return out.stdout.strip().split(";")[0]  # --parsable prints "id" or "id;cluster"

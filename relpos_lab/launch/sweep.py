@@ -1,0 +1,255 @@
+"""Sweeps: one experiment, a grid of overrides, one run directory per grid point.
+
+A sweep file names a base experiment and its axes::
+
+    experiment: ../experiment/reverse_shaw.yaml   # relative to the sweep file
+    name: positions_reverse                       # runs go to <logging.root>/<name>/, W&B group
+    overrides: [trainer.max_steps=800]            # for every point
+    grid:
+      scheme:                                     # named values: label -> overrides
+        none: {model.positions.scheme: none}
+        shaw_k16: {model.positions.scheme: shaw, model.positions.max_distance: 16}
+      seed: [1, 2, 3]                             # plain values of one config key
+    reference:                                    # optional: published numbers, shown beside
+      source: Shaw et al. 2018, Table 2           # ours by `relpos-lab report`
+      metric: bleu
+      split: valid                                # our split to compare them with (newstest2013)
+      values: {none: 12.5, shaw_k16: 25.8}        # report group label -> number
+
+Points are the product of the axes, numbered in order (the last axis varies fastest). Every point
+is an ordinary experiment config, so its run directory is the deterministic one of records/rundir.py:
+re-running a sweep skips finished points and resumes interrupted ones, locally or as a SLURM job
+array (slurm.py), where array index i trains point i. `sweep.json` beside the runs records the
+grid for `relpos-lab report`.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from relpos_lab.config import load_config
+from relpos_lab.api.errors import ConfigError, shown_path
+from relpos_lab.records.rundir import config_hash, run_directory
+
+SWEEP_KEYS = ("experiment", "name", "overrides", "grid", "reference")
+REFERENCE_KEYS = ("source", "metric", "split", "values")
+MANIFEST = "sweep.json"
+
+
+@dataclass
+class SweepPoint:
+    index: int
+    labels: dict[str, str]  # axis -> value label, e.g. {"scheme": "shaw_k16", "seed": "1"}
+    overrides: list[str]  # this point's own overrides (after the sweep's)
+    run_dir: str = ""
+
+
+@dataclass
+class Sweep:
+    name: str
+    path: Path
+    experiment: Path
+    overrides: list[str]  # the sweep file's, for every point
+    axes: list[str]
+    extra: list[str] = field(default_factory=list)  # the command line's, applied last
+    points: list[SweepPoint] = field(default_factory=list)
+    reference: dict | None = None  # published numbers to show beside the report's (see above)
+
+    def overrides_of(self, index: int) -> list[str]:
+        """Everything that turns the base experiment into point `index`."""
+        point = self.points[index]
+        tags = ",".join(f"{axis}={label}" for axis, label in point.labels.items())
+        return [*self.overrides, *point.overrides, f"name={self.name}", f"logging.wandb.tags=[{tags}]", *self.extra]
+
+    def config(self, index: int) -> DictConfig:
+        try:
+            return load_config(self.experiment, self.overrides_of(index))
+        except ConfigError as err:
+            raise ConfigError(f"sweep {self.path}, point {index} {self.points[index].labels}: {err}") from None
+
+    @property
+    def directory(self) -> Path:
+        """Where the sweep's runs live: the parent of every point's run directory."""
+        return Path(self.points[0].run_dir).parent
+
+    def write_manifest(self) -> Path:
+        path = self.directory / MANIFEST
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"name": self.name, "sweep_file": str(self.path), "experiment": shown_path(self.experiment),
+                   "overrides": self.overrides + self.extra, "axes": self.axes, "reference": self.reference,
+                   "points": [asdict(p) for p in self.points]}
+        path.write_text(json.dumps(payload, indent=2) + "\n")
+        return path
+
+
+def group_label(labels: dict[str, str], over: tuple[str, ...] = ("seed",)) -> str:
+    """The report group of a point: its grid labels without the averaged-over axes, e.g. "shaw_k16"."""
+    return " ".join(label for axis, label in labels.items() if axis not in over)
+
+
+def load_sweep(path: str | Path, overrides: list[str] = ()) -> Sweep:
+    """Parse and validate a sweep file; every point's config is checked before anything runs."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"sweep file not found: {path}")
+    spec = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{path}: a sweep file is a mapping with keys {', '.join(SWEEP_KEYS)}")
+    unknown = sorted(set(spec) - set(SWEEP_KEYS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown sweep key '{unknown[0]}'; valid keys: {', '.join(SWEEP_KEYS)}")
+    for key in ("experiment", "grid"):
+        if key not in spec:
+            raise ConfigError(f"{path}: missing required key '{key}'")
+    experiment = (path.parent / spec["experiment"]).resolve()
+    if not experiment.is_file():
+        raise ConfigError(f"{path}: experiment file not found: {experiment}")
+    grid = spec["grid"]
+    if not isinstance(grid, dict) or not grid:
+        raise ConfigError(f"{path}: 'grid' must map each axis to a list of values or to named override sets")
+    axes = {axis: _axis_values(path, axis, values) for axis, values in grid.items()}
+    sweep = Sweep(spec.get("name") or path.stem, path, experiment, [str(o) for o in spec.get("overrides") or []],
+                  list(axes), list(overrides), reference=_reference(path, spec.get("reference")))
+    for index, combo in enumerate(itertools.product(*axes.values())):
+        labels = {axis: label for axis, (label, _) in zip(axes, combo)}
+        sweep.points.append(SweepPoint(index, labels, [o for _, ovr in combo for o in ovr]))
+    if sweep.reference:
+        groups = {group_label(p.labels) for p in sweep.points}
+        unknown = sorted(set(sweep.reference["values"]) - groups)
+        if unknown:
+            raise ConfigError(f"{path}: reference.values names '{unknown[0]}', which is no group of this grid; "
+                              f"groups (grid labels without the seed): {', '.join(sorted(groups))}")
+    for point in sweep.points:
+        point.run_dir = str(run_directory(sweep.config(point.index)))
+    if len({p.run_dir for p in sweep.points}) != len(sweep.points):
+        raise ConfigError(f"{path}: two grid points resolve to the same config; every point must differ")
+    return sweep
+
+
+def _reference(path: Path, spec) -> dict | None:
+    """The sweep file's published numbers: {source, metric, split, values: {group label: number}}."""
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or set(spec) != set(REFERENCE_KEYS):
+        raise ConfigError(f"{path}: 'reference' must be a mapping with exactly the keys {', '.join(REFERENCE_KEYS)}")
+    values = spec["values"]
+    if not isinstance(values, dict) or not all(isinstance(v, (int, float)) for v in values.values()):
+        raise ConfigError(f"{path}: reference.values must map report group labels to numbers")
+    return {"source": str(spec["source"]), "metric": str(spec["metric"]), "split": str(spec["split"]),
+            "values": {str(k): float(v) for k, v in values.items()}}
+
+
+def _axis_values(path: Path, axis: str, values) -> list[tuple[str, list[str]]]:
+    """[(label, overrides)] of one axis: plain values of config key `axis`, or named override sets."""
+    if isinstance(values, list) and values:
+        return [(_format(v), [f"{axis}={_format(v)}"]) for v in values]
+    if isinstance(values, dict) and values:
+        out = []
+        for label, settings in values.items():
+            if not isinstance(settings, dict):
+                raise ConfigError(f"{path}: grid.{axis}.{label} must be a mapping of config keys to values")
+            out.append((str(label), [f"{k}={_format(v)}" for k, v in settings.items()]))
+        return out
+    raise ConfigError(f"{path}: grid.{axis} must be a non-empty list of values or mapping of named settings")
+
+
+def _format(value) -> str:
+    """A value in OmegaConf dot-list syntax."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_format(v) for v in value) + "]"
+    return str(value)
+
+
+def is_finished(point: SweepPoint) -> bool:
+    return (Path(point.run_dir) / "results.json").is_file()
+
+
+def is_dangling(point: SweepPoint) -> bool:
+    """The point's run directory is a --reuse link whose run was withdrawn (deleted)."""
+    run_dir = Path(point.run_dir)
+    return run_dir.is_symlink() and not run_dir.exists()
+
+
+def link_identical_runs(sweep: Sweep, echo=print) -> int:
+    """Point each not-yet-started point at a finished run of the same experiment in another sweep.
+
+    Sweeps share points: the paper's Table 2 at k=16 and Table 3 with both edge terms are the
+    model of Table 1's relative row. Two runs are the same experiment when their configs hash
+    alike without `name` (the sweep's name, which picks the directory). A linked point's run
+    directory is a relative symlink to the finished one, so it counts as finished and reports
+    read it like any other; its W&B run stays in the group of the sweep that trained it.
+    Returns how many points were linked.
+    """
+    root = sweep.directory.parent
+    finished: dict[str, Path] = {}
+    for results in sorted(root.glob("*/*/results.json")):
+        run = results.parent
+        if run.parent == sweep.directory or run.is_symlink() or not (run / "config.yaml").is_file():
+            continue
+        finished.setdefault(config_hash(OmegaConf.load(run / "config.yaml"), ignore=("name",)), run)
+    linked = 0
+    for point in sweep.points:
+        run_dir = Path(point.run_dir)
+        if is_dangling(point):
+            run_dir.unlink()
+            echo(f"  point {point.index} {point.labels}: linked to a run that is gone: link removed")
+        if run_dir.exists():  # started, finished or linked already
+            continue
+        same = finished.get(config_hash(sweep.config(point.index), ignore=("name",)))
+        if same is not None:
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            run_dir.symlink_to(os.path.relpath(same, run_dir.parent))
+            echo(f"  point {point.index} {point.labels}: the same experiment finished in {same}: linked")
+            linked += 1
+    return linked
+
+
+def run_locally(sweep: Sweep, max_parallel: int = 1, echo=print) -> list[int]:
+    """Train every unfinished point, `max_parallel` processes at a time; returns failed indices.
+
+    Each point runs as `relpos-lab sweep FILE --point i` in its own process (log in
+    <sweep dir>/logs/), with resume=true so an interrupted point continues from its checkpoint.
+    CPU threads are divided among the parallel processes unless OMP_NUM_THREADS is set.
+    """
+    log_dir = sweep.directory / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    todo = [p for p in sweep.points if not is_finished(p)]
+    echo(f"sweep {sweep.name}: {len(sweep.points)} points, {len(sweep.points) - len(todo)} already finished; "
+         f"running {len(todo)}, {max_parallel} at a time (logs in {log_dir})")
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max_parallel)))
+    running: dict[int, tuple[subprocess.Popen, float]] = {}
+    failed: list[int] = []
+    queue = list(todo)
+    while queue or running:
+        while queue and len(running) < max_parallel:
+            point = queue.pop(0)
+            cmd = [sys.executable, "-m", "relpos_lab", "sweep", str(sweep.path), "--point", str(point.index),
+                   *sweep.extra]
+            log = open(log_dir / f"point-{point.index:03d}.log", "w")
+            running[point.index] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), time.time())
+            echo(f"  started point {point.index} {point.labels}")
+        time.sleep(0.5)
+        for index, (proc, started) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[index]
+            status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+            if proc.returncode:
+                failed.append(index)
+            echo(f"  point {index} {sweep.points[index].labels}: {status} in {time.time() - started:.0f}s")
+    return failed
+

@@ -1,0 +1,330 @@
+"""Lightning's CSV and W&B loggers, adjusted so a run directory can be resumed and W&B can fail.
+
+Two behaviours of the stock loggers clash with this project's contracts, and each class below
+changes only that behaviour:
+
+- Lightning's CSVLogger deletes an existing ``metrics.csv`` when it starts (it assumes a fresh
+  version directory per run). Our run directory is reused when a run resumes, so the earlier rows
+  must survive: `RunCSVLogger` appends to the file and keeps its header.
+- Lightning's WandbLogger lets any W&B error (no network, a broken install, a crashed wandb-core)
+  propagate and kill training. `RunWandbLogger` turns each such error into one warning and goes on
+  without W&B. It also puts the resolved config and provenance (git commit, SLURM ids) in the
+  W&B run config, finishes the W&B run when a fit fails or SLURM requeues it (so everything
+  logged so far is flushed before the process is killed), and never silently logs into another
+  run's W&B run.
+
+build_loggers below is the one place that configures them; W&B is offline unless online mode is
+asked for (config, ``WANDB_MODE``) or an API key is available, and it is a second copy of what the
+run directory holds, so its failures are warnings, never fatal.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import netrc
+import os
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+
+from omegaconf import DictConfig, OmegaConf
+
+from relpos_lab.config.schema import WANDB_MODES
+from relpos_lab.records.provenance import provenance
+from relpos_lab.records.wandb_offline import wait_until_complete
+
+
+class _AppendingWriter(ExperimentWriter):
+    """Lightning's CSV writer, minus the deletion of an existing metrics file.
+
+    The stock writer knows its column names only from what it logged itself, so it starts from
+    the existing file's header: new columns then trigger Lightning's own rewrite-with-new-header
+    path, which keeps the old rows.
+    """
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as file:
+                self.metrics_keys = next(csv.reader(file), [])
+
+
+class RunCSVLogger(CSVLogger):
+    """CSVLogger that writes exactly ``<run_dir>/metrics.csv`` and appends when it exists.
+
+    Rows logged by an earlier attempt of the same run stay; the ``step`` column tells them apart.
+    After a SLURM requeue there is no overlap (the checkpoint is taken at the signal); after a
+    hard kill, the steps between the last checkpoint and the kill appear twice, once per attempt.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, flush_logs_every_n_steps: int = 100):
+        run_dir = os.path.abspath(os.fspath(run_dir))
+        # save_dir/name/version with an empty name puts the files in run_dir itself, and makes
+        # Lightning's default checkpoint directory run_dir/checkpoints.
+        super().__init__(
+            save_dir=os.path.dirname(run_dir),
+            name="",
+            version=os.path.basename(run_dir),
+            flush_logs_every_n_steps=flush_logs_every_n_steps,
+        )
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> _AppendingWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+class _NullRun:
+    """Stands in for a W&B run after W&B failed: every attribute and call is a no-op."""
+
+    def __getattr__(self, _name: str) -> _NullRun:
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class RunWandbLogger(WandbLogger):
+    """WandbLogger for one run directory: fail-safe, with provenance, one W&B run per run id.
+
+    `run_config` (the resolved config and provenance) is merged into the W&B run config right
+    after ``wandb.init`` rather than passed to it, with changes allowed: a resumed run may differ
+    in keys such as ``resume`` or the SLURM job id. Extra keyword arguments go to ``wandb.init``
+    as in Lightning's WandbLogger.
+    """
+
+    def __init__(self, *, run_config: dict[str, Any] | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        if self._wandb_init.get("anonymous") is None:  # wandb 0.31 warns about the key even when None
+            self._wandb_init.pop("anonymous", None)
+        self._run_config = run_config or {}
+        self._failure: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """True once W&B raised: the logger then drops everything sent to it."""
+        return self._failure is not None
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> Any:
+        if self._failure is not None:
+            return _NullRun()
+        try:
+            if self._experiment is None:
+                self._finish_other_run()
+                super().experiment.config.update(self._run_config, allow_val_change=True)
+            return self._experiment
+        except Exception as err:  # any W&B problem must leave training running
+            self._fail(f"could not start W&B run {self._id!r}", err)
+            return _NullRun()
+
+    @property
+    def version(self) -> str | None:
+        return self._id if self._failure is not None else super().version
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any) -> None:
+        self._guard("log hyperparameters", super().log_hyperparams, params)
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Any, step: int | None = None) -> None:
+        # log_table, log_text, log_image, ... all go through here.
+        self._guard("log metrics", super().log_metrics, metrics, step)
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        self._guard("record a checkpoint", super().after_save_checkpoint, checkpoint_callback)
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        """Finish the W&B run when the process is about to end abnormally.
+
+        Lightning calls finalize("success") after every fit/validate/test; the run stays open
+        then, so a test after a fit continues the same W&B run (close() or interpreter exit ends
+        it). "failed" (an exception) and "finished" (SLURM's requeue signal) finish it now, because
+        the process may be killed before exit handlers run.
+        """
+        self._guard("finalize", super().finalize, status)
+        if status == "finished":
+            self.close(preempted=True)
+        elif status == "failed":
+            self.close(exit_code=1)
+
+    def close(self, exit_code: int = 0, preempted: bool = False) -> None:
+        """Finish this logger's W&B run; logging afterwards resumes the same run id."""
+        if self._experiment is None or self._failure is not None:
+            return
+        run, self._experiment = self._experiment, None
+        run_file = Path(run.dir).parent / f"run-{run.id}.wandb"
+        try:
+            if preempted:
+                run.mark_preempting()
+            run.finish(exit_code=exit_code)
+        except Exception as err:
+            self._fail("could not finish the W&B run", err)
+            return
+        if run_file.is_file():  # offline: the run directory is complete when the command returns
+            wait_until_complete(run_file)
+
+    def _finish_other_run(self) -> None:
+        """Finish a different W&B run left open in this process (an earlier run of a sweep).
+
+        Lightning would log into whatever run is open; our run id is a function of the run
+        directory, so writing into another run would mix two experiments.
+        """
+        import wandb
+
+        if wandb.run is not None and self._id is not None and wandb.run.id != self._id:
+            rank_zero_warn(f"finishing W&B run {wandb.run.id!r} left open before starting {self._id!r}")
+            wandb.run.finish()
+
+    def _guard(self, action: str, fn: Any, *args: Any) -> None:
+        if self._failure is not None:
+            return
+        try:
+            fn(*args)
+        except Exception as err:
+            self._fail(f"could not {action}", err)
+
+    def _fail(self, action: str, err: Exception) -> None:
+        self._failure = f"{type(err).__name__}: {err}"
+        self._experiment = None
+        rank_zero_warn(
+            f"W&B: {action} ({self._failure}); training continues without W&B. "
+            "The run directory (metrics.csv, results.json, plots/) has everything logged."
+        )
+
+
+# --- the loggers of a run -----------------------------------------------------------------------
+
+
+def resolve_wandb_mode(configured: str = "offline") -> str:
+    """The W&B mode a run uses: offline unless the user asked for online.
+
+    ``online`` or ``disabled`` in the config is an explicit choice and wins. The default
+    ``offline`` yields to the ``WANDB_MODE`` environment variable (so ``WANDB_MODE=online`` on a
+    cluster works without editing configs), then to an available API key (``WANDB_API_KEY`` or a
+    ``wandb login`` entry in ~/.netrc) meaning online, and otherwise stays offline — never
+    attempting the network on a machine that has none.
+    """
+    if configured not in WANDB_MODES:
+        raise ValueError(f"logging.wandb.mode={configured!r} is not one of {', '.join(WANDB_MODES)}")
+    if configured != "offline":
+        return configured
+    env = os.environ.get("WANDB_MODE")
+    if env:
+        return {"dryrun": "offline", "run": "online"}.get(env, env)
+    return "online" if _has_api_key() else "offline"
+
+
+
+def _has_api_key() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
+        return netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+
+def wandb_run_id(run_dir: str | Path) -> str:
+    """W&B run id of a run directory: a hash of its absolute path, so a resume keeps the id.
+
+    The directory name alone would not do: the same config run under two roots (say a copy on a
+    laptop and on the cluster) is two runs, and must not append to one W&B run.
+    """
+    return hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+
+
+
+def build_loggers(cfg: DictConfig, run_dir: str | Path) -> list[Logger]:
+    """The loggers of a run: CSV into ``run_dir/metrics.csv`` first, then W&B (unless disabled).
+
+    CSV comes first because Lightning takes its default checkpoint and log directory from the
+    first logger, which makes them ``run_dir/checkpoints`` and ``run_dir``. If W&B cannot even be
+    set up (not installed, bad settings) the run goes on with CSV alone and a warning.
+    """
+    run_dir = Path(run_dir)
+    loggers: list[Logger] = [RunCSVLogger(run_dir)]
+    mode = resolve_wandb_mode(OmegaConf.select(cfg, "logging.wandb.mode", default="offline"))
+    if mode == "disabled":
+        return loggers
+    name = OmegaConf.select(cfg, "name", default=None)
+    try:
+        loggers.append(
+            RunWandbLogger(
+                run_config={**OmegaConf.to_container(cfg, resolve=True), **provenance(run_dir)},
+                save_dir=str(run_dir),
+                id=wandb_run_id(run_dir),
+                name=run_dir.name,
+                project=OmegaConf.select(cfg, "logging.wandb.project", default="relpos_lab"),
+                entity=OmegaConf.select(cfg, "logging.wandb.entity", default=None),
+                group=OmegaConf.select(cfg, "logging.wandb.group", default=None) or name,
+                job_type=OmegaConf.select(cfg, "task.name", default=None),
+                tags=list(OmegaConf.select(cfg, "logging.wandb.tags", default=None) or []),
+                mode=mode,
+            )
+        )
+    except Exception as err:  # e.g. ModuleNotFoundError when wandb is not installed
+        warnings.warn(f"W&B logging is off ({type(err).__name__}: {err}); the run continues with CSV only")
+    return loggers
+
+
+
+def close_loggers(loggers: Iterable[Logger]) -> None:
+    """Finish the W&B run(s) of `loggers` at the end of a command (fit, test and all).
+
+    Interpreter exit would also finish them; closing explicitly lets one process run several
+    experiments one after another (a local sweep, the tests) with each W&B run complete.
+    """
+    for logger in loggers:
+        if isinstance(logger, RunWandbLogger):
+            logger.close()
+
+
+
+def log_samples(
+    loggers: Iterable[Logger], key: str, columns: list[str], rows: list[list[Any]], step: int | None = None
+) -> None:
+    """Log sample predictions as a W&B table under `key`; nothing without W&B, and never raises.
+
+    Looking at a handful of inputs, targets and predictions is how one catches a model that
+    copies instead of reversing; it is a convenience, so a failure here is only a warning.
+    """
+    for logger in _wandb_loggers(loggers):
+        try:
+            logger.log_table(key, columns=list(columns), data=[list(row) for row in rows], step=step)
+        except Exception as err:
+            warnings.warn(f"W&B: could not log the sample table {key!r} ({type(err).__name__}: {err})")
+
+
+
+def log_line_plot(loggers: Iterable[Logger], key: str, curves: Mapping[str, Mapping], x: str, y: str, title: str) -> None:
+    """Log `{line: {x: y}}` as a W&B line plot (with its table, editable in the UI); never raises."""
+    for logger in _wandb_loggers(loggers):
+        try:
+            import wandb
+
+            rows = [[line, int(at), float(v)] for line, pts in curves.items() for at, v in pts.items()]
+            table = wandb.Table(columns=["split", x, y], data=rows)
+            chart = wandb.plot.line(table, x=x, y=y, stroke="split", title=title)
+            logger.log_metrics({key: chart})
+        except Exception as err:
+            warnings.warn(f"W&B: could not log the line plot {key!r} ({type(err).__name__}: {err})")
+
+
+
+def _wandb_loggers(loggers: Iterable[Logger]) -> list[WandbLogger]:
+    return [lg for lg in loggers if isinstance(lg, WandbLogger) and not getattr(lg, "failed", False)]
+

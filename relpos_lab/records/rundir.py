@@ -1,0 +1,95 @@
+"""The run directory (DESIGN.md, contract 3): a deterministic function of the resolved config.
+
+``<logging.root>/<name>/<slug>-<hash8>``: a requeued SLURM job or a re-launched command finds its
+own checkpoint and metrics again — never a timestamp in the path. Everything a run leaves behind
+goes there: ``config.yaml`` (resolved), ``metrics.csv``, ``results.json``, ``plots/*.png``, the
+checkpoints, and the offline W&B run under ``wandb/`` (whose id is derived from the directory, so
+a resumed run continues the same W&B run).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from relpos_lab.api.files import atomic_write
+
+
+# Keys that do not change what a run computes, left out of the run directory's hash so that
+# changing them continues the same run instead of starting another: where files go and how they
+# are reported (logging), whether to resume (resume), where and how SLURM runs the job (cluster:
+# partition, time limit, ...; the world size it implies is in trainer.devices / num_nodes, which
+# stay in), the trainer's display and reporting switches, and how often last.ckpt is refreshed.
+# Anything that can change the numbers stays in — even num_sanity_val_steps, whose extra pass
+# over the validation loader draws from the global RNG.
+VOLATILE_KEYS: tuple[str, ...] = (
+    "resume",
+    "logging",
+    "cluster",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "trainer.log_every_n_steps",
+    "trainer.checkpoint_every_n_steps",
+)
+
+
+
+def config_hash(cfg: DictConfig, length: int = 8, ignore: tuple[str, ...] = ()) -> str:
+    """Hex digest of the resolved config minus VOLATILE_KEYS (and `ignore`): the identity of an experiment."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    for key in (*VOLATILE_KEYS, *ignore):
+        _drop(container, key.split("."))
+    canonical = json.dumps(container, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:length]
+
+
+
+def _drop(tree: Any, parts: list[str]) -> None:
+    if not isinstance(tree, dict) or parts[0] not in tree:
+        return
+    if len(parts) == 1:
+        del tree[parts[0]]
+    else:
+        _drop(tree[parts[0]], parts[1:])
+
+
+
+def run_directory(cfg: DictConfig) -> Path:
+    """``<logging.root>/<name>/<slug>-<hash8>``: the same resolved config gives the same directory.
+
+    The slug makes directories readable (``<task>-<position scheme>``, with Shaw's k); the hash
+    makes them unique. Missing keys fall back to defaults, so small configs work too.
+    """
+    root = OmegaConf.select(cfg, "logging.root", default=None) or "runs"
+    name = slugify(str(OmegaConf.select(cfg, "name", default=None) or "default"))
+    return Path(root) / name / f"{_run_slug(cfg)}-{config_hash(cfg)}"
+
+
+
+def _run_slug(cfg: DictConfig) -> str:
+    parts = [OmegaConf.select(cfg, "task.name", default=None)]
+    scheme = OmegaConf.select(cfg, "model.positions.scheme", default=None)
+    parts.append(scheme)
+    if scheme == "shaw":
+        k = OmegaConf.select(cfg, "model.positions.max_distance", default=None)
+        parts.append(None if k is None else f"k{k}")
+    slug = "-".join(slugify(str(p)) for p in parts if p is not None)
+    return slug or "run"
+
+
+
+def slugify(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.]+", "-", text).strip("-.") or "x"
+
+
+
+def save_resolved_config(cfg: DictConfig, run_dir: str | Path) -> Path:
+    """Write ``run_dir/config.yaml`` with every interpolation resolved: what actually ran."""
+    path = Path(run_dir) / "config.yaml"
+    atomic_write(path, OmegaConf.to_yaml(cfg, resolve=True))
+    return path
+

@@ -1,0 +1,284 @@
+"""Running an experiment: train a config into its run directory, or evaluate a checkpoint.
+
+These are the verbs behind `relpos-lab train` and `relpos-lab eval`, kept apart from the CLI so
+sweeps and launchers can call them in-process. A run's directory is a function of its config
+(records.rundir.run_directory), which is what makes ``resume=true`` (or a requeued job) continue in
+place from ``checkpoints/last.ckpt``.
+
+After training, the best checkpoint (by the task's main metric on "valid") is evaluated on valid
+and test with the same `Task.evaluate` as validation, and the result is written to results.json
+with per-length numbers and plots.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from relpos_lab.api import registry
+
+from relpos_lab.records.loggers import build_loggers, close_loggers
+from relpos_lab.records.results import plot_by_length, write_results
+from relpos_lab.records.rundir import run_directory, save_resolved_config
+from relpos_lab.config import config_from_container
+from relpos_lab.training.data import TaskDataModule
+from relpos_lab.api.errors import UserError
+from relpos_lab.api.evaluation import EvalResult, length_generalization
+from relpos_lab.training.module import TASK_STATE, RelposModule
+from relpos_lab.training.requeue import DeferredRequeue
+from relpos_lab.records.runlock import run_lock
+from relpos_lab.api.task import Task
+
+CHECKPOINTS = "checkpoints"
+LAST = "last.ckpt"
+OUTPUTS = "outputs"  # <run dir>/outputs/<split>.<name>: an evaluation's text, one line per example
+
+# Synthetic data lives in memory, so loading in the main process is the fast choice.
+warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+# Lightning 2.6 calls a pytree API that torch 2.13 deprecates; nothing a user can act on.
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+
+
+@dataclass
+class RunSummary:
+    """What a command produced, for the CLI's closing summary and for callers such as sweeps."""
+
+    run_dir: Path
+    results: Path
+    metrics: dict[str, float]
+    plots: list[Path] = field(default_factory=list)
+    outputs: list[Path] = field(default_factory=list)  # outputs/<split>.<name>: hypotheses, references
+    checkpoint: Path | None = None
+    resumed_from: Path | None = None
+    seconds: float = 0.0
+
+
+def train(cfg: DictConfig, echo: Callable[[str], None] = print) -> RunSummary:
+    """Fit `cfg` in its run directory, evaluate the best checkpoint, write results and plots."""
+    started = time.time()
+    check_hardware(cfg)
+    run_dir = run_directory(cfg)
+    with run_lock(run_dir):
+        return _train(cfg, run_dir, started, echo)
+
+
+def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str], None]) -> RunSummary:
+    resume_from = resume_checkpoint(run_dir)
+    if resume_from is not None and not cfg.resume:
+        raise UserError(f"{run_dir} already holds this run ({resume_from.name}); "
+                        "pass resume=true to continue it, or delete the directory to start over")
+    results = run_dir / "results.json"
+    if cfg.resume and results.is_file():  # written only once training and the final evaluation are done
+        _echo(echo, f"{run_dir} is finished (results.json): nothing to train; `relpos-lab eval` re-evaluates")
+        return RunSummary(run_dir, results, json.loads(results.read_text())["metrics"], checkpoint=resume_from)
+    if cfg.resume and resume_from is None:
+        _echo(echo, f"resume=true but {run_dir} has no checkpoint yet: starting from scratch")
+    _echo(echo, f"Run directory: {run_dir}" + (f" (resuming from {resume_from.name})" if resume_from else ""))
+
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
+    if resume_from is not None:  # continue with the vocabulary the checkpoint was trained with
+        task.load_state_dict(load_checkpoint(resume_from).get(TASK_STATE) or {})
+    module = RelposModule(cfg, task)
+    data = TaskDataModule(task, cfg.data)
+    # best-step=N.ckpt by the task's main metric; last.ckpt every N steps from a second callback
+    # (Lightning writes `save_last` of a monitoring callback only when the best improves).
+    best = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, filename="best-{step}", monitor=f"valid/{task.main_metric}",
+                           mode=task.main_metric_mode, save_top_k=1)
+    last = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, save_top_k=0, save_last=True, enable_version_counter=False,
+                           every_n_train_steps=cfg.trainer.checkpoint_every_n_steps or cfg.trainer.val_every_n_steps)
+    callbacks: list[Callback] = [best, last, DeferredRequeue()]  # SLURM: checkpoint + requeue on SIGUSR1
+    loggers = build_loggers(cfg, run_dir)
+    callbacks.append(LearningRateMonitor(logging_interval="step"))
+    try:
+        trainer = build_trainer(cfg, run_dir, loggers=loggers, callbacks=callbacks)
+        _rank_zero(save_resolved_config, cfg, run_dir)
+        trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=False)
+        last_path = run_dir / CHECKPOINTS / LAST
+        if _global_step(last_path) != trainer.global_step:  # steps after the last periodic save
+            trainer.save_checkpoint(last_path, weights_only=False)
+        checkpoint = Path(best.best_model_path) if best.best_model_path else last_path
+        trainer.validate(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
+        trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
+        splits = {"valid": module.results["valid"], "test": module.results["test"]}
+        started_at = trainer.global_step if module.start_step is None else module.start_step  # None: nothing left to fit
+        extra = {"task": task.cfg.name, "checkpoint": _relative(checkpoint, run_dir),
+                 "global_step": trainer.global_step, "started_at_step": started_at,
+                 "main_metric": f"valid/{task.main_metric}", "seed": cfg.seed,
+                 "train_lengths": list(task.train_length_range() or []) or None,
+                 "parameters": sum(p.numel() for p in module.model.parameters()),
+                 "wall_seconds": round(time.time() - started, 1)}  # this attempt, data to results
+        summary = _write(run_dir, splits, task, loggers, extra) if trainer.is_global_zero else None
+    finally:
+        close_loggers(loggers)
+    if summary is None:  # other ranks of a distributed run
+        return RunSummary(run_dir, run_dir / "results.json", {}, checkpoint=checkpoint)
+    summary.checkpoint, summary.resumed_from, summary.seconds = checkpoint, resume_from, time.time() - started
+    return summary
+
+
+def evaluate(checkpoint: str | Path, split: str = "test", overrides: list[str] = (),
+             output: str | Path | None = None) -> RunSummary:
+    """Evaluate a checkpoint on one split with the same `Task.evaluate` as validation.
+
+    The config comes from the checkpoint (overrides apply on top, e.g. longer test lengths).
+    Results go to `output`, by default ``<run dir>/eval/<checkpoint>-<split>[-<hash of the
+    overrides>]/``, with the config that ran: evaluations with other overrides do not overwrite it.
+    """
+    started = time.time()
+    checkpoint = Path(checkpoint)
+    cfg, task = task_from_checkpoint(checkpoint, overrides)
+    task.check_split(split)
+    out_dir = Path(output) if output else _eval_directory(checkpoint, split, overrides)
+    module = RelposModule(cfg, task, test_split=split)
+    data = TaskDataModule(task, cfg.data, test_split=split)
+    single = OmegaConf.merge(cfg, {"trainer": {"devices": 1, "num_nodes": 1, "strategy": "auto"}})
+    trainer = build_trainer(single, out_dir, loggers=[], callbacks=[])
+    trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
+    save_resolved_config(cfg, out_dir)
+    summary = _write(out_dir, {split: module.results[split]}, task, [],
+                     {"task": task.cfg.name, "checkpoint": str(checkpoint), "split": split,
+                      "overrides": list(overrides)})
+    summary.checkpoint, summary.seconds = checkpoint, time.time() - started
+    return summary
+
+
+def _eval_directory(checkpoint: Path, split: str, overrides: list[str]) -> Path:
+    """<run dir>/eval/<checkpoint>-<split>[-<hash>]; hpc_ckpt_N.ckpt sits in the run dir itself."""
+    checkpoint = checkpoint.resolve()
+    run_dir = checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else checkpoint.parent
+    name = f"{checkpoint.stem}-{split}"
+    if overrides:
+        name += "-" + hashlib.sha256("\n".join(overrides).encode()).hexdigest()[:8]
+    return run_dir / "eval" / name
+
+
+def checkpoint_config(checkpoint: Path) -> dict:
+    """The experiment config saved in a checkpoint by RelposModule."""
+    return _config_of(load_checkpoint(checkpoint), checkpoint)
+
+
+def task_from_checkpoint(checkpoint: str | Path, overrides: list[str] = ()) -> tuple[DictConfig, Task]:
+    """The config (with `overrides` on top) and the task of a checkpoint, with the task's saved
+    state (say, its subword model) restored: the checkpoint alone rebuilds them."""
+    checkpoint = Path(checkpoint)
+    state = load_checkpoint(checkpoint)
+    cfg = config_from_container(_config_of(state, checkpoint), f"config of {checkpoint}", list(overrides))
+    task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
+    task.load_state_dict(state.get(TASK_STATE) or {})
+    return cfg, task
+
+
+def load_checkpoint(checkpoint: Path) -> dict:
+    """A checkpoint's contents (tensors memory-mapped), or a UserError saying why not."""
+    if not checkpoint.is_file():
+        raise UserError(f"checkpoint not found: {checkpoint}")
+    try:
+        return torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as err:
+        raise UserError(f"{checkpoint}: cannot read checkpoint ({type(err).__name__}: {err})") from None
+
+
+def _config_of(state: dict, checkpoint: Path) -> dict:
+    try:
+        return state["hyper_parameters"]["config"]
+    except (KeyError, TypeError):
+        raise UserError(f"{checkpoint}: not a relpos-lab checkpoint (no config in its hyperparameters)") from None
+
+
+def resume_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint to continue from: last.ckpt, or a SLURM requeue's hpc_ckpt_*.ckpt."""
+    found = [p for p in [run_dir / CHECKPOINTS / LAST, *run_dir.glob("hpc_ckpt_*.ckpt")] if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path, *, loggers: list, callbacks: list[Callback]) -> L.Trainer:
+    """A Lightning Trainer from `cfg.trainer`; invalid hardware settings become UserErrors."""
+    t = cfg.trainer
+    check_hardware(cfg)
+    if t.enable_progress_bar:
+        callbacks = [*callbacks, RichProgressBar()]
+    try:
+        return L.Trainer(
+            default_root_dir=run_dir, logger=loggers or False, callbacks=callbacks,
+            accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
+            precision=t.precision, max_steps=t.max_steps, max_epochs=-1,
+            val_check_interval=t.val_every_n_steps, check_val_every_n_epoch=None,
+            log_every_n_steps=t.log_every_n_steps, gradient_clip_val=t.gradient_clip_val or None,
+            accumulate_grad_batches=t.accumulate_grad_batches, num_sanity_val_steps=t.num_sanity_val_steps,
+            deterministic=t.deterministic, enable_progress_bar=t.enable_progress_bar,
+            enable_model_summary=t.enable_model_summary,
+            enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+            use_distributed_sampler=False,  # TaskDataModule shards (token batches as whole batches)
+        )
+    except (MisconfigurationException, ValueError) as err:
+        raise UserError(f"trainer: {str(err).strip().splitlines()[0]}") from None
+
+
+def check_hardware(cfg: DictConfig) -> None:
+    """Settings the config schema accepts but this machine cannot run (checked where it runs)."""
+    if cfg.trainer.precision == "16-mixed" and not _uses_gpu(cfg.trainer.accelerator):
+        raise UserError("trainer.precision=16-mixed needs a GPU (fp16 autocast with gradient scaling); "
+                        "on CPU use precision=32 or bf16-mixed")
+
+
+def _write(out_dir: Path, splits: dict[str, EvalResult], task, loggers, extra: dict) -> RunSummary:
+    metrics = {f"{split}/{k}": v for split, r in splits.items() for k, v in r.metrics.items()}
+    by_length = {split: r.by_length for split, r in splits.items() if r.by_length}
+    for split, rows in by_length.items():
+        summary = length_generalization(rows, task.train_length_range())
+        metrics.update({f"{split}/{k}": v for k, v in summary.items()})
+    details = {split: r.details for split, r in splits.items() if r.details}
+    if details:
+        extra = {**extra, "details": details}
+    results = write_results(out_dir, metrics, by_length or None, extra)
+    outputs = [_write_lines(out_dir / OUTPUTS / f"{split}.{name}", lines)
+               for split, r in splits.items() for name, lines in (r.outputs or {}).items()]
+    curves = {split: {n: {k: v for k, v in row.items() if k != "n"} for n, row in rows.items()}
+              for split, rows in by_length.items()}  # example counts are not worth a plot
+    plots = plot_by_length(out_dir, curves, task.train_length_range(), loggers) if by_length else []
+    return RunSummary(out_dir, results, metrics, plots, outputs)
+
+
+def _write_lines(path: Path, lines: list[str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def _uses_gpu(accelerator: str) -> bool:
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
+def _global_step(checkpoint: Path) -> int | None:
+    if not checkpoint.is_file():
+        return None
+    return load_checkpoint(checkpoint).get("global_step")
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+@rank_zero_only
+def _rank_zero(fn, *args) -> None:
+    fn(*args)
+
+
+@rank_zero_only
+def _echo(echo: Callable[[str], None], message: str) -> None:
+    echo(message)

@@ -1,0 +1,102 @@
+"""The one LightningModule: trains and evaluates the core model, asking the Task for specifics.
+
+Lightning owns the loop (devices, precision, gradient clipping, checkpoints, logging); the Task
+owns the problem (how a batch is scored, how it is evaluated). This class only connects the two,
+so every task trains and evaluates the same way, and validation, test and `relpos-lab eval` all go
+through `Task.evaluate` into an `Evaluation` — their numbers cannot disagree.
+
+The resolved experiment config is saved as the checkpoint's hyperparameters: a checkpoint alone is
+enough to rebuild its task and model (`relpos-lab eval CHECKPOINT`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor, nn
+
+from relpos_lab.api.evaluation import EvalResult
+from relpos_lab.training.optim import build_optimizer, build_scheduler
+from relpos_lab.api.task import Task
+from relpos_lab.records.loggers import log_samples
+
+TASK_STATE = "task_state"  # checkpoint key of Task.state_dict(): a checkpoint alone rebuilds its task
+
+
+class RelposModule(L.LightningModule):
+    def __init__(self, cfg: DictConfig, task: Task, test_split: str = "test"):
+        super().__init__()
+        self.cfg, self.task, self.test_split = cfg, task, test_split
+        self.model = task.build_model(OmegaConf.to_object(cfg.model))
+        self.evaluations = nn.ModuleDict({s: task.build_evaluation(s) for s in dict.fromkeys(("valid", test_split))})
+        self.results: dict[str, EvalResult] = {}  # latest evaluation of each split
+        self.start_step: int | None = None  # global step training (re)started from
+        self._samples: dict[str, tuple[list[str], list[list]]] = {}
+        self.save_hyperparameters({"config": OmegaConf.to_container(cfg, resolve=True)}, logger=False)
+
+    def forward(self, *args: Any) -> Tensor:
+        return self.model(*args)
+
+    # --- training ---------------------------------------------------------------------------
+
+    def on_train_start(self) -> None:
+        self.start_step = self.global_step
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        out = self.task.loss(self.model, batch, self.cfg.optim.label_smoothing)
+        size = _batch_size(batch)
+        # Averaged over ranks (sync_dist): the loss of the global batch, whose gradient DDP averages,
+        # rather than rank 0's shard; one scalar all-reduce each, next to the gradients' own.
+        self.log("train/loss", out.loss, prog_bar=True, batch_size=size, sync_dist=True)
+        self.log("train/nll", out.nll_sum / out.n_tokens.clamp_min(1), batch_size=size, sync_dist=True)
+        return out.loss
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[TASK_STATE] = self.task.state_dict()
+
+    def configure_optimizers(self):
+        optimizer = build_optimizer(self.parameters(), self.cfg.optim)
+        scheduler = build_scheduler(optimizer, self.cfg.optim, int(self.trainer.estimated_stepping_batches))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # --- evaluation: one path for validation, test and `eval` -------------------------------
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._evaluate("valid", batch, batch_idx)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._evaluate(self.test_split, batch, batch_idx)
+
+    def on_validation_epoch_end(self) -> None:
+        self._finish("valid")
+
+    def on_test_epoch_end(self) -> None:
+        self._finish(self.test_split)
+
+    def _evaluate(self, split: str, batch: dict, batch_idx: int) -> None:
+        hyps = self.task.evaluate(self.model, batch, self.evaluations[split])
+        if batch_idx == 0 and hyps is not None:
+            samples = self.task.sample_rows(batch, hyps, self.cfg.logging.num_samples)
+            if samples is not None:
+                self._samples[split] = samples
+
+    def _finish(self, split: str) -> None:
+        result = self.evaluations[split].compute()  # reduced across ranks by torchmetrics
+        self.evaluations[split].reset()
+        if self.trainer.sanity_checking:
+            return
+        self.results[split] = result
+        # Values are already global; sync_dist keeps every rank's copy (checkpointing reads it).
+        self.log_dict({f"{split}/{k}": v for k, v in result.metrics.items()}, sync_dist=True,
+                      prog_bar=False)
+        if self.trainer.is_global_zero and result.details:  # e.g. sacrebleu signatures
+            for logger in self.loggers:
+                logger.log_hyperparams({f"{split}/{k}": v for k, v in result.details.items()})
+        if self.trainer.is_global_zero and split in self._samples:
+            columns, rows = self._samples.pop(split)
+            log_samples(self.loggers, f"samples/{split}", columns, rows, step=self.global_step)
+
+
+def _batch_size(batch: dict) -> int:
+    return next(v.shape[0] for v in batch.values() if isinstance(v, Tensor))
