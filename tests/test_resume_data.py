@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from relpos_lab.api import registry
 from relpos_lab.config import DataConfig, config_from_container
 from relpos_lab.training.data import TaskDataModule
-from relpos_lab.training.experiment import build_trainer
+from relpos_lab.training.trainer import build_trainer
 from relpos_lab.training.module import RelposModule
 from relpos_lab.api import Pair, Seq2SeqTask, TaskConfig, Vocabulary
 

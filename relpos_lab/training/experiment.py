@@ -20,28 +20,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning as L
-import torch
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, RichProgressBar
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from relpos_lab.api import registry
-
+from relpos_lab.api import EvalResult, UserError, registry
+from relpos_lab.api.evaluation import length_generalization
 from relpos_lab.records.loggers import build_loggers, close_loggers
 from relpos_lab.records.results import plot_by_length, write_results
 from relpos_lab.records.rundir import run_directory, save_resolved_config
-from relpos_lab.config import config_from_container
+from relpos_lab.records.runlock import run_lock
+from relpos_lab.training.checkpoints import (
+    CHECKPOINTS, LAST, global_step_of, load_checkpoint, resume_checkpoint, task_from_checkpoint,
+)
 from relpos_lab.training.data import TaskDataModule
-from relpos_lab.api.errors import UserError
-from relpos_lab.api.evaluation import EvalResult, length_generalization
 from relpos_lab.training.module import TASK_STATE, RelposModule
 from relpos_lab.training.requeue import DeferredRequeue
-from relpos_lab.records.runlock import run_lock
-from relpos_lab.api.task import Task
+from relpos_lab.training.trainer import build_trainer, check_hardware
 
-CHECKPOINTS = "checkpoints"
-LAST = "last.ckpt"
 OUTPUTS = "outputs"  # <run dir>/outputs/<split>.<name>: an evaluation's text, one line per example
 
 # Synthetic data lives in memory, so loading in the main process is the fast choice.
@@ -106,7 +102,7 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
         _rank_zero(save_resolved_config, cfg, run_dir)
         trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=False)
         last_path = run_dir / CHECKPOINTS / LAST
-        if _global_step(last_path) != trainer.global_step:  # steps after the last periodic save
+        if global_step_of(last_path) != trainer.global_step:  # steps after the last periodic save
             trainer.save_checkpoint(last_path, weights_only=False)
         checkpoint = Path(best.best_model_path) if best.best_model_path else last_path
         trainer.validate(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
@@ -164,75 +160,6 @@ def _eval_directory(checkpoint: Path, split: str, overrides: list[str]) -> Path:
     return run_dir / "eval" / name
 
 
-def checkpoint_config(checkpoint: Path) -> dict:
-    """The experiment config saved in a checkpoint by RelposModule."""
-    return _config_of(load_checkpoint(checkpoint), checkpoint)
-
-
-def task_from_checkpoint(checkpoint: str | Path, overrides: list[str] = ()) -> tuple[DictConfig, Task]:
-    """The config (with `overrides` on top) and the task of a checkpoint, with the task's saved
-    state (say, its subword model) restored: the checkpoint alone rebuilds them."""
-    checkpoint = Path(checkpoint)
-    state = load_checkpoint(checkpoint)
-    cfg = config_from_container(_config_of(state, checkpoint), f"config of {checkpoint}", list(overrides))
-    task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
-    task.load_state_dict(state.get(TASK_STATE) or {})
-    return cfg, task
-
-
-def load_checkpoint(checkpoint: Path) -> dict:
-    """A checkpoint's contents (tensors memory-mapped), or a UserError saying why not."""
-    if not checkpoint.is_file():
-        raise UserError(f"checkpoint not found: {checkpoint}")
-    try:
-        return torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as err:
-        raise UserError(f"{checkpoint}: cannot read checkpoint ({type(err).__name__}: {err})") from None
-
-
-def _config_of(state: dict, checkpoint: Path) -> dict:
-    try:
-        return state["hyper_parameters"]["config"]
-    except (KeyError, TypeError):
-        raise UserError(f"{checkpoint}: not a relpos-lab checkpoint (no config in its hyperparameters)") from None
-
-
-def resume_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint to continue from: last.ckpt, or a SLURM requeue's hpc_ckpt_*.ckpt."""
-    found = [p for p in [run_dir / CHECKPOINTS / LAST, *run_dir.glob("hpc_ckpt_*.ckpt")] if p.is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
-
-
-def build_trainer(cfg: DictConfig, run_dir: Path, *, loggers: list, callbacks: list[Callback]) -> L.Trainer:
-    """A Lightning Trainer from `cfg.trainer`; invalid hardware settings become UserErrors."""
-    t = cfg.trainer
-    check_hardware(cfg)
-    if t.enable_progress_bar:
-        callbacks = [*callbacks, RichProgressBar()]
-    try:
-        return L.Trainer(
-            default_root_dir=run_dir, logger=loggers or False, callbacks=callbacks,
-            accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
-            precision=t.precision, max_steps=t.max_steps, max_epochs=-1,
-            val_check_interval=t.val_every_n_steps, check_val_every_n_epoch=None,
-            log_every_n_steps=t.log_every_n_steps, gradient_clip_val=t.gradient_clip_val or None,
-            accumulate_grad_batches=t.accumulate_grad_batches, num_sanity_val_steps=t.num_sanity_val_steps,
-            deterministic=t.deterministic, enable_progress_bar=t.enable_progress_bar,
-            enable_model_summary=t.enable_model_summary,
-            enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
-            use_distributed_sampler=False,  # TaskDataModule shards (token batches as whole batches)
-        )
-    except (MisconfigurationException, ValueError) as err:
-        raise UserError(f"trainer: {str(err).strip().splitlines()[0]}") from None
-
-
-def check_hardware(cfg: DictConfig) -> None:
-    """Settings the config schema accepts but this machine cannot run (checked where it runs)."""
-    if cfg.trainer.precision == "16-mixed" and not _uses_gpu(cfg.trainer.accelerator):
-        raise UserError("trainer.precision=16-mixed needs a GPU (fp16 autocast with gradient scaling); "
-                        "on CPU use precision=32 or bf16-mixed")
-
-
 def _write(out_dir: Path, splits: dict[str, EvalResult], task, loggers, extra: dict) -> RunSummary:
     metrics = {f"{split}/{k}": v for split, r in splits.items() for k, v in r.metrics.items()}
     by_length = {split: r.by_length for split, r in splits.items() if r.by_length}
@@ -255,16 +182,6 @@ def _write_lines(path: Path, lines: list[str]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
     return path
-
-
-def _uses_gpu(accelerator: str) -> bool:
-    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-
-
-def _global_step(checkpoint: Path) -> int | None:
-    if not checkpoint.is_file():
-        return None
-    return load_checkpoint(checkpoint).get("global_step")
 
 
 def _relative(path: Path, root: Path) -> str:

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import SequentialSampler
 
 from relpos_lab.training.batching import TokenBatchSampler
-from relpos_lab.training.experiment import load_checkpoint, task_from_checkpoint
+from relpos_lab.training.checkpoints import load_checkpoint, task_from_checkpoint
 from relpos_lab.training.module import RelposModule
 from relpos_lab.api.task import Task
 

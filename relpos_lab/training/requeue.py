@@ -12,7 +12,7 @@ sets a flag; after every training step the ranks agree (one boolean all-reduce) 
 them got it, and if so all of them call Lightning's handler at that same step. Then they wait for
 the SIGTERM with which SLURM ends the requeued attempt and stop with Lightning's own
 SIGTERMException, so nothing is logged or checkpointed after the hpc checkpoint. The next attempt
-resumes from that checkpoint (experiment.resume_checkpoint) in the same run directory.
+resumes from that checkpoint (checkpoints.resume_checkpoint) in the same run directory.
 
 `on_train_batch_end` runs before Lightning sends the step's metrics to the loggers, and the
 stop skips that; the step's metrics are therefore sent first, or the step of the checkpoint

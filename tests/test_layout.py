@@ -1,0 +1,127 @@
+"""The package's architecture, enforced: each subpackage imports only the ones below it, the model
+core only torch, and reading a config never loads Lightning."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import relpos_lab
+
+PACKAGE = Path(relpos_lab.__file__).parent
+REPO = PACKAGE.parent
+# Bottom to top. A module may import its own layer and the layers below it, never one above.
+LAYERS = ("core", "api", "config", "records", "training", "launch", "analysis", "cli")
+# relpos_lab/attention.py re-exports the core's attention under the path DESIGN.md promises.
+TOP_LEVEL = {"attention": "core", "cli": "cli", "__main__": "cli", "__init__": "core"}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    assert parts[0] == "relpos_lab", module
+    name = parts[1] if len(parts) > 1 else "__init__"
+    return name if name in LAYERS[:-1] else TOP_LEVEL[name]
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)] = path
+    return found
+
+
+def imports(path: Path) -> set[str]:
+    """Every module a file imports, lazily inside functions too; relative imports resolved."""
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules()}
+    return found
+
+
+def test_every_module_belongs_to_a_layer():
+    for module in modules():
+        assert layer_of(module) in LAYERS, f"{module} is in no layer: add it to LAYERS or TOP_LEVEL"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = []
+    for module, path in modules().items():
+        rank = LAYERS.index(layer_of(module))
+        for target in imports(path):
+            if target.split(".")[0] == "relpos_lab" and LAYERS.index(layer_of(target)) > rank:
+                upward.append(f"{module} ({layer_of(module)}) imports {target} ({layer_of(target)})")
+    assert not upward, "imports point upwards:\n" + "\n".join(upward)
+
+
+def test_the_core_imports_only_torch_and_the_standard_library():
+    foreign = []
+    for module, path in modules().items():
+        if layer_of(module) != "core":
+            continue
+        for target in imports(path):
+            top = target.split(".")[0]
+            if top in sys.stdlib_module_names or top == "torch" or target == "__future__":
+                continue
+            if top == "relpos_lab" and layer_of(target) == "core":
+                continue
+            foreign.append(f"{module} imports {target}")
+    assert not foreign, "the core must stay torch-only:\n" + "\n".join(foreign)
+
+
+def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
+    """The layer test would pass vacuously if `imports` missed lazy or relative imports."""
+    core_module = PACKAGE / "core" / "positions.py"
+    found = imports(core_module)
+    assert "torch" in found
+    probe = tmp_path / "relpos_lab" / "core" / "probe.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text("def f():\n    from ..training import module\n    import lightning\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "relpos_lab")
+    assert {"relpos_lab.training", "lightning"} <= imports(probe)
+
+
+CONFIG_ONLY = r"""
+import sys
+from pathlib import Path
+from relpos_lab import cli
+from relpos_lab.api.errors import ConfigError
+from relpos_lab.config import load_config
+
+root = Path(sys.argv[1])
+checked = 0
+for path in sorted(root.rglob("*.yaml")):
+    group = path.relative_to(root).parts[0]
+    if group == "sweep":
+        continue  # a sweep file is not an experiment; its points are the experiments below
+    load_config(path, partial=group != "experiment")
+    checked += 1
+assert checked > 10, checked
+assert cli.main(["config", str(root / "experiment" / "reverse_shaw.yaml")]) == 0
+try:
+    load_config(root / "experiment" / "reverse_shaw.yaml", ["optim.lrr=1"])
+except ConfigError as err:
+    assert "did you mean 'optim.lr'" in str(err), err
+else:
+    raise AssertionError("an unknown key was accepted")
+assert cli.main(["config", str(root / "experiment" / "reverse_shaw.yaml"), "model.d_modle=8"]) == 2
+loaded = sorted(m for m in sys.modules if m == "lightning" or m.startswith(("lightning.", "pytorch_lightning")))
+print("LOADED", loaded)
+assert not loaded, loaded
+"""
+
+
+def test_reading_and_checking_every_shipped_config_never_imports_lightning():
+    result = subprocess.run([sys.executable, "-c", CONFIG_ONLY, str(REPO / "configs")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "LOADED []" in result.stdout
