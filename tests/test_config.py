@@ -91,6 +91,16 @@ def test_task_section_takes_the_chosen_tasks_defaults(tmp_path):
     assert cfg.task.alphabet_size == 4 and list(cfg.task.train_lengths) == [1, 16]
 
 
+def test_an_experiment_naming_another_kind_of_task_replaces_the_task_it_extends(tmp_path):
+    write(tmp_path, "base.yaml", "task: {name: reverse, train_lengths: [1, 4]}\nseed: 3\n")
+    cfg = load_config(write(tmp_path, "mt.yaml", "extends: base.yaml\ntask: {name: translation, corpus: tsv}\n"))
+    assert cfg.task.name == "translation" and cfg.task.corpus == "tsv" and "train_lengths" not in cfg.task
+    assert cfg.seed == 3  # everything but the task section still comes from the base
+    # a task with the same config class keeps the options (a sweep over task.name relies on it)
+    cfg = load_config(tmp_path / "base.yaml", ["task.name=copy"])
+    assert cfg.task.name == "copy" and list(cfg.task.train_lengths) == [1, 4]
+
+
 def test_interpolations_are_resolved(tmp_path):
     path = write(tmp_path, "e.yaml", "task: {name: copy}\ntrainer: {max_steps: 300, val_every_n_steps: '${trainer.max_steps}'}\n")
     assert load_config(path).trainer.val_every_n_steps == 300

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from importlib.metadata import EntryPoint
@@ -62,91 +63,63 @@ def test_two_plugins_claiming_one_name_is_reported(monkeypatch):
 
 
 # --- a real plugin distribution, pip-installed into this environment -------------------------------
+# The plugin is README.md's "Add a task" example, read from the README itself: what users copy works.
 
-PLUGIN_MODULE = '''
-"""A third-party task written against relpos_lab's public API only."""
-from dataclasses import dataclass
-
-import torch
-
-from relpos_lab.api import Pair, Seq2SeqTask, TaskConfig, Vocabulary
-
-
-@dataclass
-class ShiftConfig(TaskConfig):
-    alphabet_size: int = 6
-    """symbols the strings are made of"""
-    length: int = 4
-    size: int = 128
-
-
-class ShiftTask(Seq2SeqTask):
-    """Replace every symbol by the next one in the alphabet."""
-
-    config_class = ShiftConfig
-
-    def build_vocab(self):
-        return Vocabulary(str(i) for i in range(self.cfg.alphabet_size))
-
-    def dataset(self, split):
-        self.check_split(split)
-        gen = torch.Generator().manual_seed(self.seed + self.splits.index(split))
-        n = self.cfg.size if split == "train" else 16
-        src = torch.randint(0, self.cfg.alphabet_size, (n, self.cfg.length), generator=gen)
-        first = len(Vocabulary.SPECIALS)
-        return [Pair(s + first, (s + 1) % self.cfg.alphabet_size + first) for s in src]
-'''
-
-PLUGIN_PYPROJECT = f'''
+README = Path(__file__).resolve().parents[1] / "README.md"
+BROKEN_DIST = "relpos-lab-throwaway-broken"
+BROKEN_PYPROJECT = f"""
 [build-system]
 requires = ["setuptools>=61"]
 build-backend = "setuptools.build_meta"
 
 [project]
-name = "{PLUGIN_DIST}"
+name = "{BROKEN_DIST}"
 version = "0.0.1"
 
 [project.entry-points."relpos_lab.tasks"]
-throwaway_shift = "relpos_throwaway_plugin:ShiftTask"
 throwaway_broken = "relpos_throwaway_broken:BrokenTask"
 
 [tool.setuptools]
-py-modules = ["relpos_throwaway_plugin", "relpos_throwaway_broken"]
-'''
-
-PLUGIN_EXPERIMENT = """
-task: {name: throwaway_shift, length: 3}
-model: {d_model: 16, n_heads: 2, d_ff: 32, n_encoder_layers: 1, n_decoder_layers: 1, dropout: 0.0,
-        attention_dropout: 0.0, positions: {scheme: shaw, max_distance: 2}}
-data: {batch_size: 16, eval_batch_size: 16}
-optim: {lr: 0.003, warmup_steps: 5}
-trainer: {accelerator: cpu, max_steps: 16, val_every_n_steps: 8, num_sanity_val_steps: 0, log_every_n_steps: 4,
-          enable_progress_bar: false, enable_model_summary: false}
-logging: {root: runs, wandb: {mode: disabled}}
+py-modules = ["relpos_throwaway_broken"]
 """
+
+
+TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
+        "trainer.max_steps=16", "trainer.val_every_n_steps=8", "trainer.num_sanity_val_steps=0",
+        "trainer.enable_progress_bar=false", "logging.root=runs", "logging.wandb.mode=disabled"]
+
+
+def readme_block(first_line: str) -> str:
+    """The fenced code block of README.md whose first line is `first_line`."""
+    for block in re.findall(r"```[a-z]*\n(.*?)```", README.read_text(), re.S):
+        if block.startswith(first_line + "\n"):
+            return block
+    raise AssertionError(f"README.md has no code block starting with {first_line!r}")
 
 
 @pytest.fixture(scope="module")
 def installed_plugin(tmp_path_factory):
-    """Build and pip-install a throw-away plugin distribution; uninstall it afterwards."""
-    src = tmp_path_factory.mktemp("plugin")
-    (src / "pyproject.toml").write_text(PLUGIN_PYPROJECT)
-    (src / "relpos_throwaway_plugin.py").write_text(PLUGIN_MODULE)
-    (src / "relpos_throwaway_broken.py").write_text('raise ImportError("this plugin is broken on purpose")\n')
+    """pip-install README's plugin and a broken one (each its own distribution); uninstall after."""
+    good, broken = tmp_path_factory.mktemp("plugin"), tmp_path_factory.mktemp("broken")
+    (good / "pyproject.toml").write_text(readme_block("# pyproject.toml of your distribution"))
+    (good / "my_tasks.py").write_text(readme_block("# my_tasks.py"))
+    (broken / "pyproject.toml").write_text(BROKEN_PYPROJECT)
+    (broken / "relpos_throwaway_broken.py").write_text('raise ImportError("this plugin is broken on purpose")\n')
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(src)], check=True, timeout=300,
-                   capture_output=True)
+    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(good), str(broken)], check=True,
+                   timeout=300, capture_output=True)
     try:
-        yield src
+        yield good
     finally:
-        subprocess.run([*pip, "uninstall", "-y", PLUGIN_DIST], check=True, timeout=300, capture_output=True)
+        subprocess.run([*pip, "uninstall", "-y", "my-tasks", BROKEN_DIST], check=True, timeout=300,
+                       capture_output=True)
 
 
 @pytest.mark.integration
 def test_tasks_command_lists_builtins_the_plugin_and_the_broken_plugin(installed_plugin, tmp_path):
     out = run_cli("tasks", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    for name in ("copy", "reverse", "throwaway_shift", "throwaway_broken"):
+    for name in ("copy", "reverse", "shift", "throwaway_broken"):
         assert name in out.stdout
     assert "Replace every symbol by the next one" in out.stdout
     assert "failed to load: ImportError: this plugin is broken on purpose" in out.stdout
@@ -154,20 +127,23 @@ def test_tasks_command_lists_builtins_the_plugin_and_the_broken_plugin(installed
 
 @pytest.mark.integration
 def test_an_installed_plugins_keys_explain_themselves(installed_plugin, tmp_path):
-    out = run_cli("config", "--help-keys", "task", "--task", "throwaway_shift", cwd=tmp_path)
+    out = run_cli("config", "--help-keys", "task", "--task", "shift", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "task.alphabet_size (int, default 6)\n    symbols the strings are made of" in out.stdout
-    (tmp_path / "typo.yaml").write_text("task: {name: throwaway_shift, alphabet_sise: 3}\n")
+    (tmp_path / "typo.yaml").write_text("task: {name: shift, alphabet_sise: 3}\n")
     out = run_cli("config", "typo.yaml", cwd=tmp_path)
     assert "did you mean 'task.alphabet_size' (symbols the strings are made of)?" in out.stderr
 
 
 @pytest.mark.integration
-def test_an_installed_plugin_trains_through_the_cli(installed_plugin, tmp_path):
-    (tmp_path / "shift.yaml").write_text(PLUGIN_EXPERIMENT)
-    out = run_cli("train", "shift.yaml", cwd=tmp_path)
+def test_an_installed_plugin_trains_through_the_cli_with_per_length_results(installed_plugin, tmp_path):
+    (tmp_path / "shift.yaml").write_text(readme_block("# shift.yaml"))  # extends the shipped reverse_shaw
+    out = run_cli("train", "shift.yaml", *TINY, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    (results,) = (tmp_path / "runs" / "shift").glob("*/results.json")
-    data = json.loads(results.read_text())
-    assert data["task"] == "throwaway_shift"
-    assert 0.0 <= data["metrics"]["test/exact_match"] <= 1.0 and "by_length" not in data
+    (run_dir,) = (tmp_path / "runs" / "shift").iterdir()
+    data = json.loads((run_dir / "results.json").read_text())
+    assert data["task"] == "shift" and data["train_lengths"] == [1, 6]
+    assert sorted(data["by_length"]["test"], key=int) == [str(n) for n in range(1, 13)]
+    for key in ("test/exact_match_id", "test/exact_match_ood", "test/token_accuracy_ood"):
+        assert 0.0 <= data["metrics"][key] <= 1.0
+    assert (run_dir / "plots" / "by_length_exact_match.png").is_file()

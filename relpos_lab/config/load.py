@@ -97,6 +97,7 @@ def parse_overrides(overrides: list[str]) -> Source:
 
 def compose(sources: list[Source], *, default_name: str, partial: bool = False) -> DictConfig:
     """Merge `sources` in order over the schema and validate the result (see module docstring)."""
+    sources = _without_replaced_tasks(sources)
     provenance = _provenance(sources)
     schema = OmegaConf.structured(ExperimentConfig)
     task_cls = _task_class(sources, provenance, partial)
@@ -125,6 +126,38 @@ def compose(sources: list[Source], *, default_name: str, partial: bool = False) 
     sections = ["model", "data", "optim", "trainer", "cluster"] + (["task"] if task_cls is not None else [])
     _check_sections(cfg, provenance, sections)
     return cfg
+
+
+def _without_replaced_tasks(sources: list[Source]) -> list[Source]:
+    """A source that names a task with another config class than the task before it replaces
+    the earlier task sections: `extends: reverse_shaw.yaml` + `task: {name: shift}` keeps
+    reverse_shaw's model and trainer, not the reverse task's options (which the shift task would
+    reject as unknown keys). Tasks sharing a config class (reverse, copy) keep merging."""
+    kept: list[Source] = []
+    current = None
+    for label, content in sources:
+        task = content.get("task") if isinstance(content, DictConfig) else None
+        name = task.get("name") if isinstance(task, DictConfig) else None
+        if isinstance(name, str) and current is not None and _config_class(name) is not _config_class(current):
+            kept = [(lab, _drop_task(c)) for lab, c in kept]
+        current = name if isinstance(name, str) else current
+        kept.append((label, content))
+    return kept
+
+
+def _config_class(task: str) -> type | None:
+    try:
+        return registry.get_task_class(task).config_class
+    except UserError:
+        return None  # an unknown name is reported by _task_class, with the tasks available
+
+
+def _drop_task(content: DictConfig) -> DictConfig:
+    if "task" not in content:
+        return content
+    copy = content.copy()
+    del copy["task"]
+    return copy
 
 
 def _check_sections_are_mappings(label: str, content: DictConfig, schema: DictConfig) -> None:
