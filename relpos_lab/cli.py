@@ -278,6 +278,24 @@ def report(args: argparse.Namespace) -> None:
     console.print(path.read_text().split("\n## ")[0], markup=False, highlight=False)
 
 
+@command("tables", "copy reports' summary tables into a Markdown file, at its <!-- report: DIR --> markers",
+         arg("doc", help="the Markdown file; DIR in its markers is relative to it"),
+         arg("--check", action="store_true", help="change nothing; exit 1 if a table is out of date"))
+def tables(args: argparse.Namespace) -> int:
+    from relpos_lab.analysis.report import refresh_tables
+
+    text, blocks = refresh_tables(args.doc)
+    if Path(args.doc).read_text() == text:
+        console.print(f"{shown_path(Path(args.doc))}: {blocks} tables, all current")
+        return 0
+    if args.check:
+        console.print(f"{shown_path(Path(args.doc))}: tables out of date; run {PROG} tables {args.doc}")
+        return 1
+    Path(args.doc).write_text(text)
+    console.print(f"{shown_path(Path(args.doc))}: {blocks} tables refreshed")
+    return 0
+
+
 @command("bench", "speed and memory of attention, a layer, a model or decoding, measured side by side "
          "(`relpos-lab bench attention --help`)",
          arg("bench_args", nargs=argparse.REMAINDER, metavar="attention|layer|model|decode [options]"))

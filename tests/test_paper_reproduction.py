@@ -8,13 +8,13 @@ without regenerating it can land unnoticed.
 from __future__ import annotations
 
 import json
-import runpy
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from relpos_lab.analysis.report import write_report
+from relpos_lab import cli
+from relpos_lab.analysis.report import refresh_tables, write_report
 from relpos_lab.records.rundir import run_directory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,10 +45,27 @@ def test_committed_report_is_what_the_runs_regenerate(sweep, tmp_path, monkeypat
 
 
 def test_the_tables_in_the_doc_are_the_reports_tables():
-    sync = runpy.run_path(str(ROOT / DOCS / "sync_tables.py"))
-    doc = (ROOT / "docs" / "paper-reproduction.md").read_text()
-    assert len(sync["BLOCK"].findall(doc)) == 3
-    assert sync["synced"](doc) == doc, "docs/paper-reproduction.md: run python docs/paper-reproduction/sync_tables.py"
+    doc = ROOT / "docs" / "paper-reproduction.md"
+    text, blocks = refresh_tables(doc)
+    assert blocks == 3
+    assert text == doc.read_text(), "docs/paper-reproduction.md: run relpos-lab tables docs/paper-reproduction.md"
+
+
+def test_tables_refreshes_a_stale_doc_and_check_reports_it(tmp_path, capsys):
+    report = tmp_path / "study" / "report.md"
+    report.parent.mkdir()
+    report.write_text("# a report\n\n| group | runs | bleu |\n|---|---|---|\n| rel | 2 | 25.1 |\n\n## more\n")
+    doc = tmp_path / "paper.md"
+    doc.write_text("Intro.\n<!-- report: study -->\n| old | table |\n<!-- /report -->\nEnd.\n")
+    assert cli.main(["tables", str(doc), "--check"]) == 1
+    assert "old" in doc.read_text()
+    assert cli.main(["tables", str(doc)]) == 0
+    assert doc.read_text() == ("Intro.\n<!-- report: study -->\n| group | runs | bleu |\n|---|---|---|\n"
+                               "| rel | 2 | 25.1 |\n<!-- /report -->\nEnd.\n")
+    assert cli.main(["tables", str(doc), "--check"]) == 0
+    (tmp_path / "bare.md").write_text("no markers\n")
+    assert cli.main(["tables", str(tmp_path / "bare.md")]) == 2
+    assert "no <!-- report: DIR -->" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)

@@ -21,4 +21,4 @@ for sweep in "${sweeps[@]}"; do
     # Tables 2-3 (newstest2013, the paper's dev set)
     relpos-lab report "$out/runs/shaw2018_${sweep}_small" --metric bleu chrf --out "$out/$sweep"
 done
-python "$out/sync_tables.py"   # the summary tables in docs/paper-reproduction.md
+relpos-lab tables docs/paper-reproduction.md   # the summary tables in the doc, from the reports
