@@ -1,1 +1,1 @@
-"""analysis"""
+"""Looking at results: reports over a sweep's runs, and the speed/memory benchmarks."""
