@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from relpos_lab.core import attention
-from relpos_lab.core.attention import relative_attention
+from relpos_lab.core.attention import banded, flex, gather, relative_attention
+from relpos_lab.core.attention.masks import relative_positions
 
 EXACT_IMPLS = ["naive", "batched", "gather", "flex", "auto"]
 
@@ -127,20 +127,20 @@ def test_fully_masked_rows_are_zero_not_nan():
                                                (9, 30, 0, 5)])
 def test_label_maps_over_row_blocks_equal_gather_and_scatter_add(monkeypatch, block, lq, lk, kmax, offset):
     # Small blocks put every row block's left tail, window and right tail to work.
-    monkeypatch.setattr(attention, "_LABEL_BLOCK", block)
+    monkeypatch.setattr(gather, "_LABEL_BLOCK", block)
     g = torch.Generator().manual_seed(lq * lk + kmax)
-    labels = attention.relative_positions(lq, lk, kmax, offset).expand(2, 3, lq, lk)
+    labels = relative_positions(lq, lk, kmax, offset).expand(2, 3, lq, lk)
     x = torch.randn(2, 3, lq, lk, generator=g, dtype=torch.float64)
     w = torch.randn(2, 3, lq, 2 * kmax + 1, generator=g, dtype=torch.float64)
-    torch.testing.assert_close(attention.add_by_label(x.clone(), w, kmax, offset), x + w.gather(-1, labels))
-    torch.testing.assert_close(attention.sum_by_label(x, kmax, offset),
+    torch.testing.assert_close(gather.add_by_label(x.clone(), w, kmax, offset), x + w.gather(-1, labels))
+    torch.testing.assert_close(gather.sum_by_label(x, kmax, offset),
                                torch.zeros_like(w).scatter_add(-1, labels, x))
 
 
 @pytest.mark.parametrize("case", ["square", "rect_offset_causal", "padding_with_empty_row", "per_head_causal_offset",
                                   "k1", "keys_only", "values_only"])
 def test_gather_over_many_row_blocks_matches_the_reference_with_gradients(monkeypatch, case):
-    monkeypatch.setattr(attention, "_LABEL_BLOCK", 1)  # blocks of max(1, 2k) rows
+    monkeypatch.setattr(gather, "_LABEL_BLOCK", 1)  # blocks of max(1, 2k) rows
     q, k, v, kw = make_case(**CASES[case])
     want = reference(q, k, v, kw["rel_k"], kw["rel_v"], kw["max_distance"], kw["attn_mask"],
                      kw["is_causal"], kw["query_offset"], kw["attn_bias"])
@@ -222,7 +222,7 @@ def test_half_inputs_with_float32_tables(impl):
 
 def test_flex_runs_on_cpu_with_the_default_settings():
     """FLEX_COMPILE stays on: torch's CPU compiler cannot return the log-sum-exp, so CPU runs eager."""
-    assert attention.FLEX_COMPILE
+    assert flex.FLEX_COMPILE
     q, k, v, kw = make_case(B=1, H=2, Lq=8, Lk=8, K=2, causal=True, D=8, dtype=torch.float32)
     torch.testing.assert_close(relative_attention(q, k, v, impl="flex", **kw),
                                relative_attention(q, k, v, impl="naive", **kw), atol=1e-5, rtol=1e-5)
@@ -393,9 +393,9 @@ def test_banded_with_flex_tails_matches_the_reference(case):
                      kw["is_causal"], kw["query_offset"])
     n, kmax, mask = q.shape[-2], kw["max_distance"], kw["attn_mask"]
     keep = mask.reshape(mask.shape[0], n).expand(q.shape[0], n) if mask is not None else None
-    masks = tuple(attention.flex_block_mask(mask, False, n, n, 0, side, kmax, "cpu") for side in ("left", "right"))
-    got = attention._banded_core(q, k, v, kw["rel_k"], kw["rel_v"], kmax, keep, kw["is_causal"],
-                                 q.shape[-1] ** -0.5, masks, False)
+    masks = tuple(flex.flex_block_mask(mask, False, n, n, 0, side, kmax, "cpu") for side in ("left", "right"))
+    got = banded._banded_core(q, k, v, kw["rel_k"], kw["rel_v"], kmax, keep, kw["is_causal"],
+                              q.shape[-1] ** -0.5, masks, False)
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
 
 
@@ -403,13 +403,13 @@ def test_flex_block_masks_are_built_once_per_mask_tensor():
     """Layers share one padding mask per batch: its BlockMask is built once; a new tensor with
     the same values (or the same one changed in place) gets its own."""
     mask = torch.ones(2, 1, 1, 8, dtype=torch.bool)
-    first = attention.flex_block_mask(mask, False, 8, 8, 0, "left", 2, "cpu")
-    assert attention.flex_block_mask(mask, False, 8, 8, 0, "left", 2, "cpu") is first
-    assert attention.flex_block_mask(mask.clone(), False, 8, 8, 0, "left", 2, "cpu") is not first
+    first = flex.flex_block_mask(mask, False, 8, 8, 0, "left", 2, "cpu")
+    assert flex.flex_block_mask(mask, False, 8, 8, 0, "left", 2, "cpu") is first
+    assert flex.flex_block_mask(mask.clone(), False, 8, 8, 0, "left", 2, "cpu") is not first
     mask[1, ..., 5:] = False
-    changed = attention.flex_block_mask(mask, False, 8, 8, 0, "left", 2, "cpu")
+    changed = flex.flex_block_mask(mask, False, 8, 8, 0, "left", 2, "cpu")
     assert changed is not first
-    assert attention.flex_block_mask(None, False, 8, 8, 0, None, 2, "cpu") is None
+    assert flex.flex_block_mask(None, False, 8, 8, 0, None, 2, "cpu") is None
 
 
 def test_banded_core_compiles_to_the_same_values_and_gradients():
@@ -423,5 +423,5 @@ def test_banded_core_compiles_to_the_same_values_and_gradients():
         out = fn(*inputs, 4, keep, False, 0.25, None, False)
         return [out] + list(torch.autograd.grad(out.square().sum(), inputs))
 
-    for got, want in zip(core(torch.compile(attention._banded_core)), core(attention._banded_core)):
+    for got, want in zip(core(torch.compile(banded._banded_core)), core(banded._banded_core)):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from relpos_lab.core import attention
-from relpos_lab.core.attention import relative_attention
+from relpos_lab.core.attention import banded, flex, gather, relative_attention
 from relpos_lab.core.positions import SCHEMES, PositionConfig
 from relpos_lab.core.loss import label_smoothed_loss
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
@@ -189,8 +188,8 @@ def test_flex_log_sum_exp_is_differentiated_exactly():
     want = [t.grad for t in ins]
 
     cuda_ins = [to(t, torch.float32).requires_grad_(True) for t in (q, k, v)]
-    block_mask = attention.flex_block_mask(to(mask), False, L, L, 0, "left", K, CUDA)
-    out, lse = attention._flex_attend(*cuda_ins, D**-0.5, block_mask=block_mask)
+    block_mask = flex.flex_block_mask(to(mask), False, L, L, 0, "left", K, CUDA)
+    out, lse = flex.flex_attention_lse(*cuda_ins, D**-0.5, block_mask=block_mask)
     assert torch.equal(torch.isfinite(lse).cpu(), seen)
     assert rel_err(lse.where(torch.isfinite(lse), 0.0), lse_ref.where(seen, 0.0)) < 1e-3
     assert rel_err(out, out_ref) < 2e-3
@@ -202,16 +201,15 @@ def test_flex_log_sum_exp_is_differentiated_exactly():
 
 def test_auto_trains_with_banded_and_infers_with_gather(monkeypatch):
     calls = []
-    for name in ("_banded", "_gather"):
-        real = getattr(attention, name)
-        monkeypatch.setattr(attention, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    for name, impl in (("banded", banded), ("gather", gather)):  # the dispatch calls module.attend
+        monkeypatch.setattr(impl, "attend", lambda *a, _real=impl.attend, _name=name: calls.append(_name) or _real(*a))
     q, k, v, kw = make(**CASES["padding"])
     run("auto", q, k, v, kw, torch.bfloat16, torch.randn(q.shape))
     with torch.no_grad():
         run("auto", q, k, v, kw, torch.bfloat16)
     kw["max_distance"], kw["rel_k"], kw["rel_v"] = 0, kw["rel_k"][:1], kw["rel_v"][:1]
     run("auto", q, k, v, kw, torch.bfloat16, torch.randn(q.shape))  # k = 0: no tails to fuse
-    assert calls == ["_banded", "_gather", "_gather"]
+    assert calls == ["banded", "gather", "gather"]
 
 
 @pytest.mark.parametrize("fresh_mask", [False, True], ids=["same_mask", "new_mask_each_step"])

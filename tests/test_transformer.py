@@ -79,6 +79,24 @@ def test_cached_decoder_only_equals_full_pass(scheme):
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
 
 
+def test_reordered_cache_continues_the_chosen_rows_as_if_decoded_alone():
+    """Beam search's reorder moves every cached tensor (self-attention keys and values, the
+    projected memory, the memory and its mask) with its row."""
+    torch.manual_seed(0)
+    model = EncoderDecoder(tiny()).eval()
+    src, tgt = torch.randint(3, 13, (3, 7)), torch.randint(3, 13, (3, 5))
+    src[1, 4:] = 0
+    index = torch.tensor([1, 1, 2, 0])
+    with torch.no_grad():
+        cache = model.start_decoding(src)
+        model.decode_step(tgt[:, :4], cache)
+        cache.reorder(index)
+        got = model.decode_step(tgt[index, 4:], cache)
+        want = model(src[index], tgt[index])[:, 4:]
+    assert cache.length == 5
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_decoder_is_causal():
     torch.manual_seed(0)
     model = EncoderDecoder(tiny()).eval()

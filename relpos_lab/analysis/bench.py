@@ -20,7 +20,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from relpos_lab.core.attention import _flex_attend, flex_block_mask, relative_attention, visibility_mask
+from relpos_lab.core.attention import relative_attention
+from relpos_lab.core.attention.flex import flex_attention_lse, flex_block_mask
+from relpos_lab.core.attention.masks import visibility_mask
 from relpos_lab.core.decoding import greedy_search
 from relpos_lab.core.positions import PositionConfig, build_relative
 from relpos_lab.core.loss import label_smoothed_loss
@@ -126,7 +128,7 @@ def attention_candidate(name: str, b, h, length, d, k, dtype, device, backward=T
             return score + bias[hi, torch.clamp(kv_idx - q_idx, -kmax, kmax) + kmax]
 
         def forward():
-            return _flex_attend(q, kk, v, d ** -0.5, score_mod, block_mask)[0]
+            return flex_attention_lse(q, kk, v, d ** -0.5, score_mod, block_mask)[0]
     elif name == "unfused":
         def forward():
             s = (q @ kk.transpose(-2, -1)).float() / math.sqrt(d)

@@ -104,31 +104,27 @@ class MultiHeadAttention(nn.Module):
         b, n, d = x.shape
         return x.view(b, n, self.n_heads, d // self.n_heads).transpose(1, 2)
 
-    def forward(self, x, context=None, attn_mask=None, is_causal=False, cache: dict | None = None,
-                cache_prefix: str = "self") -> Tensor:
+    def forward(self, x, context=None, attn_mask=None, is_causal=False, cache: KVCache | None = None) -> Tensor:
         """Self-attention when context is None, else cross-attention over context.
 
-        With a cache dict, self-attention appends its new keys/values and its queries start at
-        the cache's length; cross-attention projects the context once and reuses it.
+        With a cache, self-attention's queries start at the cache's length (their absolute
+        positions, which relative schemes need) and attend to everything cached; cross-attention
+        projects the context on its first step only, since the memory never changes.
         """
         q = self._heads(self.q_proj(x))
         offset = 0
         if context is None:
             k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
-            if cache is not None and f"{cache_prefix}_k" in cache:
-                offset = cache[f"{cache_prefix}_k"].shape[-2]
+            offset = cache.length if cache is not None else 0
             q, k = self.positions.rotate(q, k, offset)
             if cache is not None:
-                if offset:
-                    k = torch.cat((cache[f"{cache_prefix}_k"], k), dim=-2)
-                    v = torch.cat((cache[f"{cache_prefix}_v"], v), dim=-2)
-                cache[f"{cache_prefix}_k"], cache[f"{cache_prefix}_v"] = k, v
-        elif cache is not None and f"{cache_prefix}_k" in cache:
-            k, v = cache[f"{cache_prefix}_k"], cache[f"{cache_prefix}_v"]
+                k, v = cache.append(k, v)
+        elif cache is not None and cache.length:
+            k, v = cache.k, cache.v
         else:
             k, v = self._heads(self.k_proj(context)), self._heads(self.v_proj(context))
             if cache is not None:
-                cache[f"{cache_prefix}_k"], cache[f"{cache_prefix}_v"] = k, v
+                cache.append(k, v)
         extra = self.positions.attention_kwargs(q.shape[-2], k.shape[-2], offset, x.device)
         y = relative_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, query_offset=offset,
@@ -180,10 +176,11 @@ class DecoderLayer(nn.Module):
         self.cross_attn = Sublayer(cfg, MultiHeadAttention(cfg)) if cross_attention else None
         self.ffn = Sublayer(cfg, FeedForward(cfg))
 
-    def forward(self, x, memory=None, memory_mask=None, cache=None):
-        x = self.self_attn(x, is_causal=True, cache=cache, cache_prefix="self")
+    def forward(self, x, memory=None, memory_mask=None, cache: LayerCache | None = None):
+        x = self.self_attn(x, is_causal=True, cache=cache.self_attn if cache is not None else None)
         if self.cross_attn is not None:
-            x = self.cross_attn(x, context=memory, attn_mask=memory_mask, cache=cache, cache_prefix="cross")
+            x = self.cross_attn(x, context=memory, attn_mask=memory_mask,
+                                cache=cache.cross_attn if cache is not None else None)
         return self.ffn(x)
 
 
@@ -240,24 +237,63 @@ class Decoder(nn.Module):
         x = self.embed(tgt, offset)
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, memory_mask, cache.layers[i] if cache is not None else None)
-        if cache is not None:
-            cache.length += tgt.shape[1]
         return self.output(self.norm(x))
 
 
+@dataclass
+class KVCache:
+    """One attention's keys and values, (B, H, L, D), for every position seen so far."""
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[-2] if self.k is not None else 0
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the new positions; returns all keys and values, which the new queries attend to."""
+        if self.k is not None:
+            k, v = torch.cat((self.k, k), dim=-2), torch.cat((self.v, v), dim=-2)
+        self.k, self.v = k, v
+        return k, v
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` (beam search picks its surviving hypotheses with this)."""
+        if self.k is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
+@dataclass
+class LayerCache:
+    """A decoder layer's caches: its self-attention's, and its cross-attention's projection of
+    the encoder memory (filled on the first step, unused without an encoder)."""
+
+    self_attn: KVCache = field(default_factory=KVCache)
+    cross_attn: KVCache = field(default_factory=KVCache)
+
+    def reorder(self, index: Tensor) -> None:
+        self.self_attn.reorder(index)
+        self.cross_attn.reorder(index)
+
+
 class DecoderCache:
-    """Per-layer keys/values of everything decoded so far (and the projected encoder memory)."""
+    """What decoding carries from step to step: a LayerCache per decoder layer and the encoder's
+    output, which the cross-attention of a layer's first step projects."""
 
     def __init__(self, n_layers: int, memory=None, memory_mask=None):
-        self.layers: list[dict[str, Tensor]] = [{} for _ in range(n_layers)]
-        self.length = 0
+        self.layers = [LayerCache() for _ in range(n_layers)]
         self.memory, self.memory_mask = memory, memory_mask
+
+    @property
+    def length(self) -> int:
+        """Positions decoded so far: where the next tokens' absolute positions start."""
+        return self.layers[0].self_attn.length
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows `index` (beam search picks its surviving hypotheses with this)."""
         for layer in self.layers:
-            for key, value in layer.items():
-                layer[key] = value.index_select(0, index)
+            layer.reorder(index)
         if self.memory is not None:
             self.memory = self.memory.index_select(0, index)
             self.memory_mask = self.memory_mask.index_select(0, index)

@@ -11,7 +11,7 @@ import statistics
 
 import torch
 
-from relpos_lab.core import attention
+from relpos_lab.core.attention import banded, relative_attention
 from relpos_lab.analysis.bench import attention_candidate, interleaved
 
 parser = argparse.ArgumentParser()
@@ -29,7 +29,7 @@ def variant(compile_core, block):
     run = attention_candidate("shaw-banded", B, H, L, D, K, dtype, dev, mask=args.mask)
 
     def fn():
-        attention.BANDED_COMPILE, attention.BAND_BLOCK = compile_core, block
+        banded.BANDED_COMPILE, banded.BAND_BLOCK = compile_core, block
         run()
     return fn
 
@@ -46,9 +46,8 @@ x = [torch.randn(*s, generator=g).to(dev).requires_grad_(True) for s in [(2, H, 
 keys, causal = (torch.arange(700, device=dev)[None] < torch.tensor([[600], [700]], device=dev))[:, None, None], False
 results = {}
 for name, compile_core, block in VARIANTS:
-    attention.BANDED_COMPILE, attention.BAND_BLOCK = compile_core, block
-    out = attention.relative_attention(*x[:3], rel_k=x[3], rel_v=x[4], max_distance=K, attn_mask=keys,
-                                       impl="banded")
+    banded.BANDED_COMPILE, banded.BAND_BLOCK = compile_core, block
+    out = relative_attention(*x[:3], rel_k=x[3], rel_v=x[4], max_distance=K, attn_mask=keys, impl="banded")
     results[name] = [out] + list(torch.autograd.grad(out.square().sum(), x))
 for name, vals in results.items():
     err = max(((a - b).norm() / b.norm()).item() for a, b in zip(vals, results[VARIANTS[0][0]]))

@@ -1,0 +1,78 @@
+"""What every implementation shares: the relative label of a (query, key) pair, which keys a
+query may see, and the masked softmax. One definition of each, so the implementations cannot
+drift apart on an edge case (a query offset, a fully masked row, bf16 inputs)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def relative_positions(
+    lq: int, lk: int, max_distance: int, query_offset: int = 0, device=None
+) -> Tensor:
+    """(Lq, Lk) long tensor of clipped distances shifted to table rows: clip(j - i, k) + k."""
+    i = torch.arange(lq, device=device) + query_offset
+    j = torch.arange(lk, device=device)
+    return (j[None, :] - i[:, None]).clamp(-max_distance, max_distance) + max_distance
+
+
+def visibility_mask(
+    attn_mask: Tensor | None, is_causal: bool, lq: int, lk: int, query_offset: int, device=None
+) -> Tensor | None:
+    """Combine a boolean mask (True = may attend) with causality at absolute positions."""
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        raise TypeError(f"attn_mask must be bool (True = may attend), got {attn_mask.dtype}")
+    if not is_causal:
+        return attn_mask
+    i = torch.arange(lq, device=device) + query_offset
+    causal = torch.arange(lk, device=device)[None, :] <= i[:, None]
+    return causal if attn_mask is None else attn_mask & causal
+
+
+def attention_probs(scores, scale, allowed, bias, dropout_p, dtype) -> Tensor:
+    """Softmax in at least float32 (disallowed entries and fully masked rows come out as 0), then
+    attention dropout and the cast to the values' dtype: the contract's precision in one place.
+    `scores` are fresh logits: they may be overwritten."""
+    acc = torch.promote_types(scores.dtype, torch.float32)
+    s = scores.to(acc)
+    if scale != 1.0:
+        s = s * scale
+    if bias is not None:
+        s = s + bias.to(acc)
+    if allowed is None:
+        p = torch.softmax(s, dim=-1)
+    else:
+        lowest = torch.finfo(acc).min
+        # The mask as 0 / lowest, without the head dimension: adding it broadcast over the heads
+        # is a plain add, about 3x faster than masked_fill with a broadcast boolean mask.
+        penalty = torch.zeros(allowed.shape, dtype=acc, device=s.device).masked_fill_(~allowed, lowest)
+        p = torch.softmax(_MaskLogits.apply(s, penalty), dim=-1)
+        dead = penalty.amax(-1, keepdim=True) == lowest  # rows that may attend to nothing
+        if p.device.type != "cpu" or dead.any():  # the check would stall an accelerator's queue
+            p = p.masked_fill(dead, 0.0)
+    if dropout_p > 0:
+        p = F.dropout(p, dropout_p)
+    return p.to(dtype)
+
+
+class _MaskLogits(torch.autograd.Function):
+    """Logits plus the mask's penalty (0, or the dtype's lowest value, which any logit rounds
+    back to), in place, with a pass-through backward.
+
+    An out-of-place masked_fill costs a copy of the (Lq, Lk) logits, and its backward another
+    pass to zero the gradient at the masked entries; but that gradient is exactly zero already:
+    the softmax gives those entries probability 0 (a fully masked row is zeroed after the
+    softmax). With a padding mask the two passes had made `gather` 1.6x slower at B=8, H=8,
+    L=512 (docs/performance.md).
+    """
+
+    @staticmethod
+    def forward(ctx, s, penalty):
+        ctx.mark_dirty(s)
+        return s.add_(penalty)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
