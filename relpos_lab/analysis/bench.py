@@ -24,8 +24,8 @@ from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.attention.flex import flex_attention_lse, flex_block_mask
 from relpos_lab.core.attention.masks import visibility_mask
 from relpos_lab.core.decoding import greedy_search
-from relpos_lab.core.positions import PositionConfig, build_relative
 from relpos_lab.core.loss import label_smoothed_loss
+from relpos_lab.core.positions import PositionConfig, build_relative
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig, MultiHeadAttention
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import yaml
 
 from relpos_lab.api.errors import UserError
-from relpos_lab.records.plots import plot_curves, plot_groups
 from relpos_lab.launch.sweep import MANIFEST, group_label
+from relpos_lab.records.plots import plot_curves, plot_groups
 
 
 @dataclass

@@ -16,7 +16,6 @@ from torch import Tensor, nn
 from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.positions import PositionConfig, RelativePositions, build_absolute, build_relative
 
-
 MODEL_IMPLS = ("naive", "batched", "gather", "flex", "auto")
 """The attention impls a whole model can run on: every one of its attention calls (self-attention
 with a KV cache, cross-attention) must be supported. 'banded' is self-attention only."""

@@ -33,7 +33,6 @@ from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
-
 from omegaconf import DictConfig, OmegaConf
 
 from relpos_lab.config.schema import WANDB_MODES

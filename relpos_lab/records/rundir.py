@@ -18,7 +18,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from relpos_lab.api.files import atomic_write
 
-
 # Keys that do not change what a run computes, left out of the run directory's hash so that
 # changing them continues the same run instead of starting another: where files go and how they
 # are reported (logging), whether to resume (resume), where and how SLURM runs the job (cluster:

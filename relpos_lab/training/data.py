@@ -28,9 +28,9 @@ from lightning.pytorch.trainer.states import TrainerFn
 from omegaconf import DictConfig
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, SequentialSampler
 
+from relpos_lab.api.task import Task
 from relpos_lab.training.batching import TokenBatchSampler
 from relpos_lab.training.resumable import ResumableDataLoader
-from relpos_lab.api.task import Task
 
 
 class TaskDataModule(L.LightningDataModule):

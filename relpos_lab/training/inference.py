@@ -16,10 +16,10 @@ import torch
 from torch import nn
 from torch.utils.data import SequentialSampler
 
+from relpos_lab.api.task import Task
 from relpos_lab.training.batching import TokenBatchSampler
 from relpos_lab.training.checkpoints import load_checkpoint, task_from_checkpoint
 from relpos_lab.training.module import RelposModule
-from relpos_lab.api.task import Task
 
 
 def load_for_inference(checkpoint: str | Path, overrides: Sequence[str] = (),

@@ -17,9 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 from relpos_lab.api.evaluation import EvalResult
-from relpos_lab.training.optim import build_optimizer, build_scheduler
 from relpos_lab.api.task import Task
 from relpos_lab.records.loggers import log_samples
+from relpos_lab.training.optim import build_optimizer, build_scheduler
 
 TASK_STATE = "task_state"  # checkpoint key of Task.state_dict(): a checkpoint alone rebuilds its task
 

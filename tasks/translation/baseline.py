@@ -19,7 +19,6 @@ from omegaconf import OmegaConf
 
 from relpos_lab.api import UserError, registry
 from relpos_lab.config import load_config
-
 from relpos_lab_tasks.translation.task import TranslationTask
 
 

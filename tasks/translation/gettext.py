@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from relpos_lab.api import UserError
-
 from relpos_lab_tasks.translation.corpora import ParallelText
 
 MAGIC = 0x950412DE

@@ -18,7 +18,6 @@ from torch import Tensor
 
 from relpos_lab.core.attention.flex import flex_attention_lse, flex_block_mask
 
-
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _FLASH_CPU_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 _HAS_FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None  # found, not imported

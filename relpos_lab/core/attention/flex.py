@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
 FLEX_COMPILE = True
 """Compile FlexAttention on CUDA (its fast path). On CPU, torch's compiled flex refuses the
 log-sum-exp this op needs, so CPU always runs eager flex: exact, unfused."""
