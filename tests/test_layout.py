@@ -125,3 +125,30 @@ def test_reading_and_checking_every_shipped_config_never_imports_lightning():
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "LOADED []" in result.stdout
+
+
+def test_the_readme_layout_lists_every_module_once():
+    """README's tree (one line per module, folders as `name/`) is the package's files, exactly."""
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("## Layout"):]
+    block = block[block.index("```\n") + 4:]
+    block = block[:block.index("```")]
+    listed, folders = [], []
+    for line in block.splitlines():
+        if not line.strip() or line.startswith(" " * 30):  # blank, or a description's continuation
+            continue
+        indent = (len(line) - len(line.lstrip())) // 2
+        name = line.split()[0]
+        folders = folders[:indent]
+        if name.endswith("/"):
+            folders.append(name.rstrip("/"))
+        else:
+            listed.append("/".join([*folders, name]))
+    files = sorted(
+        str(p.relative_to(REPO)) for top in ("relpos_lab", "tasks") for p in (REPO / top).rglob("*")
+        if p.suffix in (".py", ".sbatch") and (p.name != "__init__.py" or p.parent.name == "attention")
+        and "__pycache__" not in p.parts
+    )
+    assert len(listed) == len(set(listed)), f"listed twice: {sorted({x for x in listed if listed.count(x) > 1})}"
+    assert sorted(listed) == files, (f"in README, not in the tree: {sorted(set(listed) - set(files))}; "
+                                     f"in the tree, not in README: {sorted(set(files) - set(listed))}")
