@@ -52,14 +52,19 @@ def command(name: str, help: str, *arguments: tuple) -> Callable:
     return register
 
 
-OVERRIDES = arg("overrides", nargs="*", metavar="key=value",
-                help="config overrides in OmegaConf dot-list syntax, e.g. optim.lr=3e-4 task.test_lengths=[1,64]")
+OVERRIDES = arg("overrides", nargs="*", metavar="key=value|GROUP=NAME|OVERLAY",
+                help="config overrides, applied in order: key=value in OmegaConf dot-list syntax (optim.lr=3e-4 "
+                     "task.test_lengths=[1,64]); GROUP=NAME lays configs/GROUP/NAME.yaml over its section "
+                     "(model=shaw_small trainer=gpu cluster=mysite task=translation_gettext); a bare word is an "
+                     "overlay of configs/overlay/, e.g. debug: a tiny model for a few steps. Names are looked up "
+                     "in ./configs first, then among the shipped configs (relpos-lab configs lists them)")
+EXPERIMENT = "experiment YAML file, or the name of one (./configs/experiment/, then shipped; relpos-lab configs)"
 
 
 # --- verbs ----------------------------------------------------------------------------------
 
 
-@command("train", "train a model from an experiment config", arg("config", help="experiment YAML file"), OVERRIDES)
+@command("train", "train a model from an experiment config", arg("config", help=EXPERIMENT), OVERRIDES)
 def train(args: argparse.Namespace) -> None:
     from relpos_lab.training import experiment
     from relpos_lab.config import load_config
@@ -157,9 +162,29 @@ def tasks(args: argparse.Namespace) -> None:
     console.print(f"{len(entries) - broken} available" + (f", {broken} failed to load" if broken else ""))
 
 
+@command("configs", "list the configs that can be named: experiments, sweeps, and the pieces of each group "
+         "(model=NAME, trainer=NAME, ...), from ./configs and shipped with the package")
+def configs(args: argparse.Namespace) -> None:
+    from relpos_lab.config.find import catalogue, roots
+
+    entries = catalogue()
+    where = ", then ".join(f"{label} {shown_path(root)}" for label, root in roots())
+    table = Table(title=f"configs ({where})", title_justify="left")
+    for column in ("group", "name", "from", "description"):
+        table.add_column(column)
+    for e in entries:
+        origin = f"{e.where} (hidden by the local one)" if e.shadowed else e.where
+        style = "dim" if e.shadowed else None
+        table.add_row(e.group, e.name, origin, e.description, style=style)
+    console.print(table)
+    console.print(f"{PROG} train NAME (experiment), {PROG} sweep NAME (sweep); on the command line GROUP=NAME "
+                  "(e.g. model=shaw_small) lays a group's file over its section, and an overlay is a bare word "
+                  "(e.g. debug)", markup=False, highlight=False)
+
+
 @command("config", "print the resolved config (defaults, extends, overrides) as YAML, or what the keys of a "
          "section mean (--help-keys)",
-         arg("config", nargs="?", help="experiment YAML file"), OVERRIDES,
+         arg("config", nargs="?", help=EXPERIMENT), OVERRIDES,
          arg("--help-keys", metavar="SECTION", default=None,
              help="list the keys of a section (model, model.positions, trainer, task, ...; '' for the top level) "
                   "with their types, defaults and help, instead of printing a config"),
@@ -175,7 +200,7 @@ def show_config(args: argparse.Namespace) -> None:
         print("\n".join(describe_keys(section_class(args.help_keys, task), args.help_keys)))
         return
     if not args.config:
-        raise UserError("config: give an experiment YAML file, or --help-keys SECTION")
+        raise UserError("config: give an experiment (a YAML file or a name), or --help-keys SECTION")
     from relpos_lab.records.rundir import run_directory
 
     cfg = load_config(args.config, args.overrides)
@@ -183,7 +208,7 @@ def show_config(args: argparse.Namespace) -> None:
 
 
 @command("sweep", "run a grid of experiments from a sweep file, skipping finished points",
-         arg("sweep_file", help="sweep YAML (configs/sweep/...)"),
+         arg("sweep_file", help="sweep YAML file, or the name of one (./configs/sweep/, then shipped)"),
          arg("--max-parallel", type=int, default=1, help="points trained at once (local runs)"),
          arg("--point", type=int, default=None, help="train only grid point N, in this process "
              "(what local workers and SLURM array tasks run)"),
@@ -233,7 +258,7 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 @command("submit", "submit an experiment to SLURM: trainer.num_nodes nodes, trainer.devices processes each",
-         arg("config", help="experiment YAML file"),
+         arg("config", help=EXPERIMENT),
          arg("--dry-run", action="store_true", help="print the sbatch script, submit nothing"),
          OVERRIDES)
 def submit(args: argparse.Namespace) -> None:
@@ -373,12 +398,25 @@ def run() -> int:
     return main()
 
 
+def _is_override(word: str) -> bool:
+    """key=value (or GROUP=NAME), or the name of an overlay (configs/overlay/)."""
+    if word.startswith("-"):
+        return False
+    if "=" in word:
+        return True
+    from relpos_lab.config.find import find_in_group, is_name
+    from relpos_lab.config.load import OVERLAY
+
+    return is_name(word) and find_in_group(OVERLAY, word) is not None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse stops filling a trailing `overrides` list at the first option (`eval X --split
-    # test a=1`): collect such key=value words here; anything else is a real error.
-    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+    # test a=1`, `sweep S --max-parallel 2 debug`): collect such key=value words and overlay names
+    # here; anything else is a real error.
+    if extra and hasattr(args, "overrides") and all(_is_override(e) for e in extra):
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

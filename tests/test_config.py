@@ -270,3 +270,197 @@ def test_help_keys_lists_a_section_with_types_defaults_and_help(tmp_path, capsys
     assert "task.subword.vocab_size (int, default 8000)" in capsys.readouterr().out
     assert cli.main(["config", "--help-keys", "model.postions"]) == 2
     assert "did you mean 'model.positions'?" in capsys.readouterr().err
+
+
+# --- configs by name: ./configs first, then the ones shipped with the package ---------------------
+
+SHIPPED = sorted(p for p in CONFIGS.glob("*/*.yaml"))
+
+
+def resolved(capsys, *argv: str) -> str:
+    from relpos_lab import cli
+
+    assert cli.main(["config", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def cli_error(capsys, *argv: str) -> str:
+    from relpos_lab import cli
+
+    assert cli.main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("relpos-lab: error: ")
+    return err
+
+
+def test_the_shipped_configs_are_the_repositorys_configs_directory():
+    from relpos_lab.config.find import shipped_root
+
+    assert shipped_root().resolve() == CONFIGS
+
+
+def test_every_shipped_config_loads_without_lightning():
+    """`relpos-lab config` and every config error answer without importing Lightning."""
+    code = """
+import sys
+from pathlib import Path
+from relpos_lab.config import load_config
+from relpos_lab.config.find import shipped_root
+from relpos_lab.launch.sweep import load_sweep
+for path in sorted(shipped_root().glob("*/*.yaml")):
+    if path.parent.name == "experiment":
+        load_config(path.stem, ["debug", "model=shaw_small", "trainer=cpu"])
+    elif path.parent.name == "sweep":
+        load_sweep(path.stem)
+    else:
+        load_config(path, partial=True)
+assert "lightning" not in sys.modules and "pytorch_lightning" not in sys.modules, "lightning was imported"
+"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_an_experiment_is_found_by_name_from_an_empty_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    shipped = resolved(capsys, str(CONFIGS / "experiment" / "reverse_shaw.yaml"))
+    assert shipped.startswith("# run directory: runs/reverse_shaw/reverse-shaw-k16-")
+    assert resolved(capsys, "reverse_shaw") == shipped
+    assert resolved(capsys, "reverse_shaw.yaml") == shipped
+    assert resolved(capsys, "reverse_shaw", "optim.lr=0.5") == resolved(
+        capsys, str(CONFIGS / "experiment" / "reverse_shaw.yaml"), "optim.lr=0.5")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_misspelled_name_says_where_it_looked_and_what_was_meant(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    err = cli_error(capsys, "config", "revers_shaw")
+    assert "config file not found: revers_shaw; no experiment named 'revers_shaw' in " in err
+    assert f"{CONFIGS}/experiment/" in err and "did you mean 'reverse_shaw'?" in err
+    err = cli_error(capsys, "sweep", "positions_revers", "--list")
+    assert "sweep file not found: positions_revers" in err and "did you mean 'positions_reverse'?" in err
+    assert "config file not found: sub/reverse_shaw.yaml" in cli_error(capsys, "config", "sub/reverse_shaw.yaml")
+
+
+def test_a_local_config_comes_before_the_shipped_one_of_the_same_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "configs/experiment/reverse_shaw.yaml", "extends: copy_shaw.yaml\nseed: 7\n")
+    write(tmp_path, "configs/model/shaw_small.yaml", "model: {d_model: 32}\n")
+    cfg = load_config("reverse_shaw", ["model=shaw_small"])
+    assert (cfg.task.name, cfg.seed, cfg.model.d_model) == ("copy", 7, 32)  # copy_shaw: shipped (no local one)
+    assert cfg.model.n_encoder_layers == 2  # the shipped shaw_small, under the local one
+    assert load_config("copy_shaw", ["model=shaw_small"]).model.d_model == 32
+
+
+def test_extends_falls_back_to_the_shipped_configs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "mine.yaml", "extends: reverse_shaw.yaml\nname: reverse_shaw\noptim: {lr: 0.01}\n")
+    write(tmp_path, "pieces.yaml", "extends: [model/shaw_small.yaml, ../trainer/cpu.yaml]\ntask: {name: copy}\n")
+    shipped = load_config(CONFIGS / "experiment" / "reverse_shaw.yaml", ["optim.lr=0.01"])
+    assert load_config("mine.yaml") == shipped
+    pieces = load_config("pieces.yaml")
+    assert (pieces.model.d_model, pieces.trainer.accelerator) == (64, "cpu")
+    # A copy of a shipped experiment works as it is: its ../model/... entries fall back to the shipped ones.
+    for name in ("reverse_shaw.yaml", "shaw2018_small_relative.yaml"):
+        (tmp_path / name).write_text((CONFIGS / "experiment" / name).read_text())
+        assert resolved(capsys, name) == resolved(capsys, str(CONFIGS / "experiment" / name))
+    # A file of the same name beside the extending file wins.
+    write(tmp_path, "reverse_shaw.yaml", "task: {name: duplicate}\n")
+    assert load_config("mine.yaml").task.name == "duplicate"
+
+
+def test_an_extends_entry_found_nowhere_names_both_places(tmp_path):
+    message = error_of(write(tmp_path, "e.yaml", "extends: revers_shaw.yaml\n"))
+    assert message.startswith("config file not found: ") and "(extended by " in message
+    assert "nor among the shipped configs" in message and "did you mean 'reverse_shaw'?" in message
+    message = error_of(write(tmp_path, "f.yaml", "extends: model/shaw_big.yaml\n"))
+    assert "no model named 'shaw_big'" in message and "did you mean 'shaw_small'?" in message
+
+
+def test_a_user_file_extending_a_shipped_experiment_with_a_group_on_the_command_line(tmp_path, monkeypatch, capsys):
+    """The issue's example, from a directory outside the clone."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "mine.yaml", "extends: reverse_shaw.yaml\ntrainer: {max_steps: 50}\n")
+    out = resolved(capsys, "mine.yaml", "model=shaw_small")
+    assert out.startswith("# run directory: runs/mine/reverse-shaw-k16-") and "  max_steps: 50\n" in out
+
+
+def test_a_group_on_the_command_line_lays_its_file_over_that_section_in_order(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("shaw2018_small_relative", ["model=shaw_small"])
+    assert (cfg.model.d_model, cfg.model.n_encoder_layers) == (64, 2)  # shaw_small's
+    assert cfg.model.norm_first is True and cfg.task.max_tokens == 8192  # what shaw_small does not set stays
+    assert load_config("reverse_shaw", ["model.d_model=32", "model=shaw_small"]).model.d_model == 64
+    assert load_config("reverse_shaw", ["model=shaw_small.yaml", "model.d_model=32"]).model.d_model == 32
+    gpu = load_config("reverse_shaw", ["trainer=gpu", "cluster=example"])
+    assert (gpu.trainer.accelerator, gpu.trainer.devices, gpu.cluster.partition) == ("gpu", 4, "gpu")
+    task = load_config("translation_gettext_shaw", ["task=translation_gettext"])
+    assert task == load_config("translation_gettext_shaw")
+    assert load_config("reverse_shaw", ["name=model", "seed=3"]).name == "model"  # keys that are no group
+
+
+def test_a_group_selection_that_does_not_fit_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    err = cli_error(capsys, "config", "reverse_shaw", "model=shaw_smal")
+    assert "command line: model=shaw_smal: no model named 'shaw_smal' in " in err
+    assert f"{CONFIGS}/model/" in err and "did you mean 'shaw_small'?" in err
+    assert "no optim named 'adam'" in cli_error(capsys, "config", "reverse_shaw", "optim=adam")
+    assert "'model' must be a mapping" in cli_error(capsys, "config", "reverse_shaw", "model=3")  # as before
+    write(tmp_path, "configs/model/odd.yaml", "model: {d_model: 30}\n")
+    err = cli_error(capsys, "config", "reverse_shaw", "model=odd")
+    assert "configs/model/odd.yaml: model.d_model=30 is not divisible by model.n_heads=4" in err  # its provenance
+    write(tmp_path, "configs/model/greedy.yaml", "model: {d_model: 32}\noptim: {lr: 0.1}\n")
+    err = cli_error(capsys, "config", "reverse_shaw", "model=greedy")
+    assert "configs/model/greedy.yaml: selected by model=greedy on the command line, it may set only 'model'" in err
+
+
+def test_the_debug_overlay_makes_any_experiment_tiny_and_keeps_its_task(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("reverse_shaw", "translation_gettext_shaw", "shaw2018_base_relative"):
+        full, debug = load_config(name), load_config(name, ["debug"])
+        assert (debug.model.d_model, debug.model.n_encoder_layers, debug.trainer.max_steps) == (16, 1, 30)
+        assert (debug.trainer.devices, debug.trainer.enable_progress_bar, debug.logging.wandb.mode) == (1, False, "offline")
+        assert debug.task == full.task and debug.model.positions == full.model.positions
+    assert load_config("reverse_shaw", ["debug", "trainer.max_steps=5"]).trainer.max_steps == 5
+    assert load_config("reverse_shaw", ["trainer.max_steps=5", "debug"]).trainer.max_steps == 30
+
+
+def test_an_unknown_bare_word_is_neither_override_nor_overlay(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    err = cli_error(capsys, "config", "reverse_shaw", "debgu")
+    assert "'debgu' is neither an override of the form key=value" in err and "did you mean 'debug'?" in err
+
+
+def test_a_sweep_is_found_by_name_and_takes_an_overlay_after_its_options(tmp_path, monkeypatch, capsys):
+    from relpos_lab import cli
+
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "configs/sweep/mine.yaml", "experiment: reverse_shaw.yaml\ngrid: {seed: [1, 2]}\n")
+    assert cli.main(["sweep", "mine", "--list", "--max-parallel", "1", "debug"]) == 0
+    import json
+
+    manifest = json.loads((tmp_path / "runs" / "mine" / "sweep.json").read_text())
+    assert manifest["experiment"] == str(CONFIGS / "experiment" / "reverse_shaw.yaml")
+    assert manifest["overrides"] == ["debug"] and len(manifest["points"]) == 2
+
+
+def test_configs_lists_every_group_with_descriptions_local_ones_first(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "COLUMNS": "250"}
+    command = [sys.executable, "-m", "relpos_lab", "configs"]
+    out = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = {tuple(cell.strip() for cell in line.split("│")[1:4]) for line in out.stdout.splitlines() if "│" in line}
+    for path in SHIPPED:
+        assert (path.parent.name, path.stem, "shipped") in rows
+    assert "A tiny model trained for a few steps" in out.stdout  # overlay/debug.yaml's first comment line
+    assert "relpos-lab train configs/experiment" not in out.stdout  # a command is no description
+    write(tmp_path, "configs/experiment/reverse_shaw.yaml", "# My own reverse.\nextends: copy_shaw.yaml\n")
+    out = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in out.stdout.splitlines() if "│ reverse_shaw " in line]
+    assert len(lines) == 2 and "local" in lines[0] and "My own reverse." in lines[0]
+    assert "shipped (hidden by the local one)" in lines[1]

@@ -20,11 +20,9 @@ from relpos_lab.launch.slurm import _index_ranges, pin_points, sweep_job
 from relpos_lab.launch.sweep import load_sweep
 
 TINY = """
-task: {name: reverse, train_lengths: [1, 4], valid_lengths: [1, 4], test_lengths: [1, 6],
-       train_size: 64, eval_size_per_length: 2}
-model: {d_model: 16, n_heads: 2, d_ff: 32, n_encoder_layers: 1, n_decoder_layers: 1,
-        positions: {scheme: shaw, max_distance: 4}}
-trainer: {accelerator: cpu, max_steps: 10}
+extends: [reverse_shaw.yaml, overlay/debug.yaml]
+task: {train_lengths: [1, 4], valid_lengths: [1, 4], test_lengths: [1, 6], train_size: 64, eval_size_per_length: 2}
+trainer: {max_steps: 10}
 logging: {root: runs}
 """
 SWEEP = """

@@ -14,16 +14,12 @@ from relpos_lab.api.errors import ConfigError, UserError
 from relpos_lab.analysis.report import write_report
 from relpos_lab.launch.sweep import link_identical_runs, load_sweep
 
-REPO = Path(__file__).resolve().parents[1]
 
-TINY_EXPERIMENT = f"""\
-extends: {REPO}/configs/experiment/reverse_shaw.yaml
-model: {{d_model: 16, n_heads: 2, d_ff: 32, n_encoder_layers: 1, n_decoder_layers: 1}}
-task: {{train_lengths: [1, 3], valid_lengths: [1, 3], test_lengths: [1, 5], train_size: 200, eval_size_per_length: 2}}
-data: {{batch_size: 16, eval_batch_size: 64}}
-optim: {{warmup_steps: 5}}
-trainer: {{max_steps: 12, val_every_n_steps: 6, log_every_n_steps: 3, enable_progress_bar: false, enable_model_summary: false}}
-logging: {{wandb: {{mode: disabled}}}}
+TINY_EXPERIMENT = """\
+extends: [reverse_shaw.yaml, overlay/debug.yaml]
+task: {train_lengths: [1, 3], valid_lengths: [1, 3], test_lengths: [1, 5], train_size: 200, eval_size_per_length: 2}
+trainer: {max_steps: 12, val_every_n_steps: 6, log_every_n_steps: 3}
+logging: {wandb: {mode: disabled}}
 """
 
 TINY_SWEEP = """\

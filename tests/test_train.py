@@ -16,15 +16,11 @@ from relpos_lab import cli
 from relpos_lab.records.runlock import run_lock
 from relpos_lab.records.wandb_offline import read_run, read_runs
 
+# The shipped reverse experiment made tiny by the shipped debug overlay (30 steps), on short strings.
 TINY = """
-task: {name: reverse, train_lengths: [1, 4], valid_lengths: [1, 4], test_lengths: [1, 6],
-       train_size: 256, eval_size_per_length: 4}
-model: {d_model: 16, n_heads: 2, d_ff: 32, n_encoder_layers: 1, n_decoder_layers: 1, dropout: 0.0,
-        attention_dropout: 0.0, positions: {scheme: shaw, max_distance: 4}}
-data: {batch_size: 16, eval_batch_size: 64}
-optim: {lr: 0.003, warmup_steps: 5}
-trainer: {accelerator: cpu, max_steps: 30, val_every_n_steps: 12, log_every_n_steps: 5,
-          num_sanity_val_steps: 0, enable_progress_bar: false, enable_model_summary: false}
+extends: [reverse_shaw.yaml, overlay/debug.yaml]
+task: {train_lengths: [1, 4], valid_lengths: [1, 4], test_lengths: [1, 6], train_size: 256, eval_size_per_length: 4}
+model: {dropout: 0.0, positions: {max_distance: 4}}
 logging: {root: runs}
 """
 
@@ -99,6 +95,16 @@ def test_wandb_offline_history_holds_the_logged_metrics(trained):
     (run,) = next(iter(runs.values()))
     assert run.metric("train/loss") and run.metric("valid/exact_match") and run.metric("test/exact_match")
     assert run.job_type == "reverse" and run.group == "tiny"
+
+
+def test_a_shipped_experiment_trains_by_name_from_an_empty_directory(tmp_path):
+    out = run_cli("train", "reverse_shaw", "debug", "trainer.max_steps=4", "trainer.val_every_n_steps=4",
+                  "task.test_lengths=[1,4]", "task.eval_size_per_length=2", "logging.wandb.mode=disabled", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    run_dir = run_dir_of(tmp_path)
+    assert run_dir.parent == tmp_path / "runs" / "reverse_shaw" and run_dir.name.startswith("reverse-shaw-k16-")
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["global_step"] == 4 and sorted(results["by_length"]["test"]) == ["1", "2", "3", "4"]
 
 
 def test_a_wandb_service_inherited_from_another_process_is_not_used(tmp_path):

@@ -1,8 +1,11 @@
 """Loading an experiment: YAML files and command-line overrides into one validated config.
 
-An experiment is a YAML file laid over the schema defaults (schema.py). A file may `extends:` other
-files (a path or a list of paths, relative to the file), which are laid down first; then come the
-command line's ``key=value`` overrides (OmegaConf dot-list syntax). The ``task`` section is checked
+An experiment is a YAML file laid over the schema defaults (schema.py); on the command line it may
+also be named (``reverse_shaw``: ./configs/experiment/, then the shipped configs; see find.py). A
+file may `extends:` other files (a path or a list of paths, relative to the file, else among the
+shipped configs), which are laid down first; then comes the command line, in its order: ``key=value``
+overrides (OmegaConf dot-list syntax), ``GROUP=NAME`` selections of a group's file and overlay names
+(see `command_line_sources`). The ``task`` section is checked
 against the chosen task's own config dataclass, found through the registry, so a plugin's options
 are validated exactly like the built-in ones.
 
@@ -23,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from relpos_lab.api import registry
 from relpos_lab.api.errors import ConfigError, UserError, did_you_mean, shown_path
+from relpos_lab.config.find import find_config, find_extended, find_in_group, is_name, names_in, not_in_group
 from relpos_lab.config.help import field_help, join_key
 from relpos_lab.config.schema import CHOICES, ExperimentConfig
 
@@ -32,21 +36,19 @@ Source = tuple[str, DictConfig]  # (label for messages: a file path or "command 
 
 
 def load_config(path: str | Path, overrides: list[str] = (), *, partial: bool = False) -> DictConfig:
-    """The experiment at `path` (with what it extends), then `overrides`, validated.
+    """The experiment at `path` (a file, or an experiment's name) with what it extends, then `overrides`, validated.
 
     partial=True checks a shared piece (configs/model/*.yaml, ...) that is not a whole
     experiment: a missing task and missing values are then allowed.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    sources = read_with_extends(path) + [parse_overrides(overrides)]
+    path = find_config(path, "experiment")
+    sources = read_with_extends(path) + command_line_sources(overrides)
     return compose(sources, default_name=path.stem, partial=partial)
 
 
 def config_from_container(container: dict, label: str, overrides: list[str] = ()) -> DictConfig:
     """Validate a config stored elsewhere (a checkpoint's), with command-line overrides on top."""
-    sources = [(label, OmegaConf.create(container)), parse_overrides(overrides)]
+    sources = [(label, OmegaConf.create(container)), *command_line_sources(overrides)]
     return compose(sources, default_name=str(container.get("name") or "experiment"))
 
 
@@ -75,7 +77,7 @@ def read_with_extends(path: Path, _seen: tuple[Path, ...] = ()) -> list[Source]:
         raise ConfigError(f"{label}: extends must be a path or a list of paths, got {bases!r}")
     sources: list[Source] = []
     for base in bases:
-        sources += read_with_extends(path.parent / base, (*_seen, path))
+        sources += read_with_extends(find_extended(base, path), (*_seen, path))
     try:
         content = OmegaConf.create(raw)
     except OmegaConfBaseException as err:
@@ -83,12 +85,65 @@ def read_with_extends(path: Path, _seen: tuple[Path, ...] = ()) -> list[Source]:
     return sources + [(label, content)]
 
 
+OVERLAY = "overlay"  # the group of files a bare word on the command line lays over the whole config
+
+
+def sections() -> list[str]:
+    """The config's sections (mappings of settings): what GROUP in GROUP=NAME may be."""
+    schema = OmegaConf.structured(ExperimentConfig)
+    return ["task", *(key for key in schema if isinstance(schema.get(key), DictConfig))]
+
+
+def command_line_sources(overrides: list[str]) -> list[Source]:
+    """The command line's words as sources, merged in their order:
+
+    - ``GROUP=NAME``, where GROUP is a section (model, trainer, cluster, task, ...) and NAME a
+      name (no dots but an optional .yaml), is configs/GROUP/NAME.yaml (./configs first, then the
+      shipped configs), which may set only that section. No real override is lost: a section
+      cannot be assigned a scalar;
+    - a bare word (no ``=``) is an overlay, configs/overlay/WORD.yaml (e.g. ``debug``);
+    - anything else is a ``key=value`` override (OmegaConf dot-list syntax).
+    """
+    groups = sections()
+    sources: list[Source] = []
+    dotlist: list[str] = []
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if eq and key in groups and is_name(value) and isinstance(yaml.safe_load(value), str):
+            group, name = key, value
+        elif not eq and is_name(item):
+            group, name = OVERLAY, item
+        else:
+            dotlist.append(item)
+            continue
+        path = find_in_group(group, name)
+        if path is None:
+            if group == OVERLAY:
+                raise ConfigError(f"{COMMAND_LINE}: {item!r} is neither an override of the form key=value "
+                                  f"(e.g. optim.lr=3e-4) nor an overlay: {not_in_group(OVERLAY, name)}")
+            raise ConfigError(f"{COMMAND_LINE}: {item}: {not_in_group(group, name)}")
+        if dotlist:
+            sources.append(parse_overrides(dotlist))
+            dotlist = []
+        selected = read_with_extends(path)
+        if group != OVERLAY:
+            for label, content in selected:
+                other = next((str(k) for k in content if k != group), None)
+                if other is not None:
+                    raise ConfigError(f"{label}: selected by {item} on the {COMMAND_LINE}, it may set only "
+                                      f"'{group}', but it sets '{other}' (lay whole-config changes over with "
+                                      f"an overlay, configs/{OVERLAY}/, or extends:)")
+        sources += selected
+    return sources + [parse_overrides(dotlist)]
+
+
 def parse_overrides(overrides: list[str]) -> Source:
     """`key=value` strings as one source; the value is parsed as YAML (`[1, 8]`, `true`, `1e-3`)."""
     for item in overrides:
         key = item.split("=", 1)[0]
         if "=" not in item or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
-            raise ConfigError(f"{COMMAND_LINE}: override {item!r} is not of the form key=value (e.g. optim.lr=3e-4)")
+            raise ConfigError(f"{COMMAND_LINE}: override {item!r} is not of the form key=value (e.g. optim.lr=3e-4)"
+                              f" or an overlay name ({', '.join(names_in(OVERLAY)) or 'none'})")
     try:
         return COMMAND_LINE, OmegaConf.from_dotlist(list(overrides))
     except (OmegaConfBaseException, yaml.YAMLError) as err:

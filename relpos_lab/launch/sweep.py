@@ -2,7 +2,7 @@
 
 A sweep file names a base experiment and its axes::
 
-    experiment: ../experiment/reverse_shaw.yaml   # relative to the sweep file
+    experiment: ../experiment/reverse_shaw.yaml   # relative to the sweep file, else shipped (find.py)
     name: positions_reverse                       # runs go to <logging.root>/<name>/, W&B group
     overrides: [trainer.max_steps=800]            # for every point
     grid:
@@ -37,6 +37,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from relpos_lab.config import load_config
+from relpos_lab.config.find import find_config, find_extended
 from relpos_lab.api.errors import ConfigError, shown_path
 from relpos_lab.records.rundir import config_hash, run_directory
 
@@ -97,10 +98,8 @@ def group_label(labels: dict[str, str], over: tuple[str, ...] = ("seed",)) -> st
 
 
 def load_sweep(path: str | Path, overrides: list[str] = ()) -> Sweep:
-    """Parse and validate a sweep file; every point's config is checked before anything runs."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"sweep file not found: {path}")
+    """Parse and validate a sweep file (or a sweep's name); every point's config is checked before anything runs."""
+    path = find_config(path, "sweep", what="sweep file")
     spec = yaml.safe_load(path.read_text()) or {}
     if not isinstance(spec, dict):
         raise ConfigError(f"{path}: a sweep file is a mapping with keys {', '.join(SWEEP_KEYS)}")
@@ -110,9 +109,9 @@ def load_sweep(path: str | Path, overrides: list[str] = ()) -> Sweep:
     for key in ("experiment", "grid"):
         if key not in spec:
             raise ConfigError(f"{path}: missing required key '{key}'")
-    experiment = (path.parent / spec["experiment"]).resolve()
-    if not experiment.is_file():
-        raise ConfigError(f"{path}: experiment file not found: {experiment}")
+    if not isinstance(spec["experiment"], str):
+        raise ConfigError(f"{path}: 'experiment' must be the path of an experiment file")
+    experiment = find_extended(spec["experiment"], path, what="experiment file", role="named by").resolve()
     grid = spec["grid"]
     if not isinstance(grid, dict) or not grid:
         raise ConfigError(f"{path}: 'grid' must map each axis to a list of values or to named override sets")
