@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relpos_lab.api.errors import PROG, UserError, shown_path
+from relpos_lab.training.threads import quiet_openmp
 
 console = Console()
 
@@ -122,6 +123,7 @@ def translate(args: argparse.Namespace) -> None:
     import torch
 
     from relpos_lab.training.inference import load_for_inference, translate as run
+    from relpos_lab.training.threads import use_cpu_threads
 
     overrides = list(args.overrides)
     if args.beam is not None:
@@ -129,6 +131,7 @@ def translate(args: argparse.Namespace) -> None:
     if args.lenpen is not None:
         overrides.append(f"task.decoding.length_penalty={args.lenpen}")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    use_cpu_threads()
     task, model = load_for_inference(args.checkpoint, overrides, device=device)
     if args.input is None:
         lines = sys.stdin.read().splitlines()
@@ -395,6 +398,7 @@ def run() -> int:
     every file complete, before the process ends.
     """
     os.environ.pop("WANDB_SERVICE", None)  # wandb.env.SERVICE, without importing wandb here
+    quiet_openmp()  # before anything imports torch
     return main()
 
 

@@ -27,6 +27,7 @@ from relpos_lab.core.decoding import greedy_search
 from relpos_lab.core.loss import label_smoothed_loss
 from relpos_lab.core.positions import PositionConfig, build_relative
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig, MultiHeadAttention
+from relpos_lab.training.threads import use_cpu_threads
 
 
 @dataclass
@@ -402,7 +403,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model: attention dropout (> 0 keeps Shaw on gather: the fused forms have none)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (default: the CPUs this process may use, as training chooses)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--forward-only", action="store_true")
@@ -418,8 +420,7 @@ def run(args: argparse.Namespace) -> list[Result]:
     from rich.console import Console
     from rich.table import Table
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    use_cpu_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if args.impl is None:
         args.impl = ["auto"] if args.what == "model" else ["gather", "batched"]

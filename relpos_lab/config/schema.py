@@ -95,6 +95,8 @@ class TrainerConfig:
     """validation batches run before training starts (catches evaluation bugs early)"""
     deterministic: bool = False
     """torch's deterministic algorithms (slower)"""
+    threads: int = 0
+    """CPU threads per process; 0: the CPUs this process may use (affinity, SLURM_CPUS_PER_TASK) shared among the node's processes"""
     enable_progress_bar: bool = True
     """rich progress bar on the console"""
     enable_model_summary: bool = True
@@ -102,7 +104,7 @@ class TrainerConfig:
 
     def validate(self) -> None:
         _at_least(self, "trainer", devices=1, num_nodes=1, max_steps=1, val_every_n_steps=1,
-                  checkpoint_every_n_steps=0, log_every_n_steps=1, accumulate_grad_batches=1,
+                  checkpoint_every_n_steps=0, threads=0, log_every_n_steps=1, accumulate_grad_batches=1,
                   num_sanity_val_steps=0)
         if self.gradient_clip_val < 0:
             raise ValueError(f"trainer.gradient_clip_val={self.gradient_clip_val} must be >= 0")

@@ -22,8 +22,9 @@ from relpos_lab.api.files import atomic_write
 # changing them continues the same run instead of starting another: where files go and how they
 # are reported (logging), whether to resume (resume), where and how SLURM runs the job (cluster:
 # partition, time limit, ...; the world size it implies is in trainer.devices / num_nodes, which
-# stay in), the trainer's display and reporting switches, and how often last.ckpt is refreshed.
-# Anything that can change the numbers stays in — even num_sanity_val_steps, whose extra pass
+# stay in), the trainer's display and reporting switches, how often last.ckpt is refreshed, and
+# the CPU thread count (its default already depends on the machine a job lands on, so a requeued
+# job on another node must still find its run). Anything else that can change the numbers stays in — even num_sanity_val_steps, whose extra pass
 # over the validation loader draws from the global RNG.
 VOLATILE_KEYS: tuple[str, ...] = (
     "resume",
@@ -33,6 +34,7 @@ VOLATILE_KEYS: tuple[str, ...] = (
     "trainer.enable_model_summary",
     "trainer.log_every_n_steps",
     "trainer.checkpoint_every_n_steps",
+    "trainer.threads",
 )
 
 

@@ -36,6 +36,7 @@ from relpos_lab.training.checkpoints import (
 from relpos_lab.training.data import TaskDataModule
 from relpos_lab.training.module import TASK_STATE, RelposModule
 from relpos_lab.training.requeue import DeferredRequeue
+from relpos_lab.training.threads import use_cpu_threads
 from relpos_lab.training.trainer import build_trainer, check_hardware
 
 OUTPUTS = "outputs"  # <run dir>/outputs/<split>.<name>: an evaluation's text, one line per example
@@ -64,6 +65,7 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print) -> RunSummary:
     """Fit `cfg` in its run directory, evaluate the best checkpoint, write results and plots."""
     started = time.time()
     check_hardware(cfg)
+    use_cpu_threads(cfg.trainer.threads, cfg.trainer.devices)
     run_dir = run_directory(cfg)
     with run_lock(run_dir):
         return _train(cfg, run_dir, started, echo)
@@ -135,6 +137,7 @@ def evaluate(checkpoint: str | Path, split: str = "test", overrides: list[str] =
     started = time.time()
     checkpoint = Path(checkpoint)
     cfg, task = task_from_checkpoint(checkpoint, overrides)
+    use_cpu_threads(cfg.trainer.threads)  # one process: evaluation runs on a single device
     task.check_split(split)
     out_dir = Path(output) if output else _eval_directory(checkpoint, split, overrides)
     module = RelposModule(cfg, task, test_split=split)
