@@ -25,3 +25,5 @@ bench model_64 model --threads 2 --layers 6 --batch 32 --length 64 --repeats 7
 bench model_512 model --threads 2 --layers 6 --batch 4 --length 512 --repeats 5
 # Cached greedy decoding vs re-running the decoder over the whole prefix, 128 tokens.
 bench decode decode --threads 2 --layers 6 --batch 8 --length 64 --steps 128 --repeats 5
+# CPU threads on a shared machine: the main job idle and beside a 2-thread torch neighbour (the threads table).
+python docs/performance/threads.py --json "$out/threads.json" | tee "$out/threads.txt"
