@@ -268,7 +268,9 @@ def submit(args: argparse.Namespace) -> None:
     from relpos_lab.launch import slurm
 
     if args.dry_run:
-        sys.stdout.write(slurm.run_job(args.config, args.overrides)[0].script)
+        job, cfg = slurm.run_job(args.config, args.overrides)
+        slurm.check_request(job, cfg)  # where sbatch exists: a job that could never start is refused
+        sys.stdout.write(job.script)
         return
     show_submission(*slurm.submit_run(args.config, args.overrides))
 
@@ -280,6 +282,7 @@ def submit_sweep(grid, dry_run: bool) -> int:
     if dry_run:
         job = slurm.sweep_job(grid)
         if job is not None:
+            slurm.check_request(job, slurm.first_unfinished(grid))
             sys.stdout.write(job.script)
     else:
         job, job_id = slurm.submit_sweep(grid)

@@ -51,6 +51,7 @@ MinJobAge=300
 KillWait=10
 NodeName=${HOST} NodeAddr=127.0.0.1 CPUs=${CPUS} RealMemory=${MEM} State=UNKNOWN
 PartitionName=debug Nodes=${HOST} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+PartitionName=short Nodes=${HOST} MaxTime=30 State=UP OverSubscribe=NO
 CONF
 )
 if [ ! -f "$CONF_DIR/slurm.conf" ] || [ "$(cat "$CONF_DIR/slurm.conf")" != "$CONF" ]; then

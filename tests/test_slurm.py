@@ -16,6 +16,7 @@ import pytest
 
 from relpos_lab import cli
 from relpos_lab.config import load_config
+from relpos_lab.launch import slurm
 from relpos_lab.launch.slurm import _index_ranges, pin_points, sweep_job
 from relpos_lab.launch.sweep import load_sweep
 
@@ -35,7 +36,11 @@ grid:
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch) -> Path:
+    """These scripts are for clusters other than this machine's (GPUs, partition a100, ...): the
+    dry runs render them as on a laptop without SLURM, where `check_request` has nothing to ask.
+    tests/test_slurm_cluster.py checks requests against a real cluster."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(slurm, "sbatch_available", lambda: False)
     (tmp_path / "tiny.yaml").write_text(TINY)
     (tmp_path / "sweep.yaml").write_text(SWEEP)
     return tmp_path

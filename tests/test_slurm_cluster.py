@@ -210,3 +210,24 @@ def test_a_job_signalled_during_its_final_evaluation_requeues_and_evaluates_agai
     results = json.loads((run_dir / "results.json").read_text())
     assert results["global_step"] == steps and results["started_at_step"] == steps  # nothing retrained
     assert set(results["by_length"]["test"]) == {str(n) for n in range(1, 41)}
+
+
+# --- requests SLURM could never start are refused at submission ----------------------------------
+
+
+def test_more_processes_than_the_node_has_cpus_are_refused_and_nothing_is_written(workdir, capsys):
+    cpus = int(subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True).stdout.split()[0])
+    assert cli.main(["submit", "tiny.yaml", f"trainer.devices={cpus + 1}", "trainer.strategy=ddp"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "SLURM cannot run this job" in err and f"{cpus} CPUs" in err, err
+    assert not (workdir / "runs").exists()
+    assert cli.main(["submit", "tiny.yaml", "--dry-run", f"trainer.devices={cpus + 1}"]) == 2  # dry runs ask too
+    assert "SLURM cannot run this job" in capsys.readouterr().err
+
+
+def test_a_time_limit_over_the_partitions_maxtime_is_refused(workdir, capsys):
+    """The dev cluster's partition `short` has MaxTime=30 (slurm/dev-cluster-start.sh)."""
+    assert cli.main(["submit", "tiny.yaml", "cluster.partition=short", "cluster.time=01:00:00"]) == 2
+    err = capsys.readouterr().err
+    assert "cluster.time=01:00:00 exceeds the MaxTime of partition short (00:30:00)" in err, err
+    assert not (workdir / "runs").exists()

@@ -29,6 +29,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,7 @@ def submit_run(config: str | Path, overrides: list[str] = ()) -> tuple[Job, str]
     """Write the resolved config and the script into the run directory, then sbatch it."""
     require_sbatch()
     job, cfg = run_job(config, overrides)
+    check_request(job, cfg)
     snapshot = save_resolved_config(cfg, job.directory)
     if run_directory(load_config(snapshot)).resolve() != job.directory:
         raise RuntimeError(f"{snapshot} does not reload into its own run directory")
@@ -171,6 +173,11 @@ def sweep_job(sweep: Sweep) -> Job | None:
     return Job(sweep.name, script, logs / "array.sbatch", output, error, directory, array, points)
 
 
+def first_unfinished(sweep: Sweep) -> DictConfig:
+    """The config of the sweep's first unfinished point: every point of its array has its shape."""
+    return sweep.config(next(p.index for p in sweep.points if not is_finished(p)))
+
+
 def pin_points(sweep: Sweep, job: Job) -> None:
     """Write each submitted point's resolved config into its run directory and link array index
     i to it (job.points/i), so a task trains what was submitted whatever the grid says by then."""
@@ -190,6 +197,7 @@ def submit_sweep(sweep: Sweep) -> tuple[Job | None, str | None]:
     job = sweep_job(sweep)
     if job is None:
         return None, None
+    check_request(job, first_unfinished(sweep))
     sweep.write_manifest()
     pin_points(sweep, job)
     return job, sbatch(job)
@@ -209,11 +217,88 @@ def _index_ranges(indices: list[int]) -> str:
 # --- submission ---------------------------------------------------------------------------------
 
 
+def sbatch_available() -> bool:
+    return shutil.which("sbatch") is not None
+
+
 def require_sbatch() -> None:
     """Fail before anything is written when there is no SLURM to submit to."""
-    if shutil.which("sbatch") is None:
+    if not sbatch_available():
         raise UserError("sbatch not found: submitting needs a SLURM cluster (slurm/dev-cluster-start.sh "
                         "starts one on this machine); --dry-run prints the script without submitting")
+
+
+def check_request(job: Job, cfg: DictConfig) -> None:
+    """Refuse a job SLURM could never start, before anything is written or queued.
+
+    SLURM accepts such a job and leaves it pending forever (Reason=PartitionConfig when no node has
+    the CPUs or GPUs asked for, PartitionTimeLimit when cluster.time exceeds the partition's
+    MaxTime). `sbatch --test-only` on the script answers the first; the partition's limit, read
+    with sinfo, the second. Without sbatch on PATH (a --dry-run on a laptop) there is nothing to ask.
+    """
+    if not sbatch_available():
+        return
+    partition = cfg.cluster.partition
+    limit = partition_time_limit(partition)
+    if cfg.cluster.time is not None and limit is not None and slurm_minutes(str(cfg.cluster.time)) > limit:
+        raise UserError(f"cluster.time={cfg.cluster.time} exceeds the MaxTime of partition "
+                        f"{partition or '(default)'} ({_hours(limit)}): lower cluster.time or choose another "
+                        "partition (cluster.partition); SLURM would keep the job pending forever")
+    with tempfile.TemporaryDirectory() as scratch:
+        script = Path(scratch) / "test.sbatch"
+        script.write_text(job.script)
+        out = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        reason = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
+        asks = (f"{cfg.trainer.num_nodes} node(s) x {cfg.trainer.devices} task(s) x {cfg.cluster.cpus_per_task} CPUs"
+                + (f" + {cfg.trainer.devices} GPUs per node" if cfg.trainer.accelerator in GPU_ACCELERATORS else ""))
+        raise UserError(f"SLURM cannot run this job ({reason.removeprefix('sbatch: error: ')}): it asks for {asks}, "
+                        f"and partition {partition or '(default)'} has {partition_nodes(partition)}; lower "
+                        "trainer.devices / cluster.cpus_per_task or choose another partition (cluster.partition)")
+
+
+def partition_time_limit(partition: str | None) -> float | None:
+    """The partition's MaxTime in minutes (the default partition when None); None: unlimited or unknown."""
+    row = _sinfo(partition, "%l")
+    return slurm_minutes(row[0]) if row and row[0] not in ("infinite", "UNLIMITED", "n/a") else None
+
+
+def partition_nodes(partition: str | None) -> str:
+    """The partition's nodes as `name: N CPUs[, gres]`, for messages."""
+    rows = _sinfo(partition, "%N %c %G", per_node=True)
+    nodes = [f"{n}: {c} CPUs" + (f", {g}" if g not in ("(null)", "") else "") for n, c, g in (r.split(" ", 2) for r in rows)]
+    return "; ".join(sorted(set(nodes))) or "no nodes"
+
+
+def _sinfo(partition: str | None, fmt: str, per_node: bool = False) -> list[str]:
+    args = ["sinfo", "-h", "-o", fmt] + (["-N"] if per_node else []) + (["-p", partition] if partition else [])
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    if partition is None and not per_node:  # several partitions: the default one is marked with *
+        marked = subprocess.run(["sinfo", "-h", "-o", f"%P {fmt}"], capture_output=True, text=True, timeout=60)
+        rows = [line.split(" ", 1)[1] for line in marked.stdout.splitlines() if line.split(" ", 1)[0].endswith("*")]
+    return rows
+
+
+def slurm_minutes(text: str) -> float:
+    """SLURM's time formats in minutes: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    days, _, rest = text.rpartition("-")
+    parts = [float(x) for x in rest.split(":")]
+    if days:
+        hours_minutes_seconds = (parts + [0, 0])[:3]
+        return float(days) * 1440 + hours_minutes_seconds[0] * 60 + hours_minutes_seconds[1] + hours_minutes_seconds[2] / 60
+    if len(parts) == 3:
+        return parts[0] * 60 + parts[1] + parts[2] / 60
+    if len(parts) == 2:
+        return parts[0] + parts[1] / 60
+    return parts[0]
+
+
+def _hours(minutes: float) -> str:
+    return f"{int(minutes // 60):02d}:{int(minutes % 60):02d}:00"
 
 
 def sbatch(job: Job) -> str:
