@@ -125,6 +125,8 @@ def logged_steps(run_dir: Path, key: str) -> list[int]:
 
 def test_a_two_task_job_trains_with_ddp_to_completion(workdir, capsys):
     job_id = submit(capsys, "submit", "tiny.yaml", *DDP)
+    assert cli.main(["submit", "tiny.yaml", *DDP]) == 2  # the same run again, while queued or running
+    assert f"already queued or running as SLURM job {job_id}" in capsys.readouterr().err
     (record,) = wait_for(job_id)
     run_dir = the_run_dir(workdir)
     assert record["JobState"] == "COMPLETED", logs(run_dir, job_id)[-3000:]
@@ -137,6 +139,8 @@ def test_a_two_task_job_trains_with_ddp_to_completion(workdir, capsys):
     (run,) = attempts
     assert run.config["provenance"]["slurm"]["job_id"] == job_id
     assert run.metric("test/exact_match")
+    assert cli.main(["submit", "tiny.yaml", *DDP]) == 2  # finished: nothing to submit
+    assert "is finished (results.json): nothing to submit" in capsys.readouterr().err
 
 
 def test_a_sweep_runs_as_one_job_array_with_a_run_directory_per_point(workdir, capsys):

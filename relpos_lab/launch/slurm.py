@@ -37,7 +37,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from relpos_lab.config import load_config
-from relpos_lab.api.errors import PROG, UserError
+from relpos_lab.api.errors import PROG, UserError, shown_path
 from relpos_lab.launch.sweep import Sweep, is_finished
 from relpos_lab.records.rundir import run_directory, save_resolved_config
 
@@ -135,6 +135,13 @@ def submit_run(config: str | Path, overrides: list[str] = ()) -> tuple[Job, str]
     """Write the resolved config and the script into the run directory, then sbatch it."""
     require_sbatch()
     job, cfg = run_job(config, overrides)
+    if (job.directory / "results.json").is_file():
+        raise UserError(f"{shown_path(job.directory)} is finished (results.json): nothing to submit; "
+                        f"`{PROG} eval` evaluates its checkpoints again")
+    queued = queued_jobs(job.path)
+    if queued:
+        raise UserError(f"{shown_path(job.directory)} is already queued or running as SLURM job {', '.join(queued)}: "
+                        "nothing submitted (scancel it first to submit again)")
     check_request(job, cfg)
     snapshot = save_resolved_config(cfg, job.directory)
     if run_directory(load_config(snapshot)).resolve() != job.directory:
@@ -299,6 +306,14 @@ def slurm_minutes(text: str) -> float:
 
 def _hours(minutes: float) -> str:
     return f"{int(minutes // 60):02d}:{int(minutes % 60):02d}:00"
+
+
+def queued_jobs(script: Path) -> list[str]:
+    """Ids of this user's pending or running jobs whose batch script is `script`."""
+    out = subprocess.run(["squeue", "--me", "-h", "-t", "PENDING,RUNNING,REQUEUED,SUSPENDED", "-o", "%i %o"],
+                         capture_output=True, text=True, timeout=60)
+    return [line.split(" ", 1)[0] for line in out.stdout.splitlines()
+            if line.split(" ", 1)[-1].strip() == str(script)]
 
 
 def sbatch(job: Job) -> str:
