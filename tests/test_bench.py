@@ -87,3 +87,19 @@ def test_attention_bench_with_masks_compares_masked_candidates(tmp_path):
     results = json.loads(out.read_text())["results"]
     assert {r["name"] for r in results} == {"sdpa", "unfused", "shaw-gather"}
     assert all(r["shape"]["mask"] == "causal" for r in results)
+
+
+def test_several_runs_report_the_spread_of_the_per_run_ratios(tmp_path):
+    out = tmp_path / "bench.json"
+    bench.main(["attention", *TINY, "--runs", "3", "--json", str(out)])
+    for r in json.loads(out.read_text())["results"]:
+        low, high = r["extra"]["ratio_range"]
+        assert low <= r["ratio"] <= high and len(r["times_ms"]) == 3 * 2
+
+
+def test_combining_runs_takes_medians_and_ranges():
+    def result(ratio, ms):
+        return bench.Result("x", {"length": 8}, ms, [ms], None, ratio, {"speedup_over_opennmt": ratio})
+    (combined,) = bench.combine_runs([[result(1.0, 4.0)], [result(3.0, 8.0)], [result(2.0, 5.0)]])
+    assert combined.ratio == 2.0 and combined.median_ms == 5.0 and combined.extra["ratio_range"] == [1.0, 3.0]
+    assert combined.extra["speedup_over_opennmt_range"] == [1.0, 3.0] and combined.times_ms == [4.0, 8.0, 5.0]

@@ -19,7 +19,7 @@ if [ ! -f "$peer/onmt/modules/multi_headed_attn.py" ]; then
     mkdir -p "$peer" && python3 -m pip download -q OpenNMT-py==3.5.1 --no-deps -d "$peer"
     python3 -m zipfile -e "$peer"/OpenNMT_py-3.5.1-py3-none-any.whl "$peer"
 fi
-bench layer layer --threads 2 --length 512 1024 --repeats 7 --opennmt "$peer"
+bench layer layer --threads 2 --length 512 1024 --repeats 7 --runs 3 --opennmt "$peer"   # the peer varies run to run: quote the range
 # Training throughput of an encoder-decoder (d_model 512, 8 heads, d_ff 2048, 6+6 layers), Shaw vs sinusoidal.
 bench model_64 model --threads 2 --layers 6 --batch 32 --length 64 --repeats 7
 bench model_512 model --threads 2 --layers 6 --batch 4 --length 512 --repeats 5

@@ -406,6 +406,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (default: the CPUs this process may use, as training chooses)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=1,
+                        help="repeat the whole side-by-side measurement; reports the min-max of the per-run ratios")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--forward-only", action="store_true")
     parser.add_argument("--mask", default="none", choices=MASKS,
@@ -424,28 +426,58 @@ def run(args: argparse.Namespace) -> list[Result]:
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if args.impl is None:
         args.impl = ["auto"] if args.what == "model" else ["gather", "batched"]
-    results = BENCHES[args.what](args, device, dtype)
+    results = combine_runs([BENCHES[args.what](args, device, dtype) for _ in range(args.runs)])
     machine = dict(device=str(device), threads=torch.get_num_threads(), torch=torch.__version__,
                    cpu=platform.processor() or platform.machine(),
                    gpu=torch.cuda.get_device_name() if device.type == "cuda" else None)
     table = Table(title=f"bench {args.what} — {machine['device']}, {machine['threads']} threads, {args.dtype}",
                   caption=f"ratio: {RATIO_MEANING[args.what]}")
-    for col in ("candidate", "shape", "median ms", "ratio", "peak MB"):
+    spread = args.runs > 1
+    for col in ("candidate", "shape", "median ms", "ratio") + (("ratio min-max",) if spread else ()) + ("peak MB",):
         table.add_column(col, justify="left" if col in ("candidate", "shape") else "right")
     for r in results:
+        low_high = r.extra.get("ratio_range")
         table.add_row(r.name, " ".join(f"{k}={v}" for k, v in r.shape.items()), f"{r.median_ms:.3g}",
-                      f"{r.ratio:.2f}" if r.ratio is not None else "", f"{r.peak_mb:.0f}" if r.peak_mb is not None else "")
+                      f"{r.ratio:.2f}" if r.ratio is not None else "",
+                      *((f"{low_high[0]:.2f}-{low_high[1]:.2f}" if low_high else "",) if spread else ()),
+                      f"{r.peak_mb:.0f}" if r.peak_mb is not None else "")
     Console().print(table)
     for r in results:
         if "speedup_over_opennmt" in r.extra:
+            low, high = r.extra.get("speedup_over_opennmt_range", [r.extra["speedup_over_opennmt"]] * 2)
             Console().print(f"{r.name} at length {r.shape['length']}: {r.extra['speedup_over_opennmt']:.2f}x faster "
-                            "than OpenNMT-py's attention (forward+backward)")
+                            "than OpenNMT-py's attention (forward+backward)"
+                            + (f"; {low:.2f}-{high:.2f}x over {args.runs} runs" if spread else ""))
     if args.json_path:
         payload = {"bench": args.what, "machine": machine, "args": {k: v for k, v in vars(args).items() if k != "func"},
                    "results": [asdict(r) for r in results]}
         with open(args.json_path, "w") as f:
             json.dump(payload, f, indent=2)
     return results
+
+
+def combine_runs(runs: list[list[Result]]) -> list[Result]:
+    """Several whole runs of one bench as one result per candidate: the median of the per-run
+    medians and ratios, and the min-max of the per-run ratios (extra["ratio_range"]) — candidates
+    whose ratio moves between runs (another process, a peer's allocator) are quoted as a range."""
+    if len(runs) == 1:
+        return runs[0]
+    combined = []
+    for same in zip(*runs):
+        first = same[0]
+        ratios = [r.ratio for r in same if r.ratio is not None]
+        extra = dict(first.extra)
+        if ratios:
+            extra["ratio_range"] = [min(ratios), max(ratios)]
+        if "speedup_over_opennmt" in first.extra:
+            speedups = [r.extra["speedup_over_opennmt"] for r in same]
+            extra["speedup_over_opennmt"] = statistics.median(speedups)
+            extra["speedup_over_opennmt_range"] = [min(speedups), max(speedups)]
+        peaks = [r.peak_mb for r in same if r.peak_mb is not None]
+        combined.append(Result(first.name, first.shape, statistics.median(r.median_ms for r in same),
+                               [t for r in same for t in r.times_ms], max(peaks) if peaks else None,
+                               statistics.median(ratios) if ratios else None, extra))
+    return combined
 
 
 def main(argv=None):
