@@ -11,6 +11,7 @@ traceback. Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -151,13 +152,34 @@ def translate(args: argparse.Namespace) -> None:
 def tasks(args: argparse.Namespace) -> None:
     from relpos_lab.api import registry
 
-    entries = registry.discover()
-    table = Table(title=f"tasks (entry-point group {registry.GROUP})", title_justify="left")
-    for column in ("task", "class", "distribution", "description"):
+    show_plugins(registry.TASKS, lambda cls: cls.describe())
+
+
+@command("positions", "list installed position schemes (built-in and plugins) with their fields, and any that "
+         "failed to load; select one with model.positions.scheme=NAME")
+def positions(args: argparse.Namespace) -> None:
+    from relpos_lab.api import registry
+    from relpos_lab.config.help import field_help
+
+    def describe(cls) -> str:
+        helps, fields = field_help(cls.config_class), dataclasses.fields(cls.config_class)
+        own = [f"  {f.name}={f.default!r}: {helps.get(f.name, '')}" for f in fields if f.name != "scheme"]
+        return "\n".join([cls.describe(), *own]) if own else cls.describe()
+
+    show_plugins(registry.POSITIONS, describe)
+
+
+def show_plugins(kind, describe: Callable[[type], str]) -> None:
+    """A table of every registered plugin of `kind`; one that failed to load shows its error."""
+    from relpos_lab.api import registry
+
+    entries = registry.discover(kind)
+    table = Table(title=f"{kind.noun}s (entry-point group {kind.group})", title_justify="left", show_lines=True)
+    for column in (kind.noun.split()[-1], "class", "distribution", "description"):
         table.add_column(column)
     for e in entries:
         if e.error is None:
-            table.add_row(e.name, e.target, e.distribution or "", e.task_class.describe())
+            table.add_row(e.name, e.target, e.distribution or "", describe(e.cls))
         else:
             table.add_row(f"[red]{e.name}[/red]", e.target, e.distribution or "", f"[red]failed to load: {e.error}[/red]")
     console.print(table)

@@ -5,17 +5,22 @@ import pytest
 import torch
 
 from relpos_lab.core.decoding import beam_search, gnmt_length_penalty, greedy_search
-from relpos_lab.core.positions import PositionConfig
+from relpos_lab.core.positions import builtin_config
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
 
 PAD, BOS, EOS = 0, 1, 2
+
+def positions(scheme: str, max_distance: int = 2, **fields):
+    """A built-in scheme's config; Shaw takes the clipping distance."""
+    return builtin_config(scheme, **({"max_distance": max_distance} if scheme == "shaw" else {}), **fields)
+
 
 
 def random_model(scheme="shaw", seed=0):
     torch.manual_seed(seed)
     cfg = ModelConfig(src_vocab_size=12, tgt_vocab_size=12, d_model=16, n_heads=2, d_ff=32,
                       n_encoder_layers=1, n_decoder_layers=2, dropout=0.0, attention_dropout=0.0,
-                      positions=PositionConfig(scheme=scheme, max_distance=2))
+                      positions=positions(scheme, 2))
     return EncoderDecoder(cfg).eval()
 
 

@@ -4,9 +4,10 @@ import math
 import pytest
 import torch
 
+from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.positions import (
-    SCHEMES, AlibiPositions, LearnedPositions, PositionConfig, RotaryPositions, ShawPositions,
-    SinusoidalPositions, T5BiasPositions, alibi_slopes, build_absolute, build_relative,
+    BUILTIN, AlibiPositions, LearnedPositions, RelativePositions, RotaryPositions, ShawConfig, ShawPositions,
+    SinusoidalPositions, T5BiasConfig, T5BiasPositions, alibi_slopes, builtin_config, scheme_of,
 )
 
 
@@ -25,11 +26,11 @@ def test_learned_positions_refuse_lengths_beyond_max_len():
 
 
 def test_shaw_tables_have_2k_plus_1_rows_shared_or_per_head():
-    shared = ShawPositions(PositionConfig(max_distance=3), head_dim=8, n_heads=4)
+    shared = ShawPositions(ShawConfig(max_distance=3), head_dim=8, n_heads=4)
     assert shared.rel_k.shape == shared.rel_v.shape == (7, 8)
-    per_head = ShawPositions(PositionConfig(max_distance=3, per_head=True), head_dim=8, n_heads=4)
+    per_head = ShawPositions(ShawConfig(max_distance=3, per_head=True), head_dim=8, n_heads=4)
     assert per_head.rel_k.shape == (4, 7, 8)
-    keys_only = ShawPositions(PositionConfig(max_distance=3, use_values=False), head_dim=8, n_heads=4)
+    keys_only = ShawPositions(ShawConfig(max_distance=3, use_values=False), head_dim=8, n_heads=4)
     assert keys_only.attention_kwargs(2, 2, 0, None)["rel_v"] is None
     assert not torch.equal(shared.rel_k, shared.rel_v)  # separate tables, unlike OpenNMT-py
 
@@ -55,12 +56,12 @@ def test_alibi_slopes_match_the_paper():
 
 
 def test_t5_buckets_exact_near_and_log_spaced_far():
-    t5 = T5BiasPositions(PositionConfig(scheme="t5_bias", t5_num_buckets=32, t5_max_distance=128), 2, True)
+    t5 = T5BiasPositions(T5BiasConfig(t5_num_buckets=32, t5_max_distance=128), 2, True)
     rel = torch.tensor([-3, -1, 0, 1, 3, 20, 1000, -1000])
     b = t5.bucket(rel).tolist()
     assert b[:5] == [3, 1, 0, 17, 19]  # bidirectional: future distances in the upper half
     assert b[5:] == [26, 31, 15]  # 8 + floor(8·ln(20/8)/ln(16)) + 16; then clipped per half
-    causal = T5BiasPositions(PositionConfig(scheme="t5_bias"), 2, False)
+    causal = T5BiasPositions(T5BiasConfig(), 2, False)
     assert causal.bucket(torch.tensor([2, 0, -2])).tolist() == [0, 0, 2]
 
 
@@ -77,18 +78,18 @@ CONTRIBUTIONS = {
 }
 
 
-@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("scheme", tuple(BUILTIN))
 def test_every_scheme_contributes_where_it_says(scheme):
-    assert set(CONTRIBUTIONS) == set(SCHEMES)
+    assert set(CONTRIBUTIONS) == set(BUILTIN)
     absolute, kwargs, rotates = CONTRIBUTIONS[scheme]
-    cfg = PositionConfig(scheme=scheme)
+    cfg = builtin_config(scheme)
     cfg.validate()
-    module = build_absolute(cfg, 16)
+    module = scheme_of(cfg).embedding(16)
     assert (module is None) if absolute is None else isinstance(module, absolute)
     x = torch.randn(2, 5, 16)
     if module is not None:
         assert module(x).shape == x.shape and not torch.equal(module(x), x)
-    rel = build_relative(cfg, 8, 2, causal=True)
+    rel = scheme_of(cfg).attention(8, 2, causal=True) or RelativePositions()
     got = rel.attention_kwargs(5, 5, 0, "cpu")
     assert set(got) == kwargs
     if "attn_bias" in got:
@@ -98,18 +99,51 @@ def test_every_scheme_contributes_where_it_says(scheme):
     assert (not torch.equal(q2, q) and not torch.equal(k2, k)) if rotates else (q2 is q and k2 is k)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(scheme="relative"), "unknown; choose one of none, sinusoidal"),
-    (dict(scheme="rope", per_head=True), "per_head=true only applies to scheme 'shaw'"),
-    (dict(scheme="alibi", add_sinusoids=True), "add_sinusoids=true only applies"),
-    (dict(scheme="sinusoidal", use_values=False), "use_keys/use_values only apply"),
-    (dict(max_distance=-1), "max_distance must be >= 0"),
-])
-def test_invalid_combinations_are_clear_errors(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        PositionConfig(**kwargs).validate()
+def test_a_negative_clipping_distance_is_a_clear_error():
+    for field in ("max_distance", "max_distance_left", "max_distance_right"):
+        with pytest.raises(ValueError, match=f"model.positions.{field} must be >= 0"):
+            ShawConfig(**{field: -1}).validate()
 
 
 def test_shaw_with_sinusoids_adds_absolute_positions():
-    assert build_absolute(PositionConfig(scheme="shaw"), 8) is None
-    assert isinstance(build_absolute(PositionConfig(scheme="shaw", add_sinusoids=True), 8), SinusoidalPositions)
+    assert scheme_of(ShawConfig()).embedding(8) is None
+    assert isinstance(scheme_of(ShawConfig(add_sinusoids=True)).embedding(8), SinusoidalPositions)
+
+
+@pytest.mark.parametrize("left,right", [(2, 2), (1, 3), (3, 0), (0, 2)])
+@pytest.mark.parametrize("per_head", [False, True])
+def test_asymmetric_shaw_clips_each_side_at_its_own_distance(left, right, per_head):
+    """The loop reference: e_ij = q_i·(k_j + w^K[clip(j-i, -left, right)]) / sqrt(D), and values alike."""
+    torch.manual_seed(0)
+    cfg = ShawConfig(max_distance=9, max_distance_left=left, max_distance_right=right, per_head=per_head)
+    rel = ShawPositions(cfg, head_dim=4, n_heads=2).double()
+    assert rel.rel_k.shape[-2] == left + right + 1
+    q, k, v = (torch.randn(1, 2, 6, 4, dtype=torch.float64) for _ in range(3))
+    offset = 3  # cached decoding: queries at absolute positions 3..8 over keys 0..8
+    k, v = torch.cat((torch.randn(1, 2, 3, 4, dtype=torch.float64), k), 2), torch.cat((torch.randn(1, 2, 3, 4, dtype=torch.float64), v), 2)
+    for impl in ("naive", "gather"):
+        out = relative_attention(q, k, v, query_offset=offset, impl=impl, **rel.attention_kwargs(6, 9, offset, "cpu"))
+        expected = torch.zeros_like(out)
+        for h in range(2):
+            wk, wv = (t[h] if per_head else t for t in (rel.rel_k, rel.rel_v))
+            for i in range(6):
+                labels = [max(-left, min(right, j - (i + offset))) + left for j in range(9)]
+                logits = torch.stack([q[0, h, i] @ (k[0, h, j] + wk[labels[j]]) for j in range(9)]) / 2.0
+                alpha = logits.softmax(-1)
+                expected[0, h, i] = sum(alpha[j] * (v[0, h, j] + wv[labels[j]]) for j in range(9))
+        torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_symmetric_shaw_is_the_papers_2k_plus_1_table_passed_as_is():
+    rel = ShawPositions(ShawConfig(max_distance=3), head_dim=4, n_heads=2)
+    assert rel.labels is None and rel.attention_kwargs(2, 2, 0, None)["rel_k"] is rel.rel_k
+
+
+def test_the_built_in_schemes_are_registered_through_entry_points_like_plugins():
+    from relpos_lab.api import registry
+
+    found = {e.name: e for e in registry.discover(registry.POSITIONS)}
+    assert all(e.error is None for e in found.values()), [e.error for e in found.values()]
+    assert {name: e.cls for name, e in found.items() if e.distribution == "relpos-lab"} == BUILTIN
+    for name, cls in BUILTIN.items():
+        assert cls.config_class.scheme == name and cls.describe()

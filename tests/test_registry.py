@@ -45,8 +45,8 @@ def test_unknown_task_lists_available_tasks_and_the_closest():
 def test_a_plugin_that_fails_to_import_is_recorded_and_the_others_still_load(monkeypatch):
     with_entry_points(monkeypatch, EntryPoint("ghost", "no_such_module_xyz:Task", registry.GROUP))
     entries = {e.name: e for e in registry.discover()}
-    assert "ModuleNotFoundError" in entries["ghost"].error and entries["ghost"].task_class is None
-    assert entries["reverse"].task_class is not None
+    assert "ModuleNotFoundError" in entries["ghost"].error and entries["ghost"].cls is None
+    assert entries["reverse"].cls is not None
     with pytest.raises(UserError, match="task 'ghost' .* failed to load: ModuleNotFoundError"):
         registry.get_task_class("ghost")
 

@@ -3,15 +3,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from relpos_lab.core.positions import SCHEMES, PositionConfig
+from relpos_lab.core.positions import BUILTIN, builtin_config
 from relpos_lab.core.loss import label_smoothed_loss
 from relpos_lab.core.transformer import MODEL_IMPLS, DecoderLM, EncoderDecoder, ModelConfig
+
+def positions(scheme: str, max_distance: int = 2, **fields):
+    """A built-in scheme's config; Shaw takes the clipping distance."""
+    return builtin_config(scheme, **({"max_distance": max_distance} if scheme == "shaw" else {}), **fields)
+
 
 
 def tiny(scheme="shaw", **kw):
     defaults = dict(src_vocab_size=13, tgt_vocab_size=13, d_model=16, n_heads=2, d_ff=32,
                     n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, attention_dropout=0.0,
-                    positions=PositionConfig(scheme=scheme, max_distance=2))
+                    positions=positions(scheme, 2))
     defaults.update(kw)
     return ModelConfig(**defaults)
 
@@ -28,13 +33,12 @@ SPLITS = {"one_token_at_a_time": [1] * 9, "prefill_then_steps": [4, 1, 1, 3], "p
 
 
 @pytest.mark.parametrize("split", list(SPLITS))
-@pytest.mark.parametrize("scheme", SCHEMES + ("shaw_per_head",))
+@pytest.mark.parametrize("scheme", tuple(BUILTIN) + ("shaw_per_head",))
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_cached_encoder_decoder_equals_full_pass(scheme, split, norm_first):
     torch.manual_seed(0)
-    positions = PositionConfig(scheme="shaw", max_distance=2, per_head=True) if scheme == "shaw_per_head" \
-        else PositionConfig(scheme=scheme, max_distance=2)
-    model = EncoderDecoder(tiny(positions=positions, norm_first=norm_first)).eval()
+    scheme_cfg = positions("shaw", 2, per_head=True) if scheme == "shaw_per_head" else positions(scheme, 2)
+    model = EncoderDecoder(tiny(positions=scheme_cfg, norm_first=norm_first)).eval()
     src = torch.randint(3, 13, (3, 7))
     src[1, 4:] = 0  # padding
     tgt = torch.randint(3, 13, (3, 9))
@@ -68,7 +72,7 @@ def test_every_model_impl_trains_and_decodes_like_auto(impl):
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("scheme", tuple(BUILTIN))
 def test_cached_decoder_only_equals_full_pass(scheme):
     torch.manual_seed(0)
     model = DecoderLM(tiny(scheme, n_encoder_layers=0)).eval()
@@ -136,11 +140,11 @@ def test_tied_and_shared_embeddings():
     (dict(attention_impl="fast"), "attention_impl='fast'"),
     (dict(attention_impl="banded"), "'banded' handles encoder self-attention only"),
     (dict(attention_impl="flex", attention_dropout=0.1), "set model.attention_dropout=0"),
-    (dict(positions=PositionConfig(scheme="t5_bias", t5_num_buckets=32, t5_max_distance=16)),
+    (dict(positions=positions("t5_bias", t5_num_buckets=32, t5_max_distance=16)),
      "t5_max_distance > t5_num_buckets/2"),
     (dict(dropout=1.5), "dropout must be in"),
     (dict(share_src_tgt_embeddings=True, tgt_vocab_size=7), "equal source and target"),
-    (dict(positions=PositionConfig(scheme="rope"), d_model=18, n_heads=2, d_ff=8), "even head dimension"),
+    (dict(positions=positions("rope"), d_model=18, n_heads=2, d_ff=8), "even head dimension"),
 ])
 def test_impossible_shapes_are_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):

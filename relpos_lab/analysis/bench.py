@@ -25,7 +25,7 @@ from relpos_lab.core.attention.flex import flex_attention_lse, flex_block_mask
 from relpos_lab.core.attention.masks import visibility_mask
 from relpos_lab.core.decoding import greedy_search
 from relpos_lab.core.loss import label_smoothed_loss
-from relpos_lab.core.positions import PositionConfig, build_relative
+from relpos_lab.core.positions import builtin_config, scheme_of
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig, MultiHeadAttention
 from relpos_lab.training.threads import use_cpu_threads
 
@@ -39,6 +39,10 @@ class Result:
     peak_mb: float | None = None
     ratio: float | None = None  # median time / baseline's median time
     extra: dict = field(default_factory=dict)
+
+
+def _positions(scheme: str, max_distance: int):
+    return builtin_config(scheme, **({"max_distance": max_distance} if scheme == "shaw" else {}))
 
 
 def _sync(device):
@@ -232,8 +236,8 @@ def bench_layer(args, device, dtype) -> list[Result]:
         fns = {}
         for scheme in ("none", "shaw"):
             cfg = ModelConfig(d_model=args.d_model, n_heads=args.heads, attention_dropout=0.0,
-                              positions=PositionConfig(scheme=scheme, max_distance=args.max_distance))
-            rel = build_relative(cfg.positions, cfg.head_dim, cfg.n_heads, causal=False)
+                              positions=_positions(scheme, args.max_distance))
+            rel = scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal=False)
             module = MultiHeadAttention(cfg, rel).to(device=device, dtype=dtype)
             x = torch.randn(args.batch, length, args.d_model, device=device, dtype=dtype, requires_grad=True)
 
@@ -305,7 +309,7 @@ def bench_model(args, device, dtype) -> list[Result]:
             cfg = ModelConfig(src_vocab_size=8000, tgt_vocab_size=8000, d_model=args.d_model, n_heads=args.heads,
                               d_ff=args.d_ff, n_encoder_layers=args.layers, n_decoder_layers=args.layers,
                               attention_dropout=args.attention_dropout, attention_impl=impl,
-                              positions=PositionConfig(scheme=scheme, max_distance=args.max_distance))
+                              positions=_positions(scheme, args.max_distance))
             model = EncoderDecoder(cfg).to(device=device, dtype=torch.float32 if args.precision else dtype).train()
             opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
             src = torch.randint(4, 8000, (batch, length), device=device)
@@ -350,7 +354,7 @@ def bench_decode(args, device, dtype) -> list[Result]:
     torch.manual_seed(0)
     cfg = ModelConfig(src_vocab_size=1000, tgt_vocab_size=1000, d_model=args.d_model, n_heads=args.heads,
                       d_ff=args.d_ff, n_encoder_layers=args.layers, n_decoder_layers=args.layers,
-                      positions=PositionConfig(scheme="shaw", max_distance=args.max_distance))
+                      positions=_positions("shaw", args.max_distance))
     model = EncoderDecoder(cfg).to(device=device, dtype=dtype).eval()
     src = torch.randint(4, 1000, (args.batch, args.length[0]), device=device)
     eos = -1  # never emitted: both decoders run exactly `steps` steps

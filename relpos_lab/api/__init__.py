@@ -1,13 +1,15 @@
 """What plugin authors import: the Task contract, the sequence-to-sequence defaults, evaluation,
-vocabularies, errors, and the file helper for caches. `relpos_lab.api.registry` finds tasks."""
+vocabularies, the position-scheme contract, errors, and the file helper for caches.
+`relpos_lab.api.registry` finds tasks and position schemes."""
 from relpos_lab.api.errors import ConfigError, UserError
 from relpos_lab.api.evaluation import EvalResult, Evaluation
 from relpos_lab.api.files import atomic_write
 from relpos_lab.api.seq2seq import Pair, Seq2SeqTask
 from relpos_lab.api.task import Batch, DecodingConfig, Task, TaskConfig
 from relpos_lab.api.vocabulary import Vocabulary
+from relpos_lab.core.positions import PositionConfig, PositionScheme, RelativePositions
 
 __all__ = [
-    "Batch", "ConfigError", "DecodingConfig", "EvalResult", "Evaluation", "Pair", "Seq2SeqTask", "Task",
-    "TaskConfig", "UserError", "Vocabulary", "atomic_write",
+    "Batch", "ConfigError", "DecodingConfig", "EvalResult", "Evaluation", "Pair", "PositionConfig", "PositionScheme",
+    "RelativePositions", "Seq2SeqTask", "Task", "TaskConfig", "UserError", "Vocabulary", "atomic_write",
 ]

@@ -16,6 +16,7 @@ rejects. The CLI prints that line and exits with status 2.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,10 @@ from relpos_lab.api.errors import ConfigError, UserError, did_you_mean, shown_pa
 from relpos_lab.config.find import find_config, find_extended, find_in_group, is_name, names_in, not_in_group
 from relpos_lab.config.help import field_help, join_key
 from relpos_lab.config.schema import CHOICES, ExperimentConfig
+from relpos_lab.core.positions import BUILTIN
 
 COMMAND_LINE = "command line"
+POSITIONS = "model.positions"
 
 Source = tuple[str, DictConfig]  # (label for messages: a file path or "command line", content)
 
@@ -152,12 +155,16 @@ def parse_overrides(overrides: list[str]) -> Source:
 
 def compose(sources: list[Source], *, default_name: str, partial: bool = False) -> DictConfig:
     """Merge `sources` in order over the schema and validate the result (see module docstring)."""
-    sources = _without_replaced_tasks(sources)
+    sources = _without_replaced(sources, "task", "name", _task_config_class)
+    sources = _without_replaced(sources, POSITIONS, "scheme", _scheme_config_class, default="shaw")
     provenance = _provenance(sources)
     schema = OmegaConf.structured(ExperimentConfig)
     task_cls = _task_class(sources, provenance, partial)
     if task_cls is not None:
         schema.task = OmegaConf.structured(task_cls.config_class)
+    scheme_cls = _scheme_class(sources, provenance)
+    sources = _without_legacy_position_fields(sources, scheme_cls)
+    schema.model.positions = OmegaConf.structured(scheme_cls.config_class)
     cfg = schema
     for label, content in sources:
         _check_sections_are_mappings(label, content, schema)
@@ -183,36 +190,94 @@ def compose(sources: list[Source], *, default_name: str, partial: bool = False) 
     return cfg
 
 
-def _without_replaced_tasks(sources: list[Source]) -> list[Source]:
-    """A source that names a task with another config class than the task before it replaces
-    the earlier task sections: `extends: reverse_shaw.yaml` + `task: {name: shift}` keeps
-    reverse_shaw's model and trainer, not the reverse task's options (which the shift task would
-    reject as unknown keys). Tasks sharing a config class (reverse, copy) keep merging."""
+def _without_replaced(sources: list[Source], section: str, key: str, config_class, default: str | None = None) -> list[Source]:
+    """A source that names a plugin (a task, a position scheme) with another config class than
+    the one before it replaces the earlier sources' `section`: `extends: reverse_shaw.yaml` +
+    `task: {name: shift}` keeps reverse_shaw's model and trainer, not the reverse task's options
+    (which the shift task would reject as unknown keys); a sweep point `model.positions.scheme:
+    rope` over a Shaw experiment drops Shaw's max_distance. Plugins sharing a config class (the
+    tasks reverse and copy) keep merging."""
     kept: list[Source] = []
-    current = None
+    current = default
     for label, content in sources:
-        task = content.get("task") if isinstance(content, DictConfig) else None
-        name = task.get("name") if isinstance(task, DictConfig) else None
-        if isinstance(name, str) and current is not None and _config_class(name) is not _config_class(current):
-            kept = [(lab, _drop_task(c)) for lab, c in kept]
+        block = OmegaConf.select(content, section, default=None) if isinstance(content, DictConfig) else None
+        name = block.get(key) if isinstance(block, DictConfig) else None
+        if isinstance(name, str) and current is not None and config_class(name) is not config_class(current):
+            kept = [(lab, _drop(c, section)) for lab, c in kept]
         current = name if isinstance(name, str) else current
         kept.append((label, content))
     return kept
 
 
-def _config_class(task: str) -> type | None:
+def _task_config_class(task: str) -> type | None:
     try:
         return registry.get_task_class(task).config_class
     except UserError:
         return None  # an unknown name is reported by _task_class, with the tasks available
 
 
-def _drop_task(content: DictConfig) -> DictConfig:
-    if "task" not in content:
+def _scheme_config_class(scheme: str) -> type | None:
+    try:
+        return registry.get_scheme_class(scheme).config_class
+    except UserError:
+        return None  # reported by _scheme_class
+
+
+def _drop(content: DictConfig, section: str) -> DictConfig:
+    if OmegaConf.select(content, section, default=None) is None:
         return content
     copy = content.copy()
-    del copy["task"]
+    parent, _, leaf = section.rpartition(".")
+    node = OmegaConf.select(copy, parent) if parent else copy
+    del node[leaf]
     return copy
+
+
+def _scheme_class(sources: list[Source], provenance: dict[str, str]):
+    """The position scheme the sources name (the last `model.positions.scheme`; shaw by default)."""
+    name = "shaw"
+    for _, content in sources:
+        value = OmegaConf.select(content, f"{POSITIONS}.scheme", default=None) if isinstance(content, DictConfig) else None
+        if value is not None:
+            name = value
+    if not isinstance(name, str):
+        raise ConfigError(f"{provenance.get(POSITIONS + '.scheme', 'config')}: {POSITIONS}.scheme must be a name, "
+                          f"got {name!r} (see `relpos-lab positions`)")
+    try:
+        return registry.get_scheme_class(name)
+    except UserError as err:
+        raise ConfigError(f"{provenance.get(POSITIONS + '.scheme', 'config')}: {POSITIONS}.scheme: {err}") from None
+
+
+def _without_legacy_position_fields(sources: list[Source], scheme_cls) -> list[Source]:
+    """Before schemes were plugins, model.positions held every built-in scheme's fields at once,
+    and every resolved config.yaml of that time still does. A field of another built-in scheme is
+    dropped when it holds that scheme's default (what such files contain); set to anything else,
+    it is a mistake, reported as one line naming the scheme it belongs to."""
+    own = {f.name for f in dataclasses.fields(scheme_cls.config_class)}
+    kept = []
+    for label, content in sources:
+        block = OmegaConf.select(content, POSITIONS, default=None) if isinstance(content, DictConfig) else None
+        foreign = [k for k in (block.keys() if isinstance(block, DictConfig) else []) if k not in own and k in _BUILTIN_FIELDS]
+        if not foreign:
+            kept.append((label, content))
+            continue
+        content = content.copy()
+        block = OmegaConf.select(content, POSITIONS)
+        for key in foreign:
+            owner, default = _BUILTIN_FIELDS[key]
+            value = block[key]
+            if value != default:
+                raise ConfigError(f"{label}: {POSITIONS}.{key}={value} is a field of scheme '{owner}', not of "
+                                  f"'{scheme_cls.config_class.scheme}'; fields of {scheme_cls.config_class.scheme}: "
+                                  f"{', '.join(sorted(own - {'scheme'})) or 'none'} (`relpos-lab positions`)")
+            del block[key]
+        kept.append((label, content))
+    return kept
+
+
+_BUILTIN_FIELDS = {f.name: (name, f.default) for name, cls in BUILTIN.items()
+                   for f in dataclasses.fields(cls.config_class) if f.name != "scheme"}
 
 
 def _check_sections_are_mappings(label: str, content: DictConfig, schema: DictConfig) -> None:
@@ -257,6 +322,8 @@ def _merge_error(label: str, err: OmegaConfBaseException, schema: DictConfig) ->
         about = field_help(OmegaConf.get_type(node)).get(close or "")
         hint = f"did you mean '{join_key(parent, close)}'{f' ({about})' if about else ''}? " if close else ""
         where = f"'{parent}'" if parent else "the top level"
+        if parent == POSITIONS:
+            where += f" (scheme {node.scheme})"
         return f"{label}: unknown key '{key}'; {hint}valid keys at {where}: {', '.join(valid)}"
     return f"{label}: bad value for '{key}': {_first_line(err)}"
 

@@ -11,7 +11,6 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from relpos_lab.core.positions import SCHEMES
 from relpos_lab.core.transformer import MODEL_IMPLS, ModelConfig
 
 SCHEDULERS = ("inverse_sqrt", "cosine", "constant")
@@ -199,7 +198,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.scheduler": SCHEDULERS,
     "trainer.precision": PRECISIONS,
     "trainer.accelerator": ACCELERATORS,
-    "model.positions.scheme": SCHEMES,
     "model.attention_impl": MODEL_IMPLS,
     "logging.wandb.mode": WANDB_MODES,
 }

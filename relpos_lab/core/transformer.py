@@ -1,6 +1,6 @@
 """The encoder/decoder Transformer of "Attention Is All You Need", with pluggable positions.
 
-Relative positions (any scheme from positions.py) act in the self-attention of encoder and
+Relative positions (any scheme of positions/) act in the self-attention of encoder and
 decoder; cross-attention has none. Decoding keeps a per-layer key/value cache; queries carry their
 absolute offset into it, so one-token steps and multi-token prefill both equal a full pass.
 """
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relpos_lab.core.attention import relative_attention
-from relpos_lab.core.positions import PositionConfig, RelativePositions, build_absolute, build_relative
+from relpos_lab.core.positions import PositionConfig, RelativePositions, ShawConfig, scheme_of
 
 MODEL_IMPLS = ("naive", "batched", "gather", "flex", "auto")
 """The attention impls a whole model can run on: every one of its attention calls (self-attention
@@ -51,8 +51,8 @@ class ModelConfig:
     """token id of padding"""
     attention_impl: str = "auto"
     """naive | batched | gather | flex | auto: how relative_attention computes (auto: fastest exact)"""
-    positions: PositionConfig = field(default_factory=PositionConfig)
-    """the position scheme and its options"""
+    positions: PositionConfig = field(default_factory=ShawConfig)
+    """the position scheme (`relpos-lab positions` lists them) and that scheme's own fields"""
 
     def validate(self) -> None:
         """Raise ValueError naming the impossible setting and the fix."""
@@ -80,8 +80,7 @@ class ModelConfig:
         if self.share_src_tgt_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError("model.share_src_tgt_embeddings needs equal source and target vocabularies")
         self.positions.validate()
-        if self.positions.scheme == "rope" and (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"rope needs an even head dimension; d_model/n_heads = {self.d_model // self.n_heads}")
+        scheme_of(self.positions).check(self.d_model, self.n_heads)
 
     @property
     def head_dim(self) -> int:
@@ -159,7 +158,7 @@ class Sublayer(nn.Module):
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        rel = build_relative(cfg.positions, cfg.head_dim, cfg.n_heads, causal=False)
+        rel = scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal=False)
         self.self_attn = Sublayer(cfg, MultiHeadAttention(cfg, rel))
         self.ffn = Sublayer(cfg, FeedForward(cfg))
 
@@ -170,7 +169,7 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, cross_attention: bool):
         super().__init__()
-        rel = build_relative(cfg.positions, cfg.head_dim, cfg.n_heads, causal=True)
+        rel = scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal=True)
         self.self_attn = Sublayer(cfg, MultiHeadAttention(cfg, rel))
         self.cross_attn = Sublayer(cfg, MultiHeadAttention(cfg)) if cross_attention else None
         self.ffn = Sublayer(cfg, FeedForward(cfg))
@@ -193,7 +192,7 @@ class Embedding(nn.Module):
             nn.init.normal_(self.tokens.weight, std=cfg.d_model**-0.5)
             with torch.no_grad():
                 self.tokens.weight[cfg.pad_id].zero_()
-        self.positions = build_absolute(cfg.positions, cfg.d_model)
+        self.positions = scheme_of(cfg.positions).embedding(cfg.d_model)
         self.scale, self.dropout = math.sqrt(cfg.d_model), nn.Dropout(cfg.dropout)
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:

@@ -1,0 +1,37 @@
+"""Position schemes: one class each, with a config dataclass of only its own fields.
+
+A scheme contributes where it says (base.py): to the token embeddings (absolute), to q and k (a
+rotation), or to the attention call (Shaw's tables, a score bias). The seven built-in schemes are
+registered under the ``relpos_lab.positions`` entry-point group exactly as third-party ones are
+(relpos_lab.api.registry finds them; `relpos-lab positions` lists them), and the Transformer
+builds whatever a config names through `scheme_of(cfg)`.
+"""
+from relpos_lab.core.positions.absolute import (
+    Learned, LearnedConfig, LearnedPositions, NoPositions, NoPositionsConfig, Sinusoidal, SinusoidalConfig,
+    SinusoidalPositions,
+)
+from relpos_lab.core.positions.base import PositionConfig, PositionScheme, RelativePositions, scheme_of
+from relpos_lab.core.positions.bias import (
+    Alibi, AlibiConfig, AlibiPositions, T5Bias, T5BiasConfig, T5BiasPositions, alibi_slopes,
+)
+from relpos_lab.core.positions.rotary import Rope, RopeConfig, RotaryPositions
+from relpos_lab.core.positions.shaw import Shaw, ShawConfig, ShawPositions
+
+BUILTIN = {"none": NoPositions, "sinusoidal": Sinusoidal, "learned": Learned, "shaw": Shaw, "rope": Rope,
+           "alibi": Alibi, "t5_bias": T5Bias}
+"""The built-in schemes by name, as pyproject.toml registers them (a test checks the two agree)."""
+
+
+def builtin_config(scheme: str, **fields) -> PositionConfig:
+    """The config of a built-in scheme, e.g. builtin_config("shaw", max_distance=4)."""
+    if scheme not in BUILTIN:
+        raise ValueError(f"model.positions.scheme={scheme!r} is not built in; choose one of {', '.join(BUILTIN)}")
+    return BUILTIN[scheme].config_class(**fields)
+
+
+__all__ = [
+    "BUILTIN", "Alibi", "AlibiConfig", "AlibiPositions", "Learned", "LearnedConfig", "LearnedPositions",
+    "NoPositions", "NoPositionsConfig", "PositionConfig", "PositionScheme", "RelativePositions", "Rope",
+    "RopeConfig", "RotaryPositions", "Shaw", "ShawConfig", "ShawPositions", "Sinusoidal", "SinusoidalConfig",
+    "SinusoidalPositions", "T5Bias", "T5BiasConfig", "T5BiasPositions", "alibi_slopes", "builtin_config", "scheme_of",
+]

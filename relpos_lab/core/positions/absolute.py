@@ -1,0 +1,92 @@
+"""Absolute schemes, added to the token embeddings: none (NoPE), sinusoidal, learned."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from relpos_lab.core.positions.base import PositionConfig, PositionScheme
+
+
+class SinusoidalPositions(nn.Module):
+    """The fixed sinusoids of Vaswani et al.; computed on the fly, so any length works."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        inv_freq = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.d_model = d_model
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        pos = torch.arange(offset, offset + x.shape[1], device=x.device).float()
+        angles = pos[:, None] * self.inv_freq[None, :]
+        pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(1)[:, : self.d_model]
+        return x + pe.to(x.dtype)
+
+
+class LearnedPositions(nn.Module):
+    """Trained absolute embeddings; cannot represent positions beyond max_len."""
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        self.embedding = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.embedding.weight, std=d_model**-0.5)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        end = offset + x.shape[1]
+        if end > self.embedding.num_embeddings:
+            raise ValueError(
+                f"sequence reaches position {end}, beyond model.positions.max_len="
+                f"{self.embedding.num_embeddings}; raise model.positions.max_len or use a relative scheme"
+            )
+        return x + self.embedding(torch.arange(offset, end, device=x.device)).to(x.dtype)
+
+
+@dataclass
+class NoPositionsConfig(PositionConfig):
+    scheme: str = "none"
+    """none: no position information at all (NoPE; a decoder still sees order through causality)"""
+
+
+class NoPositions(PositionScheme):
+    """No position information (NoPE): the model sees a bag of tokens, or causal order in a decoder."""
+
+    config_class = NoPositionsConfig
+
+
+@dataclass
+class SinusoidalConfig(PositionConfig):
+    scheme: str = "sinusoidal"
+    """sinusoidal: the fixed absolute sinusoids of Vaswani et al. (2017)"""
+
+
+class Sinusoidal(PositionScheme):
+    """Fixed absolute sinusoids added to the embeddings (Vaswani et al., 2017)."""
+
+    config_class = SinusoidalConfig
+
+    def embedding(self, d_model):
+        return SinusoidalPositions(d_model)
+
+
+@dataclass
+class LearnedConfig(PositionConfig):
+    scheme: str = "learned"
+    """learned: one trained embedding per absolute position"""
+    max_len: int = 1024
+    """positions 0..max_len-1; a longer sequence is an error"""
+
+    def validate(self) -> None:
+        if self.max_len < 1:
+            raise ValueError(f"model.positions.max_len must be >= 1, got {self.max_len}")
+
+
+class Learned(PositionScheme):
+    """Trained absolute position embeddings (Gehring et al., 2017), up to max_len."""
+
+    config_class = LearnedConfig
+
+    def embedding(self, d_model):
+        return LearnedPositions(d_model, self.cfg.max_len)

@@ -1,0 +1,87 @@
+"""What a position scheme is: a config dataclass with only its own fields, and a class that says
+where the scheme contributes.
+
+A scheme may add a module to the token embeddings (absolute positions), and a module to each
+self-attention layer that rotates q and k (RoPE) and/or returns keyword arguments for
+`relative_attention` (Shaw's tables, a score bias). Every per-layer module takes the absolute
+position of the first query row, which is what keeps cached decoding and multi-token prefill exact.
+
+Third-party schemes subclass `PositionScheme` and `PositionConfig` and register the scheme class
+under the ``relpos_lab.positions`` entry-point group, exactly as the built-in ones do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import Tensor, nn
+
+
+@dataclass
+class PositionConfig:
+    """Base of every scheme's config: `scheme` names it; a scheme's own fields go in a subclass."""
+
+    scheme: str = "shaw"
+    """the position scheme: a name `relpos-lab positions` lists"""
+
+    scheme_class: ClassVar[type[PositionScheme] | None] = None  # set when a scheme claims the class
+
+    def validate(self) -> None:
+        """Raise ValueError naming a bad field (as model.positions.<field>) and the fix."""
+
+
+class RelativePositions(nn.Module):
+    """A scheme's part in one self-attention layer; this base leaves attention as it is."""
+
+    def rotate(self, q: Tensor, k: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+        """q and k (B, H, L, D) of the new positions, which start at absolute position `offset`."""
+        return q, k
+
+    def attention_kwargs(self, lq: int, lk: int, query_offset: int, device) -> dict:
+        """What the scheme adds to `relative_attention` (rel_k/rel_v/max_distance, attn_bias)."""
+        return {}
+
+
+class PositionScheme:
+    """A position scheme: `config_class` holds its fields; the methods build what it adds."""
+
+    config_class: ClassVar[type[PositionConfig]] = PositionConfig
+    supports_cache: ClassVar[bool] = True  # cached decoding and multi-token prefill equal a full pass
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        config = cls.__dict__.get("config_class")
+        if config is not None:
+            owner = config.__dict__.get("scheme_class")
+            if owner is not None and owner is not cls:
+                raise TypeError(f"{config.__name__} is already the config of {owner.__name__}; "
+                                f"give {cls.__name__} its own config_class")
+            config.scheme_class = cls
+
+    def __init__(self, cfg: PositionConfig):
+        self.cfg = cfg
+
+    @classmethod
+    def describe(cls) -> str:
+        """One line for `relpos-lab positions`: the first line of the class docstring."""
+        return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+
+    def embedding(self, d_model: int) -> nn.Module | None:
+        """A module `x, offset -> x + positions`, added to token embeddings; None: no absolute part."""
+        return None
+
+    def attention(self, head_dim: int, n_heads: int, causal: bool) -> RelativePositions | None:
+        """The scheme's module for one self-attention layer; None: nothing relative."""
+        return None
+
+    def check(self, d_model: int, n_heads: int) -> None:
+        """Raise ValueError for a model shape the scheme cannot use (e.g. RoPE needs an even head dim)."""
+
+
+def scheme_of(cfg: PositionConfig) -> PositionScheme:
+    """The scheme object of a config: the scheme class that claimed its config class."""
+    cls = type(cfg).scheme_class
+    if cls is None:
+        raise ValueError(f"{type(cfg).__name__} belongs to no position scheme; use a scheme's config class "
+                         "(e.g. ShawConfig) or load the config through relpos_lab.config")
+    return cls(cfg)
