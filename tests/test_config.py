@@ -507,13 +507,17 @@ def test_switching_scheme_drops_the_fields_of_the_scheme_before(tmp_path):
 OLD_RUN_CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("docs/*/runs/*/*/config.yaml"))
 
 
-def test_resolved_configs_from_before_schemes_were_plugins_still_load():
-    """Committed runs' config.yaml hold every built-in scheme's fields at once (the old flat form)."""
+def test_resolved_configs_from_before_schemes_were_plugins_still_load_into_their_run_directories():
+    """Committed runs' config.yaml hold every built-in scheme's fields at once (the old flat form);
+    they load, and the run directory they name is still theirs (so they resume, and sweeps reuse them)."""
+    from relpos_lab.records.rundir import run_directory
+
     assert len(OLD_RUN_CONFIGS) > 20
     schemes = set()
     for path in OLD_RUN_CONFIGS:
         raw = OmegaConf.load(path)
         cfg = load_config(path)
+        assert run_directory(cfg).name == path.parent.resolve().name, path
         assert cfg.model.positions.scheme == raw.model.positions.scheme
         for key, value in cfg.model.positions.items():  # the scheme's own fields keep their values
             assert raw.model.positions.get(key, value) == value, (path, key)

@@ -39,14 +39,44 @@ VOLATILE_KEYS: tuple[str, ...] = (
 
 
 
+# Keys added to the schema after runs existed, left out of the hash while they hold their default,
+# so that an existing experiment keeps its run directory (and resumes, and is reused by sweeps).
+ADDED_KEYS: dict[str, Any] = {
+    "model.positions.max_distance_left": None,
+    "model.positions.max_distance_right": None,
+}
+# Before position schemes were plugins, model.positions held every built-in scheme's fields at
+# once. A scheme's section is hashed as that flat form (its own fields over the old defaults), so
+# every run directory made before keeps its name.
+FLAT_POSITIONS: dict[str, Any] = {
+    "scheme": "shaw", "max_distance": 16, "use_keys": True, "use_values": True, "per_head": False,
+    "add_sinusoids": False, "max_len": 1024, "rope_base": 10000.0, "t5_num_buckets": 32, "t5_max_distance": 128,
+}
+
+
 def config_hash(cfg: DictConfig, length: int = 8, ignore: tuple[str, ...] = ()) -> str:
     """Hex digest of the resolved config minus VOLATILE_KEYS (and `ignore`): the identity of an experiment."""
     container = OmegaConf.to_container(cfg, resolve=True)
     for key in (*VOLATILE_KEYS, *ignore):
         _drop(container, key.split("."))
+    for key, default in ADDED_KEYS.items():
+        parts = key.split(".")
+        if _get(container, parts, default) == default:
+            _drop(container, parts)
+    positions = (container.get("model") or {}).get("positions") if isinstance(container, dict) else None
+    if isinstance(positions, dict):
+        container["model"]["positions"] = {**FLAT_POSITIONS, **positions}
     canonical = json.dumps(container, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:length]
 
+
+
+def _get(tree: Any, parts: list[str], missing: Any) -> Any:
+    for part in parts:
+        if not isinstance(tree, dict) or part not in tree:
+            return missing
+        tree = tree[part]
+    return tree
 
 
 def _drop(tree: Any, parts: list[str]) -> None:
