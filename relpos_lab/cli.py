@@ -66,16 +66,19 @@ EXPERIMENT = "experiment YAML file, or the name of one (./configs/experiment/, t
 # --- verbs ----------------------------------------------------------------------------------
 
 
-@command("train", "train a model from an experiment config", arg("config", help=EXPERIMENT), OVERRIDES)
+@command("train", "train a model from an experiment config; run again, it reports a finished run and resumes "
+         "an interrupted one from its newest checkpoint", arg("config", help=EXPERIMENT), OVERRIDES,
+         arg("--force", action="store_true", help="start the run over: its directory, if it holds an earlier "
+             "attempt (finished or not), is moved aside to <run dir>.old-<time>, never deleted"))
 def train(args: argparse.Namespace) -> None:
     from relpos_lab.training import experiment
     from relpos_lab.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     _check_own_run_directory(Path(args.config), cfg)
-    summary = experiment.train(cfg, echo=_echo)
+    summary = experiment.train(cfg, echo=_echo, force=args.force)
     if summary.metrics:  # rank 0 of a distributed run
-        show_summary(summary, f"{cfg.name}: trained")
+        show_summary(summary, f"{cfg.name}: " + ("finished earlier" if summary.finished_before else "trained"))
 
 
 def _check_own_run_directory(config: Path, cfg) -> None:
@@ -369,7 +372,7 @@ def show_summary(summary, title: str) -> None:
     where += [("output", p) for p in summary.outputs]
     if sorted((summary.run_dir / "wandb").glob("offline-run-*/run-*.wandb")):  # not when W&B failed to start
         where.append(("W&B (offline)", f"wandb sync {shown_path(summary.run_dir / 'wandb')}/offline-run-*"))
-    console.rule(f"[bold]{title}[/bold] in {summary.seconds:.0f}s")
+    console.rule(f"[bold]{title}[/bold]" + ("" if summary.finished_before else f" in {summary.seconds:.0f}s"))
     for label, value in where:
         if value:  # paths stay on one line (soft wrap) so they can be copied
             console.print(f"{label:>14}  {shown_path(value)}", markup=False, highlight=False, soft_wrap=True)

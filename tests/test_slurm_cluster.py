@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from relpos_lab import cli
-from relpos_lab.records.wandb_offline import read_runs
+from relpos_lab.records.wandb_offline import history, read_runs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration,
               pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs SLURM (slurm/dev-cluster-start.sh)")]
@@ -194,6 +194,8 @@ def test_a_signalled_job_checkpoints_requeues_and_finishes_from_its_checkpoint(w
     assert len(attempts) == 2
     assert max(attempts[0].metric("trainer/global_step")) <= resumed_at
     assert attempts[1].metric("test/exact_match")
+    # ... as one history: every training step once, in order (the second attempt rewinds to the first's end)
+    assert [r["trainer/global_step"] for r in history(attempts) if "train/loss" in r] == list(range(steps))
 
 
 def test_a_job_signalled_during_its_final_evaluation_requeues_and_evaluates_again(workdir, capsys):

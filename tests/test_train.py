@@ -159,11 +159,12 @@ def test_evaluations_with_other_overrides_keep_their_own_default_directories(tra
     assert {tuple(json.loads(p.read_text())["by_length"]["test"]) for p in outputs} == {("7", "8"), ("9",)}
 
 
-def test_rerunning_a_finished_run_without_resume_is_refused(trained, monkeypatch, capsys):
+def test_rerunning_a_finished_run_prints_its_results(trained, monkeypatch, capsys):
     root, run_dir, _ = trained
     monkeypatch.chdir(root)
-    err = one_line_error(capsys, "train", "tiny.yaml", "logging.wandb.mode=disabled")
-    assert "resume=true" in err and str(run_dir.name) in err
+    assert cli.main(["train", "tiny.yaml", "logging.wandb.mode=disabled"]) == 0
+    out = capsys.readouterr().out
+    assert f"{run_dir.relative_to(root)} is finished (results.json): nothing to train" in out and "exact_match" in out
 
 
 def test_a_runs_own_config_that_resolves_elsewhere_is_refused(trained, monkeypatch, capsys):

@@ -84,6 +84,8 @@ class TrainerConfig:
     """training batches between validations (across epochs)"""
     checkpoint_every_n_steps: int = 0
     """refresh last.ckpt every N steps; 0: at each validation"""
+    checkpoint_every_minutes: float = 10.0
+    """also refresh last.ckpt when this many minutes passed since the last one; 0: off"""
     log_every_n_steps: int = 50
     """training steps between logged metrics"""
     gradient_clip_val: float = 0.0
@@ -105,6 +107,8 @@ class TrainerConfig:
         _at_least(self, "trainer", devices=1, num_nodes=1, max_steps=1, val_every_n_steps=1,
                   checkpoint_every_n_steps=0, threads=0, log_every_n_steps=1, accumulate_grad_batches=1,
                   num_sanity_val_steps=0)
+        if self.checkpoint_every_minutes < 0:
+            raise ValueError(f"trainer.checkpoint_every_minutes={self.checkpoint_every_minutes} must be >= 0")
         if self.gradient_clip_val < 0:
             raise ValueError(f"trainer.gradient_clip_val={self.gradient_clip_val} must be >= 0")
 
@@ -175,8 +179,9 @@ class ExperimentConfig:
     """experiment name; defaults to the config file's stem"""
     seed: int = 0
     """seeds model initialisation, data order and the synthetic tasks' data"""
-    resume: bool = False
-    """continue from <run dir>/checkpoints/last.ckpt"""
+    resume: bool = True
+    """an interrupted run continues from its newest checkpoint; false: refuse to touch a run directory that
+    holds an earlier attempt (`train --force` starts over, moving the old directory aside)"""
     task: Any = None
     """the task and its options: validated against the chosen task's config_class (see load_config)"""
     model: ModelConfig = field(default_factory=ModelConfig)

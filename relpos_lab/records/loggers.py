@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import netrc
 import os
+import time
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -35,9 +37,13 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
+from relpos_lab.api.files import atomic_write
 from relpos_lab.config.schema import WANDB_MODES
 from relpos_lab.records.provenance import provenance
-from relpos_lab.records.wandb_offline import wait_until_complete
+from relpos_lab.records.wandb_offline import find_run_files, read_run, rewind_point, wait_until_complete
+
+METRICS = "metrics.csv"
+WANDB_ID = ".wandb_id"  # a run directory's W&B run id when it is not the default (after a start over)
 
 
 class _AppendingWriter(ExperimentWriter):
@@ -57,9 +63,9 @@ class _AppendingWriter(ExperimentWriter):
 class RunCSVLogger(CSVLogger):
     """CSVLogger that writes exactly ``<run_dir>/metrics.csv`` and appends when it exists.
 
-    Rows logged by an earlier attempt of the same run stay; the ``step`` column tells them apart.
-    After a SLURM requeue there is no overlap (the checkpoint is taken at the signal); after a
-    hard kill, the steps between the last checkpoint and the kill appear twice, once per attempt.
+    Rows logged by an earlier attempt of the same run stay. A resumed attempt first cuts the file
+    back to the step of its checkpoint (`cut_metrics`), so the steps an interrupted attempt logged
+    after that checkpoint are not there twice.
     """
 
     def __init__(self, run_dir: str | os.PathLike, flush_logs_every_n_steps: int = 100):
@@ -81,6 +87,46 @@ class RunCSVLogger(CSVLogger):
             self._experiment = _AppendingWriter(log_dir=self.log_dir)
         return self._experiment
 
+    _flush_next = False
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        """A checkpoint was written: put every row logged so far on disk, and the next one (the
+        checkpointed step's own row, logged just after the checkpoint), so that a run killed
+        later resumes from the checkpoint without a gap in metrics.csv."""
+        self.save()
+        self._flush_next = True
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        super().log_metrics(metrics, step)
+        if self._flush_next:
+            self._flush_next = False
+            self.save()
+
+
+def cut_metrics(run_dir: str | Path, step: int) -> int:
+    """Drop the rows of ``<run_dir>/metrics.csv`` logged at `step` or later; return how many.
+
+    A fit resumed from a checkpoint of global step g logs its rows from step g on (Lightning's
+    logging step of the g-th optimizer step is g - 1), so the rows from g on are the interrupted
+    attempt's work after the checkpoint, which the resumed attempt does again.
+    """
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        return 0
+    with open(path, newline="") as file:
+        reader = csv.DictReader(file)
+        header, rows = reader.fieldnames or [], list(reader)
+    keep = [row for row in rows if not (row.get("step") or "").isdigit() or int(row["step"]) < step]
+    if len(keep) == len(rows):
+        return 0
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=header, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(keep)
+    atomic_write(path, text.getvalue())
+    return len(rows) - len(keep)
+
 
 class _NullRun:
     """Stands in for a W&B run after W&B failed: every attribute and call is a no-op."""
@@ -101,12 +147,19 @@ class RunWandbLogger(WandbLogger):
     as in Lightning's WandbLogger.
     """
 
-    def __init__(self, *, run_config: dict[str, Any] | None = None, **kwargs: Any):
+    def __init__(self, *, run_config: dict[str, Any] | None = None, rewind_to: int | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         if self._wandb_init.get("anonymous") is None:  # wandb 0.31 warns about the key even when None
             self._wandb_init.pop("anonymous", None)
         self._run_config = run_config or {}
         self._failure: str | None = None
+        self._plain_resume: dict[str, Any] | None = None
+        if rewind_to is not None and self._id is not None:
+            # W&B's rewind: the run's history is cut after _step `rewind_to` and continues from
+            # there (recorded offline as the run's branch point; applied by the server on sync).
+            self._plain_resume = dict(self._wandb_init)
+            self._wandb_init.pop("resume", None)
+            self._wandb_init["resume_from"] = f"{self._id}?_step={rewind_to}"
 
     @property
     def failed(self) -> bool:
@@ -121,7 +174,17 @@ class RunWandbLogger(WandbLogger):
         try:
             if self._experiment is None:
                 self._finish_other_run()
-                super().experiment.config.update(self._run_config, allow_val_change=True)
+                try:
+                    super().experiment
+                except Exception as err:
+                    if self._plain_resume is None:
+                        raise
+                    # A server without rewind support: continue the run as W&B resumes one.
+                    rank_zero_warn(f"W&B: could not rewind run {self._id!r} ({type(err).__name__}: {err}); "
+                                   "continuing it without rewinding: its history may repeat steps")
+                    self._wandb_init, self._plain_resume, self._experiment = self._plain_resume, None, None
+                    super().experiment
+                self._experiment.config.update(self._run_config, allow_val_change=True)
             return self._experiment
         except Exception as err:  # any W&B problem must leave training running
             self._fail(f"could not start W&B run {self._id!r}", err)
@@ -241,18 +304,50 @@ def wandb_run_id(run_dir: str | Path) -> str:
     """W&B run id of a run directory: a hash of its absolute path, so a resume keeps the id.
 
     The directory name alone would not do: the same config run under two roots (say a copy on a
-    laptop and on the cluster) is two runs, and must not append to one W&B run.
+    laptop and on the cluster) is two runs, and must not append to one W&B run. A run started
+    over in the same place (`new_wandb_run_id`) keeps its own id in ``<run dir>/.wandb_id``.
     """
+    chosen = Path(run_dir) / WANDB_ID
+    if chosen.is_file():
+        return chosen.read_text().strip()
     return hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
 
 
+def new_wandb_run_id(run_dir: str | Path) -> str:
+    """Give a run directory that starts over a W&B run id of its own (the old run keeps the old one)."""
+    run_dir = Path(run_dir)
+    seed = f"{run_dir.resolve()}:{time.time_ns()}"
+    run_id = hashlib.sha256(seed.encode()).hexdigest()[:16]
+    atomic_write(run_dir / WANDB_ID, run_id + "\n")
+    return run_id
 
-def build_loggers(cfg: DictConfig, run_dir: str | Path) -> list[Logger]:
+
+def wandb_rewind_point(run_dir: str | Path, step: int) -> int | None:
+    """The W&B ``_step`` at which a run resumed at training step `step` continues its history,
+    from the files earlier attempts left in ``<run dir>/wandb`` (None: nothing logged before)."""
+    run_id = wandb_run_id(run_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a killed attempt's file ends inside a record
+        attempts = []
+        for path in find_run_files(Path(run_dir) / "wandb", online=True):
+            try:
+                run = read_run(path)
+            except Exception:  # an attempt killed before its run record: nothing logged
+                continue
+            if run.run_id == run_id:
+                attempts.append(run)
+    attempts.sort(key=lambda r: r.start_time)
+    return rewind_point(attempts, step) if attempts else None
+
+
+
+def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None = None) -> list[Logger]:
     """The loggers of a run: CSV into ``run_dir/metrics.csv`` first, then W&B (unless disabled).
 
     CSV comes first because Lightning takes its default checkpoint and log directory from the
     first logger, which makes them ``run_dir/checkpoints`` and ``run_dir``. If W&B cannot even be
     set up (not installed, bad settings) the run goes on with CSV alone and a warning.
+    `resume_step`: the global step a resumed fit continues from; its W&B history is rewound there.
     """
     run_dir = Path(run_dir)
     loggers: list[Logger] = [RunCSVLogger(run_dir)]
@@ -273,6 +368,7 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path) -> list[Logger]:
                 job_type=OmegaConf.select(cfg, "task.name", default=None),
                 tags=list(OmegaConf.select(cfg, "logging.wandb.tags", default=None) or []),
                 mode=mode,
+                rewind_to=None if resume_step is None else wandb_rewind_point(run_dir, resume_step),
             )
         )
     except Exception as err:  # e.g. ModuleNotFoundError when wandb is not installed

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,10 @@ from relpos_lab.api.files import atomic_write
 # changing them continues the same run instead of starting another: where files go and how they
 # are reported (logging), whether to resume (resume), where and how SLURM runs the job (cluster:
 # partition, time limit, ...; the world size it implies is in trainer.devices / num_nodes, which
-# stay in), the trainer's display and reporting switches, how often last.ckpt is refreshed, and
-# the CPU thread count (its default already depends on the machine a job lands on, so a requeued
-# job on another node must still find its run). Anything else that can change the numbers stays in — even num_sanity_val_steps, whose extra pass
+# stay in), the trainer's display and reporting switches, how often last.ckpt is refreshed (steps
+# or minutes), and the CPU thread count (its default already depends on the machine a job lands
+# on, so a requeued job on another node must still find its run). Anything else that can change
+# the numbers stays in — even num_sanity_val_steps, whose extra pass
 # over the validation loader draws from the global RNG.
 VOLATILE_KEYS: tuple[str, ...] = (
     "resume",
@@ -35,6 +38,7 @@ VOLATILE_KEYS: tuple[str, ...] = (
     "trainer.log_every_n_steps",
     "trainer.checkpoint_every_n_steps",
     "trainer.threads",
+    "trainer.checkpoint_every_minutes",
 )
 
 
@@ -124,3 +128,26 @@ def save_resolved_config(cfg: DictConfig, run_dir: str | Path) -> Path:
     atomic_write(path, OmegaConf.to_yaml(cfg, resolve=True))
     return path
 
+
+
+# What an attempt at training leaves in a run directory. config.yaml and slurm/ are not among them:
+# `submit` writes those before the job has started.
+ATTEMPT_FILES = ("results.json", "metrics.csv", "checkpoints", "wandb", "hpc_ckpt_*.ckpt")
+
+
+def has_attempt(run_dir: str | Path) -> bool:
+    """Whether training already ran in `run_dir` (finished or not)."""
+    run_dir = Path(run_dir)
+    return any(any(run_dir.glob(pattern)) for pattern in ATTEMPT_FILES)
+
+
+def move_aside(run_dir: str | Path) -> Path:
+    """Rename `run_dir` to ``<run dir>.old-<time>`` (never deleting anything) and return the new path."""
+    run_dir = Path(run_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = run_dir.with_name(f"{run_dir.name}.old-{stamp}"), 1
+    while target.exists():
+        n += 1
+        target = run_dir.with_name(f"{run_dir.name}.old-{stamp}-{n}")
+    os.rename(run_dir, target)
+    return target

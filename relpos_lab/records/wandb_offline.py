@@ -11,7 +11,13 @@ little-endian length (2 bytes) and a type (1 byte: 1 full, 2 first, 3 middle, 4 
 tail shorter than a chunk header is zero padding. Each reassembled record is a serialized
 ``wandb.proto.wandb_internal_pb2.Record``.
 
-A resumed run writes a new file with the same run id; `read_runs` merges them in start order.
+A resumed run writes a new file with the same run id; `read_runs` lists them in start order and
+`history` merges them into the one history W&B shows. A resumed attempt started with
+``wandb.init(resume_from="<id>?_step=<k>")`` (W&B's rewind, which relpos_lab uses when it resumes
+from a checkpoint) records that branch point in its run record and numbers its rows from k + 1:
+the merged history keeps the earlier attempts' rows up to ``_step`` k and continues with the new
+attempt's. An attempt without a branch point (an older file) replaces the earlier rows from its
+first ``trainer/global_step`` on: the later attempt wins from its start step.
 
     from relpos_lab.records.wandb_offline import find_run_files, read_run
     for path in find_run_files("runs"):
@@ -62,16 +68,19 @@ class OfflineRun:
     start_time: float = 0.0
     resumed: bool = False
     exit_code: int | None = None  # None: the process ended without finishing the run
+    branch_point: tuple[str, float, str] | None = None  # (run id, value, metric) of resume_from / fork_from
 
     def metric(self, key: str) -> list[Any]:
         """The logged values of one history key, in order (rows without the key skipped)."""
         return [row[key] for row in self.history if key in row]
 
 
-def find_run_files(root: str | Path) -> list[Path]:
-    """All offline run files under `root` (``**/wandb/offline-run-*/run-*.wandb``), sorted."""
+def find_run_files(root: str | Path, online: bool = False) -> list[Path]:
+    """All offline run files under `root` (``**/wandb/offline-run-*/run-*.wandb``), sorted; with
+    `online`, also the files online runs keep of what they sent (``**/wandb/run-<time>-<id>/``)."""
     root = Path(root)
-    return sorted(p for p in root.glob("**/offline-run-*/run-*.wandb") if p.parent.parent.name == "wandb")
+    patterns = ["**/offline-run-*/run-*.wandb"] + (["**/run-[0-9]*/run-*.wandb"] if online else [])
+    return sorted({p for pattern in patterns for p in root.glob(pattern) if p.parent.parent.name == "wandb"})
 
 
 def read_records(path: str | Path) -> Iterator[Any]:
@@ -146,6 +155,8 @@ def read_run(path: str | Path) -> OfflineRun:
                 group=r.run_group, job_type=r.job_type, tags=list(r.tags),
                 start_time=r.start_time.seconds + r.start_time.nanos / 1e9, resumed=r.resumed,
             )
+            if r.HasField("branch_point") and r.branch_point.run:
+                run.branch_point = (r.branch_point.run, r.branch_point.value, r.branch_point.metric)
             _apply(config, r.config.update, r.config.remove)
             _apply(summary, r.summary.update, r.summary.remove)
         elif kind == "config":
@@ -190,14 +201,59 @@ def wait_until_complete(path: str | Path, timeout: float = 60.0) -> bool:
 
 def read_runs(root: str | Path) -> dict[str, list[OfflineRun]]:
     """Every offline run under `root`, grouped by run id; a resumed run has several files,
-    listed in the order they started."""
+    listed in the order they started (`history` merges them). A file without its run record (the
+    attempt was killed before W&B wrote it) is skipped with a warning."""
     runs: dict[str, list[OfflineRun]] = {}
     for path in find_run_files(root):
-        run = read_run(path)
+        try:
+            run = read_run(path)
+        except RunFileError as err:
+            if "no run record" not in str(err):
+                raise
+            # An attempt killed (with W&B's own process) before its first record reached the
+            # file: it recorded nothing, so it adds nothing.
+            warnings.warn(f"{err}: skipped")
+            continue
         runs.setdefault(run.run_id, []).append(run)
     for parts in runs.values():
         parts.sort(key=lambda r: r.start_time)
     return runs
+
+
+STEP = "trainer/global_step"  # the training step Lightning's WandbLogger adds to every row it logs
+
+
+def history(attempts: list[OfflineRun]) -> list[dict[str, Any]]:
+    """The one history of a run logged by several attempts (`read_runs`' list for one id).
+
+    An attempt with a branch point on ``_step`` k in the same run (W&B's ``resume_from``: rewind)
+    drops the earlier rows after ``_step`` k, as W&B does when it syncs the attempt. An attempt
+    without one drops the earlier rows from its first training step on. Rows without a training
+    step (plots, tables logged at the end) stay with the attempt that logged them.
+    """
+    merged: list[dict[str, Any]] = []
+    for run in attempts:
+        point = run.branch_point
+        if point is not None and point[0] == run.run_id and point[2] == "_step":
+            merged = [row for row in merged if row.get("_step", -1) <= point[1]]
+        else:
+            first = next((row[STEP] for row in run.history if STEP in row), None)
+            if first is not None:
+                merged = [row for row in merged if row.get(STEP, -1) < first]
+        merged.extend(run.history)
+    return merged
+
+
+def rewind_point(attempts: list[OfflineRun], step: int) -> int | None:
+    """The ``_step`` to rewind a run's W&B history to so that it continues at training step `step`:
+    that of the last row logged before it (rows without a training step belong to the row before
+    them). None when no row was logged before `step`."""
+    last, current = None, None
+    for row in history(attempts):
+        current = row.get(STEP, current)
+        if current is not None and current < step and "_step" in row:
+            last = int(row["_step"])
+    return last
 
 
 def _key(item: Any) -> list[str]:

@@ -1,10 +1,16 @@
-"""Checkpoints: where a run keeps them, which one a run resumes from, and how a checkpoint alone
-rebuilds its config and task (for `relpos-lab eval` and `translate`)."""
+"""Checkpoints: where a run keeps them, how they are written (atomically), which one a run resumes
+from, and how a checkpoint alone rebuilds its config and task (for `relpos-lab eval` and `translate`)."""
 from __future__ import annotations
 
+import os
+import tempfile
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
 from relpos_lab.api import Task, UserError, registry
@@ -52,10 +58,59 @@ def _config_of(state: dict, checkpoint: Path) -> dict:
 
 
 
-def resume_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint to continue from: last.ckpt, or a SLURM requeue's hpc_ckpt_*.ckpt."""
-    found = [p for p in [run_dir / CHECKPOINTS / LAST, *run_dir.glob("hpc_ckpt_*.ckpt")] if p.is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+def checkpoints_of(run_dir: Path) -> list[Path]:
+    """A run's checkpoints, newest first: last.ckpt, a SLURM requeue's hpc_ckpt_*.ckpt, best-step=*.ckpt."""
+    found = [run_dir / CHECKPOINTS / LAST, *run_dir.glob("hpc_ckpt_*.ckpt"),
+             *(run_dir / CHECKPOINTS).glob("best-step=*.ckpt")]
+    return sorted((p for p in found if p.is_file()), key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def resume_checkpoint(run_dir: Path, warn: Callable[[str], None] | None = None) -> Path | None:
+    """The newest checkpoint that can be read, to continue from; None if there is none.
+
+    A newest checkpoint that cannot be read (cut short by a full disk or a copy, corrupted) is
+    skipped with one line through `warn` (default: a warning), and the next newest is used.
+    """
+    for checkpoint in checkpoints_of(run_dir):
+        try:
+            state = load_checkpoint(checkpoint)
+            step = state["global_step"]
+            if not isinstance(step, int) or "loops" not in state:
+                raise UserError(f"{checkpoint}: not a training checkpoint (no global step or loop state)")
+            return checkpoint
+        except (UserError, KeyError, TypeError) as err:
+            message = str(err) if isinstance(err, UserError) else f"{checkpoint}: not a training checkpoint"
+            (warn or _warn)(f"skipping unreadable checkpoint: {message}")
+    return None
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's torch.save checkpoints, written atomically beside their destination.
+
+    Lightning's own "atomic" save goes through an fsspec transaction whose temporary file is in
+    the system's temp directory; moving it into a run directory on another file system is a copy,
+    so an interrupt or a crash during that copy leaves a truncated checkpoint. Here the file is
+    written next to its destination, flushed to disk and renamed over it: an interrupted write
+    leaves the previous checkpoint intact (and at most a hidden ``.<name>.*.tmp`` file).
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
 
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import time
 import warnings
 from collections.abc import Callable
@@ -25,15 +26,17 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from relpos_lab.api import EvalResult, UserError, registry
+from relpos_lab.api.errors import PROG, shown_path
 from relpos_lab.api.evaluation import length_generalization
-from relpos_lab.records.loggers import build_loggers, close_loggers
+from relpos_lab.records.loggers import build_loggers, close_loggers, cut_metrics, new_wandb_run_id
 from relpos_lab.records.results import plot_by_length, write_results
-from relpos_lab.records.rundir import run_directory, save_resolved_config
+from relpos_lab.records.rundir import has_attempt, move_aside, run_directory, save_resolved_config
 from relpos_lab.records.runlock import run_lock
 from relpos_lab.training.checkpoints import (
     CHECKPOINTS, LAST, global_step_of, load_checkpoint, resume_checkpoint, task_from_checkpoint,
 )
 from relpos_lab.training.data import TaskDataModule
+from relpos_lab.training.interrupt import SIGNAL_NAMES, InterruptCheckpoint
 from relpos_lab.training.module import TASK_STATE, RelposModule
 from relpos_lab.training.requeue import DeferredRequeue
 from relpos_lab.training.threads import use_cpu_threads
@@ -59,30 +62,86 @@ class RunSummary:
     checkpoint: Path | None = None
     resumed_from: Path | None = None
     seconds: float = 0.0
+    finished_before: bool = False  # the run was finished already: nothing was trained
 
 
-def train(cfg: DictConfig, echo: Callable[[str], None] = print) -> RunSummary:
-    """Fit `cfg` in its run directory, evaluate the best checkpoint, write results and plots."""
+def train(cfg: DictConfig, echo: Callable[[str], None] = print, force: bool = False) -> RunSummary:
+    """Fit `cfg` in its run directory, evaluate the best checkpoint, write results and plots.
+
+    The one rule for a run directory that already holds an attempt (README, "Time limits, preemption
+    and resuming"): a finished run
+    (results.json) is reported, not trained; an interrupted one continues from its newest readable
+    checkpoint, unless ``resume=false`` (then nothing is touched and the error names ``--force``);
+    an attempt interrupted before its first checkpoint is moved aside and the run starts over.
+    `force` starts over in any case, moving the old directory aside to ``<run dir>.old-<time>``.
+    """
     started = time.time()
     check_hardware(cfg)
     use_cpu_threads(cfg.trainer.threads, cfg.trainer.devices)
     run_dir = run_directory(cfg)
     with run_lock(run_dir):
-        return _train(cfg, run_dir, started, echo)
+        plan = _plan(cfg, run_dir, force, echo)
+        if isinstance(plan, RunSummary):
+            return plan
+        if plan != "start over":
+            return _train(cfg, run_dir, started, echo, plan)
+    with run_lock(run_dir):  # the new, empty directory
+        if rank_zero_only.rank == 0:
+            new_wandb_run_id(run_dir)  # the moved attempt keeps its W&B run; this one gets its own
+        return _train(cfg, run_dir, started, echo, None)
 
 
-def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str], None]) -> RunSummary:
-    resume_from = resume_checkpoint(run_dir)
-    if resume_from is not None and not cfg.resume:
-        raise UserError(f"{run_dir} already holds this run ({resume_from.name}); "
-                        "pass resume=true to continue it, or delete the directory to start over")
+def _plan(cfg: DictConfig, run_dir: Path, force: bool, echo: Callable[[str], None]) -> RunSummary | Path | str | None:
+    """What to do with the run directory: a summary (finished), a checkpoint to resume from, None
+    (train from scratch here) or "start over" (the directory was moved aside: train in a new one)."""
     results = run_dir / "results.json"
-    if cfg.resume and results.is_file():  # written only once training and the final evaluation are done
-        _echo(echo, f"{run_dir} is finished (results.json): nothing to train; `relpos-lab eval` re-evaluates")
-        return RunSummary(run_dir, results, json.loads(results.read_text())["metrics"], checkpoint=resume_from)
-    if cfg.resume and resume_from is None:
-        _echo(echo, f"resume=true but {run_dir} has no checkpoint yet: starting from scratch")
+    if rank_zero_only.rank != 0:  # the other processes of a distributed run follow rank 0's choice
+        if force:
+            return None
+        if results.is_file():
+            return _finished(run_dir)
+        return resume_checkpoint(run_dir, warn=lambda _: None)
+    if not has_attempt(run_dir):
+        return None
+    if force:
+        moved = move_aside(run_dir)
+        echo(f"--force: moved {shown_path(run_dir)} aside to {shown_path(moved)}; starting over")
+        return "start over"
+    if results.is_file():  # written only once training and the final evaluation are done
+        echo(f"{shown_path(run_dir)} is finished (results.json): nothing to train; `relpos-lab eval CHECKPOINT` "
+             "evaluates a checkpoint again, `--force` trains the run again from scratch")
+        return _finished(run_dir)
+    resume_from = resume_checkpoint(run_dir, warn=lambda line: echo(f"{PROG}: {line}"))
+    where = (f"its newest checkpoint is {resume_from.name} at step {global_step_of(resume_from)}"
+             if resume_from else "interrupted before its first checkpoint")
+    if not cfg.resume:
+        raise UserError(f"{shown_path(run_dir)} holds an interrupted attempt of this run ({where}); resume=false "
+                        "leaves it alone: drop resume=false to " + ("resume it" if resume_from else "start over")
+                        + f", or pass --force to start over (the old directory is moved to {run_dir.name}.old-<time>)")
+    if resume_from is None:
+        moved = move_aside(run_dir)
+        echo(f"{shown_path(run_dir)} holds an attempt interrupted before its first checkpoint: nothing to resume; "
+             f"starting over (the attempt is kept in {shown_path(moved)})")
+        return "start over"
+    return resume_from
+
+
+def _finished(run_dir: Path) -> RunSummary:
+    results = json.loads((run_dir / "results.json").read_text())
+    checkpoint = run_dir / results["checkpoint"] if results.get("checkpoint") else None
+    return RunSummary(run_dir, run_dir / "results.json", results["metrics"], sorted((run_dir / "plots").glob("*.png")),
+                      checkpoint=checkpoint, finished_before=True)
+
+
+def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str], None],
+           resume_from: Path | None) -> RunSummary:
+    resume_step = global_step_of(resume_from) if resume_from is not None else None
     _echo(echo, f"Run directory: {run_dir}" + (f" (resuming from {resume_from.name})" if resume_from else ""))
+    if resume_step is not None and rank_zero_only.rank == 0:
+        cut = cut_metrics(run_dir, resume_step)
+        if cut:
+            echo(f"metrics.csv: cut back to step {resume_step}, the checkpoint's ({cut} rows the interrupted attempt "
+                 "logged after it are trained again)")
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
@@ -96,16 +155,30 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
                            mode=task.main_metric_mode, save_top_k=1)
     last = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, save_top_k=0, save_last=True, enable_version_counter=False,
                            every_n_train_steps=cfg.trainer.checkpoint_every_n_steps or cfg.trainer.val_every_n_steps)
-    callbacks: list[Callback] = [best, last, DeferredRequeue()]  # SLURM: checkpoint + requeue on SIGUSR1
-    loggers = build_loggers(cfg, run_dir)
+    guard = InterruptCheckpoint(run_dir / CHECKPOINTS / LAST, cfg.trainer.checkpoint_every_minutes)
+    # SLURM: checkpoint + requeue on SIGUSR1; Ctrl-C / SIGTERM: checkpoint + stop; every N minutes: checkpoint
+    callbacks: list[Callback] = [best, last, DeferredRequeue(), guard]
+    loggers = build_loggers(cfg, run_dir, resume_step=resume_step)
     callbacks.append(LearningRateMonitor(logging_interval="step"))
     try:
         trainer = build_trainer(cfg, run_dir, loggers=loggers, callbacks=callbacks)
         _rank_zero(save_resolved_config, cfg, run_dir)
-        trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=False)
+        try:
+            trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=False)
+        except (KeyboardInterrupt, SystemExit):  # Lightning ends a Ctrl-C with sys.exit(1)
+            if guard.stopped_by is None:
+                raise
+            _echo(echo, _stopped(run_dir, guard.stopped_by, trainer.global_step))
+            if guard.stopped_by == signal.SIGINT:
+                raise KeyboardInterrupt from None
+            raise
         last_path = run_dir / CHECKPOINTS / LAST
         if global_step_of(last_path) != trainer.global_step:  # steps after the last periodic save
             trainer.save_checkpoint(last_path, weights_only=False)
+        if guard.pending:  # Ctrl-C during the last validation: training is complete and saved
+            _echo(echo, _stopped(run_dir, signal.SIGINT, trainer.global_step) + " (training is complete; the final "
+                  "evaluation was not run)")
+            raise KeyboardInterrupt
         checkpoint = Path(best.best_model_path) if best.best_model_path else last_path
         trainer.validate(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
         trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
@@ -124,6 +197,16 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
         return RunSummary(run_dir, run_dir / "results.json", {}, checkpoint=checkpoint)
     summary.checkpoint, summary.resumed_from, summary.seconds = checkpoint, resume_from, time.time() - started
     return summary
+
+
+def _stopped(run_dir: Path, signum: int, step: int) -> str:
+    """Where an interrupted run stands: its newest checkpoint and how to continue."""
+    newest = resume_checkpoint(run_dir, warn=lambda _: None)
+    if newest is None:
+        return (f"Stopped by {SIGNAL_NAMES.get(signum, signum)} at step {step}, before the first checkpoint: "
+                "nothing to resume from; the same command starts over.")
+    return (f"Stopped by {SIGNAL_NAMES.get(signum, signum)} at step {step}. Newest checkpoint: {shown_path(newest)} "
+            f"(step {global_step_of(newest)}); run the same command again to resume from it.")
 
 
 def evaluate(checkpoint: str | Path, split: str = "test", overrides: list[str] = (),

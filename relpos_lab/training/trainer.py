@@ -10,6 +10,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig
 
 from relpos_lab.api import UserError
+from relpos_lab.training.checkpoints import AtomicCheckpointIO
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path, *, loggers: list, callbacks: list[Callback]) -> L.Trainer:
@@ -30,6 +31,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, loggers: list, callbacks: l
             enable_model_summary=t.enable_model_summary,
             enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
             use_distributed_sampler=False,  # TaskDataModule shards (token batches as whole batches)
+            plugins=[AtomicCheckpointIO()],  # an interrupted write leaves the previous checkpoint intact
         )
     except (MisconfigurationException, ValueError) as err:
         raise UserError(f"trainer: {str(err).strip().splitlines()[0]}") from None

@@ -1,0 +1,108 @@
+"""Nothing lost on an interrupt: Ctrl-C or SIGTERM checkpoints the current step before the run stops,
+and last.ckpt is also refreshed every `trainer.checkpoint_every_minutes`.
+
+A checkpoint must hold a consistent state (weights, optimizer, loop counters, the loader's place in
+the epoch), which exists only between optimizer steps. So the signals only set a flag, as
+requeue.py does for SLURM's: at the end of the current training step (Lightning's
+``on_train_batch_end``, where its own periodic checkpoints are taken) the step's metrics are sent
+to the loggers, ``checkpoints/last.ckpt`` is written (atomically, checkpoints.AtomicCheckpointIO),
+and the run stops through Lightning's exception path (KeyboardInterrupt for Ctrl-C,
+SIGTERMException for SIGTERM), which finishes the loggers. The caller (experiment.train) then
+says where the checkpoint is and how to resume.
+
+- Ctrl-C once: stop at the end of the current step (after a validation pass, if one is running)
+  with a checkpoint. Ctrl-C twice: stop at once; the newest checkpoint on disk stays as it was.
+- SIGTERM: Lightning's handler notes it (``trainer.received_sigterm``); the step's end checkpoints
+  and stops. SIGTERM during a validation pass stops inside it (Lightning's evaluation loop does),
+  without a new checkpoint.
+- Several processes (DDP) agree on both decisions with one boolean all-reduce each, so every rank
+  saves at the same step.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from relpos_lab.records.loggers import RunCSVLogger
+
+SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
+
+
+class InterruptCheckpoint(Callback):
+    """Checkpoint to `path` at the step boundary after Ctrl-C / SIGTERM (then stop), or every N minutes."""
+
+    def __init__(self, path: Path, every_minutes: float = 0.0) -> None:
+        self.path = Path(path)
+        self.every_s = every_minutes * 60.0
+        self.stopped_by: int | None = None  # the signal that stopped training, once handled
+        self.saved_step: int | None = None  # step of the checkpoint written at the stop
+        self._requested: int | None = None  # a signal received, waiting for the step's end
+        self._previous = None  # SIGINT handler to restore
+        self._last_save = time.monotonic()
+
+    # --- signals ------------------------------------------------------------------------------
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last_save = time.monotonic()
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum: int, _frame) -> None:
+        if self._requested is not None:  # a second Ctrl-C: stop now, without a checkpoint
+            self._restore()
+            raise KeyboardInterrupt
+        self._requested = signum
+        os.write(2, b"\nrelpos-lab: Ctrl-C: saving a checkpoint at the end of this training step, then stopping "
+                    b"(Ctrl-C again stops at once, without one)\n")
+
+    def _restore(self) -> None:
+        if self._previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._restore()
+        if self.stopped_by is None and isinstance(exception, KeyboardInterrupt | SIGTERMException):
+            self.stopped_by = signal.SIGINT if isinstance(exception, KeyboardInterrupt) else signal.SIGTERM
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore()
+
+    # --- the step boundary ----------------------------------------------------------------------
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.fit_loop.epoch_loop._should_accumulate():  # gradients so far would not be saved
+            return
+        local = self._requested is not None or trainer.received_sigterm
+        if trainer.strategy.reduce_boolean_decision(local, all=False):
+            signum = self._requested or signal.SIGTERM
+            trainer._logger_connector.update_train_step_metrics()  # this step's row, before the loggers finish
+            trainer.save_checkpoint(self.path, weights_only=False)
+            self.stopped_by, self.saved_step = signum, trainer.global_step
+            self._restore()
+            raise KeyboardInterrupt if signum == signal.SIGINT else SIGTERMException()
+        due = self.every_s > 0 and time.monotonic() - self._last_save >= self.every_s
+        if self.every_s > 0 and trainer.strategy.reduce_boolean_decision(due, all=False):
+            trainer.save_checkpoint(self.path, weights_only=False)
+            for logger in trainer.loggers:
+                if isinstance(logger, RunCSVLogger):  # metrics.csv on disk up to the checkpoint
+                    logger.after_save_checkpoint(self)
+            self._last_save = time.monotonic()
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._last_save = time.monotonic()  # any checkpoint of the run restarts the clock
+
+    @property
+    def pending(self) -> bool:
+        """A Ctrl-C came after the last training step (during the last validation): not acted on yet."""
+        return self._requested is not None and self.stopped_by is None

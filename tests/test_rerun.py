@@ -1,0 +1,236 @@
+"""Running a command again: a finished run is reported, an interrupted one resumes from its newest
+readable checkpoint with one history (metrics.csv and W&B, no step twice); Ctrl-C and SIGTERM
+checkpoint the current step; --force starts over, moving the old directory aside."""
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from relpos_lab import cli
+from relpos_lab.records.wandb_offline import history, read_runs
+
+TINY = """
+extends: [reverse_shaw.yaml, overlay/debug.yaml]
+task: {train_lengths: [1, 4], valid_lengths: [1, 4], test_lengths: [1, 6], train_size: 256, eval_size_per_length: 4}
+model: {dropout: 0.0, positions: {max_distance: 4}}
+logging: {root: runs}
+"""
+STEPS, LOG_EVERY = 300, 5
+LONG = ["train", "tiny.yaml", f"trainer.max_steps={STEPS}", "trainer.val_every_n_steps=100",
+        f"trainer.log_every_n_steps={LOG_EVERY}"]
+LOGGED = list(range(LOG_EVERY - 1, STEPS, LOG_EVERY))  # Lightning logs optimizer step s as step s - 1
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "relpos_lab", *args]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "250"}
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(command(*args), cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+
+
+def the_run_dir(root: Path) -> Path:
+    (run_dir,) = [p for p in root.glob("runs/*/*") if p.is_dir() and ".old-" not in p.name]
+    return run_dir
+
+
+def global_step(checkpoint: Path) -> int:
+    return torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"]
+
+
+def csv_steps(run_dir: Path, key: str) -> list[int]:
+    with open(run_dir / "metrics.csv", newline="") as file:
+        return [int(row["step"]) for row in csv.DictReader(file) if row.get(key)]
+
+
+def wandb_steps(run_dir: Path, key: str) -> list[int]:
+    (attempts,) = read_runs(run_dir / "wandb").values()
+    rows = history(attempts)
+    assert [r["_step"] for r in rows] == sorted({r["_step"] for r in rows})  # one monotone W&B history
+    return [r["trainer/global_step"] for r in rows if key in r]
+
+
+def assert_one_history(run_dir: Path, wandb_complete: bool = True) -> None:
+    """Every logged training step exactly once, in order, in metrics.csv and in the W&B history.
+
+    Without `wandb_complete` (the first attempt was SIGKILLed, and W&B's own process, which writes
+    the offline file, lost what it had not written yet), W&B's steps are only checked to be in
+    order, each once."""
+    for key in ("train/loss", "lr-AdamW"):
+        assert csv_steps(run_dir, key) == LOGGED, key
+        recorded = wandb_steps(run_dir, key)
+        if wandb_complete:
+            assert recorded == LOGGED, key
+        else:
+            assert recorded == sorted(set(recorded)) and set(recorded) <= set(LOGGED) and recorded[-1] == LOGGED[-1]
+    for key in ("valid/exact_match",):  # at steps 100, 200, 300 of fit, then the final validation
+        steps = csv_steps(run_dir, key)
+        assert steps == sorted(set(steps)) and len(steps) == 4, steps
+        recorded = wandb_steps(run_dir, key)
+        assert recorded == (steps if wandb_complete else steps[-len(recorded):])
+
+
+def start(root: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(command(*args), cwd=root, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def wait_for(proc: subprocess.Popen, condition, what: str) -> None:
+    deadline = time.time() + 240
+    while not condition():
+        assert proc.poll() is None, f"training ended before {what}"
+        assert time.time() < deadline, f"no {what}"
+        time.sleep(0.05)
+
+
+def current_step(root: Path) -> int:
+    return max((max(csv_steps(p.parent, "train/loss"), default=-1) for p in root.glob("runs/*/*/metrics.csv")),
+               default=-1)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    return tmp_path
+
+
+def finish_and_check(root: Path, run_dir: Path, resumed_at: int, wandb_complete: bool = True) -> str:
+    out = run_cli(*LONG, cwd=root)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"(resuming from last.ckpt)" in out.stdout
+    assert the_run_dir(root) == run_dir
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["started_at_step"] == resumed_at and results["global_step"] == STEPS
+    assert_one_history(run_dir, wandb_complete)
+    if wandb_complete:  # the resumed attempt continued the W&B run through W&B's rewind (resume_from)
+        (attempts,) = read_runs(run_dir / "wandb").values()
+        assert len(attempts) == 2 and attempts[1].branch_point[0] == attempts[0].run_id
+        assert attempts[1].branch_point[1] == attempts[0].history[-1]["_step"]
+    return out.stdout
+
+
+def test_ctrl_c_before_the_first_checkpoint_saves_the_current_step_and_the_run_resumes_from_it(root):
+    proc = start(root, *LONG, "trainer.checkpoint_every_n_steps=100000")  # no periodic checkpoint
+    wait_for(proc, lambda: current_step(root) >= 20, "logged steps")
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output[-3000:]
+    run_dir = the_run_dir(root)
+    saved = global_step(run_dir / "checkpoints" / "last.ckpt")
+    assert 20 < saved < STEPS
+    assert "Ctrl-C: saving a checkpoint at the end of this training step" in output
+    assert (f"Stopped by Ctrl-C (SIGINT) at step {saved}. Newest checkpoint: {run_dir.relative_to(root)}/checkpoints/"
+            f"last.ckpt (step {saved}); run the same command again to resume from it.") in output
+    finish_and_check(root, run_dir, saved)
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_with_metrics_cut_back_and_wandb_rewound(root):
+    args = [*LONG, "trainer.checkpoint_every_n_steps=50"]
+    proc = start(root, *args)
+    wait_for(proc, lambda: current_step(root) >= 75, "steps logged after the first checkpoint")
+    os.kill(proc.pid, signal.SIGKILL)  # e.g. the OOM killer: no chance to save; W&B's process writes what it got
+    proc.communicate(timeout=60)
+    run_dir = the_run_dir(root)
+    saved = global_step(run_dir / "checkpoints" / "last.ckpt")
+    assert saved >= 50 and max(csv_steps(run_dir, "train/loss")) >= saved  # logged past the checkpoint
+    with pytest.warns(UserWarning) if not first_attempt_recorded(run_dir) else contextlib.nullcontext():
+        out = finish_and_check(root, run_dir, saved, wandb_complete=False)
+        (attempts,) = read_runs(run_dir / "wandb").values()
+    assert f"metrics.csv: cut back to step {saved}" in out
+    if len(attempts) == 2:  # W&B's process wrote the killed attempt's records: the new one rewinds the run
+        rewound = attempts[1].branch_point  # W&B's own rewind (resume_from) of the same run
+        assert rewound is not None and rewound[0] == attempts[0].run_id and rewound[2] == "_step"
+
+
+def first_attempt_recorded(run_dir: Path) -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return bool(read_runs(run_dir / "wandb"))
+
+
+def test_sigterm_saves_the_current_step_and_the_run_resumes_from_it(root):
+    proc = start(root, *LONG, "trainer.checkpoint_every_n_steps=100000")
+    wait_for(proc, lambda: current_step(root) >= 20, "logged steps")
+    os.kill(proc.pid, signal.SIGTERM)  # the training process only, as `kill` does
+    output, _ = proc.communicate(timeout=120)
+    run_dir = the_run_dir(root)
+    saved = global_step(run_dir / "checkpoints" / "last.ckpt")
+    assert f"Stopped by SIGTERM at step {saved}. Newest checkpoint:" in output, output[-3000:]
+    finish_and_check(root, run_dir, saved)
+
+
+def test_an_unreadable_newest_checkpoint_is_one_line_and_the_previous_one_is_used(root):
+    out = run_cli("train", "tiny.yaml", cwd=root)  # 30 steps: best-step=15.ckpt, last.ckpt at 30
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = the_run_dir(root)
+    (run_dir / "results.json").unlink()  # as if the run had been stopped before its final evaluation
+    last = run_dir / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])  # cut short
+    (best,) = (run_dir / "checkpoints").glob("best-step=*.ckpt")
+    out = run_cli("train", "tiny.yaml", cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [line for line in out.stdout.splitlines() if "unreadable" in line]
+    assert line.startswith(f"relpos-lab: skipping unreadable checkpoint: {last.relative_to(root)}: cannot read")
+    assert f"(resuming from {best.name})" in out.stdout
+    assert json.loads((run_dir / "results.json").read_text())["started_at_step"] == 15
+
+
+def test_the_rule_finished_reports_interrupted_refuses_with_resume_false_and_force_moves_aside(root, monkeypatch, capsys):
+    monkeypatch.chdir(root)
+    disabled = "logging.wandb.mode=disabled"
+    assert cli.main(["train", "tiny.yaml", "trainer.max_steps=20", disabled]) == 0
+    run_dir = the_run_dir(root).relative_to(root)
+    capsys.readouterr()
+    # finished: the same command prints the results and exits 0, with resume=false too
+    for extra in ([], ["resume=false"]):
+        assert cli.main(["train", "tiny.yaml", "trainer.max_steps=20", disabled, *extra]) == 0
+        out = capsys.readouterr().out
+        assert f"{run_dir} is finished (results.json): nothing to train" in out and "--force" in out
+        assert "finished earlier" in out and "exact_match" in out
+    # interrupted: resume=false refuses, naming --force
+    (run_dir / "results.json").unlink()
+    assert cli.main(["train", "tiny.yaml", "trainer.max_steps=20", disabled, "resume=false"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run_dir} holds an interrupted attempt of this run (its newest checkpoint is " in err
+    assert "pass --force to start over (the old directory is moved to " in err
+    # --force: the old directory is moved aside, never deleted, and the run starts over
+    assert cli.main(["train", "tiny.yaml", "trainer.max_steps=20", disabled, "--force"]) == 0
+    out = capsys.readouterr().out
+    (old,) = root.glob(f"{run_dir}.old-*")
+    assert f"--force: moved {run_dir} aside to {old.relative_to(root)}; starting over" in out
+    assert (old / "checkpoints" / "last.ckpt").is_file() and not (old / "results.json").exists()
+    assert json.loads((run_dir / "results.json").read_text())["started_at_step"] == 0
+
+
+def test_an_attempt_killed_before_any_checkpoint_is_moved_aside_and_the_run_starts_over(root, monkeypatch, capsys):
+    monkeypatch.chdir(root)
+    run = ["train", "tiny.yaml", "trainer.max_steps=10", "trainer.val_every_n_steps=10"]
+    assert cli.main([*run, "logging.wandb.mode=disabled"]) == 0
+    run_dir = the_run_dir(root).relative_to(root)
+    (run_dir / "results.json").unlink()  # what a kill before the first checkpoint leaves
+    for checkpoint in (run_dir / "checkpoints").iterdir():
+        checkpoint.unlink()
+    capsys.readouterr()
+    assert cli.main([*run, "logging.wandb.mode=disabled"]) == 0
+    out = capsys.readouterr().out
+    (old,) = root.glob(f"{run_dir}.old-*")
+    assert (f"{run_dir} holds an attempt interrupted before its first checkpoint: nothing to resume; starting over "
+            f"(the attempt is kept in {old.relative_to(root)})") in out
+    assert csv_steps(run_dir, "train/loss") == sorted(set(csv_steps(run_dir, "train/loss")))
+    assert csv_steps(old, "train/loss")  # the earlier attempt's rows are kept, aside
+    assert (run_dir / ".wandb_id").is_file()  # a W&B run of its own, not the moved attempt's
