@@ -142,3 +142,46 @@ def test_an_installed_plugin_trains_through_the_cli_with_per_length_results(inst
     for key in ("test/exact_match_id", "test/exact_match_ood", "test/token_accuracy_ood"):
         assert 0.0 <= data["metrics"][key] <= 1.0
     assert (run_dir / "plots" / "by_length_exact_match.png").is_file()
+
+
+# --- a third-party position scheme: README's "Add a position scheme", pip-installed -------------
+
+
+@pytest.fixture(scope="module")
+def installed_scheme(tmp_path_factory):
+    src = tmp_path_factory.mktemp("scheme")
+    (src / "pyproject.toml").write_text(readme_block("# pyproject.toml of your scheme's distribution"))
+    (src / "my_schemes.py").write_text(readme_block("# my_schemes.py"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(src)], check=True, timeout=300,
+                   capture_output=True)
+    try:
+        yield src
+    finally:
+        subprocess.run([*pip, "uninstall", "-y", "my-schemes"], check=True, timeout=300, capture_output=True)
+
+
+@pytest.mark.integration
+def test_an_installed_scheme_is_listed_validated_and_trains(installed_scheme, tmp_path):
+    out = run_cli("positions", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "distance_bias" in out.stdout and "A learned scalar bias per head" in out.stdout
+    assert "max_distance=8" in out.stdout
+    out = run_cli("config", "reverse_shaw", "model.positions.scheme=distance_bias", "model.positions.max_distanse=3",
+                  cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert ("did you mean 'model.positions.max_distance'" in out.stderr
+            and "valid keys at 'model.positions' (scheme distance_bias): scheme, max_distance" in out.stderr)
+    out = run_cli("config", "reverse_shaw", "model.positions.scheme=distance_bias", "model.positions.max_distance=-2",
+                  cwd=tmp_path)
+    assert out.returncode == 2 and "model.positions.max_distance must be >= 0, got -2" in out.stderr
+    command = readme_block("pip install -e .   # in your distribution's directory").splitlines()[-1].split()
+    assert command[:3] == ["relpos-lab", "train", "reverse_shaw"]
+    out = run_cli(*command[1:], "debug", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs" / "reverse_shaw").iterdir()
+    assert run_dir.name.startswith("reverse-distance_bias-")
+    data = json.loads((run_dir / "results.json").read_text())
+    assert 0.0 <= data["metrics"]["test/exact_match"] <= 1.0
+    config = (run_dir / "config.yaml").read_text()
+    assert "scheme: distance_bias" in config and "max_distance: 4" in config
