@@ -33,11 +33,13 @@ SPLITS = {"one_token_at_a_time": [1] * 9, "prefill_then_steps": [4, 1, 1, 3], "p
 
 
 @pytest.mark.parametrize("split", list(SPLITS))
-@pytest.mark.parametrize("scheme", tuple(BUILTIN) + ("shaw_per_head",))
+@pytest.mark.parametrize("scheme", tuple(BUILTIN) + ("shaw_per_head", "shaw_asymmetric"))
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_cached_encoder_decoder_equals_full_pass(scheme, split, norm_first):
     torch.manual_seed(0)
-    scheme_cfg = positions("shaw", 2, per_head=True) if scheme == "shaw_per_head" else positions(scheme, 2)
+    scheme_cfg = {"shaw_per_head": positions("shaw", 2, per_head=True),
+                  "shaw_asymmetric": positions("shaw", 2, max_distance_left=1, max_distance_right=3)}.get(scheme) \
+        or positions(scheme, 2)
     model = EncoderDecoder(tiny(positions=scheme_cfg, norm_first=norm_first)).eval()
     src = torch.randint(3, 13, (3, 7))
     src[1, 4:] = 0  # padding
