@@ -176,3 +176,40 @@ def test_a_corpus_with_misaligned_files_is_one_line_naming_the_files(toy, tmp_pa
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("relpos-lab: error: ")
     assert "train.en has 30 lines but" in err and "train.xx has 29: aligned files must have the same" in err
+
+
+@pytest.fixture(scope="module")
+def small_splits(tmp_path_factory) -> Path:
+    """A toy corpus with valid/test files of 1, 3 and 100 sentences (`small<n>.en/.xx`)."""
+    root = tmp_path_factory.mktemp("small_splits")
+    data = write_toy_files(root / "data" / "toy", {"train": 300, "small1": 1, "small3": 3, "small100": 100})
+    (root / "toy.yaml").write_text(TOY.replace("data_dir: data/toy", f"data_dir: {data}"))
+    return root
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sentences", [1, 3, 100])
+def test_two_process_ddp_evaluates_splits_smaller_than_the_world_as_one_process_does(small_splits, sentences,
+                                                                                      monkeypatch):
+    """One token batch and two processes: rank 1 has no batch. It used to crash the final
+    validation (`DataLoader within local rank has zero length`); it must join the gather, and
+    the scores must be one process's on the same checkpoint."""
+    split = f"small{sentences}"
+    name = f"ddp_small{sentences}"
+    out = run_cli("train", "toy.yaml", f"name={name}", f"task.split_names={{valid: {split}, test: {split}}}",
+                  "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=40",
+                  "trainer.val_every_n_steps=20", "logging.wandb.mode=disabled", cwd=small_splits)
+    assert out.returncode == 0, out.stderr[-4000:]
+    (run_dir,) = (small_splits / "runs" / name).iterdir()
+    ddp = json.loads((run_dir / "results.json").read_text())
+    monkeypatch.chdir(small_splits)
+    for part in ("valid", "test"):
+        assert cli.main(["eval", str(run_dir / ddp["checkpoint"]), "--split", part, "--output", f"{name}_{part}"]) == 0
+        one = json.loads((small_splits / f"{name}_{part}" / "results.json").read_text())
+        for metric in ("bleu", "chrf", "loss"):
+            assert ddp["metrics"][f"{part}/{metric}"] == pytest.approx(one["metrics"][f"{part}/{metric}"],
+                                                                      rel=1e-6), metric
+        assert ddp["by_length"][part] == one["by_length"][part]  # sacrebleu on the same text: exact
+        hyps = lines(run_dir / "outputs" / f"{part}.hyp")
+        assert hyps == lines(small_splits / f"{name}_{part}" / "outputs" / f"{part}.hyp")
+        assert len(hyps) == sentences  # every sentence once, none repeated
