@@ -103,7 +103,7 @@ def test_every_scheme_contributes_where_it_says(scheme):
     (dict(scheme="rope", per_head=True), "per_head=true only applies to scheme 'shaw'"),
     (dict(scheme="alibi", add_sinusoids=True), "add_sinusoids=true only applies"),
     (dict(scheme="sinusoidal", use_values=False), "use_keys/use_values only apply"),
-    (dict(max_distance=-1), "max_distance must be >= 0"),
+    (dict(max_distance=-1), "model.positions.max_distance=-1 must be >= 0"),
 ])
 def test_invalid_combinations_are_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -48,21 +48,22 @@ class PositionConfig:
     def validate(self) -> None:
         """Raise ValueError naming the bad field and the fix."""
         if self.scheme not in SCHEMES:
-            raise ValueError(f"positions.scheme={self.scheme!r} is unknown; choose one of {', '.join(SCHEMES)}")
+            raise ValueError(f"model.positions.scheme={self.scheme!r} is unknown; choose one of {', '.join(SCHEMES)}")
         if self.scheme != "shaw":
             for name in ("per_head", "add_sinusoids"):
                 if getattr(self, name):
-                    raise ValueError(f"positions.{name}=true only applies to scheme 'shaw', not {self.scheme!r}")
+                    raise ValueError(f"model.positions.{name}=true only applies to scheme 'shaw', not {self.scheme!r}")
             if not (self.use_keys and self.use_values):
-                raise ValueError(f"positions.use_keys/use_values only apply to scheme 'shaw', not {self.scheme!r}")
+                raise ValueError(f"model.positions.use_keys/use_values only apply to scheme 'shaw', not {self.scheme!r}")
         if self.max_distance < 0:
-            raise ValueError(f"positions.max_distance must be >= 0, got {self.max_distance}")
+            raise ValueError(f"model.positions.max_distance={self.max_distance} must be >= 0: it is the clipping distance k "
+                             "(the paper uses 16; 0 ignores relative positions)")
         if self.max_len < 1:
-            raise ValueError(f"positions.max_len must be >= 1, got {self.max_len}")
+            raise ValueError(f"model.positions.max_len={self.max_len} must be >= 1")
         if self.t5_num_buckets < 2 or self.t5_max_distance <= self.t5_num_buckets // 2:
             # The decoder's one-directional buckets have num_buckets/2 exact distances; the
             # log-spaced ones divide by log(max_distance / (num_buckets/2)), which must be > 0.
-            raise ValueError(f"positions.t5_num_buckets must be >= 2 and t5_max_distance > t5_num_buckets/2 "
+            raise ValueError(f"model.positions.t5_num_buckets must be >= 2 and model.positions.t5_max_distance > t5_num_buckets/2 "
                              f"(got {self.t5_num_buckets} and {self.t5_max_distance})")
 
 
