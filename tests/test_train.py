@@ -280,6 +280,21 @@ def test_missing_checkpoint_is_one_line(tiny, capsys):
     assert "checkpoint not found" in one_line_error(capsys, "eval", "nope.ckpt")
 
 
+def test_a_file_that_is_not_a_checkpoint_is_one_line_without_torchs_mmap_advice(tiny, tmp_path, capsys):
+    """It used to say: re-save it with `torch.save(_use_new_zipfile_serialization=True)` (advice for mmap)."""
+    (tmp_path / "config.yaml").write_text(TINY)
+    err = one_line_error(capsys, "eval", "config.yaml")
+    assert err.startswith("relpos-lab: error: config.yaml is not a checkpoint torch can read (torch.load: ")
+    assert err.endswith("); give a .ckpt file written by `relpos-lab train`, e.g. "
+                        "runs/<name>/<run>/checkpoints/last.ckpt\n")
+    assert "_use_new_zipfile_serialization" not in err
+    (tmp_path / "empty.ckpt").write_bytes(b"")
+    assert "empty.ckpt is not a checkpoint torch can read (torch.load: EOFError" in one_line_error(capsys, "eval", "empty.ckpt")
+    torch.save({"state_dict": {}}, tmp_path / "legacy.ckpt", _use_new_zipfile_serialization=False)
+    err = one_line_error(capsys, "eval", "legacy.ckpt")  # torch's legacy format is read (without mmap)
+    assert "legacy.ckpt: not a relpos-lab checkpoint (no config in its hyperparameters)" in err
+
+
 def test_console_script_reports_bad_input_without_traceback(tmp_path):
     (tmp_path / "tiny.yaml").write_text(TINY)
     script = Path(sys.executable).with_name("relpos-lab")
