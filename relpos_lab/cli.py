@@ -137,7 +137,8 @@ def translate(args: argparse.Namespace) -> None:
             lines = Path(args.input).read_text(encoding="utf-8").splitlines()
         except OSError as err:
             raise UserError(f"cannot read --input {args.input}: {err.strerror}") from None
-    text = "".join(f"{line}\n" for line in run(task, model, lines, max_tokens=args.max_tokens))
+    warn = lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr)  # noqa: E731
+    text = "".join(f"{line}\n" for line in run(task, model, lines, max_tokens=args.max_tokens, warn=warn))
     if args.output is None:
         sys.stdout.write(text)
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -131,6 +132,24 @@ def test_translate_reads_stdin_and_keeps_empty_lines(trained, monkeypatch, capsy
     assert cli.main(["translate", str(run_dir / results["checkpoint"]), "--beam", "1"]) == 0
     first, empty, second = capsys.readouterr().out.splitlines()
     assert empty == "" and first and second
+
+
+def test_translate_warns_once_with_a_count_when_input_is_unknown_to_the_vocabulary(trained, monkeypatch, capsys):
+    """Characters the training corpus never had used to become <unk> silently."""
+    run_dir, results, _ = trained
+    checkpoint = str(run_dir / results["checkpoint"])
+    source = lines(run_dir / "outputs" / "test.src")[:2]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{source[0]}\nthe 日本 cat\n{source[1]} ß\n"))
+    assert cli.main(["translate", checkpoint, "--beam", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 3
+    (line,) = err.splitlines()  # once, however many lines hold unknown tokens
+    assert re.fullmatch(r"relpos-lab: warning: \d+ input tokens in 2 of 3 lines are unknown to the checkpoint's "
+                        r"vocabulary and read as <unk> \(first in line 2\); their translation will be missing or "
+                        r"wrong: check that the input is in the language and script the model was trained on", line)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{source[0]}\n{source[1]}\n"))
+    assert cli.main(["translate", checkpoint, "--beam", "1"]) == 0
+    assert capsys.readouterr().err == ""  # known input: no warning
 
 
 def test_the_copy_baseline_is_sacrebleus_score_of_the_sources(toy, monkeypatch, capsys):
