@@ -350,10 +350,13 @@ def show_summary(summary, title: str) -> None:
     for key, value in summary.metrics.items():
         split, _, name = key.rpartition("/")
         splits.setdefault(split, {})[name] = value
+    # One row per metric, one column per split: a metric per column truncated the names (`exact…`)
+    # in an 80-column terminal, so exact_match_id could not be told from exact_match_ood.
     names = list(dict.fromkeys(n for values in splits.values() for n in values))
-    metrics = Table("split", *names)
-    for split, values in splits.items():
-        metrics.add_row(split, *(f"{values[n]:.4f}" if n in values else "" for n in names))
+    metrics = Table("metric", *splits)
+    metrics.columns[0].no_wrap = True
+    for name in names:
+        metrics.add_row(name, *(f"{values[name]:.4f}" if name in values else "" for values in splits.values()))
     console.print(metrics)
 
 
