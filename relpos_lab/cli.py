@@ -295,11 +295,13 @@ def submit_sweep(grid, dry_run: bool) -> int:
              "numbers compare with, else test)"),
          arg("--metric", nargs="+", default=None, help="metrics to tabulate and plot (default: every metric "
              "of the split but the loss, e.g. bleu chrf for translation)"),
-         arg("--over", nargs="+", default=["seed"], help="axes averaged over (default: seed)"))
+         arg("--over", nargs="+", default=None, help="axes averaged over (default: seed; none when the sweep "
+             "has no seed axis, so each grid point is its own group)"))
 def report(args: argparse.Namespace) -> None:
     from relpos_lab.analysis.report import write_report
 
-    path = write_report(args.sweep_dir, args.out, args.split, tuple(args.metric or ()), tuple(args.over))
+    path = write_report(args.sweep_dir, args.out, args.split, tuple(args.metric or ()),
+                        tuple(args.over) if args.over else None)
     console.print(f"report: {shown_path(path)}")
     console.print(path.read_text().split("\n## ")[0], markup=False, highlight=False)
 
