@@ -144,7 +144,8 @@ def translate(args: argparse.Namespace) -> None:
             lines = Path(args.input).read_text(encoding="utf-8").splitlines()
         except OSError as err:
             raise UserError(f"cannot read --input {args.input}: {err.strerror}") from None
-    text = "".join(f"{line}\n" for line in run(task, model, lines, max_tokens=args.max_tokens))
+    warn = lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr)  # noqa: E731
+    text = "".join(f"{line}\n" for line in run(task, model, lines, max_tokens=args.max_tokens, warn=warn))
     if args.output is None:
         sys.stdout.write(text)
     else:
@@ -325,11 +326,13 @@ def submit_sweep(grid, dry_run: bool) -> int:
              "numbers compare with, else test)"),
          arg("--metric", nargs="+", default=None, help="metrics to tabulate and plot (default: every metric "
              "of the split but the loss, e.g. bleu chrf for translation)"),
-         arg("--over", nargs="+", default=["seed"], help="axes averaged over (default: seed)"))
+         arg("--over", nargs="+", default=None, help="axes averaged over (default: seed; none when the sweep "
+             "has no seed axis, so each grid point is its own group)"))
 def report(args: argparse.Namespace) -> None:
     from relpos_lab.analysis.report import write_report
 
-    path = write_report(args.sweep_dir, args.out, args.split, tuple(args.metric or ()), tuple(args.over))
+    path = write_report(args.sweep_dir, args.out, args.split, tuple(args.metric or ()),
+                        tuple(args.over) if args.over else None)
     console.print(f"report: {shown_path(path)}")
     console.print(path.read_text().split("\n## ")[0], markup=False, highlight=False)
 
@@ -380,10 +383,13 @@ def show_summary(summary, title: str) -> None:
     for key, value in summary.metrics.items():
         split, _, name = key.rpartition("/")
         splits.setdefault(split, {})[name] = value
+    # One row per metric, one column per split: a metric per column truncated the names (`exact…`)
+    # in an 80-column terminal, so exact_match_id could not be told from exact_match_ood.
     names = list(dict.fromkeys(n for values in splits.values() for n in values))
-    metrics = Table("split", *names)
-    for split, values in splits.items():
-        metrics.add_row(split, *(f"{values[n]:.4f}" if n in values else "" for n in names))
+    metrics = Table("metric", *splits)
+    metrics.columns[0].no_wrap = True
+    for name in names:
+        metrics.add_row(name, *(f"{values[name]:.4f}" if name in values else "" for values in splits.values()))
     console.print(metrics)
 
 

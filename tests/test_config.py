@@ -416,6 +416,28 @@ def test_a_group_selection_that_does_not_fit_is_one_line(tmp_path, monkeypatch, 
     assert "configs/model/greedy.yaml: selected by model=greedy on the command line, it may set only 'model'" in err
 
 
+def test_an_invalid_combination_is_blamed_on_the_source_that_made_it_invalid(tmp_path, monkeypatch, capsys):
+    """n_heads=5 on the command line used to be blamed on configs/model/shaw_small.yaml, where
+    the (valid) d_model=64 comes from; the last source merged leads, the others are named after."""
+    monkeypatch.chdir(tmp_path)
+    err = cli_error(capsys, "config", "reverse_shaw", "model.n_heads=5")
+    assert err == ("relpos-lab: error: command line: model.d_model=64 is not divisible by model.n_heads=5; "
+                   f"pick n_heads from [1, 2, 4, 8, 16, 32] (model.d_model: from {CONFIGS}/model/shaw_small.yaml)\n")
+    err = cli_error(capsys, "config", "reverse_shaw", "model.n_heads=3", "model.d_model=32")
+    assert err.startswith("relpos-lab: error: command line: model.d_model=32 is not divisible by model.n_heads=3;")
+    assert err.endswith("pick n_heads from [1, 2, 4, 8, 16, 32]\n")  # both keys from the command line
+
+
+def test_a_bad_position_option_names_its_full_key_and_source(tmp_path, monkeypatch, capsys):
+    """max_distance=-1 used to be reported as `config: positions.max_distance` (no model., no source)."""
+    monkeypatch.chdir(tmp_path)
+    err = cli_error(capsys, "config", "reverse_shaw", "model.positions.max_distance=-1")
+    assert err == ("relpos-lab: error: command line: model.positions.max_distance=-1 must be >= 0: it is the "
+                   "clipping distance k (the paper uses 16; 0 ignores relative positions)\n")
+    path = write(tmp_path, "e.yaml", "extends: reverse_shaw.yaml\nmodel: {positions: {scheme: rope, per_head: true}}\n")
+    assert error_of(path).startswith("e.yaml: model.positions.per_head=true only applies to scheme 'shaw'")
+
+
 def test_the_debug_overlay_makes_any_experiment_tiny_and_keeps_its_task(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name in ("reverse_shaw", "translation_gettext_shaw", "shaw2018_base_relative"):
@@ -491,7 +513,8 @@ def test_a_field_of_another_scheme_is_one_line_naming_its_scheme(tmp_path):
 
 def test_an_invalid_scheme_value_and_an_unknown_scheme_are_one_line_each(tmp_path):
     path = write(tmp_path, "e.yaml", "task: {name: copy}\n")
-    assert "model.positions.max_distance must be >= 0, got -1" in error_of(path, ["model.positions.max_distance=-1"])
+    assert error_of(path, ["model.positions.max_distance=-1"]).startswith(
+        "command line: model.positions.max_distance=-1 must be >= 0: it is the clipping distance k")
     message = error_of(path, ["model.positions.scheme=shw"])
     assert message.startswith("command line: model.positions.scheme: unknown position scheme 'shw'; did you mean 'shaw'?")
     assert "(see `relpos-lab positions`)" in message

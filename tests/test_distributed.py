@@ -122,3 +122,37 @@ def test_wandb_records_each_step_once(runs):
     csv_losses = logged(runs[2], "train/loss")
     assert run.metric("train/loss") == pytest.approx([csv_losses[s] for s in sorted(csv_losses)], rel=1e-6)
     assert len(run.metric("test/exact_match")) == 1
+
+
+# --- evaluation splits smaller than the world ---------------------------------------------------
+
+SMALL_SPLITS = {1: ([1, 1], 1), 3: ([1, 3], 1), 100: ([1, 5], 20)}  # examples -> (lengths, per length)
+
+
+@pytest.mark.parametrize("examples", sorted(SMALL_SPLITS))
+def test_two_processes_evaluate_splits_of_any_size_as_one_process_does(examples, tmp_path, monkeypatch):
+    """1 example leaves rank 1 without an example; it must still join the metrics' gather (it
+    used to fail Lightning's zero-length check, or hang the other rank), and the numbers of the
+    final evaluation must be those of one process evaluating the same checkpoint."""
+    lengths, per_length = SMALL_SPLITS[examples]
+    small = CONFIG.replace("valid_lengths: [1, 5], test_lengths: [1, 7]",
+                           f"valid_lengths: {lengths}, test_lengths: {lengths}").replace(
+        "eval_size_per_length: 3", f"eval_size_per_length: {per_length}")
+    assert small != CONFIG
+    (tmp_path / "ddp.yaml").write_text(small)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "WANDB_MODE": "disabled"}
+    out = subprocess.run([sys.executable, "-m", "relpos_lab", "train", "ddp.yaml", "trainer.devices=2",
+                          "trainer.max_steps=4", "trainer.val_every_n_steps=2", "name=small"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    (run_dir,) = [p for p in tmp_path.glob("runs/small/*") if p.is_dir()]
+    results = json.loads((run_dir / "results.json").read_text())
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    for split in ("valid", "test"):
+        alone = experiment.evaluate(run_dir / results["checkpoint"], split, output=tmp_path / f"eval-{split}")
+        assert set(alone.metrics) == {k for k in results["metrics"] if k.startswith(f"{split}/")}
+        for name, value in alone.metrics.items():
+            assert results["metrics"][name] == pytest.approx(value, rel=1e-6, abs=1e-6), name
+        evaluated = json.loads((tmp_path / f"eval-{split}" / "results.json").read_text())
+        assert results["by_length"][split] == evaluated["by_length"][split]
+        assert sum(row["n"] for row in results["by_length"][split].values()) == examples  # each once

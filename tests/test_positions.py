@@ -101,7 +101,7 @@ def test_every_scheme_contributes_where_it_says(scheme):
 
 def test_a_negative_clipping_distance_is_a_clear_error():
     for field in ("max_distance", "max_distance_left", "max_distance_right"):
-        with pytest.raises(ValueError, match=f"model.positions.{field} must be >= 0"):
+        with pytest.raises(ValueError, match=f"model.positions.{field}=-1 must be >= 0"):
             ShawConfig(**{field: -1}).validate()
 
 

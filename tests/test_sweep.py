@@ -206,6 +206,29 @@ def test_report_refuses_an_unknown_axis_to_average_over(tmp_path):
         write_report(tmp_path / "runs" / "s", tmp_path / "out", over=("seeds",))
 
 
+def test_a_sweep_without_a_seed_axis_reports_each_grid_point_as_its_own_group(tmp_path, monkeypatch, capsys):
+    """It used to fail: `--over seed: no such axis`, with seed the default of --over."""
+    from relpos_lab import cli
+
+    root = tmp_path / "runs" / "noseed"
+    points = [({"k": "0"}, _fake_run(root, "k0", 0.1, {1: 0.2}, 1)), ({"k": "16"}, _fake_run(root, "k16", 0.3, {1: 0.4}, 1))]
+    (root / "sweep.json").write_text(json.dumps({
+        "name": "noseed", "sweep_file": "x.yaml", "axes": ["k"],
+        "points": [{"index": i, "labels": l, "overrides": [], "run_dir": d} for i, (l, d) in enumerate(points)]}))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["report", "runs/noseed", "--out", "out", "--metric", "exact_match"]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert ("(2 runs; sweep file `x.yaml`). Each grid point is its own group: the sweep has no `seed` axis to average "
+            "over (a grid axis `seed: [1, 2, 3]` gives mean ± std); split `test`") in text
+    assert "| 0 | 1 | 0.100 |" in text and "| 16 | 1 | 0.300 |" in text
+    assert "| 16 | 0.40 |" in text  # by length
+    capsys.readouterr()
+    assert cli.main(["report", "runs/noseed", "--out", "out", "--over", "seed"]) == 2  # asked for: still an error
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("relpos-lab: error: --over seed: no such axis in sweep noseed; "
+                                                      "its axes are k (without --over, a sweep with no seed axis")
+
+
 def test_published_numbers_are_shown_only_beside_their_own_split(tmp_path):
     _hand_sweep(tmp_path, 0.5, reference={"source": "Table 2", "metric": "bleu", "split": "test", "values": {"0": 12.5}})
     sweep_dir = tmp_path / "runs" / "s"

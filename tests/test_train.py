@@ -281,6 +281,43 @@ def test_missing_checkpoint_is_one_line(tiny, capsys):
     assert "checkpoint not found" in one_line_error(capsys, "eval", "nope.ckpt")
 
 
+def test_a_file_that_is_not_a_checkpoint_is_one_line_without_torchs_mmap_advice(tiny, tmp_path, capsys):
+    """It used to say: re-save it with `torch.save(_use_new_zipfile_serialization=True)` (advice for mmap)."""
+    (tmp_path / "config.yaml").write_text(TINY)
+    err = one_line_error(capsys, "eval", "config.yaml")
+    assert err.startswith("relpos-lab: error: config.yaml is not a checkpoint torch can read (torch.load: ")
+    assert err.endswith("); give a .ckpt file written by `relpos-lab train`, e.g. "
+                        "runs/<name>/<run>/checkpoints/last.ckpt\n")
+    assert "_use_new_zipfile_serialization" not in err
+    (tmp_path / "empty.ckpt").write_bytes(b"")
+    assert "empty.ckpt is not a checkpoint torch can read (torch.load: EOFError" in one_line_error(capsys, "eval", "empty.ckpt")
+    torch.save({"state_dict": {}}, tmp_path / "legacy.ckpt", _use_new_zipfile_serialization=False)
+    err = one_line_error(capsys, "eval", "legacy.ckpt")  # torch's legacy format is read (without mmap)
+    assert "legacy.ckpt: not a relpos-lab checkpoint (no config in its hyperparameters)" in err
+
+
+def test_the_closing_summary_shows_every_metric_name_whole_in_80_columns(tmp_path, monkeypatch):
+    """A column per metric used to truncate them (`exact…`): id and ood could not be told apart."""
+    import io
+
+    from rich.console import Console
+
+    from relpos_lab.training.experiment import RunSummary
+
+    names = ["exact_match", "token_accuracy", "loss", "ppl", "exact_match_id", "exact_match_ood",
+             "token_accuracy_id", "token_accuracy_ood"]
+    metrics = {f"{split}/{name}": i / 10 for split in ("valid", "test") for i, name in enumerate(names)}
+    out = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=out, width=80, color_system=None))
+    cli.show_summary(RunSummary(tmp_path, tmp_path / "results.json", metrics), "tiny: trained")
+    text = out.getvalue()
+    table = text[text.index("┏"):]
+    assert "…" not in table and max(len(line) for line in table.splitlines()) <= 80, text
+    rows = {line.split("│")[1].strip(): line.split("│")[2:4] for line in text.splitlines() if line.count("│") == 4}
+    assert list(rows) == names and "┃ metric " in table
+    assert [cell.strip() for cell in rows["exact_match_ood"]] == ["0.5000", "0.5000"]
+
+
 def test_console_script_reports_bad_input_without_traceback(tmp_path):
     (tmp_path / "tiny.yaml").write_text(TINY)
     script = Path(sys.executable).with_name("relpos-lab")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -133,6 +134,24 @@ def test_translate_reads_stdin_and_keeps_empty_lines(trained, monkeypatch, capsy
     assert empty == "" and first and second
 
 
+def test_translate_warns_once_with_a_count_when_input_is_unknown_to_the_vocabulary(trained, monkeypatch, capsys):
+    """Characters the training corpus never had used to become <unk> silently."""
+    run_dir, results, _ = trained
+    checkpoint = str(run_dir / results["checkpoint"])
+    source = lines(run_dir / "outputs" / "test.src")[:2]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{source[0]}\nthe 日本 cat\n{source[1]} ß\n"))
+    assert cli.main(["translate", checkpoint, "--beam", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 3
+    (line,) = err.splitlines()  # once, however many lines hold unknown tokens
+    assert re.fullmatch(r"relpos-lab: warning: \d+ input tokens in 2 of 3 lines are unknown to the checkpoint's "
+                        r"vocabulary and read as <unk> \(first in line 2\); their translation will be missing or "
+                        r"wrong: check that the input is in the language and script the model was trained on", line)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{source[0]}\n{source[1]}\n"))
+    assert cli.main(["translate", checkpoint, "--beam", "1"]) == 0
+    assert capsys.readouterr().err == ""  # known input: no warning
+
+
 def test_the_copy_baseline_is_sacrebleus_score_of_the_sources(toy, monkeypatch, capsys):
     monkeypatch.chdir(toy)
     assert translation_baseline.main(["toy.yaml"]) == 0
@@ -176,3 +195,40 @@ def test_a_corpus_with_misaligned_files_is_one_line_naming_the_files(toy, tmp_pa
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("relpos-lab: error: ")
     assert "train.en has 30 lines but" in err and "train.xx has 29: aligned files must have the same" in err
+
+
+@pytest.fixture(scope="module")
+def small_splits(tmp_path_factory) -> Path:
+    """A toy corpus with valid/test files of 1, 3 and 100 sentences (`small<n>.en/.xx`)."""
+    root = tmp_path_factory.mktemp("small_splits")
+    data = write_toy_files(root / "data" / "toy", {"train": 300, "small1": 1, "small3": 3, "small100": 100})
+    (root / "toy.yaml").write_text(TOY.replace("data_dir: data/toy", f"data_dir: {data}"))
+    return root
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sentences", [1, 3, 100])
+def test_two_process_ddp_evaluates_splits_smaller_than_the_world_as_one_process_does(small_splits, sentences,
+                                                                                      monkeypatch):
+    """One token batch and two processes: rank 1 has no batch. It used to crash the final
+    validation (`DataLoader within local rank has zero length`); it must join the gather, and
+    the scores must be one process's on the same checkpoint."""
+    split = f"small{sentences}"
+    name = f"ddp_small{sentences}"
+    out = run_cli("train", "toy.yaml", f"name={name}", f"task.split_names={{valid: {split}, test: {split}}}",
+                  "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=40",
+                  "trainer.val_every_n_steps=20", "logging.wandb.mode=disabled", cwd=small_splits)
+    assert out.returncode == 0, out.stderr[-4000:]
+    (run_dir,) = (small_splits / "runs" / name).iterdir()
+    ddp = json.loads((run_dir / "results.json").read_text())
+    monkeypatch.chdir(small_splits)
+    for part in ("valid", "test"):
+        assert cli.main(["eval", str(run_dir / ddp["checkpoint"]), "--split", part, "--output", f"{name}_{part}"]) == 0
+        one = json.loads((small_splits / f"{name}_{part}" / "results.json").read_text())
+        for metric in ("bleu", "chrf", "loss"):
+            assert ddp["metrics"][f"{part}/{metric}"] == pytest.approx(one["metrics"][f"{part}/{metric}"],
+                                                                      rel=1e-6), metric
+        assert ddp["by_length"][part] == one["by_length"][part]  # sacrebleu on the same text: exact
+        hyps = lines(run_dir / "outputs" / f"{part}.hyp")
+        assert hyps == lines(small_splits / f"{name}_{part}" / "outputs" / f"{part}.hyp")
+        assert len(hyps) == sentences  # every sentence once, none repeated

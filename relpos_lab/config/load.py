@@ -186,7 +186,7 @@ def compose(sources: list[Source], *, default_name: str, partial: bool = False) 
         raise ConfigError(f"missing required value '{missing[0]}': set it {where}or pass {missing[0]}=... on the command line")
     _check_choices(cfg, provenance)
     sections = ["model", "data", "optim", "trainer", "cluster"] + (["task"] if task_cls is not None else [])
-    _check_sections(cfg, provenance, sections)
+    _check_sections(cfg, provenance, sections, [label for label, _ in sources])
     return cfg
 
 
@@ -339,23 +339,40 @@ def _check_choices(cfg: DictConfig, provenance: dict[str, str]) -> None:
                           f"{hint}choose one of: {', '.join(choices)}")
 
 
-def _check_sections(cfg: DictConfig, provenance: dict[str, str], sections: list[str]) -> None:
+def _check_sections(cfg: DictConfig, provenance: dict[str, str], sections: list[str], order: list[str]) -> None:
     """Each section's own `validate()` (the core's ModelConfig included), as ConfigErrors."""
     for section in sections:
         obj = OmegaConf.to_object(cfg[section])
         try:
             obj.validate()
         except ValueError as err:
-            raise ConfigError(f"{_source_of(str(err), section, provenance)}: {err}") from None
+            raise ConfigError(_located(str(err), section, provenance, order)) from None
 
 
-def _source_of(message: str, section: str, provenance: dict[str, str]) -> str:
-    """Where the first key named in a validation message (``key=value``) was set."""
-    for name in re.findall(r"([A-Za-z_][\w.]*)=", message):
+def _located(message: str, section: str, provenance: dict[str, str], order: list[str]) -> str:
+    """A validation message prefixed with where its keys were set.
+
+    The keys are the dotted names in the message (``model.n_heads=5``, ``model.positions.max_distance``)
+    or names followed by ``=``, relative to `section` if need be. When they come from several sources,
+    the last one to be merged (`order`: the command line after the files) is the one that made the
+    combination invalid, so it leads, and the others are named after the message:
+    ``command line: model.d_model=64 is not divisible by model.n_heads=5; ... (model.d_model: from
+    configs/model/shaw_small.yaml)``.
+    """
+    found: dict[str, str] = {}  # key as written in the message -> its source
+    for name, eq in re.findall(r"([A-Za-z_][\w.]*\w)(=?)", message):
+        if not eq and "." not in name:
+            continue
         for key in (name, f"{section}.{name}"):
             if key in provenance:
-                return provenance[key]
-    return "config"
+                found.setdefault(name, provenance[key])
+                break
+    if not found:
+        return f"config: {message}"
+    rank = {label: i for i, label in enumerate(order)}  # a label's last position in merge order
+    lead = max(found.values(), key=lambda label: rank.get(label, -1))
+    others = [f"{name}: from {label}" for name, label in found.items() if label != lead]
+    return f"{lead}: {message}" + (f" ({'; '.join(others)})" if others else "")
 
 
 def _provenance(sources: list[Source]) -> dict[str, str]:

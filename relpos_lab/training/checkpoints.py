@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
 from relpos_lab.api import Task, UserError, registry
+from relpos_lab.api.errors import PROG, shown_path
 from relpos_lab.config import config_from_container
 from relpos_lab.training.module import TASK_STATE
 
@@ -40,13 +42,21 @@ def task_from_checkpoint(checkpoint: str | Path, overrides: list[str] = ()) -> t
 
 
 def load_checkpoint(checkpoint: Path) -> dict:
-    """A checkpoint's contents (tensors memory-mapped), or a UserError saying why not."""
+    """A checkpoint's contents (tensors memory-mapped), or a UserError saying why not.
+
+    torch.save writes a zip archive, which can be memory-mapped; any other file is read without
+    mmap (a file saved in torch's legacy format still loads), so a file that is no checkpoint at
+    all is reported as such, not with torch's advice to re-save it for mmap.
+    """
     if not checkpoint.is_file():
         raise UserError(f"checkpoint not found: {checkpoint}")
     try:
-        return torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+        return torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(checkpoint))
     except Exception as err:
-        raise UserError(f"{checkpoint}: cannot read checkpoint ({type(err).__name__}: {err})") from None
+        first = str(err).strip().split("\n")[0].split(". ")[0].rstrip(".")  # torch's messages run on
+        reason = f"torch.load: {type(err).__name__}" + (f": {first}" if first else "")
+        raise UserError(f"{shown_path(checkpoint)} is not a checkpoint torch can read ({reason}); give a .ckpt file "
+                        f"written by `{PROG} train`, e.g. runs/<name>/<run>/checkpoints/last.ckpt") from None
 
 
 

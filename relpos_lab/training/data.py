@@ -17,16 +17,21 @@ checkpoint left it instead of starting the epoch over. A DistributedSampler pads
 a multiple of the world size by repeating examples, which would bias the final numbers;
 `trainer.validate` / `test` (the final evaluation and `relpos-lab eval`) therefore shard without
 repeats; ranks may then differ by one batch, which is safe there because no collective runs per
-batch. Validation inside `fit` keeps the padded sharding, since DDP's forward may synchronise
-buffers on every batch.
+batch. A split with fewer examples (or token batches) than processes leaves some ranks without a
+batch; such a rank is served one empty batch (`EMPTY`, which the module skips), because a rank
+with nothing to iterate would either fail Lightning's zero-length check or skip the epoch's end
+and leave the others waiting in the metrics' gather. Validation inside `fit` keeps the padded
+sharding, since DDP's forward may synchronise buffers on every batch.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
 import lightning as L
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.trainer.states import TrainerFn
 from omegaconf import DictConfig
-from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, SequentialSampler
 
 from relpos_lab.api.task import Task
 from relpos_lab.training.batching import TokenBatchSampler
@@ -82,13 +87,49 @@ class TaskDataModule(L.LightningDataModule):
         if max_tokens:
             batches = TokenBatchSampler(SequentialSampler(dataset), self._sizes(dataset), max_tokens,
                                         num_replicas=world, rank=rank, even=fitting)
-            return DataLoader(dataset, batch_sampler=batches, **common)
-        sampler = None
-        if world > 1 and fitting:
-            sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
-        elif world > 1:
-            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
-        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **common)
+        elif world > 1 and fitting:
+            batches = BatchSampler(DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False),
+                                   batch_size, drop_last=False)
+        else:  # every rank-th example, none repeated
+            batches = BatchSampler(range(rank, len(dataset), world), batch_size, drop_last=False)
+        if world > 1 and not fitting:
+            batches = EveryRankBatches(batches, len(dataset) > 0)
+            common["collate_fn"] = _CollateOrEmpty(self.task.collate)
+        return DataLoader(dataset, batch_sampler=batches, **common)
 
     def _sizes(self, dataset: Dataset) -> list[int]:
         return [self.task.num_tokens(example) for example in dataset]
+
+
+EMPTY = None  # the batch of a rank whose shard of an evaluation split is empty
+
+
+class EveryRankBatches(Sampler[list[int]]):
+    """A rank's evaluation batches, or one empty batch when the rank has none but the split has
+    examples: every rank then runs the evaluation epoch, its end included, where the metrics are
+    gathered across ranks. (`any_examples` is known on every rank alike: each holds the dataset.)"""
+
+    def __init__(self, batches: Sampler[list[int]], any_examples: bool):
+        self.batches, self.any_examples = batches, any_examples
+
+    def __iter__(self) -> Iterator[list[int]]:
+        served = False
+        for batch in self.batches:
+            served = True
+            yield batch
+        if not served and self.any_examples:
+            yield []
+
+    def __len__(self) -> int:
+        return max(len(self.batches), int(self.any_examples))
+
+
+class _CollateOrEmpty:
+    """The task's collate, and `EMPTY` for the empty batch of EveryRankBatches (a class, not a
+    closure, so worker processes can pickle it)."""
+
+    def __init__(self, collate: Callable[[Sequence[Any]], Any]):
+        self.collate = collate
+
+    def __call__(self, examples: Sequence[Any]) -> Any:
+        return self.collate(examples) if len(examples) else EMPTY

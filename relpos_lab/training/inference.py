@@ -6,10 +6,15 @@ is encoded by the task (`Task.encode_input`), lines are batched by length (the s
 as training, so a long file does not pad every sentence to its longest one), decoded with the
 task's decoding settings (`Task.decode`: beam search with the checkpoint's beam size and length
 penalty unless overridden), and returned in input order as text (`Task.decode_output`).
+
+Input the vocabulary does not know (characters absent from the training corpus, say) is read as
+<unk>, which the model has learnt to drop or garble: `translate` says so once, with a count and
+the first line concerned, rather than translating it silently.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -32,10 +37,18 @@ def load_for_inference(checkpoint: str | Path, overrides: Sequence[str] = (),
 
 
 @torch.no_grad()
-def translate(task: Task, model: nn.Module, lines: Sequence[str], max_tokens: int = 4096) -> list[str]:
-    """The model's output for each line, in input order; an empty line gives an empty output."""
+def translate(task: Task, model: nn.Module, lines: Sequence[str], max_tokens: int = 4096,
+              warn: Callable[[str], None] | None = None) -> list[str]:
+    """The model's output for each line, in input order; an empty line gives an empty output.
+
+    Input tokens unknown to the task's source vocabulary are reported once through `warn`
+    (default: `warnings.warn`).
+    """
     device = next(model.parameters()).device
     sources = [task.encode_input(line) if line.strip() else None for line in lines]
+    message = unknown_input(task, sources)
+    if message is not None:
+        (warn or (lambda m: warnings.warn(m, stacklevel=3)))(message)
     todo = [i for i, s in enumerate(sources) if s is not None and len(s) > 0]
     outputs = [""] * len(lines)
     sizes = [len(sources[i]) for i in todo]
@@ -47,3 +60,22 @@ def translate(task: Task, model: nn.Module, lines: Sequence[str], max_tokens: in
         for i, hyp in zip(rows, hyps.cpu()):
             outputs[i] = task.decode_output(hyp)
     return outputs
+
+
+def unknown_input(task: Task, sources: Sequence[torch.Tensor | None]) -> str | None:
+    """What to say when encoded input lines hold the source vocabulary's <unk> id, else None
+    (also for a task without a source vocabulary: it has no <unk> to count)."""
+    vocab = getattr(task, "src_vocab", None)
+    unk = getattr(vocab, "unk_id", None)
+    if unk is None:
+        return None
+    counts = [int((s == unk).sum()) if s is not None else 0 for s in sources]
+    total = sum(counts)
+    if not total:
+        return None
+    lines = sum(c > 0 for c in counts)
+    first = next(i for i, c in enumerate(counts) if c) + 1
+    tokens = "1 input token" if total == 1 else f"{total} input tokens"
+    return (f"{tokens} in {lines} of {len(sources)} lines {'is' if total == 1 else 'are'} unknown to the "
+            f"checkpoint's vocabulary and read as <unk> (first in line {first}); their translation will be "
+            "missing or wrong: check that the input is in the language and script the model was trained on")

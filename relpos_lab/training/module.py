@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from relpos_lab.api.evaluation import EvalResult
 from relpos_lab.api.task import Task
 from relpos_lab.records.loggers import log_samples
+from relpos_lab.training.data import EMPTY
 from relpos_lab.training.optim import build_optimizer, build_scheduler
 
 TASK_STATE = "task_state"  # checkpoint key of Task.state_dict(): a checkpoint alone rebuilds its task
@@ -74,7 +75,9 @@ class RelposModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._finish(self.test_split)
 
-    def _evaluate(self, split: str, batch: dict, batch_idx: int) -> None:
+    def _evaluate(self, split: str, batch: dict | None, batch_idx: int) -> None:
+        if batch is EMPTY:  # this rank's shard of the split is empty; it still joins the gather
+            return
         hyps = self.task.evaluate(self.model, batch, self.evaluations[split])
         if batch_idx == 0 and hyps is not None:
             samples = self.task.sample_rows(batch, hyps, self.cfg.logging.num_samples)

@@ -80,7 +80,7 @@ class LearnedConfig(PositionConfig):
 
     def validate(self) -> None:
         if self.max_len < 1:
-            raise ValueError(f"model.positions.max_len must be >= 1, got {self.max_len}")
+            raise ValueError(f"model.positions.max_len={self.max_len} must be >= 1")
 
 
 class Learned(PositionScheme):

@@ -94,7 +94,7 @@ class T5BiasConfig(PositionConfig):
         if self.t5_num_buckets < 2 or self.t5_max_distance <= self.t5_num_buckets // 2:
             # The decoder's one-directional buckets have num_buckets/2 exact distances; the
             # log-spaced ones divide by log(max_distance / (num_buckets/2)), which must be > 0.
-            raise ValueError(f"model.positions.t5_num_buckets must be >= 2 and t5_max_distance > t5_num_buckets/2 "
+            raise ValueError(f"model.positions.t5_num_buckets must be >= 2 and model.positions.t5_max_distance > t5_num_buckets/2 "
                              f"(got {self.t5_num_buckets} and {self.t5_max_distance})")
 
 

@@ -18,7 +18,7 @@ class RopeConfig(PositionConfig):
 
     def validate(self) -> None:
         if self.rope_base <= 1:
-            raise ValueError(f"model.positions.rope_base must be > 1, got {self.rope_base}")
+            raise ValueError(f"model.positions.rope_base={self.rope_base} must be > 1")
 
 
 class RotaryPositions(RelativePositions):

@@ -41,7 +41,8 @@ class ShawConfig(PositionConfig):
         for name in ("max_distance", "max_distance_left", "max_distance_right"):
             value = getattr(self, name)
             if value is not None and value < 0:
-                raise ValueError(f"model.positions.{name} must be >= 0, got {value}")
+                raise ValueError(f"model.positions.{name}={value} must be >= 0: it is the clipping distance k "
+                                 "(the paper uses 16; 0 ignores relative positions)")
 
 
 class ShawPositions(RelativePositions):
