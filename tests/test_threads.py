@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -13,6 +14,7 @@ from relpos_lab.training import threads
 def test_the_share_is_the_allowed_cpus_divided_among_the_nodes_processes(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    monkeypatch.setattr(threads, "busy_cpus", lambda: 0.0)  # an idle machine
     assert threads.available_cpus() == 8
     assert threads.cpu_threads(0, 1) == 8
     assert threads.cpu_threads(0, 3) == 2  # 8 // 3
@@ -20,6 +22,26 @@ def test_the_share_is_the_allowed_cpus_divided_among_the_nodes_processes(monkeyp
     assert threads.cpu_threads(5, 2) == 5  # trainer.threads wins
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")  # the job's allocation, even if affinity says more
     assert threads.cpu_threads(0, 2) == 2
+
+
+def test_cpus_other_processes_keep_busy_are_left_to_them(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    monkeypatch.setattr(threads, "busy_cpus", lambda: 5.8)
+    assert threads.cpu_threads(0, 1) == 2  # 8 - 5.8, rounded
+    monkeypatch.setattr(threads, "busy_cpus", lambda: 8.0)
+    assert threads.cpu_threads(0, 1) == 1  # never zero
+    assert threads.cpu_threads(3, 1) == 3  # trainer.threads is taken as given
+
+
+def test_a_busy_neighbour_is_seen_in_proc_stat():
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        assert threads.busy_cpus() >= 0.7  # one process spinning on one of our CPUs
+    finally:
+        spin.kill()
+        spin.wait()
 
 
 def test_a_training_process_uses_its_share(tmp_path, monkeypatch):

@@ -7,7 +7,8 @@ and the table gives both wall times and their ratio. Settings:
 
 - torch's default: one thread per core and libgomp's default spin-wait (GOMP_SPINCOUNT=300000);
   what relpos-lab did before it chose threads itself;
-- relpos-lab's default: trainer.threads=0 (this process's share of the CPUs it may use) and
+- relpos-lab's default: trainer.threads=0 (this process's share of the CPUs it may use, less those
+  other processes keep busy when it starts) and
   OpenMP threads that sleep when they wait (OMP_WAIT_POLICY=PASSIVE, set by the CLI);
 - one thread, sleeping waits.
 
@@ -30,7 +31,7 @@ def settings() -> dict[str, tuple[dict[str, str], list[str]]]:
     cores = os.cpu_count() or 1
     return {
         f"torch default ({cores} threads, spinning waits)": ({"GOMP_SPINCOUNT": "300000"}, [f"trainer.threads={cores}"]),
-        "relpos-lab default (threads=0, sleeping waits)": ({}, []),
+        "relpos-lab default (threads=0: its share, less busy CPUs; sleeping waits)": ({}, []),
         "1 thread, sleeping waits": ({}, ["trainer.threads=1"]),
     }
 
