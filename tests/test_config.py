@@ -435,7 +435,7 @@ def test_a_bad_position_option_names_its_full_key_and_source(tmp_path, monkeypat
     assert err == ("relpos-lab: error: command line: model.positions.max_distance=-1 must be >= 0: it is the "
                    "clipping distance k (the paper uses 16; 0 ignores relative positions)\n")
     path = write(tmp_path, "e.yaml", "extends: reverse_shaw.yaml\nmodel: {positions: {scheme: rope, per_head: true}}\n")
-    assert error_of(path).startswith("e.yaml: model.positions.per_head=true only applies to scheme 'shaw'")
+    assert error_of(path).startswith("e.yaml: model.positions.per_head=true is a field of scheme 'shaw', not of 'rope'")
 
 
 def test_the_debug_overlay_makes_any_experiment_tiny_and_keeps_its_task(tmp_path, monkeypatch):

@@ -156,6 +156,7 @@ def test_a_sweep_runs_as_one_job_array_with_a_run_directory_per_point(workdir, c
         results = json.loads((Path(point["run_dir"]) / "results.json").read_text())
         assert results["global_step"] == 20
         log = (workdir / "runs" / "grid" / "slurm" / f"{job_id}_{point['index']}.out").read_text()
+        assert f"relpos-lab: job {job_id}_{point['index']}, job id " in log  # named as squeue shows it
         assert f"(array task {point['index']})" in log and Path(point["run_dir"]).name in log  # the pinned point
     assert len({p["run_dir"] for p in manifest["points"]}) == 2
 
@@ -178,10 +179,10 @@ def test_a_signalled_job_checkpoints_requeues_and_finishes_from_its_checkpoint(w
 
     # The second attempt started from the checkpoint taken at the signal, no earlier than the last
     # periodic checkpoint, and trained to the end.
-    resumed_at = global_step(run_dir / "hpc_ckpt_1.ckpt")
-    assert saved_before_signal <= resumed_at < steps
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["started_at_step"] == resumed_at and results["global_step"] == steps
+    resumed_at = results["started_at_step"]
+    assert saved_before_signal <= resumed_at < steps and results["global_step"] == steps
+    assert not list(run_dir.glob("hpc_ckpt_*.ckpt"))  # the requeue checkpoint is gone once the run is finished
     assert f"resuming from hpc_ckpt_1.ckpt" in text
 
     # Every logged step is in metrics.csv exactly once: nothing lost, nothing replayed.

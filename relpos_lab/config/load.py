@@ -268,7 +268,8 @@ def _without_legacy_position_fields(sources: list[Source], scheme_cls) -> list[S
             owner, default = _BUILTIN_FIELDS[key]
             value = block[key]
             if value != default:
-                raise ConfigError(f"{label}: {POSITIONS}.{key}={value} is a field of scheme '{owner}', not of "
+                shown = str(value).lower() if isinstance(value, bool) else value
+                raise ConfigError(f"{label}: {POSITIONS}.{key}={shown} is a field of scheme '{owner}', not of "
                                   f"'{scheme_cls.config_class.scheme}'; fields of {scheme_cls.config_class.scheme}: "
                                   f"{', '.join(sorted(own - {'scheme'})) or 'none'} (`relpos-lab positions`)")
             del block[key]

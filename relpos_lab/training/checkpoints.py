@@ -51,12 +51,22 @@ def load_checkpoint(checkpoint: Path) -> dict:
     if not checkpoint.is_file():
         raise UserError(f"checkpoint not found: {checkpoint}")
     try:
+        return _read(checkpoint)
+    except _Unreadable as err:
+        raise UserError(f"{shown_path(checkpoint)} is not a checkpoint torch can read ({err}); give a .ckpt file "
+                        f"written by `{PROG} train`, e.g. runs/<name>/<run>/checkpoints/last.ckpt") from None
+
+
+class _Unreadable(Exception):
+    """torch.load failed; the message is the reason, shortened."""
+
+
+def _read(checkpoint: Path) -> dict:
+    try:
         return torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(checkpoint))
     except Exception as err:
         first = str(err).strip().split("\n")[0].split(". ")[0].rstrip(".")  # torch's messages run on
-        reason = f"torch.load: {type(err).__name__}" + (f": {first}" if first else "")
-        raise UserError(f"{shown_path(checkpoint)} is not a checkpoint torch can read ({reason}); give a .ckpt file "
-                        f"written by `{PROG} train`, e.g. runs/<name>/<run>/checkpoints/last.ckpt") from None
+        raise _Unreadable(f"torch.load: {type(err).__name__}" + (f": {first}" if first else "")) from None
 
 
 
@@ -83,14 +93,12 @@ def resume_checkpoint(run_dir: Path, warn: Callable[[str], None] | None = None) 
     """
     for checkpoint in checkpoints_of(run_dir):
         try:
-            state = load_checkpoint(checkpoint)
-            step = state["global_step"]
-            if not isinstance(step, int) or "loops" not in state:
-                raise UserError(f"{checkpoint}: not a training checkpoint (no global step or loop state)")
+            state = _read(checkpoint)
+            if not isinstance(state, dict) or not isinstance(state.get("global_step"), int) or "loops" not in state:
+                raise _Unreadable("not a training checkpoint: no global step or loop state")
             return checkpoint
-        except (UserError, KeyError, TypeError) as err:
-            message = str(err) if isinstance(err, UserError) else f"{checkpoint}: not a training checkpoint"
-            (warn or _warn)(f"skipping unreadable checkpoint: {message}")
+        except _Unreadable as err:
+            (warn or _warn)(f"skipping unreadable checkpoint: {shown_path(checkpoint)} ({err}); trying the one before it")
     return None
 
 

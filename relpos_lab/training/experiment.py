@@ -196,6 +196,8 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
     if summary is None:  # other ranks of a distributed run
         return RunSummary(run_dir, run_dir / "results.json", {}, checkpoint=checkpoint)
     summary.checkpoint, summary.resumed_from, summary.seconds = checkpoint, resume_from, time.time() - started
+    for requeue_checkpoint in run_dir.glob("hpc_ckpt_*.ckpt"):  # a finished run is carried by last/best
+        requeue_checkpoint.unlink(missing_ok=True)
     return summary
 
 
