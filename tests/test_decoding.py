@@ -30,7 +30,7 @@ def sources():
     return src
 
 
-@pytest.mark.parametrize("scheme", ["shaw", "sinusoidal", "rope"])
+@pytest.mark.parametrize("scheme", ["shaw", "sinusoidal", "rope", "transformer_xl", "fire"])
 def test_beam_of_one_equals_greedy(scheme):
     model, src = random_model(scheme), sources()
     greedy = greedy_search(model, src, bos_id=BOS, eos_id=EOS, pad_id=PAD, max_len_a=1.0, max_len_b=3)

@@ -6,9 +6,15 @@ import torch
 
 from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.positions import (
-    BUILTIN, AlibiPositions, LearnedPositions, RelativePositions, RotaryPositions, ShawConfig, ShawPositions,
-    SinusoidalPositions, T5BiasConfig, T5BiasPositions, alibi_slopes, builtin_config, scheme_of,
+    BUILTIN, AlibiPositions, FireConfig, FirePositions, LearnedPositions, RelativePositions, RotaryPositions, ShawConfig, ShawPositions,
+    SinusoidalPositions, T5BiasConfig, T5BiasPositions, TransformerXLPositions, alibi_slopes, builtin_config,
+    scheme_of,
 )
+
+
+def qk(lq, lk, heads=2, dim=8):
+    """q and k of the shapes attention_kwargs sees: (B, H, Lq, D) and (B, H, Lk, D)."""
+    return torch.randn(1, heads, lq, dim), torch.randn(1, heads, lk, dim)
 
 
 def test_sinusoids_follow_the_formula_and_offset():
@@ -31,7 +37,7 @@ def test_shaw_tables_have_2k_plus_1_rows_shared_or_per_head():
     per_head = ShawPositions(ShawConfig(max_distance=3, per_head=True), head_dim=8, n_heads=4)
     assert per_head.rel_k.shape == (4, 7, 8)
     keys_only = ShawPositions(ShawConfig(max_distance=3, use_values=False), head_dim=8, n_heads=4)
-    assert keys_only.attention_kwargs(2, 2, 0, None)["rel_v"] is None
+    assert keys_only.attention_kwargs(*qk(2, 2), 0)["rel_v"] is None
     assert not torch.equal(shared.rel_k, shared.rel_v)  # separate tables, unlike OpenNMT-py
 
 
@@ -50,7 +56,7 @@ def test_rope_scores_depend_only_on_relative_offset():
 def test_alibi_slopes_match_the_paper():
     assert alibi_slopes(8).tolist() == pytest.approx([2 ** -(i + 1) for i in range(8)])
     assert alibi_slopes(6).shape == (6,)  # non-power-of-two rule
-    bias = AlibiPositions(2).attention_kwargs(2, 4, 1, None)["attn_bias"]
+    bias = AlibiPositions(2).attention_kwargs(*qk(2, 4), 1)["attn_bias"]
     assert bias.shape == (2, 2, 4)
     assert bias[0, 0].tolist() == pytest.approx([-1 / 16, 0.0, -1 / 16, -2 / 16])  # 2 heads: m = 2^-4, query at 1
 
@@ -75,6 +81,8 @@ CONTRIBUTIONS = {
     "rope": (None, set(), True),
     "alibi": (None, {"attn_bias"}, False),
     "t5_bias": (None, {"attn_bias"}, False),
+    "transformer_xl": (None, {"attn_bias"}, False),
+    "fire": (None, {"attn_bias"}, False),
 }
 
 
@@ -90,7 +98,7 @@ def test_every_scheme_contributes_where_it_says(scheme):
     if module is not None:
         assert module(x).shape == x.shape and not torch.equal(module(x), x)
     rel = scheme_of(cfg).attention(8, 2, causal=True) or RelativePositions()
-    got = rel.attention_kwargs(5, 5, 0, "cpu")
+    got = rel.attention_kwargs(*qk(5, 5), 0)
     assert set(got) == kwargs
     if "attn_bias" in got:
         assert got["attn_bias"].shape[-3:] == (2, 5, 5)
@@ -122,7 +130,7 @@ def test_asymmetric_shaw_clips_each_side_at_its_own_distance(left, right, per_he
     offset = 3  # cached decoding: queries at absolute positions 3..8 over keys 0..8
     k, v = torch.cat((torch.randn(1, 2, 3, 4, dtype=torch.float64), k), 2), torch.cat((torch.randn(1, 2, 3, 4, dtype=torch.float64), v), 2)
     for impl in ("naive", "gather"):
-        out = relative_attention(q, k, v, query_offset=offset, impl=impl, **rel.attention_kwargs(6, 9, offset, "cpu"))
+        out = relative_attention(q, k, v, query_offset=offset, impl=impl, **rel.attention_kwargs(q, k, offset))
         expected = torch.zeros_like(out)
         for h in range(2):
             wk, wv = (t[h] if per_head else t for t in (rel.rel_k, rel.rel_v))
@@ -136,7 +144,7 @@ def test_asymmetric_shaw_clips_each_side_at_its_own_distance(left, right, per_he
 
 def test_symmetric_shaw_is_the_papers_2k_plus_1_table_passed_as_is():
     rel = ShawPositions(ShawConfig(max_distance=3), head_dim=4, n_heads=2)
-    assert rel.labels is None and rel.attention_kwargs(2, 2, 0, None)["rel_k"] is rel.rel_k
+    assert rel.labels is None and rel.attention_kwargs(*qk(2, 2), 0)["rel_k"] is rel.rel_k
 
 
 def test_the_built_in_schemes_are_registered_through_entry_points_like_plugins():
@@ -147,3 +155,81 @@ def test_the_built_in_schemes_are_registered_through_entry_points_like_plugins()
     assert {name: e.cls for name, e in found.items() if e.distribution == "relpos-lab"} == BUILTIN
     for name, cls in BUILTIN.items():
         assert cls.config_class.scheme == name and cls.describe()
+
+
+def attend_with_loop(q, k, v, bias_of, causal, offset):
+    """Attention with every logit from a Python loop: q_i·k_j / sqrt(D) + bias_of(b, h, i, j)."""
+    B, H, lq, d = q.shape
+    out = []
+    for b in range(B):
+        for h in range(H):
+            for r in range(lq):
+                i = offset + r
+                keys = [j for j in range(k.shape[-2]) if not causal or j <= i]
+                logits = torch.stack([q[b, h, r] @ k[b, h, j] / math.sqrt(d) + bias_of(b, h, i, j) for j in keys])
+                out.append(sum(a * v[b, h, j] for a, j in zip(logits.softmax(-1), keys)))
+    return torch.stack(out).view(B, H, lq, -1)
+
+
+def assert_same_outputs_and_grads(module, inputs, got, want):
+    weights = torch.randn_like(want)
+    params = list(module.parameters()) + list(inputs)
+    grads_got = torch.autograd.grad((got * weights).sum(), params)
+    grads_want = torch.autograd.grad((want * weights).sum(), params)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    for g, w in zip(grads_got, grads_want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal,lq,lk,offset", [(True, 4, 7, 3), (True, 5, 5, 0), (False, 5, 5, 0), (False, 3, 6, 1)])
+def test_transformer_xl_matches_the_papers_equation_in_a_loop(causal, lq, lk, offset):
+    """e_ij = [(q_i + u)·k_j + (q_i + v)·W_R R_{i-j}] / sqrt(D), R the [sin, cos] encoding of i - j,
+    for every (i, j): cached rows (offset), future keys (bidirectional: negative i - j)."""
+    torch.manual_seed(0)
+    H, D = 2, 4
+    rel = TransformerXLPositions(D, H).double()
+    q, k, v = (torch.randn(2, H, n, D, dtype=torch.float64, requires_grad=True) for n in (lq, lk, lk))
+    d_model = H * D
+
+    def bias_of(b, h, i, j):
+        R = torch.tensor([math.sin((i - j) / 10000 ** (2 * t / d_model)) for t in range(d_model // 2)]
+                         + [math.cos((i - j) / 10000 ** (2 * t / d_model)) for t in range(d_model // 2)],
+                         dtype=torch.float64)
+        WR = (rel.r_proj.weight @ R)[h * D:(h + 1) * D]
+        return (rel.u[h] @ k[b, h, j] + (q[b, h, i - offset] + rel.v[h]) @ WR) / math.sqrt(D)
+
+    for impl in ("naive", "gather"):
+        want = attend_with_loop(q, k, v, bias_of, causal, offset)
+        got = relative_attention(q, k, v, is_causal=causal, query_offset=offset, impl=impl,
+                                 **rel.attention_kwargs(q, k, offset))
+        assert_same_outputs_and_grads(rel, (q, k, v), got, want)
+
+
+@pytest.mark.parametrize("causal,lq,lk,offset", [(True, 4, 7, 3), (True, 6, 6, 0), (False, 5, 5, 0)])
+def test_fire_matches_the_papers_equation_in_a_loop(causal, lq, lk, offset):
+    """b(i, j) = f_θ(ψ(|i - j|) / (ψ(max(L, i)) + 1e-6)), ψ(x) = log(|c·x| + 1), L = |λ|·L₀, per head;
+    L₀ = 3 so that max(L, i) takes either side within these lengths."""
+    torch.manual_seed(0)
+    H, D = 3, 4
+    rel = FirePositions(FireConfig(fire_hidden=5, fire_c=0.7, fire_threshold=3.0), H).double()
+    with torch.no_grad():
+        rel.threshold_scale.fill_(1.1)
+    q, k, v = (torch.randn(2, H, n, D, dtype=torch.float64, requires_grad=True) for n in (lq, lk, lk))
+    first, second = rel.mlp[0], rel.mlp[2]
+
+    def bias_of(b, h, i, j):
+        c, L = rel.c, abs(rel.threshold_scale * 3.0)
+        x = torch.log(abs(c * abs(i - j)) + 1) / (torch.log(abs(c * torch.maximum(torch.tensor(float(i)), L)) + 1) + 1e-6)
+        hidden = torch.relu(first.weight[:, 0] * x + first.bias)
+        return second.weight[h] @ hidden + second.bias[h]
+
+    want = attend_with_loop(q, k, v, bias_of, causal, offset)
+    got = relative_attention(q, k, v, is_causal=causal, query_offset=offset, impl="gather",
+                             **rel.attention_kwargs(q, k, offset))
+    assert_same_outputs_and_grads(rel, (q, k, v), got, want)
+
+
+def test_fire_config_errors_name_the_field():
+    for field, value in (("fire_hidden", 0), ("fire_c", 0.0), ("fire_threshold", -1.0)):
+        with pytest.raises(ValueError, match=f"model.positions.{field}={value}"):
+            FireConfig(**{field: value}).validate()

@@ -123,7 +123,7 @@ class MultiHeadAttention(nn.Module):
             k, v = self._heads(self.k_proj(context)), self._heads(self.v_proj(context))
             if cache is not None:
                 cache.append(k, v)
-        extra = self.positions.attention_kwargs(q.shape[-2], k.shape[-2], offset, x.device)
+        extra = self.positions.attention_kwargs(q, k, offset)
         y = relative_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, query_offset=offset,
             dropout_p=self.dropout if self.training else 0.0, impl=self.impl, **extra,

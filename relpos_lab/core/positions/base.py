@@ -4,7 +4,7 @@ where the scheme contributes.
 A scheme may add a module to the token embeddings (absolute positions), and a module to each
 self-attention layer that rotates q and k (RoPE) and/or returns keyword arguments for
 `relative_attention` (Shaw's tables, a score bias). Every per-layer module takes the absolute
-position of the first query row, which is what keeps cached decoding and multi-token prefill exact.
+position of the first query row (and `attention_kwargs` the q and k attention will see), which is what keeps cached decoding and multi-token prefill exact.
 
 Third-party schemes subclass `PositionScheme` and `PositionConfig` and register the scheme class
 under the ``relpos_lab.positions`` entry-point group, exactly as the built-in ones do.
@@ -37,8 +37,12 @@ class RelativePositions(nn.Module):
         """q and k (B, H, L, D) of the new positions, which start at absolute position `offset`."""
         return q, k
 
-    def attention_kwargs(self, lq: int, lk: int, query_offset: int, device) -> dict:
-        """What the scheme adds to `relative_attention` (rel_k/rel_v/max_distance, attn_bias)."""
+    def attention_kwargs(self, q: Tensor, k: Tensor, query_offset: int) -> dict:
+        """What the scheme adds to `relative_attention` (rel_k/rel_v/max_distance, attn_bias).
+
+        q (B, H, Lq, D) and k (B, H, Lk, D) are what attention will see (after `rotate`; k with
+        the cached keys); query row r sits at absolute position query_offset + r, key j at j.
+        Most schemes need only their shapes; a bias may depend on them (Transformer-XL)."""
         return {}
 
 

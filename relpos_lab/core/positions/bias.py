@@ -30,7 +30,8 @@ class AlibiPositions(RelativePositions):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
-    def attention_kwargs(self, lq, lk, query_offset, device):
+    def attention_kwargs(self, q, k, query_offset):
+        (lq, lk), device = (q.shape[-2], k.shape[-2]), q.device
         i = torch.arange(lq, device=device) + query_offset
         dist = (torch.arange(lk, device=device)[None, :] - i[:, None]).abs().float()
         return {"attn_bias": -self.slopes.to(device)[:, None, None] * dist}
@@ -75,7 +76,8 @@ class T5BiasPositions(RelativePositions):
         ).long()
         return ret + torch.where(n < exact, n, large.clamp_max(n_buckets - 1))
 
-    def attention_kwargs(self, lq, lk, query_offset, device):
+    def attention_kwargs(self, q, k, query_offset):
+        (lq, lk), device = (q.shape[-2], k.shape[-2]), q.device
         i = torch.arange(lq, device=device) + query_offset
         rel = torch.arange(lk, device=device)[None, :] - i[:, None]
         return {"attn_bias": self.bias(self.bucket(rel)).permute(2, 0, 1)}

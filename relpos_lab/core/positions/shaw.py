@@ -66,7 +66,7 @@ class ShawPositions(RelativePositions):
             return table
         return table.index_select(-2, self.labels)
 
-    def attention_kwargs(self, lq, lk, query_offset, device):
+    def attention_kwargs(self, q, k, query_offset):
         return {"rel_k": self._table(self.rel_k), "rel_v": self._table(self.rel_v), "max_distance": self.max_distance}
 
 

@@ -1,0 +1,70 @@
+"""Transformer-XL (Dai et al., 2019): content and position terms with global biases u and v.
+
+    e_ij = [ (q_i + u)·k_j + (q_i + v)·(W_R R_{i-j}) ] / sqrt(D)
+
+R_{i-j} is the sinusoidal encoding of the distance i - j (query position minus key position; with
+a cache i = query_offset + r), W_R a learned d_model -> d_model projection split into heads, u and
+v learned per head (H, D). relative_attention computes q·k/sqrt(D); the rest is its `attn_bias`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from relpos_lab.core.positions.base import PositionConfig, PositionScheme, RelativePositions
+
+
+@dataclass
+class TransformerXLConfig(PositionConfig):
+    scheme: str = "transformer_xl"
+    """transformer_xl: sinusoidal relative encodings projected by W_R, biases u, v (Dai et al., 2019)"""
+
+
+class TransformerXLPositions(RelativePositions):
+    """W_R, u and v of one layer (the paper's released code may share u, v across layers; here each
+    layer has its own). No memory segments: the KV cache plays that part in decoding."""
+
+    def __init__(self, head_dim: int, n_heads: int):
+        super().__init__()
+        d_model = head_dim * n_heads
+        self.d_model = d_model
+        self.r_proj = nn.Linear(d_model, d_model, bias=False)  # W_R (the paper's code has no bias)
+        self.u = nn.Parameter(torch.randn(n_heads, head_dim) * 0.02)
+        self.v = nn.Parameter(torch.randn(n_heads, head_dim) * 0.02)
+
+    def encoding(self, distance: Tensor) -> Tensor:
+        """R: [sin(d·ω), cos(d·ω)] concatenated (as in the paper's code), ω_t = 10000^(-2t/d_model)."""
+        inv_freq = 10000.0 ** (-torch.arange(0, self.d_model, 2, device=distance.device, dtype=distance.dtype)
+                               / self.d_model)  # in the dtype of q: float64 tests are exact
+        angles = distance[:, None] * inv_freq[None, :]
+        return torch.cat((angles.sin(), angles.cos()), dim=-1)
+
+    def attention_kwargs(self, q, k, query_offset):
+        b, h, lq, d = q.shape
+        lk = k.shape[-2]
+        # The Lq + Lk - 1 distinct distances i - j, largest first: index m holds offset + lq - 1 - m.
+        distance = torch.arange(query_offset + lq - 1, query_offset - lk, -1, device=q.device, dtype=q.dtype)
+        r = self.r_proj(self.encoding(distance)).view(-1, h, d).transpose(0, 1)  # (H, Lq+Lk-1, D)
+        position = (q + self.v[:, None, :]) @ r.transpose(-1, -2)  # (B, H, Lq, Lq+Lk-1)
+        # The exact relative shift: row r, key j has distance offset + r - j, at index lq - 1 - r + j.
+        rows, keys = torch.arange(lq, device=q.device), torch.arange(lk, device=q.device)
+        index = (lq - 1 - rows)[:, None] + keys[None, :]
+        position = position.gather(-1, index.expand(b, h, lq, lk))
+        content_bias = torch.einsum("hd,bhjd->bhj", self.u, k)[:, :, None, :]  # u·k_j
+        return {"attn_bias": (content_bias + position) / math.sqrt(d)}
+
+
+class TransformerXL(PositionScheme):
+    """Transformer-XL relative attention: projected sinusoidal R_{i-j}, biases u, v (Dai et al., 2019)."""
+
+    config_class = TransformerXLConfig
+
+    def attention(self, head_dim, n_heads, causal):
+        return TransformerXLPositions(head_dim, n_heads)
+
+    def check(self, d_model, n_heads):
+        if d_model % 2:
+            raise ValueError(f"transformer_xl needs an even model.d_model for its sin/cos encoding; got {d_model}")
