@@ -3,20 +3,26 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
     """Write a file so that readers (and a crash) see the old content or the new, never half."""
+    atomic_write_with(path, lambda file: file.write(data.encode() if isinstance(data, str) else data))
+
+
+def atomic_write_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """`write(file)` into a temporary file beside `path`, flushed to disk, then renamed over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as file:
-            file.write(data)
+        with os.fdopen(fd, "wb") as file:
+            write(file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
-

@@ -2,8 +2,6 @@
 from, and how a checkpoint alone rebuilds its config and task (for `relpos-lab eval` and `translate`)."""
 from __future__ import annotations
 
-import os
-import tempfile
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -15,6 +13,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
 from relpos_lab.api import Task, UserError, registry
+from relpos_lab.api.files import atomic_write_with
 from relpos_lab.api.errors import PROG, shown_path
 from relpos_lab.config import config_from_container
 from relpos_lab.training.module import TASK_STATE
@@ -117,18 +116,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        atomic_write_with(Path(path), lambda file: torch.save(checkpoint, file))
 
 
 
