@@ -258,6 +258,9 @@ def sweep(args: argparse.Namespace) -> int:
     from relpos_lab.config import load_config
     from relpos_lab.launch.sweep import is_dangling, is_finished, link_identical_runs, load_sweep, run_locally
 
+    if args.dry_run and not args.slurm:  # a user who asks for a dry run must never get a real one
+        raise UserError("--dry-run goes with --slurm (it prints the sbatch script); to see the grid without "
+                        "running it, use --list")
     grid = load_sweep(args.sweep_file, args.overrides)
     if args.reuse:
         link_identical_runs(grid, echo=_echo)

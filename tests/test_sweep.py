@@ -287,3 +287,14 @@ def test_training_a_point_whose_link_dangles_says_how_to_fix_it(tmp_path):
     assert res.returncode != 0
     assert "links to a run that is gone; rerun with --reuse (it removes the link) or delete the link" in res.stderr
     assert run_dir.is_symlink()  # nothing was written through it
+
+
+def test_dry_run_without_slurm_runs_nothing_and_names_list(tmp_path, monkeypatch, capsys):
+    from relpos_lab import cli
+
+    sweep = write_sweep(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["sweep", str(sweep), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--dry-run goes with --slurm" in err and "--list" in err
+    assert not any(tmp_path.glob("runs/*/*/results.json")) and not (tmp_path / "runs").exists()

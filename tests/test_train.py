@@ -341,3 +341,18 @@ def test_eval_of_an_unknown_split_lists_the_splits(trained, monkeypatch, capsys)
     monkeypatch.chdir(root)
     err = one_line_error(capsys, "eval", str(run_dir / "checkpoints" / "last.ckpt"), "--split", "tset")
     assert "no split 'tset'; did you mean 'test'? splits: train, valid, test" in err
+
+
+def test_stop_at_ends_training_at_the_first_validation_past_it_and_randomized_positions_train(tmp_path):
+    """trainer.stop_at (Lightning's EarlyStopping threshold on the task's main metric): any exact match
+    passes -1, so training stops at the first validation, step 10 of 30. The same run trains Shaw at
+    randomized positions (Ruoss et al.) through the whole CLI path; its directory names it."""
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    out = run_cli("train", "tiny.yaml", "trainer.max_steps=30", "trainer.val_every_n_steps=10", "trainer.stop_at=-1",
+                  "model.positions.max_random_len=32", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    run_dir = run_dir_of(tmp_path)
+    assert "-k4-rand32-" in run_dir.name
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["global_step"] == 10
+    assert global_step(run_dir / "checkpoints" / "last.ckpt") == 10

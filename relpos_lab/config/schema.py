@@ -80,6 +80,8 @@ class TrainerConfig:
     """32 | bf16-mixed | 16-mixed (GPU only)"""
     max_steps: int = 10000
     """optimizer steps to train"""
+    stop_at: float | None = None
+    """stop early once a validation's main metric passes this (e.g. exact match 0.99); None: train max_steps"""
     val_every_n_steps: int = 1000
     """training batches between validations (across epochs)"""
     checkpoint_every_n_steps: int = 0

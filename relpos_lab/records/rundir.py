@@ -49,6 +49,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.positions.max_distance_left": None,
     "model.positions.max_distance_right": None,
     "model.positions.max_random_len": None,
+    "trainer.stop_at": None,
 }
 # Before position schemes were plugins, model.positions held every built-in scheme's fields at
 # once. A scheme's section is hashed as that flat form (its own fields over the old defaults), so

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -160,6 +160,10 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
     callbacks: list[Callback] = [best, last, DeferredRequeue(), guard]
     loggers = build_loggers(cfg, run_dir, resume_step=resume_step)
     callbacks.append(LearningRateMonitor(logging_interval="step"))
+    if cfg.trainer.stop_at is not None:  # train until converged on valid, max_steps the cap
+        callbacks.append(EarlyStopping(monitor=f"valid/{task.main_metric}", mode=task.main_metric_mode,
+                                       stopping_threshold=cfg.trainer.stop_at, patience=2**31,
+                                       check_on_train_epoch_end=False))
     try:
         trainer = build_trainer(cfg, run_dir, loggers=loggers, callbacks=callbacks)
         _rank_zero(save_resolved_config, cfg, run_dir)
