@@ -69,7 +69,11 @@ def test_translation_trains_and_evaluates_decoder_only(tmp_path, monkeypatch):
     run_dir, data = train(tmp_path, monkeypatch, TRANSLATION)
     assert decoder_only_weights(run_dir)
     assert {"test/bleu", "test/chrf", "valid/bleu"} <= set(data["metrics"])
-    assert len((run_dir / "outputs" / "test.hyp").read_text().splitlines()) == 8
+    hyps = (run_dir / "outputs" / "test.hyp").read_text().splitlines()
+    assert len(hyps) == 8
+    checkpoint = str(run_dir / data["checkpoint"])  # `translate` decodes as evaluation did
+    assert cli.main(["translate", checkpoint, "--input", str(run_dir / "outputs" / "test.src"), "--output", "hyp.txt"]) == 0
+    assert (tmp_path / "hyp.txt").read_text().splitlines() == hyps
 
 
 @pytest.mark.parametrize("options", [["model.bidirectional_prefix=true"], ["task.loss_on_source=true"],

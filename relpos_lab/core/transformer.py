@@ -1,7 +1,8 @@
 """The encoder/decoder Transformer of "Attention Is All You Need", with pluggable positions.
 
 Relative positions (any scheme of positions/) act in the self-attention of encoder and
-decoder; cross-attention has none. Decoding keeps a per-layer key/value cache; queries carry their
+decoder; cross-attention has none. `model.architecture=decoder_only` uses the decoder stack alone
+(prefix_lm.py for sequence-to-sequence tasks, DecoderLM for plain token streams). Decoding keeps a per-layer key/value cache; queries carry their
 absolute offset into it, so one-token steps and multi-token prefill both equal a full pass.
 """
 from __future__ import annotations
