@@ -99,6 +99,15 @@ def test_loss_on_source_adds_the_source_tokens_to_the_objective(tmp_path):
     assert with_source.n_tokens == target_only.n_tokens + n_source
 
 
+def test_token_batches_count_a_decoder_only_example_as_one_sequence(tmp_path):
+    cfg = load_config(write(tmp_path, SYNTHETIC.format(task="duplicate")))
+    task = create_task(OmegaConf.to_object(cfg.task), seed=0)
+    example = task.dataset("valid")[-1]  # source 4, target 8
+    assert task.num_tokens(example) == 9  # encoder-decoder: the longer side, target + EOS
+    task.build_model(OmegaConf.to_object(cfg.model))
+    assert task.num_tokens(example) == 4 + 1 + 8  # source <sep> target (the <eos> is only predicted)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["model.architecture=decoder_only", "model.bidirectional_prefix=true", "task.loss_on_source=true"],
      "task.loss_on_source=true needs model.architecture=decoder_only with a causal prefix"),

@@ -43,6 +43,7 @@ class Seq2SeqTask(Task):
 
     main_metric: ClassVar[str] = "exact_match"
     main_metric_mode: ClassVar[str] = "max"
+    one_sequence: bool = False  # set by build_model: a decoder-only model reads source + target as one sequence
 
     # --- what every task defines ------------------------------------------------------------
 
@@ -70,7 +71,10 @@ class Seq2SeqTask(Task):
 
 
     def num_tokens(self, example: Pair) -> int:
-        """An example's size for token batching: its longer side once collated (target + EOS)."""
+        """An example's size for token batching: its longer side once collated (target + EOS), or
+        for a decoder-only model (built before the data) its whole sequence, source <sep> target."""
+        if self.one_sequence:
+            return len(example.src) + len(example.tgt) + 1
         return max(len(example.src), len(example.tgt) + 1)
 
     def example_length(self, example: Pair) -> int:
@@ -133,7 +137,8 @@ class Seq2SeqTask(Task):
             raise ConfigError("task.loss_on_source=true needs model.architecture=decoder_only with a causal prefix "
                               f"(now architecture={cfg.architecture}, bidirectional_prefix={cfg.bidirectional_prefix}): "
                               "an encoder or a bidirectional prefix sees the source tokens it would predict")
-        if cfg.architecture == "decoder_only":
+        self.one_sequence = cfg.architecture == "decoder_only"
+        if self.one_sequence:
             return PrefixLM(cfg, shared_vocab=self.src_vocab.symbols == self.tgt_vocab.symbols)
         return EncoderDecoder(cfg)
 
