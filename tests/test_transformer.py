@@ -121,6 +121,22 @@ def test_cached_prefix_lm_equals_full_pass(scheme, bidirectional, shared):
             torch.testing.assert_close(steps, full[row:row + 1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("impl", MODEL_IMPLS)
+def test_every_model_impl_runs_the_prefix_mask_like_auto(impl):
+    """The bidirectional prefix's per-row mask (B, 1, L, L) through every attention impl, with Shaw tables."""
+    torch.manual_seed(0)
+    model = prefix_lm("shaw", True, attention_impl=impl)
+    reference = prefix_lm("shaw", True, attention_impl="auto")
+    reference.load_state_dict(model.state_dict())
+    src, tgt = prefix_batch()
+    with torch.no_grad():
+        full = model(src, tgt)
+        torch.testing.assert_close(full, reference(src, tgt), atol=1e-5, rtol=1e-5)
+        cache = model.start_decoding(src[:1])
+        steps = torch.cat([model.decode_step(part, cache) for part in chunks(tgt[:1], [2, 1, 3])], dim=1)
+    torch.testing.assert_close(steps, full[:1], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_only_a_bidirectional_prefix_sees_later_source_tokens(bidirectional):
     torch.manual_seed(0)
