@@ -138,6 +138,22 @@ def test_every_model_impl_runs_the_prefix_mask_like_auto(impl):
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])
+def test_prefix_lm_trains_at_randomized_positions_and_evaluates_as_the_plain_model(bidirectional):
+    """model.positions.max_random_len spreads the sequence (and the prefix mask) in training only."""
+    torch.manual_seed(0)
+    randomized = prefix_lm("rope", bidirectional, positions=builtin_config("rope", max_random_len=40))
+    plain = prefix_lm("rope", bidirectional)
+    plain.load_state_dict(randomized.state_dict())
+    src, tgt = prefix_batch()
+    torch.testing.assert_close(randomized.eval()(src, tgt), plain(src, tgt), rtol=0, atol=0)
+    randomized.train()
+    first, second = randomized(src, tgt), randomized(src, tgt)
+    assert not torch.allclose(first, second)
+    first.sum().backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in randomized.parameters())
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
 def test_only_a_bidirectional_prefix_sees_later_source_tokens(bidirectional):
     torch.manual_seed(0)
     model, (src, tgt) = prefix_lm("rope", bidirectional), prefix_batch()
