@@ -2,8 +2,9 @@
 
 Relative positions (any scheme of positions/) act in the self-attention of encoder and
 decoder; cross-attention has none. `model.architecture=decoder_only` uses the decoder stack alone
-(prefix_lm.py for sequence-to-sequence tasks, DecoderLM for plain token streams). Decoding keeps a per-layer key/value cache; queries carry their
-absolute offset into it, so one-token steps and multi-token prefill both equal a full pass.
+(prefix_lm.py for sequence-to-sequence tasks, DecoderLM for plain token streams). Decoding keeps a
+per-layer key/value cache; queries carry their absolute offset into it, so one-token steps and
+multi-token prefill both equal a full pass.
 """
 from __future__ import annotations
 
