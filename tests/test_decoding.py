@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from relpos_lab.core.decoding import beam_search, gnmt_length_penalty, greedy_search
+from relpos_lab.core.decoding import beam_search, by_source_length, gnmt_length_penalty, greedy_search
+from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.positions import builtin_config
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
 
@@ -166,3 +167,40 @@ def test_decoder_only_generation_continues_a_prompt():
         live = ~(out[:, :step] == EOS).any(1)
         assert torch.equal(out[live, step], torch.where(torch.tensor(step + 1 >= 5), EOS, nxt)[live])
         seq = torch.cat([seq, out[:, step:step + 1]], dim=1)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("scheme", ["sinusoidal", "learned", "shaw", "rope", "alibi", "t5_bias"])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_decoder_only_batched_decoding_equals_each_sentence_alone(scheme, beam, bidirectional):
+    """Sources of different lengths in one batch: grouped by length, a batch decodes exactly as
+    each sentence alone, and an alone sentence decodes as a from-scratch recompute (greedy)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(architecture="decoder_only", bidirectional_prefix=bidirectional, src_vocab_size=12,
+                      tgt_vocab_size=12, d_model=16, n_heads=2, d_ff=32, n_decoder_layers=2, dropout=0.0,
+                      attention_dropout=0.0, positions=positions(scheme, 2))
+    model, src = PrefixLM(cfg).eval(), sources()
+    src[0, 5:] = PAD  # lengths 5, 6, 3, 6
+    kw = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD, max_len_a=1.0, max_len_b=3)
+
+    def search(rows):
+        return beam_search(model, rows, beam_size=beam, **kw) if beam > 1 else greedy_search(model, rows, **kw)
+
+    batched = by_source_length(search, src, PAD)
+    with pytest.raises(ValueError, match="by_source_length"):
+        search(src)
+    for i in range(src.shape[0]):
+        row = src[i:i + 1, : int((src[i] != PAD).sum())]
+        alone = search(row)
+        assert batched[i, : alone.shape[1]].tolist() == alone[0].tolist()
+        assert (batched[i, alone.shape[1]:] == PAD).all()
+        if beam == 1:  # the cache (prefix prefill + steps) against recomputing the whole sequence
+            seq = torch.tensor([[BOS]])
+            for step in range(alone.shape[1]):
+                with torch.no_grad():
+                    nxt = model(row, seq)[:, -1].argmax(-1)
+                if step + 1 < int(row.shape[1] * 1.0) + 3:
+                    assert alone[0, step] == nxt[0]
+                if alone[0, step] == EOS:
+                    break
+                seq = torch.cat([seq, alone[:, step:step + 1]], dim=1)

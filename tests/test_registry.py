@@ -131,9 +131,11 @@ def test_an_installed_plugins_keys_explain_themselves(installed_plugin, tmp_path
 
 
 @pytest.mark.integration
-def test_an_installed_plugin_trains_through_the_cli_with_per_length_results(installed_plugin, tmp_path):
+@pytest.mark.parametrize("architecture", ["encoder_decoder", "decoder_only"])
+def test_an_installed_plugin_trains_through_the_cli_with_per_length_results(installed_plugin, tmp_path, architecture):
+    """Unchanged plugin code, either model family (decoder_only: a prefix LM over its pairs)."""
     (tmp_path / "shift.yaml").write_text(readme_block("# shift.yaml"))  # extends the shipped reverse_shaw
-    out = run_cli("train", "shift.yaml", "debug", cwd=tmp_path)
+    out = run_cli("train", "shift.yaml", "debug", f"model.architecture={architecture}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs" / "shift").iterdir()
     data = json.loads((run_dir / "results.json").read_text())

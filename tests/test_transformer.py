@@ -5,6 +5,7 @@ import torch.nn.functional as F
 
 from relpos_lab.core.positions import BUILTIN, builtin_config
 from relpos_lab.core.loss import label_smoothed_loss
+from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import MODEL_IMPLS, DecoderLM, EncoderDecoder, ModelConfig
 
 def positions(scheme: str, max_distance: int = 2, **fields):
@@ -83,6 +84,111 @@ def test_cached_decoder_only_equals_full_pass(scheme):
     cache = model.start_decoding()
     steps = torch.cat([model.decode_step(part, cache) for part in chunks(tokens, [5, 1, 1, 3])], dim=1)
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+
+
+def prefix_lm(scheme="shaw", bidirectional=False, shared=True, **kw):
+    cfg = tiny(scheme, architecture="decoder_only", bidirectional_prefix=bidirectional,
+               tgt_vocab_size=13 if shared else 9, **kw)
+    return PrefixLM(cfg, shared_vocab=shared).eval()
+
+
+def prefix_batch():
+    """Right-padded sources of lengths 7, 4, 1 and BOS + target (target ids 3..8 fit either vocabulary)."""
+    src = torch.randint(3, 13, (3, 7))
+    src[1, 4:] = 0
+    src[2, 1:] = 0
+    tgt = torch.randint(3, 9, (3, 6))
+    tgt[:, 0] = 1
+    return src, tgt
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_vocab", "joint_vocab"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["causal", "bidirectional_prefix"])
+@pytest.mark.parametrize("scheme", tuple(BUILTIN))
+def test_cached_prefix_lm_equals_full_pass(scheme, bidirectional, shared):
+    """Decoder-only seq2seq: the source prefilled in one call (under the prefix mask), then the
+    target in steps of 1, 1, 2, 2 tokens, equals the padded batch's full pass row by row."""
+    torch.manual_seed(0)
+    model, (src, tgt) = prefix_lm(scheme, bidirectional, shared), prefix_batch()
+    with torch.no_grad():
+        full = model(src, tgt)
+        assert full.shape == (3, 6, 13 if shared else 9)
+        for row in range(3):
+            n = int((src[row] != 0).sum())
+            cache = model.start_decoding(src[row:row + 1, :n])
+            assert cache.length == n
+            steps = torch.cat([model.decode_step(part, cache) for part in chunks(tgt[row:row + 1], [1, 1, 2, 2])], 1)
+            torch.testing.assert_close(steps, full[row:row + 1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", MODEL_IMPLS)
+def test_every_model_impl_runs_the_prefix_mask_like_auto(impl):
+    """The bidirectional prefix's per-row mask (B, 1, L, L) through every attention impl, with Shaw tables."""
+    torch.manual_seed(0)
+    model = prefix_lm("shaw", True, attention_impl=impl)
+    reference = prefix_lm("shaw", True, attention_impl="auto")
+    reference.load_state_dict(model.state_dict())
+    src, tgt = prefix_batch()
+    with torch.no_grad():
+        full = model(src, tgt)
+        torch.testing.assert_close(full, reference(src, tgt), atol=1e-5, rtol=1e-5)
+        cache = model.start_decoding(src[:1])
+        steps = torch.cat([model.decode_step(part, cache) for part in chunks(tgt[:1], [2, 1, 3])], dim=1)
+    torch.testing.assert_close(steps, full[:1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_prefix_lm_trains_at_randomized_positions_and_evaluates_as_the_plain_model(bidirectional):
+    """model.positions.max_random_len spreads the sequence (and the prefix mask) in training only."""
+    torch.manual_seed(0)
+    randomized = prefix_lm("rope", bidirectional, positions=builtin_config("rope", max_random_len=40))
+    plain = prefix_lm("rope", bidirectional)
+    plain.load_state_dict(randomized.state_dict())
+    src, tgt = prefix_batch()
+    torch.testing.assert_close(randomized.eval()(src, tgt), plain(src, tgt), rtol=0, atol=0)
+    randomized.train()
+    first, second = randomized(src, tgt), randomized(src, tgt)
+    assert not torch.allclose(first, second)
+    first.sum().backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in randomized.parameters())
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_only_a_bidirectional_prefix_sees_later_source_tokens(bidirectional):
+    torch.manual_seed(0)
+    model, (src, tgt) = prefix_lm("rope", bidirectional), prefix_batch()
+    changed = src.clone()
+    changed[0, 6] = 3 if src[0, 6] != 3 else 4  # the last source token
+    with torch.no_grad():
+        _, before, _ = model(src, tgt, with_source=True)
+        _, after, _ = model(changed, tgt, with_source=True)
+    assert torch.equal(before[0, :6], after[0, :6]) != bidirectional
+    assert torch.equal(before[1:], after[1:])  # other rows are untouched
+
+
+def test_prefix_lm_predicts_target_tokens_and_with_source_the_next_source_token():
+    """Joint vocabulary: target id t is t + 13; the source positions predict the next source token,
+    then the separator (the target's BOS), and nothing at padding."""
+    model, (src, tgt) = prefix_lm(shared=False), prefix_batch()
+    assert model.decoder.output.out_features == 13 + 9
+    assert model.joint(torch.tensor([0, 1, 5])).tolist() == [0, 14, 18]
+    _, src_logits, predicts = model(src, tgt, with_source=True)
+    assert src_logits.shape == (3, 7, 22)
+    assert predicts[0].tolist() == src[0, 1:].tolist() + [14]
+    assert predicts[1].tolist() == src[1, 1:4].tolist() + [14, 0, 0, 0]
+    assert predicts[2].tolist() == [14] + [0] * 6
+    with pytest.raises(ValueError, match="by_source_length"):
+        model.start_decoding(src)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"architecture": "decoder_onyl"}, "choose one of encoder_decoder, decoder_only"),
+    ({"bidirectional_prefix": True}, "needs model.architecture=decoder_only"),
+    ({"architecture": "decoder_only"}, "EncoderDecoder needs model.architecture=encoder_decoder"),
+])
+def test_architecture_errors_name_the_key(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EncoderDecoder(tiny(**kwargs))
 
 
 def test_reordered_cache_continues_the_chosen_rows_as_if_decoded_alone():
@@ -172,6 +278,25 @@ def test_tiny_shaw_model_learns_to_copy():
     opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
     losses = []
     for _ in range(150):
+        src = torch.randint(3, 13, (32, 6))
+        tgt_in = torch.cat([torch.ones(32, 1, dtype=torch.long), src], dim=1)
+        tgt_out = torch.cat([src, torch.full((32, 1), 2)], dim=1)
+        loss = label_smoothed_loss(model(src, tgt_in), tgt_out, smoothing=0.0).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    start, end = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert end < 0.25 * start, (start, end)
+
+
+def test_tiny_prefix_lm_learns_to_copy():
+    """The decoder-only model learns the same copy task from `source <sep> target` sequences."""
+    torch.manual_seed(0)
+    model = prefix_lm("shaw", d_model=32, n_heads=4, d_ff=64, n_decoder_layers=2).train()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
+    losses = []
+    for _ in range(300):
         src = torch.randint(3, 13, (32, 6))
         tgt_in = torch.cat([torch.ones(32, 1, dtype=torch.long), src], dim=1)
         tgt_out = torch.cat([src, torch.full((32, 1), 2)], dim=1)

@@ -1,15 +1,17 @@
 """Seq2SeqTask: the Task contract filled for sequence-to-sequence problems over token ids.
 
-An encoder-decoder trained with label-smoothed cross-entropy under teacher forcing, evaluated by
-decoding (greedy or beam, per `cfg.decoding`) and comparing with the reference: token accuracy and
-exact match, EOS included. A task that subclasses it defines `build_vocab` and `dataset`, and may
-override any verb (translation replaces the metrics with corpus BLEU).
+An encoder-decoder, or with `model.architecture=decoder_only` a prefix LM over ``source <sep>
+target <eos>`` (core/prefix_lm.py: same call signature, so nothing below depends on which), trained
+with label-smoothed cross-entropy under teacher forcing, evaluated by decoding (greedy or beam, per
+`cfg.decoding`) and comparing with the reference: token accuracy and exact match, EOS included. A
+task that subclasses it defines `build_vocab` and `dataset`, and may override any verb (translation
+replaces the metrics with corpus BLEU).
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from functools import cached_property
+from functools import cached_property, partial
 from typing import ClassVar, NamedTuple
 
 import torch
@@ -23,8 +25,9 @@ from relpos_lab.api.errors import ConfigError
 from relpos_lab.api.evaluation import Evaluation
 from relpos_lab.api.task import Batch, Task
 from relpos_lab.api.vocabulary import Vocabulary
-from relpos_lab.core.decoding import beam_search, greedy_search
+from relpos_lab.core.decoding import beam_search, by_source_length, greedy_search
 from relpos_lab.core.loss import LossOutput, label_smoothed_loss
+from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
 
 
@@ -40,6 +43,7 @@ class Seq2SeqTask(Task):
 
     main_metric: ClassVar[str] = "exact_match"
     main_metric_mode: ClassVar[str] = "max"
+    one_sequence: bool = False  # set by build_model: a decoder-only model reads source + target as one sequence
 
     # --- what every task defines ------------------------------------------------------------
 
@@ -67,7 +71,10 @@ class Seq2SeqTask(Task):
 
 
     def num_tokens(self, example: Pair) -> int:
-        """An example's size for token batching: its longer side once collated (target + EOS)."""
+        """An example's size for token batching: its longer side once collated (target + EOS), or
+        for a decoder-only model (built before the data) its whole sequence, source <sep> target."""
+        if self.one_sequence:
+            return len(example.src) + len(example.tgt) + 1
         return max(len(example.src), len(example.tgt) + 1)
 
     def example_length(self, example: Pair) -> int:
@@ -111,7 +118,11 @@ class Seq2SeqTask(Task):
     # --- model and training -----------------------------------------------------------------
 
     def build_model(self, cfg: ModelConfig) -> nn.Module:
-        """The core encoder-decoder, with vocabulary sizes and pad id taken from the task."""
+        """The core model of `cfg.architecture`, with vocabulary sizes and pad id taken from the task.
+
+        decoder_only: a PrefixLM whose token space is the task's vocabulary when source and target
+        have the same symbols, else the two side by side (target ids after the source ids).
+        """
         sizes = {"src_vocab_size": len(self.src_vocab), "tgt_vocab_size": len(self.tgt_vocab)}
         for key, size in sizes.items():
             if getattr(cfg, key) not in (0, size):
@@ -121,13 +132,29 @@ class Seq2SeqTask(Task):
                 )
         if self.src_vocab.pad_id != self.tgt_vocab.pad_id:
             raise ValueError("source and target vocabularies must share the pad id")
-        return EncoderDecoder(dataclasses.replace(cfg, **sizes, pad_id=self.tgt_vocab.pad_id))
+        cfg = dataclasses.replace(cfg, **sizes, pad_id=self.tgt_vocab.pad_id)
+        if self.cfg.loss_on_source and (cfg.architecture != "decoder_only" or cfg.bidirectional_prefix):
+            raise ConfigError("task.loss_on_source=true needs model.architecture=decoder_only with a causal prefix "
+                              f"(now architecture={cfg.architecture}, bidirectional_prefix={cfg.bidirectional_prefix}): "
+                              "an encoder or a bidirectional prefix sees the source tokens it would predict")
+        self.one_sequence = cfg.architecture == "decoder_only"
+        if self.one_sequence:
+            return PrefixLM(cfg, shared_vocab=self.src_vocab.symbols == self.tgt_vocab.symbols)
+        return EncoderDecoder(cfg)
 
     def loss(self, model: nn.Module, batch: Batch, label_smoothing: float) -> LossOutput:
-        """The training objective of one batch: label-smoothed cross-entropy under teacher forcing."""
-        logits = model(batch["src"], batch["tgt_in"])
-        return label_smoothed_loss(logits, batch["tgt_out"], smoothing=label_smoothing,
-                                   ignore_index=self.tgt_vocab.pad_id)
+        """The training objective of one batch: label-smoothed cross-entropy under teacher forcing,
+        on the target (and with `task.loss_on_source`, on the source too: a mean over both's tokens)."""
+        pad = self.tgt_vocab.pad_id
+        if not self.cfg.loss_on_source:
+            logits = model(batch["src"], batch["tgt_in"])
+            return label_smoothed_loss(logits, batch["tgt_out"], smoothing=label_smoothing, ignore_index=pad)
+        logits, src_logits, src_next = model(batch["src"], batch["tgt_in"], with_source=True)
+        parts = [label_smoothed_loss(logits, batch["tgt_out"], smoothing=label_smoothing, ignore_index=pad),
+                 label_smoothed_loss(src_logits, src_next, smoothing=label_smoothing, ignore_index=pad)]
+        n_tokens = sum(p.n_tokens for p in parts)
+        loss = sum(p.loss * p.n_tokens for p in parts) / n_tokens.clamp_min(1)
+        return LossOutput(loss, sum(p.nll_sum for p in parts), n_tokens)
 
     # --- evaluation -------------------------------------------------------------------------
 
@@ -152,9 +179,12 @@ class Seq2SeqTask(Task):
         kwargs = dict(bos_id=v.bos_id, eos_id=v.eos_id, pad_id=v.pad_id,
                       max_len_a=d.max_len_a, max_len_b=d.max_len_b)
         if d.beam_size > 1:
-            return beam_search(model, batch["src"], beam_size=d.beam_size,
-                               length_penalty=d.length_penalty, **kwargs)
-        return greedy_search(model, batch["src"], **kwargs)
+            search = partial(beam_search, model, beam_size=d.beam_size, length_penalty=d.length_penalty, **kwargs)
+        else:
+            search = partial(greedy_search, model, **kwargs)
+        if isinstance(model, PrefixLM):  # the source is its prefix: no padding inside a search
+            return by_source_length(search, batch["src"], v.pad_id)
+        return search(batch["src"])
 
     def evaluate(self, model: nn.Module, batch: Batch, evaluation: Evaluation) -> Tensor:
         """Score one batch into `evaluation` and return the predictions (for sample tables).

@@ -54,6 +54,9 @@ class TaskConfig:
     """the entry-point name that selects the task"""
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     """how evaluation decodes"""
+    loss_on_source: bool = False
+    """model.architecture=decoder_only: also train to predict the source (a language model over the
+    whole sequence); false: the loss covers the target only"""
 
     def validate(self) -> None:
         """Raise ValueError naming a bad field; subclasses extend it (call super().validate())."""

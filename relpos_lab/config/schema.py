@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from relpos_lab.core.transformer import MODEL_IMPLS, ModelConfig
+from relpos_lab.core.transformer import ARCHITECTURES, MODEL_IMPLS, ModelConfig
 
 SCHEDULERS = ("inverse_sqrt", "cosine", "constant")
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
@@ -205,6 +205,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.scheduler": SCHEDULERS,
     "trainer.precision": PRECISIONS,
     "trainer.accelerator": ACCELERATORS,
+    "model.architecture": ARCHITECTURES,
     "model.attention_impl": MODEL_IMPLS,
     "logging.wandb.mode": WANDB_MODES,
 }

@@ -8,6 +8,9 @@ equal lengths: there is no key-padding mask for the decoder, so a padded prompt 
 continued from its padding.
 
 Both searches return generated tokens (no BOS, EOS included, pad_id after it) as (B, T).
+A decoder-only model reads the source as its prefix, where padding would shift positions:
+`by_source_length` runs a search once per source length, on unpadded rows, which is exactly what
+decoding each example alone gives.
 """
 from __future__ import annotations
 
@@ -21,6 +24,18 @@ def max_lengths(src: Tensor | None, pad_id: int, max_len_a: float, max_len_b: in
         return torch.full((batch,), int(max_len_b), device=device)
     src_len = (src != pad_id).sum(-1)
     return (src_len.float() * max_len_a).floor().long() + int(max_len_b)
+
+
+def by_source_length(search, src: Tensor, pad_id: int) -> Tensor:
+    """`search(rows)` on each group of equal-length (right-padded) sources, padding cut off; the
+    outputs back in batch order, (B, T) padded with pad_id. Calls: one per distinct length."""
+    lengths = (src != pad_id).sum(-1)
+    groups = [(lengths == n).nonzero().squeeze(1) for n in lengths.unique().tolist()]
+    outs = [search(src[rows, : int(lengths[rows[0]])]) for rows in groups]
+    result = src.new_full((src.shape[0], max(out.shape[1] for out in outs)), pad_id)
+    for rows, out in zip(groups, outs):
+        result[rows, : out.shape[1]] = out
+    return result
 
 
 def _prefix(src, prompt, bos_id, device):

@@ -1,8 +1,10 @@
 """The encoder/decoder Transformer of "Attention Is All You Need", with pluggable positions.
 
 Relative positions (any scheme of positions/) act in the self-attention of encoder and
-decoder; cross-attention has none. Decoding keeps a per-layer key/value cache; queries carry their
-absolute offset into it, so one-token steps and multi-token prefill both equal a full pass.
+decoder; cross-attention has none. `model.architecture=decoder_only` uses the decoder stack alone
+(prefix_lm.py for sequence-to-sequence tasks, DecoderLM for plain token streams). Decoding keeps a
+per-layer key/value cache; queries carry their absolute offset into it, so one-token steps and
+multi-token prefill both equal a full pass.
 """
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.positions import PositionConfig, RelativePositions, ShawConfig, scheme_of
 from relpos_lab.core.positions.randomized import sample_positions, spread, spread_mask
 
+ARCHITECTURES = ("encoder_decoder", "decoder_only")
+"""encoder_decoder: EncoderDecoder; decoder_only: PrefixLM (prefix_lm.py), `source <sep> target` as one sequence."""
+
 MODEL_IMPLS = ("naive", "batched", "gather", "flex", "auto")
 """The attention impls a whole model can run on: every one of its attention calls (self-attention
 with a KV cache, cross-attention) must be supported. 'banded' is self-attention only."""
@@ -24,6 +29,10 @@ with a KV cache, cross-attention) must be supported. 'banded' is self-attention 
 
 @dataclass
 class ModelConfig:
+    architecture: str = "encoder_decoder"
+    """encoder_decoder | decoder_only (a prefix LM over `source <sep> target <eos>`; n_encoder_layers is ignored)"""
+    bidirectional_prefix: bool = False
+    """decoder_only: the source attends to all of itself (a prefix LM); false: causal throughout"""
     src_vocab_size: int = 0
     """0: filled in from the task's vocabulary"""
     tgt_vocab_size: int = 0
@@ -35,7 +44,7 @@ class ModelConfig:
     d_ff: int = 2048
     """hidden width of the feed-forward sublayer"""
     n_encoder_layers: int = 6
-    """0 with DecoderLM: a decoder-only model"""
+    """encoder layers (encoder_decoder only)"""
     n_decoder_layers: int = 6
     """decoder layers"""
     dropout: float = 0.1
@@ -70,6 +79,11 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"model.architecture={self.architecture!r}; choose one of {', '.join(ARCHITECTURES)}")
+        if self.bidirectional_prefix and self.architecture != "decoder_only":
+            raise ValueError("model.bidirectional_prefix=true needs model.architecture=decoder_only "
+                             "(an encoder already sees its whole source)")
         if self.attention_impl not in MODEL_IMPLS:
             raise ValueError(
                 f"model.attention_impl={self.attention_impl!r}; choose one of {', '.join(MODEL_IMPLS)}"
@@ -191,16 +205,17 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, cross_attention: bool):
+    def __init__(self, cfg: ModelConfig, cross_attention: bool, causal: bool = True):
         super().__init__()
-        rel = scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal=True)
+        rel = scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal=causal)
         self.self_attn = Sublayer(cfg, MultiHeadAttention(cfg, rel))
         self.cross_attn = Sublayer(cfg, MultiHeadAttention(cfg)) if cross_attention else None
         self.ffn = Sublayer(cfg, FeedForward(cfg))
 
-    def forward(self, x, memory=None, memory_mask=None, cache: LayerCache | None = None, positions=None):
-        x = self.self_attn(x, is_causal=True, cache=cache.self_attn if cache is not None else None,
-                           positions=positions)
+    def forward(self, x, memory=None, memory_mask=None, cache: LayerCache | None = None, positions=None,
+                self_mask=None, causal: bool = True):
+        x = self.self_attn(x, attn_mask=self_mask, is_causal=causal,
+                           cache=cache.self_attn if cache is not None else None, positions=positions)
         if self.cross_attn is not None:
             x = self.cross_attn(x, context=memory, attn_mask=memory_mask,
                                 cache=cache.cross_attn if cache is not None else None)
@@ -257,23 +272,30 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Causal stack; with cross_attention=False it is a decoder-only language model body."""
+    """Causal stack; with cross_attention=False it is a decoder-only language model body.
 
-    def __init__(self, cfg: ModelConfig, embed: Embedding, cross_attention: bool = True):
+    causal=False builds the position schemes for attention that may also look ahead (a prefix LM's
+    bidirectional prefix: T5's bidirectional buckets); each call still says how it attends:
+    `causal` and `self_mask` (bool, True = may attend) go to every self-attention.
+    """
+
+    def __init__(self, cfg: ModelConfig, embed: Embedding, cross_attention: bool = True, causal: bool = True):
         super().__init__()
         self.embed = embed
-        self.layers = nn.ModuleList(DecoderLayer(cfg, cross_attention) for _ in range(cfg.n_decoder_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, cross_attention, causal) for _ in range(cfg.n_decoder_layers))
         self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.output = nn.Linear(cfg.d_model, embed.tokens.num_embeddings, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = embed.tokens.weight
 
-    def forward(self, tgt: Tensor, memory=None, memory_mask=None, cache: "DecoderCache | None" = None) -> Tensor:
+    def forward(self, tgt: Tensor, memory=None, memory_mask=None, cache: "DecoderCache | None" = None,
+                self_mask: Tensor | None = None, causal: bool = True) -> Tensor:
         offset = cache.length if cache is not None else 0
         positions = self.embed.random_positions(tgt) if cache is None else None
         x = self.embed(tgt, offset, positions)
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, memory_mask, cache.layers[i] if cache is not None else None, positions)
+            x = layer(x, memory, memory_mask, cache.layers[i] if cache is not None else None, positions,
+                      self_mask, causal)
         return self.output(self.norm(x))
 
 
@@ -340,6 +362,8 @@ class EncoderDecoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         cfg.validate()
+        if cfg.architecture != "encoder_decoder":
+            raise ValueError(f"EncoderDecoder needs model.architecture=encoder_decoder, got {cfg.architecture!r}")
         if cfg.n_encoder_layers < 1 or cfg.src_vocab_size < 1 or cfg.tgt_vocab_size < 1:
             raise ValueError("EncoderDecoder needs n_encoder_layers >= 1 and both vocabulary sizes set")
         self.cfg = cfg

@@ -50,6 +50,9 @@ ADDED_KEYS: dict[str, Any] = {
     "model.positions.max_distance_right": None,
     "model.positions.max_random_len": None,
     "trainer.stop_at": None,
+    "model.architecture": "encoder_decoder",
+    "model.bidirectional_prefix": False,
+    "task.loss_on_source": False,
 }
 # Before position schemes were plugins, model.positions held every built-in scheme's fields at
 # once. A scheme's section is hashed as that flat form (its own fields over the old defaults), so
