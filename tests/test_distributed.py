@@ -156,3 +156,85 @@ def test_two_processes_evaluate_splits_of_any_size_as_one_process_does(examples,
         evaluated = json.loads((tmp_path / f"eval-{split}" / "results.json").read_text())
         assert results["by_length"][split] == evaluated["by_length"][split]
         assert sum(row["n"] for row in results["by_length"][split].values()) == examples  # each once
+
+
+# --- two nodes x one process, as a 2-node SLURM allocation starts them ------------------------
+
+
+def free_slurm_job_id() -> str:
+    """A job id whose port (Lightning's SLURMEnvironment: 15000 + its last 4 digits) is free here."""
+    import socket
+
+    for job_id in range(4242, 10000, 97):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", 15000 + job_id))
+                return str(job_id)
+            except OSError:
+                continue
+    pytest.skip("no free port in Lightning's SLURM range")
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory) -> tuple[Path, str]:
+    """CONFIG at trainer.num_nodes=2, devices=1, started as srun starts the tasks of the job that
+    `relpos-lab submit` renders for it: each process sees the variables of its own node of a
+    2-node allocation (node names that resolve here; the run directory on a shared filesystem)."""
+    from relpos_lab.launch.slurm import run_job
+
+    root = tmp_path_factory.mktemp("two_nodes")
+    (root / "ddp.yaml").write_text(CONFIG)
+    overrides = ["trainer.num_nodes=2", "trainer.devices=1", f"data.batch_size={GLOBAL_BATCH // 2}"]
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        job, _ = run_job("ddp.yaml", overrides)
+    finally:
+        os.chdir(cwd)
+    # Two node names that resolve here; Lightning makes the first one MASTER_ADDR, as on a cluster.
+    node_names = ["localhost", "127.0.0.1"]
+    nodes = ",".join(node_names)
+    allocation = {"SLURM_JOB_ID": free_slurm_job_id(), "SLURM_JOB_NAME": job.name, "SLURM_NNODES": "2",
+                  "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NODELIST": nodes,
+                  "SLURM_NODELIST": nodes, "SLURM_CPUS_PER_TASK": "1"}
+    procs = []
+    for node in (0, 1):
+        env = {**os.environ, **allocation, "OMP_NUM_THREADS": "1", "COLUMNS": "200",
+               "SLURM_NODEID": str(node), "SLURM_PROCID": str(node), "SLURM_LOCALID": "0",
+               "SLURMD_NODENAME": node_names[node]}
+        for name in ("WANDB_MODE", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(name, None)
+        procs.append(subprocess.Popen([sys.executable, "-m", "relpos_lab", "train", "ddp.yaml", *overrides], cwd=root,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outputs)
+    (run_dir,) = [p for p in root.glob("runs/ddp/*") if p.is_dir()]
+    assert run_dir.resolve() == job.directory  # the directory the submitted job would train
+    return run_dir, job.script
+
+
+def test_the_two_node_job_runs_one_process_per_node_through_srun(two_nodes):
+    _, script = two_nodes
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
+    assert "\nsrun " in script  # srun starts one task per node, each with its node's SLURM_* variables
+
+
+def test_two_nodes_follow_the_one_process_loss_curve(runs, two_nodes):
+    single, nodes = logged(runs[1], "train/loss"), logged(two_nodes[0], "train/loss")
+    assert sorted(single) == sorted(nodes) and len(single) == STEPS
+    for step in single:
+        assert nodes[step] == pytest.approx(single[step], rel=1e-4, abs=1e-5), step
+
+
+def test_only_global_rank_zero_writes_on_a_shared_filesystem(runs, two_nodes):
+    """Node 1's process is local rank 0 of its node: anything written by local rank 0 would appear twice."""
+    run_dir = two_nodes[0]
+
+    def files(d: Path) -> set[str]:
+        return {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file() and "wandb" not in p.parts}
+
+    assert files(run_dir) == files(runs[1])
+    (attempts,) = read_runs(run_dir / "wandb").values()
+    assert len(attempts) == 1 and len(list((run_dir / "wandb").glob("offline-run-*"))) == 1
+    assert attempts[0].metric("train/loss") == pytest.approx(
+        [v for _, v in sorted(logged(run_dir, "train/loss").items())], rel=1e-6)
