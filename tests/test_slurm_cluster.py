@@ -199,6 +199,53 @@ def test_a_signalled_job_checkpoints_requeues_and_finishes_from_its_checkpoint(w
     assert [r["trainer/global_step"] for r in history(attempts) if "train/loss" in r] == list(range(steps))
 
 
+def test_scancel_mid_training_checkpoints_every_rank_and_a_resubmission_continues_one_history(workdir, capsys):
+    """Plain scancel (SIGTERM to every task, SIGKILL after KillWait): both DDP ranks save at the same
+    step boundary and exit before KillWait (Lightning's own SIGTERM handler, which broadcasts inside
+    the handler, left them waiting in mismatched collectives until SIGKILL); submitting again
+    resumes there, and metrics.csv holds every step once, in order."""
+    steps, every = 150, 20
+    argv = ["submit", "tiny.yaml", *DDP, f"trainer.max_steps={steps}", "trainer.log_every_n_steps=1",
+            "trainer.val_every_n_steps=75", f"trainer.checkpoint_every_n_steps={every}"]
+    job_id = submit(capsys, *argv)
+    try:
+        first_periodic_checkpoint(workdir)
+        run_dir = the_run_dir(workdir)
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and max(logged_steps(run_dir, "train/loss"), default=0) < every + 5:
+            time.sleep(0.1)  # past the periodic checkpoint, so the one at the signal is a new one
+        seen = max(logged_steps(run_dir, "train/loss"))
+        signalled = time.monotonic()
+        subprocess.run(["scancel", job_id], check=True, timeout=30)
+        (record,) = wait_for(job_id)
+        while "COMPLETING" in job_records(job_id)[0].get("JobState", "") and time.monotonic() - signalled < 60:
+            time.sleep(0.2)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30)
+    text = logs(run_dir, job_id)
+    assert record["JobState"] == "CANCELLED", text[-3000:]
+    saved = global_step(run_dir / "checkpoints" / "last.ckpt")
+    assert seen < saved < steps, text[-3000:]  # saved at the signal, not the periodic checkpoint before it
+    assert f"Stopped by SIGTERM at step {saved}" in text
+    assert "Traceback" not in text, text[-3000:]  # no rank died in a collective, no W&B exit-hook traceback
+    assert "Killed" not in text, text[-3000:]  # every rank exited before KillWait: srun reports SIGKILLed tasks
+
+    job_id = submit(capsys, *argv)
+    (record,) = wait_for(job_id)
+    text = logs(run_dir, job_id)
+    assert record["JobState"] == "COMPLETED", text[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["started_at_step"] == saved and results["global_step"] == steps
+    assert sorted(logged_steps(run_dir, "train/loss")) == list(range(steps))
+    # W&B: one monotone history. SLURM's SIGTERM also reaches W&B's service process, which dies
+    # without flushing, so the cancelled attempt's offline file holds nothing (a known loss, in the
+    # README); the resumed attempt's rows run from the checkpoint to the end, each once.
+    with pytest.warns(UserWarning, match="not a complete W&B run file"):
+        (attempts,) = read_runs(run_dir / "wandb").values()
+    logged = [r["trainer/global_step"] for r in history(attempts) if "train/loss" in r]
+    assert logged == list(range(logged[0], steps)) and logged[0] <= saved
+
+
 def test_a_job_signalled_during_its_final_evaluation_requeues_and_evaluates_again(workdir, capsys):
     # A long test split (reversing up to 40 tokens, greedy) keeps the job in its final evaluation.
     steps = 40

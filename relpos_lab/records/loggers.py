@@ -264,6 +264,19 @@ class RunWandbLogger(WandbLogger):
             f"W&B: {action} ({self._failure}); training continues without W&B. "
             "The run directory (metrics.csv, results.json, plots/) has everything logged."
         )
+        _drop_wandb_service()
+
+
+def _drop_wandb_service() -> None:
+    """Let go of W&B's service process after a failure, so that wandb's own exit hook does not
+    try to reach it again and print a traceback at exit (its usual end when SLURM's SIGTERM has
+    already stopped the service: scancel, requeue, preemption)."""
+    import wandb
+
+    try:
+        wandb.teardown()
+    except Exception:  # the service is gone: nothing left to tear down
+        pass
 
 
 # --- the loggers of a run -----------------------------------------------------------------------

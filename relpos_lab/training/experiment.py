@@ -22,6 +22,7 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -33,7 +34,12 @@ from relpos_lab.records.results import plot_by_length, write_results
 from relpos_lab.records.rundir import has_attempt, move_aside, run_directory, save_resolved_config
 from relpos_lab.records.runlock import run_lock
 from relpos_lab.training.checkpoints import (
-    CHECKPOINTS, LAST, global_step_of, load_checkpoint, resume_checkpoint, task_from_checkpoint,
+    CHECKPOINTS,
+    LAST,
+    global_step_of,
+    load_checkpoint,
+    resume_checkpoint,
+    task_from_checkpoint,
 )
 from relpos_lab.training.data import TaskDataModule
 from relpos_lab.training.interrupt import SIGNAL_NAMES, InterruptCheckpoint
@@ -179,10 +185,10 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
         last_path = run_dir / CHECKPOINTS / LAST
         if global_step_of(last_path) != trainer.global_step:  # steps after the last periodic save
             trainer.save_checkpoint(last_path, weights_only=False)
-        if guard.pending:  # Ctrl-C during the last validation: training is complete and saved
-            _echo(echo, _stopped(run_dir, signal.SIGINT, trainer.global_step) + " (training is complete; the final "
+        if guard.pending is not None:  # a signal during the last validation: training is complete and saved
+            _echo(echo, _stopped(run_dir, guard.pending, trainer.global_step) + " (training is complete; the final "
                   "evaluation was not run)")
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt if guard.pending == signal.SIGINT else SIGTERMException()
         checkpoint = Path(best.best_model_path) if best.best_model_path else last_path
         trainer.validate(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
         trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)

@@ -12,9 +12,12 @@ says where the checkpoint is and how to resume.
 
 - Ctrl-C once: stop at the end of the current step (after a validation pass, if one is running)
   with a checkpoint. Ctrl-C twice: stop at once; the newest checkpoint on disk stays as it was.
-- SIGTERM: Lightning's handler notes it (``trainer.received_sigterm``); the step's end checkpoints
-  and stops. SIGTERM during a validation pass stops inside it (Lightning's evaluation loop does),
-  without a new checkpoint.
+- SIGTERM during training: this callback's handler replaces Lightning's and only notes it; the
+  step's end checkpoints and stops. Lightning's own handler would also stop its loops wherever
+  each rank happens to be and, under DDP, broadcasts inside the signal handler: ranks then wait
+  in mismatched collectives until SLURM's SIGKILL (seen on the dev cluster after `scancel`). A
+  SIGTERM during a validation pass is acted on at the next training step's end. Outside training
+  (the final validate/test) Lightning's handler is back.
 - Several processes (DDP) agree on both decisions with one boolean all-reduce each, so every rank
   saves at the same step.
 """
@@ -33,6 +36,12 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from relpos_lab.records.loggers import RunCSVLogger
 
 SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
+_sigterm = threading.Event()  # SIGTERM noted by InterruptCheckpoint's handler in this process
+
+
+def sigterm_received(trainer: L.Trainer) -> bool:
+    """SIGTERM reached this process, through Lightning's handler or (while training) ours."""
+    return trainer.received_sigterm or _sigterm.is_set()
 
 
 class InterruptCheckpoint(Callback):
@@ -45,6 +54,7 @@ class InterruptCheckpoint(Callback):
         self.saved_step: int | None = None  # step of the checkpoint written at the stop
         self._requested: int | None = None  # a signal received, waiting for the step's end
         self._previous = None  # SIGINT handler to restore
+        self._previous_term = None  # SIGTERM handler (Lightning's) to restore
         self._last_save = time.monotonic()
 
     # --- signals ------------------------------------------------------------------------------
@@ -52,7 +62,14 @@ class InterruptCheckpoint(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save = time.monotonic()
         if threading.current_thread() is threading.main_thread():
+            _sigterm.clear()
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            self._previous_term = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, _frame) -> None:
+        _sigterm.set()
+        if self._requested is None:
+            self._requested = signum
 
     def _on_sigint(self, signum: int, _frame) -> None:
         if self._requested is not None:  # a second Ctrl-C: stop now, without a checkpoint
@@ -63,9 +80,14 @@ class InterruptCheckpoint(Callback):
                     b"(Ctrl-C again stops at once, without one)\n")
 
     def _restore(self) -> None:
-        if self._previous is not None and threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
+        if self._previous_term is not None:
+            signal.signal(signal.SIGTERM, self._previous_term)
+            self._previous_term = None
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore()
@@ -93,16 +115,20 @@ class InterruptCheckpoint(Callback):
             raise KeyboardInterrupt if signum == signal.SIGINT else SIGTERMException()
         due = self.every_s > 0 and time.monotonic() - self._last_save >= self.every_s
         if self.every_s > 0 and trainer.strategy.reduce_boolean_decision(due, all=False):
-            trainer.save_checkpoint(self.path, weights_only=False)
-            for logger in trainer.loggers:
-                if isinstance(logger, RunCSVLogger):  # metrics.csv on disk up to the checkpoint
-                    logger.after_save_checkpoint(self)
+            self._save(trainer)
             self._last_save = time.monotonic()
+
+    def _save(self, trainer: L.Trainer) -> None:
+        trainer.save_checkpoint(self.path, weights_only=False)
+        for logger in trainer.loggers:
+            if isinstance(logger, RunCSVLogger):  # metrics.csv on disk up to the checkpoint
+                logger.after_save_checkpoint(self)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         self._last_save = time.monotonic()  # any checkpoint of the run restarts the clock
 
     @property
-    def pending(self) -> bool:
-        """A Ctrl-C came after the last training step (during the last validation): not acted on yet."""
-        return self._requested is not None and self.stopped_by is None
+    def pending(self) -> int | None:
+        """The Ctrl-C or SIGTERM that came after the last training step (during the last
+        validation), not acted on yet; None if none did."""
+        return self._requested if self.stopped_by is None else None

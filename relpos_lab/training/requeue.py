@@ -42,6 +42,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from relpos_lab.training.interrupt import sigterm_received
+
 # How long to wait for SLURM's SIGTERM after asking for the requeue. It normally comes within a
 # second; if it does not (a job submitted without --requeue, scontrol missing), training goes on
 # and the time limit ends the job, with the hpc checkpoint already on disk.
@@ -97,7 +99,7 @@ class DeferredRequeue(Callback):
         """Wait (outside any collective) for the requeue's SIGTERM, then stop as Lightning does."""
         deadline = time.monotonic() + self.sigterm_wait_s
         while time.monotonic() < deadline:
-            if trainer.received_sigterm:
+            if sigterm_received(trainer):
                 rank_zero_info("SLURM is requeueing the job; it resumes from the hpc checkpoint")
                 raise SIGTERMException()
             time.sleep(0.05)
