@@ -9,10 +9,10 @@ one extra pass; the call's own output is untouched either way.
 
 The probe keeps sums, not tensors: per attention site (`where`, set by the caller, e.g.
 ("encoder_self", 0)) the probability mass at each offset j − i summed over real query rows
-(`query_mask`, set by the caller; padded rows are excluded), the number of such rows, and the
-first example's full map. The mean over rows is the curve over all offsets. With Shaw tables
-the mass by *clipped* offset is also kept, from `gather.sum_by_label`, the 2k+1 label sums gather
-uses for its value term (it equals the full curve folded at ±k; tested).
+(`query_mask`, set by the caller; padded rows are excluded), the number of such rows, and the full
+map of the longest example seen. The mean over rows is the curve over all offsets. With Shaw
+tables the mass by *clipped* offset is also kept, from `gather.sum_by_label`, the 2k+1 label sums
+gather uses for its value term (it equals the full curve folded at ±k; tested).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class AttentionProbe:
         self.mass: dict = {}  # where -> (H, 2W+1) float64: summed mass at offsets -W..W
         self.rows: dict = {}  # where -> real query rows summed
         self.clipped: dict = {}  # where -> (H, 2k+1) float64: summed mass by clipped offset
-        self.example: dict = {}  # where -> (H, Lq, Lk) float32: the first example's probabilities
+        self.example: dict = {}  # where -> (H, Lq, Lk) float32: the longest example's probabilities (the first of them)
 
     def observe(self, p: Tensor, query_offset: int, max_distance: int) -> None:
         """Add one call's probabilities p (B, H, Lq, Lk); query row r sits at query_offset + r."""
@@ -55,9 +55,10 @@ class AttentionProbe:
         if max_distance > 0:
             labels = (sum_by_label(p, max_distance, query_offset) * weight).sum((0, 2)).cpu()
             self.clipped[self.where] = self.clipped.get(self.where, 0) + labels
-        if self.where not in self.example:
-            keys = lk if self.key_mask is None else int(self.key_mask[0].sum())
-            self.example[self.where] = p[0, :, rows[0], :keys].to(torch.float32).cpu()
+        longest = int(rows.sum(1).argmax())
+        if self.where not in self.example or self.example[self.where].shape[-2] < int(rows[longest].sum()):
+            keys = lk if self.key_mask is None else int(self.key_mask[longest].sum())
+            self.example[self.where] = p[longest, :, rows[longest], :keys].to(torch.float32).cpu()
 
     def _add_mass(self, summed: Tensor, lowest: int) -> None:
         """Add `summed` (H, n), whose column c is offset lowest + c, into the site's -W..W array."""
