@@ -69,6 +69,7 @@ def plot_offset_heatmaps(panels: Mapping[str, tuple[Sequence[int], np.ndarray]],
             ax.axhline(boundary * heads - 0.5, color="white", linewidth=1.5)
         for x in _visible(clip, offsets):
             ax.axvline(x, color="red", linestyle=":", linewidth=1.2)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(OFFSET_LABEL)
         ax.set_title(name, fontsize="small")
     fig.colorbar(image, ax=list(axes), label=MASS_LABEL)
@@ -87,6 +88,7 @@ def plot_offset_lines(offsets: Sequence[int], mass: np.ndarray, path: Path, titl
     for i, x in enumerate(_visible(clip, offsets)):
         ax.axvline(x, color="0.5", linestyle=":", linewidth=1, label=None if i else f"Shaw clip ±{clip}")
     ax.set_ylim(0, max(1e-3, float(mass.max()) * 1.05))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(OFFSET_LABEL)
     ax.set_ylabel(MASS_LABEL)
     ax.set_title(title, fontsize="small")
@@ -138,6 +140,7 @@ def plot_drawings(drawings: Mapping[str, object], path: Path, title: str) -> Pat
             ax.set_ylabel(d.ylabel)
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize="x-small", ncol=2)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(d.xlabel, fontsize="x-small")
         ax.set_title(name.replace("_", " "), fontsize="small")
     fig.suptitle(title, fontsize="small")
@@ -151,6 +154,7 @@ def plot_mean_curves(curves: Mapping[str, tuple[Sequence[int], Sequence[float]]]
     for label, (offsets, mass) in curves.items():
         offsets, mass = trimmed(offsets, np.asarray(mass)[None])
         ax.plot(offsets, mass[0], marker="o", markersize=2.5, linewidth=1, label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(OFFSET_LABEL)
     ax.set_ylabel(MASS_LABEL + "\n(mean over layers, heads, runs)")
     ax.set_ylim(bottom=0)
