@@ -68,13 +68,13 @@ def plot_offset_heatmaps(panels: Mapping[str, tuple[Sequence[int], np.ndarray]],
         for boundary in range(1, layers):
             ax.axhline(boundary * heads - 0.5, color="white", linewidth=1.5)
         for x in _visible(clip, offsets):
-            ax.axvline(x, color="red", linestyle=":", linewidth=1.2)
+            ax.axvline(x, color="red", linestyle="--", linewidth=1.2)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(OFFSET_LABEL)
         ax.set_title(name, fontsize="small")
     fig.colorbar(image, ax=list(axes), label=MASS_LABEL)
     shown = any(_visible(clip, offsets) for offsets, _ in panels.values())
-    fig.suptitle(title + (f"\nred dotted lines: Shaw clipping distance ±{clip}" if shown else ""), fontsize="small")
+    fig.suptitle(title + (f"\nred dashed lines: Shaw clipping distance ±{clip}" if shown else ""), fontsize="small")
     return _save(fig, path)
 
 
@@ -129,20 +129,20 @@ def plot_drawings(drawings: Mapping[str, object], path: Path, title: str) -> Pat
             image = ax.imshow(values, cmap="RdBu_r", vmin=-1.0, vmax=1.0, interpolation="nearest",
                               extent=(x[0] - 0.5, x[-1] + 0.5, x[-1] + 0.5, x[0] - 0.5))
             fig.colorbar(image, ax=ax, label=d.ylabel, shrink=0.8)
-            ax.set_ylabel(d.xlabel.replace("j − i", "j − i (other)"), fontsize="x-small")
+            ax.set_ylabel(d.xlabel.replace("offset d", "offset d′"), fontsize="x-small")
         elif d.kind == "bars":
             ax.bar(x, values)
             ax.set_ylabel(d.ylabel)
         else:
             for i, row in enumerate(values):
-                label = d.line_label if values.shape[0] == 1 and d.line_label != "head" else f"{d.line_label} {i}"
+                label = d.line_label if d.line_label != "head" else f"head {i}"
                 ax.plot(x, row, marker="o", markersize=2.5, linewidth=1, label=label)
             ax.set_ylabel(d.ylabel)
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize="x-small", ncol=2)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(d.xlabel, fontsize="x-small")
-        ax.set_title(name.replace("_", " "), fontsize="small")
+        ax.set_title(d.title or name.replace("_", " "), fontsize="small")
     fig.suptitle(title, fontsize="small")
     return _save(fig, path)
 

@@ -36,6 +36,7 @@ class Drawing:
     ylabel: str
     xlabel: str = "relative offset j − i (key − query, tokens)"
     line_label: str = "head"
+    title: str = ""  # the panel's title; default: its name in the dict `draw` returns
 
 
 @dataclass

@@ -38,8 +38,8 @@ class AlibiPositions(RelativePositions):
 
     def draw(self, max_offset):
         return {"slopes": Drawing("bars", self.slopes.float().cpu(), torch.arange(len(self.slopes)),
-                                  "slope m_h (bias −m_h·|j − i|)", xlabel="head"),
-                "bias": bias_drawing(self, max_offset)}
+                                  "slope m_h (bias −m_h·|j − i|)", xlabel="head", title="ALiBi slope per head (fixed)"),
+                "bias": bias_drawing(self, max_offset, "ALiBi bias −m_h·|j − i| per head")}
 
 
 @dataclass
@@ -88,10 +88,10 @@ class T5BiasPositions(RelativePositions):
         return {"attn_bias": self.bias(self.bucket(rel)).permute(2, 0, 1)}
 
     def draw(self, max_offset):
-        return {"bias": bias_drawing(self, max_offset)}
+        return {"bias": bias_drawing(self, max_offset, "T5 bias per head (learned per distance bucket)")}
 
 
-def bias_drawing(module: RelativePositions, max_offset: int, query: int | None = None) -> Drawing:
+def bias_drawing(module: RelativePositions, max_offset: int, title: str = "", query: int | None = None) -> Drawing:
     """A bias scheme's score bias by offset j − i, per head: one query at position `query`
     (default max_offset, so every offset down to -max_offset has a key) against keys around it."""
     query = max_offset if query is None else query
@@ -100,7 +100,8 @@ def bias_drawing(module: RelativePositions, max_offset: int, query: int | None =
     with torch.no_grad():
         bias = module.attention_kwargs(q, k, query)["attn_bias"]  # (H, 1, Lk) or (B, H, 1, Lk)
     bias = bias.reshape(-1, k.shape[-2])[:, query - max_offset:].float().cpu()
-    return Drawing("curves", bias, torch.arange(-max_offset, max_offset + 1), "score bias added to the logit")
+    return Drawing("curves", bias, torch.arange(-max_offset, max_offset + 1), "score bias added to the logit",
+                   title=title)
 
 
 @dataclass

@@ -70,7 +70,7 @@ class FirePositions(RelativePositions):
     def draw(self, max_offset):
         """The bias seen by a query at position max_offset (FIRE's bias also depends on i, through
         ψ(max(L, i)); below the threshold L it does not)."""
-        return {"bias": bias_drawing(self, max_offset)}
+        return {"bias": bias_drawing(self, max_offset, f"FIRE bias per head, query at position {max_offset}")}
 
 
 class Fire(PositionScheme):

@@ -84,10 +84,15 @@ class ShawPositions(RelativePositions):
             unit = torch.nn.functional.normalize(w, dim=-1)
             cosine = unit @ unit.transpose(-1, -2)
             tag = "K" if name == "key" else "V"
-            drawings[f"{name}_norm"] = Drawing("curves", norms if norms.dim() == 2 else norms[None], offsets,
-                                               f"‖w^{tag}_d‖ (L2 norm)", line_label="head" if norms.dim() == 2 else "all heads")
-            drawings[f"{name}_cosine"] = Drawing("matrix", cosine if cosine.dim() == 2 else cosine.mean(0), offsets,
-                                                 f"cos(w^{tag}_d, w^{tag}_d′)")
+            shared = norms.dim() == 1
+            drawings[f"{name}_norm"] = Drawing(
+                "curves", norms[None] if shared else norms, offsets, f"‖w^{tag}_d‖ (L2 norm)",
+                xlabel="offset d = clip(j − i) (tokens)", line_label="shared by all heads" if shared else "head",
+                title=f"a^{tag} table: norm of w^{tag}_d per offset")
+            drawings[f"{name}_cosine"] = Drawing(
+                "matrix", cosine if shared else cosine.mean(0), offsets, f"cos(w^{tag}_d, w^{tag}_d′)",
+                xlabel="offset d (tokens)", title=f"a^{tag} table: cosine between offsets"
+                + ("" if shared else " (mean over heads)"))
         return drawings
 
 

@@ -64,7 +64,7 @@ class TransformerXLPositions(RelativePositions):
         with torch.no_grad():
             bias = self.attention_kwargs(q, k, max_offset)["attn_bias"]
         return {"bias": Drawing("curves", bias.reshape(n_heads, -1).float(), torch.arange(-max_offset, max_offset + 1),
-                                "position bias v·W_R R_(i−j) / √D (content-free)")}
+                                "v·W_R R_(i−j) / √D", title="Transformer-XL position bias per head (content-free part)")}
 
 
 class TransformerXL(PositionScheme):
