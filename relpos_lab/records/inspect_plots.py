@@ -121,7 +121,7 @@ def plot_example_maps(maps: np.ndarray, path: Path, title: str, query_label: str
 
 def plot_drawings(drawings: Mapping[str, object], path: Path, title: str) -> Path:
     """A scheme's `Drawing`s of one layer (core/positions/base.py), one panel each."""
-    fig = _figure(4.6 * len(drawings), 4.0)
+    fig = _figure(max(6.5, 4.6 * len(drawings)), 4.2)
     axes = fig.subplots(1, len(drawings), squeeze=False)[0]
     for ax, (name, d) in zip(axes, drawings.items()):
         x, values = np.asarray(d.x), np.asarray(d.values)

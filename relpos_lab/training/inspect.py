@@ -302,7 +302,7 @@ def _figures(numbers: dict, probes: dict, drawings: dict, folder: Path, who: str
                                                    query, key))
     for kind, layers in drawings.items():
         for layer, found in layers.items():
-            causal = " (causal: offsets j − i > 0 are never attended)" if kind == "decoder_self" else ""
+            causal = "\ncausal: offsets j − i > 0 are never attended" if kind == "decoder_self" else ""
             figures.append(plots.plot_drawings(found, folder / f"scheme_{kind}_layer{layer}.png",
                                                f"{who}\nwhat the scheme learned: {plots.KIND_TITLES[kind]}, "
                                                f"layer {layer}{causal}"))
