@@ -165,3 +165,22 @@ def test_lengths_beyond_learned_positions_are_one_line(tmp_path, monkeypatch):
     model = task.build_model(OmegaConf.to_object(cfg.model))
     with pytest.raises(UserError, match=r"beyond model.positions.max_len=6.*\(--lengths\)"):
         inspection.inspect_model(model, task, cfg, tmp_path, lengths=[6])
+
+
+def test_inspecting_a_run_again_continues_its_wandb_run_without_cutting_it(runs, capsys):
+    """The command's W&B attempt rewinds to the run's last row: the merged history keeps every
+    training row and gains the new images at the checkpoint's step (a plain resume would restart
+    at step 0, and W&B would replace the history from there)."""
+    from relpos_lab.records.wandb_offline import history
+
+    _, run_dir, _ = runs["on"]
+    (before,) = read_runs(run_dir / "wandb").values()
+    trained = [row for row in history(before) if "train/loss" in row]
+    assert cli.main(["inspect", str(run_dir / "checkpoints" / "last.ckpt"), "--lengths", "3"]) == 0
+    (attempts,) = read_runs(run_dir / "wandb").values()
+    assert len(attempts) == len(before) + 1 and attempts[-1].branch_point is not None
+    merged = history(attempts)
+    assert [row for row in merged if "train/loss" in row] == trained
+    images = [row for row in attempts[-1].history if "inspect/by_length_encoder_self" in row]
+    assert images and images[0]["trainer/global_step"] == 30
+    assert json.loads((run_dir / "inspect.json").read_text())["sets"].keys() == {"valid", "length 3"}

@@ -195,7 +195,7 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
         summary = _write(run_dir, splits, task, loggers, extra) if trainer.is_global_zero else None
         if (summary is not None and OmegaConf.select(cfg, "logging.inspect", default=True)
                 and has_relative_positions(module.model)):  # after every metric: they cannot change
-            inspect_model(module.model, task, cfg, run_dir, loggers=loggers, echo=echo)
+            inspect_model(module.model, task, cfg, run_dir, loggers=loggers, echo=echo, step=trainer.global_step)
     finally:
         close_loggers(loggers)
     if summary is None:  # other ranks of a distributed run

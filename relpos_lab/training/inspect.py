@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from relpos_lab.core.positions import RelativePositions
 from relpos_lab.core.transformer import Decoder, Encoder, MultiHeadAttention
 from relpos_lab.records import inspect_plots as plots
 from relpos_lab.records.loggers import RunCSVLogger, build_loggers, close_loggers, log_images, log_samples
-from relpos_lab.training.checkpoints import CHECKPOINTS, load_checkpoint, task_from_checkpoint
+from relpos_lab.training.checkpoints import CHECKPOINTS, global_step_of, load_checkpoint, task_from_checkpoint
 from relpos_lab.training.threads import use_cpu_threads
 
 INSPECT_JSON = "inspect.json"
@@ -67,18 +68,22 @@ def inspect_checkpoint(checkpoint: str | Path, split: str = "valid", lengths: Se
     state = load_checkpoint(checkpoint)["state_dict"]
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
     run_dir = checkpoint.resolve().parent.parent if checkpoint.parent.name == CHECKPOINTS else checkpoint.resolve().parent
-    loggers = [lg for lg in build_loggers(cfg, run_dir) if not isinstance(lg, RunCSVLogger)] if out is None else []
+    # The run's W&B run continues after its last row (a rewind to it, as a resumed fit does): a
+    # plain resume would start the attempt's rows again at step 0 and cut the training history.
+    loggers = [lg for lg in build_loggers(cfg, run_dir, resume_step=sys.maxsize)
+               if not isinstance(lg, RunCSVLogger)] if out is None else []
     try:
         return inspect_model(model, task, cfg, Path(out) if out else run_dir, split, lengths, loggers,
-                             run_name=run_dir.name)
+                             run_name=run_dir.name, step=global_step_of(checkpoint))
     finally:
         close_loggers(loggers)
 
 
 def inspect_model(model: torch.nn.Module, task: Task, cfg: DictConfig, out_dir: Path, split: str = "valid",
                   lengths: Sequence[int] | None = None, loggers: Sequence = (), run_name: str | None = None,
-                  echo: Callable[[str], None] | None = None) -> InspectSummary:
-    """Measure, draw and write everything into `out_dir` (inspect.json, plots/inspect/)."""
+                  echo: Callable[[str], None] | None = None, step: int | None = None) -> InspectSummary:
+    """Measure, draw and write everything into `out_dir` (inspect.json, plots/inspect/); W&B rows
+    at training step `step` (the checkpoint's)."""
     out_dir = Path(out_dir)
     run_name = run_name or out_dir.name
     scheme = _scheme_name(cfg)
@@ -113,8 +118,8 @@ def inspect_model(model: torch.nn.Module, task: Task, cfg: DictConfig, out_dir: 
     path = out_dir / INSPECT_JSON
     atomic_write(path, json.dumps(numbers, indent=1) + "\n")
     figures = _figures(numbers, probes, drawings, out_dir / PLOTS, f"{run_name} ({scheme})", clip)
-    log_images(loggers, {f"inspect/{p.stem}": p for p in figures})
-    log_samples(loggers, "inspect/attention_by_offset", *_table(numbers))
+    log_images(loggers, {f"inspect/{p.stem}": p for p in figures}, step=step)
+    log_samples(loggers, "inspect/attention_by_offset", *_table(numbers), step=step)
     if echo:
         echo(f"inspect: {len(figures)} figures in {shown_path(out_dir / PLOTS)}, numbers in {shown_path(path)}")
     return InspectSummary(out_dir, path, figures)
