@@ -181,13 +181,19 @@ def tasks(args: argparse.Namespace) -> None:
 def positions(args: argparse.Namespace) -> None:
     from relpos_lab.api import registry
     from relpos_lab.config.help import field_help
+    from relpos_lab.core.positions import PositionConfig
+
+    common = {f.name for f in dataclasses.fields(PositionConfig)}
 
     def describe(cls) -> str:
         helps, fields = field_help(cls.config_class), dataclasses.fields(cls.config_class)
-        own = [f"  {f.name}={f.default!r}: {helps.get(f.name, '')}" for f in fields if f.name != "scheme"]
+        own = [f"  {f.name}={f.default!r}: {helps.get(f.name, '')}" for f in fields if f.name not in common]
         return "\n".join([cls.describe(), *own]) if own else cls.describe()
 
     show_plugins(registry.POSITIONS, describe)
+    helps = field_help(PositionConfig)
+    for name in sorted(common - {"scheme"}):
+        console.print(f"Every scheme also takes {name} (default {getattr(PositionConfig, name)!r}): {helps.get(name, '')}")
 
 
 def show_plugins(kind, describe: Callable[[type], str]) -> None:

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.positions import PositionConfig, RelativePositions, ShawConfig, scheme_of
+from relpos_lab.core.positions.randomized import sample_positions, spread, spread_mask
 
 MODEL_IMPLS = ("naive", "batched", "gather", "flex", "auto")
 """The attention impls a whole model can run on: every one of its attention calls (self-attention
@@ -80,7 +81,15 @@ class ModelConfig:
         if self.share_src_tgt_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError("model.share_src_tgt_embeddings needs equal source and target vocabularies")
         self.positions.validate()
-        scheme_of(self.positions).check(self.d_model, self.n_heads)
+        scheme = scheme_of(self.positions)
+        scheme.check(self.d_model, self.n_heads)
+        randomized = self.positions.max_random_len
+        if randomized is not None:
+            if randomized < 1:
+                raise ValueError(f"model.positions.max_random_len={randomized} must be >= 1 (None: off)")
+            if scheme.embedding(self.d_model) is None and scheme.attention(self.head_dim, self.n_heads, False) is None:
+                raise ValueError(f"model.positions.max_random_len randomizes positions, and scheme "
+                                 f"'{self.positions.scheme}' has none; drop it or pick a scheme with positions")
 
     @property
     def head_dim(self) -> int:
@@ -102,13 +111,18 @@ class MultiHeadAttention(nn.Module):
         b, n, d = x.shape
         return x.view(b, n, self.n_heads, d // self.n_heads).transpose(1, 2)
 
-    def forward(self, x, context=None, attn_mask=None, is_causal=False, cache: KVCache | None = None) -> Tensor:
+    def forward(self, x, context=None, attn_mask=None, is_causal=False, cache: KVCache | None = None,
+                positions: Tensor | None = None) -> Tensor:
         """Self-attention when context is None, else cross-attention over context.
 
         With a cache, self-attention's queries start at the cache's length (their absolute
         positions, which relative schemes need) and attend to everything cached; cross-attention
         projects the context on its first step only, since the memory never changes.
+        `positions` (increasing, one per token) places self-attention's tokens there instead of
+        0..L-1 (randomized positions; see positions/randomized.py).
         """
+        if positions is not None:
+            return self._at_positions(x, attn_mask, is_causal, positions)
         q = self._heads(self.q_proj(x))
         offset = 0
         if context is None:
@@ -129,6 +143,16 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0, impl=self.impl, **extra,
         )
         return self.out_proj(y.transpose(1, 2).flatten(2))
+
+    def _at_positions(self, x, attn_mask, is_causal, positions: Tensor) -> Tensor:
+        q, k, v = (spread(self._heads(proj(x)), positions, dim=2) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.positions.rotate(q, k, 0)
+        y = relative_attention(
+            q, k, v, attn_mask=spread_mask(attn_mask, is_causal, positions),
+            dropout_p=self.dropout if self.training else 0.0, impl=self.impl,
+            **self.positions.attention_kwargs(q, k, 0),
+        )
+        return self.out_proj(y.index_select(2, positions).transpose(1, 2).flatten(2))
 
 
 class FeedForward(nn.Module):
@@ -162,8 +186,8 @@ class EncoderLayer(nn.Module):
         self.self_attn = Sublayer(cfg, MultiHeadAttention(cfg, rel))
         self.ffn = Sublayer(cfg, FeedForward(cfg))
 
-    def forward(self, x, key_mask):
-        return self.ffn(self.self_attn(x, attn_mask=key_mask))
+    def forward(self, x, key_mask, positions: Tensor | None = None):
+        return self.ffn(self.self_attn(x, attn_mask=key_mask, positions=positions))
 
 
 class DecoderLayer(nn.Module):
@@ -174,8 +198,9 @@ class DecoderLayer(nn.Module):
         self.cross_attn = Sublayer(cfg, MultiHeadAttention(cfg)) if cross_attention else None
         self.ffn = Sublayer(cfg, FeedForward(cfg))
 
-    def forward(self, x, memory=None, memory_mask=None, cache: LayerCache | None = None):
-        x = self.self_attn(x, is_causal=True, cache=cache.self_attn if cache is not None else None)
+    def forward(self, x, memory=None, memory_mask=None, cache: LayerCache | None = None, positions=None):
+        x = self.self_attn(x, is_causal=True, cache=cache.self_attn if cache is not None else None,
+                           positions=positions)
         if self.cross_attn is not None:
             x = self.cross_attn(x, context=memory, attn_mask=memory_mask,
                                 cache=cache.cross_attn if cache is not None else None)
@@ -194,12 +219,24 @@ class Embedding(nn.Module):
                 self.tokens.weight[cfg.pad_id].zero_()
         self.positions = scheme_of(cfg.positions).embedding(cfg.d_model)
         self.scale, self.dropout = math.sqrt(cfg.d_model), nn.Dropout(cfg.dropout)
+        self.max_random_len = cfg.positions.max_random_len
 
-    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+    def random_positions(self, ids: Tensor) -> Tensor | None:
+        """In training with randomized positions, this forward pass's positions (else None)."""
+        if not self.training or self.max_random_len is None:
+            return None
+        return sample_positions(ids.shape[1], self.max_random_len, ids.device)
+
+    def forward(self, ids: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         x = self.tokens(ids) * self.scale
         if self.positions is not None:
-            x = self.positions(x, offset)
+            x = self.positions(x, offset) if positions is None else x + self._at(positions, x)
         return self.dropout(x)
+
+    def _at(self, positions: Tensor, x: Tensor) -> Tensor:
+        """The scheme's absolute encodings at `positions`: what it adds to zeros there."""
+        zeros = x.new_zeros(1, int(positions[-1]) + 1, x.shape[-1])
+        return self.positions(zeros, 0).index_select(1, positions)
 
 
 class Encoder(nn.Module):
@@ -212,9 +249,10 @@ class Encoder(nn.Module):
     def forward(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """Returns the memory and its key mask (B, 1, 1, S), True at real tokens."""
         key_mask = (src != self.pad_id)[:, None, None, :]
-        x = self.embed(src)
+        positions = self.embed.random_positions(src)
+        x = self.embed(src, positions=positions)
         for layer in self.layers:
-            x = layer(x, key_mask)
+            x = layer(x, key_mask, positions)
         return self.norm(x), key_mask
 
 
@@ -232,9 +270,10 @@ class Decoder(nn.Module):
 
     def forward(self, tgt: Tensor, memory=None, memory_mask=None, cache: "DecoderCache | None" = None) -> Tensor:
         offset = cache.length if cache is not None else 0
-        x = self.embed(tgt, offset)
+        positions = self.embed.random_positions(tgt) if cache is None else None
+        x = self.embed(tgt, offset, positions)
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, memory_mask, cache.layers[i] if cache is not None else None)
+            x = layer(x, memory, memory_mask, cache.layers[i] if cache is not None else None, positions)
         return self.output(self.norm(x))
 
 

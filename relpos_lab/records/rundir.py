@@ -48,6 +48,7 @@ VOLATILE_KEYS: tuple[str, ...] = (
 ADDED_KEYS: dict[str, Any] = {
     "model.positions.max_distance_left": None,
     "model.positions.max_distance_right": None,
+    "model.positions.max_random_len": None,
 }
 # Before position schemes were plugins, model.positions held every built-in scheme's fields at
 # once. A scheme's section is hashed as that flat form (its own fields over the old defaults), so
@@ -112,6 +113,9 @@ def _run_slug(cfg: DictConfig) -> str:
     if scheme == "shaw":
         k = OmegaConf.select(cfg, "model.positions.max_distance", default=None)
         parts.append(None if k is None else f"k{k}")
+    randomized = OmegaConf.select(cfg, "model.positions.max_random_len", default=None)
+    if randomized is not None:
+        parts.append(f"rand{randomized}")
     slug = "-".join(slugify(str(p)) for p in parts if p is not None)
     return slug or "run"
 

@@ -46,6 +46,10 @@ class PositionConfig:
     scheme: str = "shaw"
     """the position scheme: a name `relpos-lab positions` lists"""
 
+    max_random_len: int | None = None
+    """randomized positions (Ruoss et al., 2023): in training, an ordered random subset of
+    [0, max_random_len) instead of 0..L-1; None: off"""
+
     scheme_class: ClassVar[type[PositionScheme] | None] = None  # set when a scheme claims the class
 
     def validate(self) -> None:

@@ -1,0 +1,134 @@
+"""Randomized positions (Ruoss et al., 2023): every scheme sees exactly the drawn positions in
+training, and evaluation is the plain model."""
+import math
+
+import pytest
+import torch
+
+from relpos_lab.core.positions import (
+    BUILTIN, RotaryPositions, ShawConfig, ShawPositions, builtin_config, scheme_of,
+)
+from relpos_lab.core.positions.randomized import sample_positions
+from relpos_lab.core.transformer import EncoderDecoder, ModelConfig, MultiHeadAttention
+
+from tests.test_positions import attend_with_loop
+
+SCHEMES_WITH_POSITIONS = tuple(s for s in BUILTIN if s != "none")
+
+
+def config(scheme="shaw", **kw):
+    fields = {"max_distance": 2} if scheme == "shaw" else {}
+    fields.update(kw.pop("positions", {}))
+    base = dict(src_vocab_size=11, tgt_vocab_size=11, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2,
+                n_decoder_layers=2, dropout=0.0, attention_dropout=0.0, positions=builtin_config(scheme, **fields))
+    return ModelConfig(**{**base, **kw})
+
+
+def test_sampled_positions_are_an_increasing_subset_of_the_range():
+    torch.manual_seed(0)
+    for _ in range(20):
+        p = sample_positions(7, 12)
+        assert p.numel() == 7 and (p.diff() > 0).all() and 0 <= p.min() and p.max() < 12
+    assert sample_positions(5, 5).tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="6 tokens does not fit model.positions.max_random_len=5"):
+        sample_positions(6, 5)
+
+
+@pytest.mark.parametrize("scheme", tuple(BUILTIN))
+@pytest.mark.parametrize("causal", [False, True])
+def test_positions_0_to_L_minus_1_are_the_plain_layer(scheme, causal):
+    """The spread-and-mask path at positions 0..L-1 computes what the layer computes without it,
+    padding included: the path adds nothing of its own."""
+    torch.manual_seed(0)
+    cfg = config(scheme)
+    layer = MultiHeadAttention(cfg, scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal)).double()
+    x = torch.randn(3, 6, 16, dtype=torch.float64)
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 2 + [0] * 4], dtype=torch.bool)[:, None, None, :]
+    want = layer(x, attn_mask=mask, is_causal=causal)
+    got = layer(x, attn_mask=mask, is_causal=causal, positions=torch.arange(6))
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_shaw_at_random_positions_clips_their_differences(causal):
+    """e_ij = q_i·(k_j + a^K_clip(p_j - p_i)) / sqrt(D), z_i = Σ_j α_ij (v_j + a^V_clip(p_j - p_i)): the
+    paper's equations with the drawn positions p in place of the indices."""
+    torch.manual_seed(0)
+    H, D, k = 2, 4, 3
+    rel = ShawPositions(ShawConfig(max_distance=k), D, H).double()
+    p = torch.tensor([0, 2, 3, 7, 11])
+    q = key = v = torch.randn(1, H, 5, D, dtype=torch.float64)  # identity projections below: one x is q, k and v
+
+    def clip(i, j):
+        return max(-k, min(k, int(p[j] - p[i]))) + k
+
+    want = []
+    for h in range(H):
+        for i in range(5):
+            keys = [j for j in range(5) if not causal or j <= i]
+            logits = torch.stack([q[0, h, i] @ (key[0, h, j] + rel.rel_k[clip(i, j)]) / math.sqrt(D) for j in keys])
+            want.append(sum(a * (v[0, h, j] + rel.rel_v[clip(i, j)]) for a, j in zip(logits.softmax(-1), keys)))
+    want = torch.stack(want).view(1, H, 5, D)
+
+    layer = MultiHeadAttention(config("shaw", n_heads=H, d_model=H * D, positions={"max_distance": k}), rel).double()
+    for proj in (layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj):  # identity projections: q, k, v as given
+        torch.nn.init.eye_(proj.weight), torch.nn.init.zeros_(proj.bias)
+    merge = lambda t: t.transpose(1, 2).flatten(2)  # noqa: E731
+    got = layer(merge(q), is_causal=causal, positions=p)
+    torch.testing.assert_close(got, merge(want), rtol=1e-10, atol=1e-10)
+
+
+def test_rope_at_random_positions_rotates_each_token_by_its_drawn_position():
+    torch.manual_seed(0)
+    rope = RotaryPositions(4, 10000.0).double()
+    p = torch.tensor([1, 4, 5, 9])
+    cfg = config("rope", d_model=8, n_heads=2)
+    layer = MultiHeadAttention(cfg, rope).double()
+    for proj in (layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj):
+        torch.nn.init.eye_(proj.weight), torch.nn.init.zeros_(proj.bias)
+    q = torch.randn(1, 2, 4, 4, dtype=torch.float64)
+    rotated = torch.cat([rope._rotate_at(q[:, :, i:i + 1], int(p[i])) for i in range(4)], dim=2)
+
+    def bias_free(b, h, i, j):
+        return 0.0
+
+    want = attend_with_loop(rotated, rotated, q, bias_free, causal=True, offset=0)
+    got = layer(q.transpose(1, 2).flatten(2), is_causal=True, positions=p)
+    torch.testing.assert_close(got, want.transpose(1, 2).flatten(2), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("scheme", ["sinusoidal", "learned"])
+def test_absolute_encodings_are_taken_at_the_drawn_positions(scheme):
+    torch.manual_seed(0)
+    model = EncoderDecoder(config(scheme, positions={"max_random_len": 40})).double()
+    embed = model.encoder.embed
+    p = torch.tensor([3, 8, 30])
+    x = torch.zeros(1, 40, 16, dtype=torch.float64)
+    table = embed.positions(x, 0)[0]
+    ids = torch.tensor([[0, 0, 0]])  # padding id: zero token embedding, so only positions remain
+    torch.testing.assert_close(embed.eval()(ids, positions=p)[0], table[p])
+
+
+@pytest.mark.parametrize("scheme", SCHEMES_WITH_POSITIONS)
+def test_training_draws_new_positions_and_evaluation_is_the_plain_model(scheme):
+    torch.manual_seed(0)
+    randomized = EncoderDecoder(config(scheme, positions={"max_random_len": 64}))
+    plain = EncoderDecoder(config(scheme))
+    plain.load_state_dict(randomized.state_dict())
+    src, tgt = torch.randint(1, 11, (2, 9)), torch.randint(1, 11, (2, 7))
+    torch.testing.assert_close(randomized.eval()(src, tgt), plain.eval()(src, tgt), rtol=0, atol=0)
+    randomized.train()
+    first, second = randomized(src, tgt), randomized(src, tgt)
+    assert not torch.allclose(first, second), "two training passes drew the same positions"
+    first.sum().backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in randomized.parameters())
+
+
+def test_invalid_randomization_is_a_clear_error():
+    with pytest.raises(ValueError, match="max_random_len=0 must be >= 1"):
+        config("rope", positions={"max_random_len": 0}).validate()
+    with pytest.raises(ValueError, match="scheme 'none' has none"):
+        config("none", positions={"max_random_len": 64}).validate()
+    model = EncoderDecoder(config("rope", positions={"max_random_len": 8})).train()
+    with pytest.raises(ValueError, match="12 tokens does not fit model.positions.max_random_len=8"):
+        model(torch.randint(1, 11, (1, 12)), torch.randint(1, 11, (1, 3)))
