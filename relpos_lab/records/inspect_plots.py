@@ -19,6 +19,7 @@ from matplotlib.ticker import MaxNLocator
 
 KIND_TITLES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",
                "cross": "cross-attention (query: target position, key: source position)"}
+CROSS_NOTE = "an alignment off the diagonal (e.g. reversal) spreads over many offsets: see example_cross_*.png"
 OFFSET_LABEL = "relative offset j − i (key − query, tokens)"
 MASS_LABEL = "mean attention mass per query"
 

@@ -9,6 +9,12 @@ longest test length beside it. The scheme's own drawings (`RelativePositions.dra
 per-layer modules. Numbers go to inspect.json, figures to plots/inspect/, both also to the run's
 W&B run (images and a table). Here, not in analysis/, because training calls it on the model it
 has just evaluated.
+
+inspect.json: {"run", "scheme", "split", "mass" (the definition), "sets": {set name ("valid",
+"length 16", ...): {"split", "examples", "in_training_range" (length sets), "attention": {kind:
+{"offsets", "query_rows", "mass" (layers × heads × offsets), "clipped" (Shaw: {"max_distance",
+"mass" by clipped offset -k..k})}}}}, "drawings": {kind: {layer: {name: {"kind", "x", "values",
+"xlabel", "ylabel"}}}}}.
 """
 from __future__ import annotations
 
@@ -279,6 +285,8 @@ def _figures(numbers: dict, probes: dict, drawings: dict, folder: Path, who: str
         mass, offsets = np.asarray(a["mass"]), a["offsets"]
         kind_clip = clip if kind != "cross" else None  # cross-attention has no Shaw tables
         title = f"{who}\n{plots.KIND_TITLES[kind]}, {main} split ({sets[main]['examples']} examples)"
+        if kind == "cross":
+            title += f"\n{plots.CROSS_NOTE}"
         figures.append(plots.plot_offset_heatmaps({"rows: layer L, head H": (offsets, mass)},
                                                   folder / f"attention_{kind}.png", title, kind_clip))
         for layer in range(mass.shape[0]):
@@ -293,7 +301,8 @@ def _figures(numbers: dict, probes: dict, drawings: dict, folder: Path, who: str
                     e["offsets"], np.asarray(e["mass"]))
         if by_length:
             figures.append(plots.plot_offset_heatmaps(by_length, folder / f"by_length_{kind}.png",
-                                                      f"{who}\n{plots.KIND_TITLES[kind]} by input length", kind_clip))
+                                                      f"{who}\n{plots.KIND_TITLES[kind]} by input length"
+                                                      + (f"\n{plots.CROSS_NOTE}" if kind == "cross" else ""), kind_clip))
         probe = probes[main]
         layers = sorted(layer for k, layer in probe.example if k == kind)
         for layer in dict.fromkeys((layers[0], layers[-1])):
