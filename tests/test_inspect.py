@@ -70,9 +70,10 @@ def test_a_model_whose_encoder_looks_one_token_left_gives_exact_masses():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The same tiny run trained twice: inspection on (the default) and off."""
+    """The same tiny run trained twice: inspection on (the default; explicit, so that the debug
+    overlay may turn it off for speed) and off."""
     out = {}
-    for name, extra in (("on", []), ("off", ["logging.inspect=false"])):
+    for name, extra in (("on", ["logging.inspect=true"]), ("off", ["logging.inspect=false"])):
         root = tmp_path_factory.mktemp(f"inspect_{name}")
         (root / "tiny.yaml").write_text(TINY)
         done = run_cli("train", "tiny.yaml", *extra, cwd=root)
