@@ -185,3 +185,12 @@ def test_inspecting_a_run_again_continues_its_wandb_run_without_cutting_it(runs,
     images = [row for row in attempts[-1].history if "inspect/by_length_encoder_self" in row]
     assert images and images[0]["trainer/global_step"] == 30
     assert json.loads((run_dir / "inspect.json").read_text())["sets"].keys() == {"valid", "length 3"}
+
+
+def test_inspection_is_on_by_default_and_outside_the_run_directory_hash():
+    from relpos_lab.config import load_config
+    from relpos_lab.records.rundir import run_directory
+
+    cfg = load_config("reverse_shaw", [])
+    assert cfg.logging.inspect is True
+    assert run_directory(load_config("reverse_shaw", ["logging.inspect=false"])) == run_directory(cfg)
