@@ -45,15 +45,16 @@ class AttentionProbe:
         p = p.detach().to(torch.float64)
         rows = torch.ones(b, lq, dtype=torch.bool, device=p.device) if self.query_mask is None else \
             self.query_mask[:, -lq:].to(p.device)
-        weight = rows.to(p.dtype)[:, None, :, None]
+        # Offsets do not depend on the example: sum the real rows over the batch first, so the
+        # offset sums need (H, Lq, Lq+Lk) memory, not B times that.
+        pooled = (p * rows.to(p.dtype)[:, None, :, None]).sum(0, keepdim=True)  # (1, H, Lq, Lk)
         first = query_offset + lq - 1  # offsets run from -first to lk - 1
         index = torch.arange(lk, device=p.device)[None, :] - torch.arange(lq, device=p.device)[:, None] + lq - 1
-        by_offset = p.new_zeros(b, h, lq, lq + lk - 1).scatter_add_(-1, index.expand(b, h, lq, lk), p)
-        summed = (by_offset * weight).sum((0, 2)).cpu()  # (H, lq + lk - 1), offsets -(lq-1)-offset ...
-        self._add_mass(summed, -first)
+        by_offset = p.new_zeros(1, h, lq, lq + lk - 1).scatter_add_(-1, index.expand(1, h, lq, lk), pooled)
+        self._add_mass(by_offset.sum((0, 2)).cpu(), -first)  # column c: offset c - first
         self.rows[self.where] = self.rows.get(self.where, 0) + int(rows.sum())
         if max_distance > 0:
-            labels = (sum_by_label(p, max_distance, query_offset) * weight).sum((0, 2)).cpu()
+            labels = sum_by_label(pooled, max_distance, query_offset).sum((0, 2)).cpu()
             self.clipped[self.where] = self.clipped.get(self.where, 0) + labels
         longest = int(rows.sum(1).argmax())
         if self.where not in self.example or self.example[self.where].shape[-2] < int(rows[longest].sum()):
