@@ -22,6 +22,7 @@ KIND_TITLES = {"encoder_self": "encoder self-attention", "decoder_self": "decode
 CROSS_NOTE = "an alignment off the diagonal (e.g. reversal) spreads over many offsets: see example_cross_*.png"
 OFFSET_LABEL = "relative offset j − i (key − query, tokens)"
 MASS_LABEL = "mean attention mass per query"
+MAX_TOKEN_TICKS = 40
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -98,25 +99,37 @@ def plot_offset_lines(offsets: Sequence[int], mass: np.ndarray, path: Path, titl
     return _save(fig, path)
 
 
-def plot_example_maps(maps: np.ndarray, path: Path, title: str, query_label: str, key_label: str) -> Path:
-    """All heads of one layer on one example: maps (heads, queries, keys), probability 0..1."""
+def plot_example_maps(maps: np.ndarray, path: Path, title: str, query_label: str, key_label: str,
+                      query_tokens: Sequence[str] | None = None, key_tokens: Sequence[str] | None = None) -> Path:
+    """All heads of one layer on one example: maps (heads, queries, keys), one colour scale from 0
+    to the largest probability among them; the
+    tokens label the axes when given and short enough to read (at most MAX_TOKEN_TICKS)."""
     heads = maps.shape[0]
+    key_named = key_tokens is not None and len(key_tokens) == maps.shape[2] <= MAX_TOKEN_TICKS
+    query_named = query_tokens is not None and len(query_tokens) == maps.shape[1] <= MAX_TOKEN_TICKS
     cols = min(heads, 4)
     rows = (heads + cols - 1) // cols
+    vmax = max(float(maps.max()), 1e-6)  # diffuse maps stay visible; one scale for all heads
     fig = _figure(3.0 * cols + 1.2, 3.0 * rows + 0.8)
     axes = fig.subplots(rows, cols, squeeze=False)
     for h, ax in enumerate(axes.flat):
         if h >= heads:
             ax.set_visible(False)
             continue
-        image = ax.imshow(maps[h], cmap="magma", vmin=0.0, vmax=1.0, interpolation="nearest")
+        image = ax.imshow(maps[h], cmap="magma", vmin=0.0, vmax=vmax, interpolation="nearest")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        if key_named:
+            ax.set_xticks(range(len(key_tokens)), [f"{j}: {t}" for j, t in enumerate(key_tokens)],
+                          rotation=90, fontsize="xx-small")
+        if query_named:
+            ax.set_yticks(range(len(query_tokens)), [f"{i}: {t}" for i, t in enumerate(query_tokens)],
+                          fontsize="xx-small")
         ax.set_title(f"head {h}", fontsize="small")
-        ax.set_xlabel(key_label, fontsize="x-small")
-        ax.set_ylabel(query_label, fontsize="x-small")
+        ax.set_xlabel(key_label + (": token" if key_named else ""), fontsize="x-small")
+        ax.set_ylabel(query_label + (": token" if query_named else ""), fontsize="x-small")
     fig.colorbar(image, ax=list(axes.flat), label="attention probability")
-    fig.suptitle(title, fontsize="small")
+    fig.suptitle(f"{title}\ncolour scale 0 to {vmax:.2f}, the largest probability in these maps", fontsize="small")
     return _save(fig, path)
 
 

@@ -107,6 +107,8 @@ def inspect_model(model: torch.nn.Module, task: Task, cfg: DictConfig, out_dir: 
     model.eval()
     try:
         probes = {name: _measure(model, task, examples, batch_size) for name, (_, examples) in sets.items()}
+        ids: dict = {}  # the example's token ids by side, for the maps' tick labels
+        example = _measure(model, task, [max(sets[split][1], key=task.example_length)], 1, ids)
     finally:
         model.train(was_training)
     numbers = {"run": run_name, "scheme": scheme, "split": split,
@@ -123,7 +125,7 @@ def inspect_model(model: torch.nn.Module, task: Task, cfg: DictConfig, out_dir: 
                                   for layer, found in layers.items()} for kind, layers in drawings.items()}
     path = out_dir / INSPECT_JSON
     atomic_write(path, json.dumps(numbers, indent=1) + "\n")
-    figures = _figures(numbers, probes, drawings, out_dir / PLOTS, f"{run_name} ({scheme})", clip)
+    figures = _figures(numbers, example, _tokens(task, ids), drawings, out_dir / PLOTS, f"{run_name} ({scheme})", clip)
     log_images(loggers, {f"inspect/{p.stem}": p for p in figures}, step=step)
     log_samples(loggers, "inspect/attention_by_offset", *_table(numbers), step=step)
     if echo:
@@ -172,10 +174,12 @@ class _Examples:
 
 # --- measuring --------------------------------------------------------------------------------
 
-def _measure(model, task: Task, examples: list, batch_size: int) -> AttentionProbe:
+def _measure(model, task: Task, examples: list, batch_size: int, ids: dict | None = None) -> AttentionProbe:
+    """A probe's sums over `examples`, teacher-forced; `ids` gets the first example's real token
+    ids by side ("src", "tgt")."""
     probe = AttentionProbe()
     pad_id = getattr(getattr(model, "cfg", None), "pad_id", 0)
-    handles = _attach(model, probe, pad_id)
+    handles = _attach(model, probe, pad_id, ids)
     try:
         with capturing(probe), torch.no_grad():
             for start in range(0, len(examples), batch_size):
@@ -200,7 +204,7 @@ def site_of(name: str) -> tuple[str, int]:
     return kind, int(layer.group(1)) if layer else 0
 
 
-def _attach(model, probe: AttentionProbe, pad_id: int) -> list:
+def _attach(model, probe: AttentionProbe, pad_id: int, ids: dict | None = None) -> list:
     """Forward pre-hooks that tell the probe which site runs and which query and key rows are
     real (tokens other than padding): the model itself is not changed."""
     masks: dict = {}
@@ -209,6 +213,8 @@ def _attach(model, probe: AttentionProbe, pad_id: int) -> list:
     def remember(side):
         def hook(module, args):
             masks[side] = args[0] != pad_id
+            if ids is not None and side not in ids:
+                ids[side] = args[0][0][masks[side][0]].tolist()
         return hook
 
     def enter(kind, layer):
@@ -274,7 +280,18 @@ def _drawing_json(d) -> dict:
 
 # --- figures and the W&B table ----------------------------------------------------------------
 
-def _figures(numbers: dict, probes: dict, drawings: dict, folder: Path, who: str, clip: int | None) -> list[Path]:
+def _tokens(task: Task, ids: dict) -> dict:
+    """{side: symbols} of the example, where the task has a vocabulary for that side (else {})."""
+    out = {}
+    for side, values in ids.items():
+        symbols = getattr(getattr(task, f"{side}_vocab", None), "symbols", None)
+        if symbols is not None:
+            out[side] = [symbols[i] if 0 <= i < len(symbols) else "?" for i in values]
+    return out
+
+
+def _figures(numbers: dict, example: AttentionProbe, tokens: dict, drawings: dict, folder: Path, who: str,
+             clip: int | None) -> list[Path]:
     sets = numbers["sets"]
     main = numbers["split"]
     figures = []
@@ -303,17 +320,16 @@ def _figures(numbers: dict, probes: dict, drawings: dict, folder: Path, who: str
             figures.append(plots.plot_offset_heatmaps(by_length, folder / f"by_length_{kind}.png",
                                                       f"{who}\n{plots.KIND_TITLES[kind]} by input length"
                                                       + (f"\n{plots.CROSS_NOTE}" if kind == "cross" else ""), kind_clip))
-        probe = probes[main]
-        layers = sorted(layer for k, layer in probe.example if k == kind)
+        layers = sorted(layer for k, layer in example.example if k == kind)
+        sides = {"encoder_self": ("src", "src"), "decoder_self": ("tgt", "tgt"), "cross": ("tgt", "src")}[kind]
+        names = {"src": "source", "tgt": "target"}
         for layer in dict.fromkeys((layers[0], layers[-1])):
-            query, key = {"encoder_self": ("query: source position i", "key: source position j"),
-                          "decoder_self": ("query: target position i", "key: target position j"),
-                          "cross": ("query: target position i", "key: source position j")}[kind]
-            figures.append(plots.plot_example_maps(probe.example[(kind, layer)].numpy(),
-                                                   folder / f"example_{kind}_layer{layer}.png",
-                                                   f"{who}\n{plots.KIND_TITLES[kind]}, layer {layer}, "
-                                                   f"the longest {main} example ({_shape(probe.example[(kind, layer)])})",
-                                                   query, key))
+            maps = example.example[(kind, layer)]
+            figures.append(plots.plot_example_maps(
+                maps.numpy(), folder / f"example_{kind}_layer{layer}.png",
+                f"{who}\n{plots.KIND_TITLES[kind]}, layer {layer}, the longest {main} example ({_shape(maps)})",
+                f"query: {names[sides[0]]} position i", f"key: {names[sides[1]]} position j",
+                tokens.get(sides[0]), tokens.get(sides[1])))
     for kind, layers in drawings.items():
         for layer, found in layers.items():
             causal = "\ncausal: offsets j − i > 0 are never attended" if kind == "decoder_self" else ""
