@@ -114,6 +114,23 @@ def evaluate(args: argparse.Namespace) -> None:
     show_summary(summary, f"{Path(args.checkpoint).name} on {args.split}")
 
 
+@command("inspect", "attention by relative offset and what the position scheme learned: PNGs in "
+         "<run>/plots/inspect/, numbers in <run>/inspect.json, images and a table in the run's W&B run",
+         arg("checkpoint", help="a .ckpt file written by `relpos-lab train`"),
+         arg("--split", default="valid", help="split whose examples are measured (default: valid)"),
+         arg("--lengths", type=int, nargs="+", default=None, help="input lengths measured on their own, side by "
+             "side (default: the longest training length and the longest test length, for tasks with lengths)"),
+         arg("--out", default=None, help="directory for inspect.json and plots/inspect/ instead of the run "
+             "directory (nothing is then logged to W&B)"),
+         OVERRIDES)
+def inspect(args: argparse.Namespace) -> None:
+    from relpos_lab.training.inspect import inspect_checkpoint
+
+    summary = inspect_checkpoint(args.checkpoint, args.split, args.lengths, args.out, args.overrides)
+    _echo(f"inspect: {len(summary.plots)} figures in {shown_path(summary.out_dir / 'plots' / 'inspect')}, "
+          f"numbers in {shown_path(summary.json)}")
+
+
 @command("translate", "translate lines of text (stdin or a file) with a trained checkpoint",
          arg("checkpoint", help="a .ckpt file written by `relpos-lab train`"),
          arg("--input", default=None, help="file with one sentence per line (default: stdin)"),

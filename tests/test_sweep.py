@@ -298,3 +298,27 @@ def test_dry_run_without_slurm_runs_nothing_and_names_list(tmp_path, monkeypatch
     err = capsys.readouterr().err
     assert "--dry-run goes with --slurm" in err and "--list" in err
     assert not any(tmp_path.glob("runs/*/*/results.json")) and not (tmp_path / "runs").exists()
+
+def _inspect_json(run: str, mass: list) -> None:
+    """A hand-made inspect.json: one layer, heads x offsets -1..1, on split valid."""
+    (Path(run) / "inspect.json").write_text(json.dumps({"split": "valid", "sets": {"valid": {"attention": {
+        "encoder_self": {"offsets": [-1, 0, 1], "mass": [mass]}}}}}))
+
+
+def test_report_draws_each_groups_mean_attention_by_offset(tmp_path):
+    root = tmp_path / "runs" / "att"
+    points = [({"scheme": s, "seed": str(i)}, _fake_run(root, f"{s}{i}", 0.5, {1: 1.0}, i))
+              for s in ("shaw", "none") for i in (1, 2)]
+    _inspect_json(points[0][1], [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])  # shaw: heads mean (.5, .5, 0)
+    _inspect_json(points[1][1], [[0.0, 0.0, 1.0], [0.0, 0.0, 1.0]])  # mean (0, 0, 1)
+    (root / "sweep.json").write_text(json.dumps({
+        "name": "att", "sweep_file": "x.yaml", "points": [{"index": i, "labels": l, "overrides": [], "run_dir": d}
+                                                          for i, (l, d) in enumerate(points)]}))
+    from relpos_lab.analysis.report import attention_curves, load_groups
+
+    _, groups, _, _ = load_groups(root)
+    curves = attention_curves(groups)
+    assert curves == {"encoder_self": {"shaw": ([-1, 0, 1], [0.25, 0.25, 0.5])}}  # "none" has no inspect.json
+    text = write_report(root, tmp_path / "out", metrics=("exact_match",)).read_text()
+    assert "## Attention by relative offset" in text and "![encoder_self](attention_encoder_self.png)" in text
+    assert (tmp_path / "out" / "attention_encoder_self.png").stat().st_size > 5000

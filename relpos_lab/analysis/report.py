@@ -19,6 +19,7 @@ import yaml
 
 from relpos_lab.api.errors import UserError
 from relpos_lab.launch.sweep import MANIFEST, group_label
+from relpos_lab.records.inspect_plots import KIND_TITLES, plot_mean_curves
 from relpos_lab.records.plots import plot_curves, plot_groups
 
 
@@ -155,6 +156,30 @@ def signature_lines(groups: list[Group], split: str) -> list[str]:
     return lines
 
 
+def attention_curves(groups: list[Group]) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
+    """{attention kind: {group: (offsets, mass)}}: each run's inspect.json curve on its inspected
+    split, averaged over layers and heads, then over the group's runs (runs without one skipped)."""
+    sums: dict[str, dict[str, dict[int, list[float]]]] = {}
+    for g in groups:
+        for run_dir in g.run_dirs:
+            path = Path(run_dir) / "inspect.json"
+            if not path.is_file():
+                continue
+            numbers = json.loads(path.read_text())
+            for kind, a in numbers["sets"][numbers["split"]]["attention"].items():
+                per_offset = sums.setdefault(kind, {}).setdefault(g.label, {})
+                heads = [row for layer in a["mass"] for row in layer]
+                for i, offset in enumerate(a["offsets"]):
+                    per_offset.setdefault(offset, []).append(statistics.fmean(row[i] for row in heads))
+    out: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+    for kind, by_group in sums.items():
+        for label, per_offset in by_group.items():
+            runs = max(len(v) for v in per_offset.values())  # a run without an offset had no mass there
+            offsets = sorted(per_offset)
+            out.setdefault(kind, {})[label] = (offsets, [sum(per_offset[o]) / runs for o in offsets])
+    return out
+
+
 def _run_name(run_dir: str) -> str:
     """A run's directory name; for a point linked to another sweep's run (--reuse), where it lives."""
     path = Path(run_dir)
@@ -166,7 +191,8 @@ def _run_name(run_dir: str) -> str:
 
 def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: str | None = None,
                  metrics: tuple[str, ...] | None = None, over: tuple[str, ...] | None = None) -> Path:
-    """Write report.md, summary.csv, by_length.csv, groups.png (every run) and one by-length plot per metric.
+    """Write report.md, summary.csv, by_length.csv, groups.png (every run), one by-length plot per
+    metric and, for runs with inspect.json, one attention-by-offset plot per attention kind.
 
     `split` defaults to the one the sweep's published numbers compare with, else test; `metrics`
     to every metric the runs report on it but the loss (exact_match and token_accuracy for the
@@ -263,6 +289,16 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
         for label, pts in table.items():
             lines.append(f"| {label} | " + " | ".join(
                 _cell(*pts[n], 2, sep="±") if n in pts else "" for n in lengths) + " |")
+    attention = attention_curves(groups)
+    if attention:
+        lines += ["", "## Attention by relative offset", "",
+                  "Mean attention mass per query at each offset j − i (key − query), from each run's `inspect.json` "
+                  "(`relpos-lab inspect`), averaged over layers, heads and the group's runs; one line per group.", ""]
+        for kind, curves_of in attention.items():
+            name = f"attention_{kind}.png"
+            plot_mean_curves(curves_of, out / name, f"{manifest['name']}: {KIND_TITLES[kind]}\none line per group: "
+                             + (f"mean of its runs (over {', '.join(over)})" if over else "its run"))
+            lines += [f"![{kind}]({name})", ""]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return out / "report.md"
 

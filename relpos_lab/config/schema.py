@@ -173,6 +173,9 @@ class LoggingConfig:
     """Weights & Biases tracking"""
     num_samples: int = 8
     """sample predictions shown per evaluation (W&B table)"""
+    inspect: bool = True
+    """after the final evaluation, `relpos-lab inspect` the best checkpoint (attention by relative offset,
+    the scheme's learned tables or biases) when the model has a relative scheme; false: skip it"""
 
 
 @dataclass

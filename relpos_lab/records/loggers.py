@@ -433,6 +433,19 @@ def log_line_plot(loggers: Iterable[Logger], key: str, curves: Mapping[str, Mapp
 
 
 
+def log_images(loggers: Iterable[Logger], images: Mapping[str, str | Path], step: int | None = None) -> None:
+    """Log PNG files as W&B images, `{key: path}`, in one history row at training step `step`;
+    nothing without W&B, never raises."""
+    for logger in _wandb_loggers(loggers):
+        try:
+            import wandb
+
+            logger.log_metrics({key: wandb.Image(str(path)) for key, path in images.items()}, step=step)
+        except Exception as err:
+            warnings.warn(f"W&B: could not log {len(images)} images ({type(err).__name__}: {err})")
+
+
+
 def _wandb_loggers(loggers: Iterable[Logger]) -> list[WandbLogger]:
     return [lg for lg in loggers if isinstance(lg, WandbLogger) and not getattr(lg, "failed", False)]
 

@@ -7,7 +7,8 @@ place from ``checkpoints/last.ckpt``.
 
 After training, the best checkpoint (by the task's main metric on "valid") is evaluated on valid
 and test with the same `Task.evaluate` as validation, and the result is written to results.json
-with per-length numbers and plots.
+with per-length numbers and plots; then, for a model with a relative scheme and unless
+``logging.inspect=false``, inspect.py draws its attention by offset and its scheme.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from relpos_lab.training.checkpoints import (
     task_from_checkpoint,
 )
 from relpos_lab.training.data import TaskDataModule
+from relpos_lab.training.inspect import has_relative_positions, inspect_model
 from relpos_lab.training.interrupt import SIGNAL_NAMES, InterruptCheckpoint
 from relpos_lab.training.module import TASK_STATE, RelposModule
 from relpos_lab.training.requeue import DeferredRequeue
@@ -201,6 +203,9 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
                  "parameters": sum(p.numel() for p in module.model.parameters()),
                  "wall_seconds": round(time.time() - started, 1)}  # this attempt, data to results
         summary = _write(run_dir, splits, task, loggers, extra) if trainer.is_global_zero else None
+        if (summary is not None and OmegaConf.select(cfg, "logging.inspect", default=True)
+                and has_relative_positions(module.model)):  # after every metric: they cannot change
+            inspect_model(module.model, task, cfg, run_dir, loggers=loggers, echo=echo, step=trainer.global_step)
     finally:
         close_loggers(loggers)
     if summary is None:  # other ranks of a distributed run

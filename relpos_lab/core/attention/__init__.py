@@ -17,6 +17,7 @@ one module each:
   GPU measurements); else ``gather``, the fastest exact form on CPU.
 
 masks.py holds what they share: the relative labels, the visibility mask, the masked softmax.
+capture.py collects the probabilities by relative offset while an inspect probe is active.
 
 The op also carries the additive score biases of other schemes (ALiBi, T5) through ``attn_bias``,
 so every position scheme runs through this one function.
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relpos_lab.core.attention import banded, flex, gather, reference
+from relpos_lab.core.attention import banded, capture, flex, gather, reference
 from relpos_lab.core.attention.masks import visibility_mask
 
 IMPLS = ("naive", "batched", "gather", "flex", "banded", "auto")
@@ -63,6 +64,11 @@ def relative_attention(
     _check_shapes(q, k, v, rel_k, rel_v, max_distance)
     lq, lk = q.shape[-2], k.shape[-2]
     allowed = visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device)
+    if capture.ACTIVE is not None:  # inspect mode only; the output below is the same either way
+        with torch.no_grad():
+            p = gather.probabilities(q, k, rel_k, max_distance, allowed, attn_bias, query_offset,
+                                     1.0 / math.sqrt(q.shape[-1]))
+        capture.ACTIVE.observe(p, query_offset, max_distance)
     if impl == "auto":
         impl = _pick_impl(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias)
     if impl == "sdpa":

@@ -90,15 +90,21 @@ class _ValuesWithEdges(torch.autograd.Function):
         return grad_p, p.transpose(-2, -1) @ grad, grad_rel_v, None, None
 
 
-def attend(q, k, v, rel_k, rel_v, kmax, allowed, attn_bias, query_offset, dropout_p, scale):
-    """Both label maps sit inside autograd Functions so their backwards are label maps too: no
-    (Lq, Lk, D) or (Lq, Lk) index tensor is saved for the backward either."""
+def probabilities(q, k, rel_k, kmax, allowed, attn_bias, query_offset, scale, dropout_p=0.0, dtype=None):
+    """softmax_j(e_ij) (B, H, Lq, Lk), then dropout: gather's first half, which `relative_attention`
+    also calls alone to show an inspect probe (core/attention/capture.py) the probabilities."""
     q = q * scale  # scaling q costs Lq·D, scaling the logits Lq·Lk
     scores = q @ k.transpose(-2, -1)
     if rel_k is not None:
         qw = q @ rel_k.to(q.dtype).transpose(-2, -1)  # (B, H, Lq, 2k+1)
         scores = _AddByLabel.apply(scores, qw, kmax, query_offset)
-    p = attention_probs(scores, 1.0, allowed, attn_bias, dropout_p, v.dtype)
+    return attention_probs(scores, 1.0, allowed, attn_bias, dropout_p, dtype or q.dtype)
+
+
+def attend(q, k, v, rel_k, rel_v, kmax, allowed, attn_bias, query_offset, dropout_p, scale):
+    """Both label maps sit inside autograd Functions so their backwards are label maps too: no
+    (Lq, Lk, D) or (Lq, Lk) index tensor is saved for the backward either."""
+    p = probabilities(q, k, rel_k, kmax, allowed, attn_bias, query_offset, scale, dropout_p, v.dtype)
     if rel_v is None:
         return p @ v
     return _ValuesWithEdges.apply(p, v, rel_v.to(p.dtype), kmax, query_offset)

@@ -10,7 +10,7 @@ from relpos_lab.core.positions.absolute import (
     Learned, LearnedConfig, LearnedPositions, NoPositions, NoPositionsConfig, Sinusoidal, SinusoidalConfig,
     SinusoidalPositions,
 )
-from relpos_lab.core.positions.base import PositionConfig, PositionScheme, RelativePositions, scheme_of
+from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions, scheme_of
 from relpos_lab.core.positions.bias import (
     Alibi, AlibiConfig, AlibiPositions, T5Bias, T5BiasConfig, T5BiasPositions, alibi_slopes,
 )
@@ -33,7 +33,7 @@ def builtin_config(scheme: str, **fields) -> PositionConfig:
 
 
 __all__ = [
-    "BUILTIN", "Alibi", "AlibiConfig", "AlibiPositions", "Fire", "FireConfig", "FirePositions", "Learned", "LearnedConfig", "LearnedPositions",
+    "BUILTIN", "Alibi", "Drawing", "AlibiConfig", "AlibiPositions", "Fire", "FireConfig", "FirePositions", "Learned", "LearnedConfig", "LearnedPositions",
     "NoPositions", "NoPositionsConfig", "PositionConfig", "PositionScheme", "RelativePositions", "Rope",
     "RopeConfig", "RotaryPositions", "Shaw", "ShawConfig", "ShawPositions", "Sinusoidal", "SinusoidalConfig",
     "SinusoidalPositions", "T5Bias", "T5BiasConfig", "T5BiasPositions", "TransformerXL", "TransformerXLConfig",

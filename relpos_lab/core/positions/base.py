@@ -6,6 +6,9 @@ self-attention layer that rotates q and k (RoPE) and/or returns keyword argument
 `relative_attention` (Shaw's tables, a score bias). Every per-layer module takes the absolute
 position of the first query row (and `attention_kwargs` the q and k attention will see), which is what keeps cached decoding and multi-token prefill exact.
 
+A per-layer module may also draw itself (`RelativePositions.draw`): what it learned as a function
+of distance, which `relpos-lab inspect` plots beside the attention it measured.
+
 Third-party schemes subclass `PositionScheme` and `PositionConfig` and register the scheme class
 under the ``relpos_lab.positions`` entry-point group, exactly as the built-in ones do.
 """
@@ -15,6 +18,25 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from torch import Tensor, nn
+
+
+@dataclass
+class Drawing:
+    """One panel of what a scheme learned, for `relpos-lab inspect`.
+
+    kind "curves": `values` (lines, len(x)), one line per row (a head, or "all heads"), against x;
+    kind "matrix": `values` (len(x), len(x)) over x × x (e.g. cosine similarity between offsets);
+    kind "bars": `values` (n,) at x (e.g. ALiBi's slope per head). `x` holds relative offsets
+    j − i (or head numbers for bars); `xlabel`, `ylabel` name them with their units.
+    """
+
+    kind: str
+    values: Tensor
+    x: Tensor
+    ylabel: str
+    xlabel: str = "relative offset j − i (key − query, tokens)"
+    line_label: str = "head"
+    title: str = ""  # the panel's title; default: its name in the dict `draw` returns
 
 
 @dataclass
@@ -47,6 +69,11 @@ class RelativePositions(nn.Module):
         q (B, H, Lq, D) and k (B, H, Lk, D) are what attention will see (after `rotate`; k with
         the cached keys); query row r sits at absolute position query_offset + r, key j at j.
         Most schemes need only their shapes; a bias may depend on them (Transformer-XL)."""
+        return {}
+
+    def draw(self, max_offset: int) -> dict[str, Drawing]:
+        """Optional: what this layer's module learned, by name, over offsets -max_offset..max_offset
+        (e.g. {"bias": Drawing("curves", bias per head, offsets, "score bias")}); {} draws nothing."""
         return {}
 
 

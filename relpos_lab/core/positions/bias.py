@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from relpos_lab.core.positions.base import PositionConfig, PositionScheme, RelativePositions
+from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -35,6 +35,11 @@ class AlibiPositions(RelativePositions):
         i = torch.arange(lq, device=device) + query_offset
         dist = (torch.arange(lk, device=device)[None, :] - i[:, None]).abs().float()
         return {"attn_bias": -self.slopes.to(device)[:, None, None] * dist}
+
+    def draw(self, max_offset):
+        return {"slopes": Drawing("bars", self.slopes.float().cpu(), torch.arange(len(self.slopes)),
+                                  "slope m_h (bias −m_h·|j − i|)", xlabel="head", title="ALiBi slope per head (fixed)"),
+                "bias": bias_drawing(self, max_offset, "ALiBi bias −m_h·|j − i| per head")}
 
 
 @dataclass
@@ -81,6 +86,22 @@ class T5BiasPositions(RelativePositions):
         i = torch.arange(lq, device=device) + query_offset
         rel = torch.arange(lk, device=device)[None, :] - i[:, None]
         return {"attn_bias": self.bias(self.bucket(rel)).permute(2, 0, 1)}
+
+    def draw(self, max_offset):
+        return {"bias": bias_drawing(self, max_offset, "T5 bias per head (learned per distance bucket)")}
+
+
+def bias_drawing(module: RelativePositions, max_offset: int, title: str = "", query: int | None = None) -> Drawing:
+    """A bias scheme's score bias by offset j − i, per head: one query at position `query`
+    (default max_offset, so every offset down to -max_offset has a key) against keys around it."""
+    query = max_offset if query is None else query
+    q = torch.zeros(1, 1, 1, 1)
+    k = torch.zeros(1, 1, query + max_offset + 1, 1)
+    with torch.no_grad():
+        bias = module.attention_kwargs(q, k, query)["attn_bias"]  # (H, 1, Lk) or (B, H, 1, Lk)
+    bias = bias.reshape(-1, k.shape[-2])[:, query - max_offset:].float().cpu()
+    return Drawing("curves", bias, torch.arange(-max_offset, max_offset + 1), "score bias added to the logit",
+                   title=title)
 
 
 @dataclass

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from relpos_lab.core.positions.base import PositionConfig, PositionScheme, RelativePositions
+from relpos_lab.core.positions.bias import bias_drawing
 
 EPS = 1e-6
 
@@ -65,6 +66,11 @@ class FirePositions(RelativePositions):
     def attention_kwargs(self, q, k, query_offset):
         x = self.normalised_distance(q.shape[-2], k.shape[-2], query_offset)
         return {"attn_bias": self.mlp(x[..., None]).permute(2, 0, 1).to(q.dtype)}
+
+    def draw(self, max_offset):
+        """The bias seen by a query at position max_offset (FIRE's bias also depends on i, through
+        ψ(max(L, i)); below the threshold L it does not)."""
+        return {"bias": bias_drawing(self, max_offset, f"FIRE bias per head, query at position {max_offset}")}
 
 
 class Fire(PositionScheme):

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from relpos_lab.core.positions.absolute import SinusoidalPositions
-from relpos_lab.core.positions.base import PositionConfig, PositionScheme, RelativePositions
+from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions
 
 
 @dataclass
@@ -52,7 +52,7 @@ class ShawPositions(RelativePositions):
 
     def __init__(self, cfg: ShawConfig, head_dim: int, n_heads: int):
         super().__init__()
-        self.max_distance = max(cfg.left, cfg.right)
+        self.max_distance, self.left = max(cfg.left, cfg.right), cfg.left
         rows = cfg.left + cfg.right + 1
         shape = ((n_heads,) if cfg.per_head else ()) + (rows, head_dim)
         self.rel_k = nn.Parameter(torch.randn(shape) * head_dim**-0.5) if cfg.use_keys else None
@@ -68,6 +68,32 @@ class ShawPositions(RelativePositions):
 
     def attention_kwargs(self, q, k, query_offset):
         return {"rel_k": self._table(self.rel_k), "rel_v": self._table(self.rel_v), "max_distance": self.max_distance}
+
+    def draw(self, max_offset):
+        """Per table: the norm of w_d by offset d (one line per head with per-head tables), and the
+        cosine similarity between offsets (mean over heads): rows that learned the same vector are
+        offsets the model does not tell apart, whatever k allows."""
+        drawings = {}
+        for name, table in (("key", self.rel_k), ("value", self.rel_v)):
+            if table is None:
+                continue
+            w = table.detach().float()
+            rows = w.shape[-2]
+            offsets = torch.arange(rows) - self.left  # row r is offset r - left
+            norms = w.norm(dim=-1)
+            unit = torch.nn.functional.normalize(w, dim=-1)
+            cosine = unit @ unit.transpose(-1, -2)
+            tag = "K" if name == "key" else "V"
+            shared = norms.dim() == 1
+            drawings[f"{name}_norm"] = Drawing(
+                "curves", norms[None] if shared else norms, offsets, f"‖w^{tag}_d‖ (L2 norm)",
+                xlabel="offset d = clip(j − i) (tokens)", line_label="shared by all heads" if shared else "head",
+                title=f"a^{tag} table: norm of w^{tag}_d per offset")
+            drawings[f"{name}_cosine"] = Drawing(
+                "matrix", cosine if shared else cosine.mean(0), offsets, f"cos(w^{tag}_d, w^{tag}_d′)",
+                xlabel="offset d (tokens)", title=f"a^{tag} table: cosine between offsets"
+                + ("" if shared else " (mean over heads)"))
+        return drawings
 
 
 class Shaw(PositionScheme):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from relpos_lab.core.positions.base import PositionConfig, PositionScheme, RelativePositions
+from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions
 
 
 @dataclass
@@ -55,6 +55,16 @@ class TransformerXLPositions(RelativePositions):
         position = position.gather(-1, index.expand(b, h, lq, lk))
         content_bias = torch.einsum("hd,bhjd->bhj", self.u, k)[:, :, None, :]  # u·k_j
         return {"attn_bias": (content_bias + position) / math.sqrt(d)}
+
+    def draw(self, max_offset):
+        """The content-free part of the bias, v·W_R R_{i-j} / √D (q = 0, k = 0), per head: what
+        the layer adds for distance alone."""
+        n_heads, head_dim = self.u.shape
+        q, k = torch.zeros(1, n_heads, 1, head_dim), torch.zeros(1, n_heads, 2 * max_offset + 1, head_dim)
+        with torch.no_grad():
+            bias = self.attention_kwargs(q, k, max_offset)["attn_bias"]
+        return {"bias": Drawing("curves", bias.reshape(n_heads, -1).float(), torch.arange(-max_offset, max_offset + 1),
+                                "v·W_R R_(i−j) / √D", title="Transformer-XL position bias per head (content-free part)")}
 
 
 class TransformerXL(PositionScheme):

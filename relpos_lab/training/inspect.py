@@ -1,0 +1,365 @@
+"""Inspect a trained model (the `inspect` verb, and the end of training): where its attention goes
+by relative offset, and what its position scheme learned.
+
+Attention is measured teacher-forced (`Task.loss`, the training forward) on a split's examples
+with a probe active (core/attention/capture.py): per attention site — encoder self-, decoder self-
+and cross-attention, each layer and head — the mean mass at each offset j − i over real query rows.
+For tasks with training lengths, the same is measured at the longest training length and at the
+longest test length beside it. The scheme's own drawings (`RelativePositions.draw`) come from the
+per-layer modules. Numbers go to inspect.json, figures to plots/inspect/, both also to the run's
+W&B run (images and a table). Here, not in analysis/, because training calls it on the model it
+has just evaluated.
+
+inspect.json: {"run", "scheme", "split", "mass" (the definition), "sets": {set name ("valid",
+"length 16", ...): {"split", "examples", "in_training_range" (length sets), "attention": {kind:
+{"offsets", "query_rows", "mass" (layers × heads × offsets), "clipped" (Shaw: {"max_distance",
+"mass" by clipped offset -k..k})}}}}, "drawings": {kind: {layer: {name: {"kind", "x", "values",
+"xlabel", "ylabel"}}}}}.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from relpos_lab.api import Task, UserError
+from relpos_lab.api.errors import shown_path
+from relpos_lab.api.files import atomic_write
+from relpos_lab.core.attention.capture import AttentionProbe, capturing
+from relpos_lab.core.positions import RelativePositions
+from relpos_lab.core.transformer import Decoder, Encoder, MultiHeadAttention
+from relpos_lab.records import inspect_plots as plots
+from relpos_lab.records.loggers import RunCSVLogger, build_loggers, close_loggers, log_images, log_samples
+from relpos_lab.training.checkpoints import CHECKPOINTS, global_step_of, load_checkpoint, task_from_checkpoint
+from relpos_lab.training.threads import use_cpu_threads
+
+INSPECT_JSON = "inspect.json"
+PLOTS = Path("plots") / "inspect"
+MAX_EXAMPLES = 256
+"""Examples per measured set at most (every n-th of the split): a smooth mean, seconds on CPU."""
+MAX_DRAWN_OFFSET = 64
+"""Scheme drawings span offsets up to the longest measured, at most this."""
+KINDS = ("encoder_self", "decoder_self", "cross")
+
+
+@dataclass
+class InspectSummary:
+    out_dir: Path
+    json: Path
+    plots: list[Path] = field(default_factory=list)
+
+
+def has_relative_positions(model: torch.nn.Module) -> bool:
+    """Whether any attention of `model` carries a scheme's relative part (Shaw, RoPE, a bias)."""
+    return any(isinstance(m, MultiHeadAttention) and type(m.positions) is not RelativePositions
+               for m in model.modules())
+
+
+def inspect_checkpoint(checkpoint: str | Path, split: str = "valid", lengths: Sequence[int] | None = None,
+                       out: str | Path | None = None, overrides: Sequence[str] = ()) -> InspectSummary:
+    """`relpos-lab inspect`: rebuild the model of `checkpoint` and inspect it into its run
+    directory (or `out`), logging to the run's W&B run."""
+    checkpoint = Path(checkpoint)
+    cfg, task = task_from_checkpoint(checkpoint, list(overrides))
+    use_cpu_threads(cfg.trainer.threads)
+    task.check_split(split)
+    model = task.build_model(OmegaConf.to_object(cfg.model))
+    state = load_checkpoint(checkpoint)["state_dict"]
+    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+    run_dir = checkpoint.resolve().parent.parent if checkpoint.parent.name == CHECKPOINTS else checkpoint.resolve().parent
+    # The run's W&B run continues after its last row (a rewind to it, as a resumed fit does): a
+    # plain resume would start the attempt's rows again at step 0 and cut the training history.
+    loggers = [lg for lg in build_loggers(cfg, run_dir, resume_step=sys.maxsize)
+               if not isinstance(lg, RunCSVLogger)] if out is None else []
+    try:
+        return inspect_model(model, task, cfg, Path(out) if out else run_dir, split, lengths, loggers,
+                             run_name=run_dir.name, step=global_step_of(checkpoint))
+    finally:
+        close_loggers(loggers)
+
+
+def inspect_model(model: torch.nn.Module, task: Task, cfg: DictConfig, out_dir: Path, split: str = "valid",
+                  lengths: Sequence[int] | None = None, loggers: Sequence = (), run_name: str | None = None,
+                  echo: Callable[[str], None] | None = None, step: int | None = None) -> InspectSummary:
+    """Measure, draw and write everything into `out_dir` (inspect.json, plots/inspect/); W&B rows
+    at training step `step` (the checkpoint's)."""
+    out_dir = Path(out_dir)
+    run_name = run_name or out_dir.name
+    scheme = _scheme_name(cfg)
+    clip = _clip(cfg)
+    batch_size = int(OmegaConf.select(cfg, "data.eval_batch_size", default=64) or 64)
+    data = _Examples(task)
+    sets = {split: (split, data.of(split))}
+    if not sets[split][1]:
+        raise UserError(f"split '{split}' of task '{task.cfg.name}' has no examples to inspect; pick another --split")
+    train_range = task.train_length_range()
+    for length in lengths if lengths is not None else data.default_lengths(train_range):
+        where = data.split_with(split, length)
+        sets[f"length {length}"] = (where, data.of(where, length))
+    was_training = model.training
+    model.eval()
+    try:
+        probes = {name: _measure(model, task, examples, batch_size) for name, (_, examples) in sets.items()}
+        ids: dict = {}  # the example's token ids by side, for the maps' tick labels
+        example = _measure(model, task, [max(sets[split][1], key=task.example_length)], 1, ids)
+    finally:
+        model.train(was_training)
+    numbers = {"run": run_name, "scheme": scheme, "split": split,
+               "mass": "mean over real query rows of the attention probability at each offset j - i (key - query)",
+               "sets": {}, "drawings": {}}
+    for name, (where, examples) in sets.items():
+        entry = {"split": where, "examples": len(examples), "attention": _attention_numbers(probes[name])}
+        if name.startswith("length ") and train_range:
+            entry["in_training_range"] = train_range[0] <= int(name.split()[1]) <= train_range[1]
+        numbers["sets"][name] = entry
+    widest = max(len(a["offsets"]) for s in numbers["sets"].values() for a in s["attention"].values()) // 2
+    drawings = _drawings(model, min(max(widest, 1), MAX_DRAWN_OFFSET))
+    numbers["drawings"] = {kind: {str(layer): {name: _drawing_json(d) for name, d in found.items()}
+                                  for layer, found in layers.items()} for kind, layers in drawings.items()}
+    path = out_dir / INSPECT_JSON
+    atomic_write(path, json.dumps(numbers, indent=1) + "\n")
+    figures = _figures(numbers, example, _tokens(task, ids), drawings, out_dir / PLOTS, f"{run_name} ({scheme})", clip)
+    log_images(loggers, {f"inspect/{p.stem}": p for p in figures}, step=step)
+    log_samples(loggers, "inspect/attention_by_offset", *_table(numbers), step=step)
+    if echo:
+        echo(f"inspect: {len(figures)} figures in {shown_path(out_dir / PLOTS)}, numbers in {shown_path(path)}")
+    return InspectSummary(out_dir, path, figures)
+
+
+# --- which examples -------------------------------------------------------------------------
+
+class _Examples:
+    """A task's splits, each read once, by length."""
+
+    def __init__(self, task: Task):
+        self.task, self._splits = task, {}
+
+    def of(self, split: str, length: int | None = None) -> list:
+        if split not in self._splits:
+            self._splits[split] = list(self.task.dataset(split))
+        data = self._splits[split]
+        if length is not None:
+            data = [e for e in data if self.task.example_length(e) == length]
+        step = -(-len(data) // MAX_EXAMPLES)  # evenly spread: splits are often sorted by length
+        return data[::step] if data else data
+
+    def lengths(self, split: str) -> list[int]:
+        self.of(split)
+        return sorted({self.task.example_length(e) for e in self._splits[split]})
+
+    def default_lengths(self, train_range) -> list[int]:
+        """The longest training length and, beside it, the longest test length past it."""
+        if not train_range or "test" not in self.task.splits:
+            return []
+        longer = [n for n in self.lengths("test") if n > train_range[1]]
+        return [train_range[1]] + ([max(longer)] if longer else [])
+
+    def split_with(self, split: str, length: int) -> str:
+        """`split` if it holds examples of `length`, else "test" if that does."""
+        for where in dict.fromkeys((split, "test")):
+            if where in self.task.splits and length in self.lengths(where):
+                return where
+        known = self.lengths(split)
+        span = f"{known[0]}–{known[-1]}" if known else "none"
+        raise UserError(f"no example of length {length} in split '{split}' (its lengths: {span}) or in 'test'; "
+                        "pick --lengths among the lengths the task's splits hold")
+
+
+# --- measuring --------------------------------------------------------------------------------
+
+def _measure(model, task: Task, examples: list, batch_size: int, ids: dict | None = None) -> AttentionProbe:
+    """A probe's sums over `examples`, teacher-forced; `ids` gets the first example's real token
+    ids by side ("src", "tgt")."""
+    probe = AttentionProbe()
+    pad_id = getattr(getattr(model, "cfg", None), "pad_id", 0)
+    handles = _attach(model, probe, pad_id, ids)
+    try:
+        with capturing(probe), torch.no_grad():
+            for start in range(0, len(examples), batch_size):
+                batch = task.collate(examples[start:start + batch_size])
+                device = next(model.parameters()).device
+                task.loss(model, {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}, 0.0)
+    except ValueError as err:
+        if "beyond model.positions.max_len" in str(err):
+            raise UserError(f"{err}; inspect lengths the model's learned positions cover (--lengths)") from None
+        raise
+    finally:
+        for handle in handles:
+            handle.remove()
+    return probe
+
+
+def site_of(name: str) -> tuple[str, int]:
+    """(kind, layer) of an attention module from its name in the model, e.g.
+    "decoder.layers.1.cross_attn.inner" -> ("cross", 1)."""
+    layer = re.search(r"layers\.(\d+)\.", name)
+    kind = "cross" if "cross" in name else "encoder_self" if name.startswith("encoder") else "decoder_self"
+    return kind, int(layer.group(1)) if layer else 0
+
+
+def _attach(model, probe: AttentionProbe, pad_id: int, ids: dict | None = None) -> list:
+    """Forward pre-hooks that tell the probe which site runs and which query and key rows are
+    real (tokens other than padding): the model itself is not changed."""
+    masks: dict = {}
+    handles = []
+
+    def remember(side):
+        def hook(module, args):
+            masks[side] = args[0] != pad_id
+            if ids is not None and side not in ids:
+                ids[side] = args[0][0][masks[side][0]].tolist()
+        return hook
+
+    def enter(kind, layer):
+        def hook(module, args):
+            probe.where = (kind, layer)
+            probe.query_mask = masks.get("src" if kind == "encoder_self" else "tgt")
+            probe.key_mask = masks.get("tgt" if kind == "decoder_self" else "src")
+        return hook
+
+    for name, module in model.named_modules():
+        if isinstance(module, Encoder):
+            handles.append(module.register_forward_pre_hook(remember("src")))
+        elif isinstance(module, Decoder):
+            handles.append(module.register_forward_pre_hook(remember("tgt")))
+        elif isinstance(module, MultiHeadAttention):
+            handles.append(module.register_forward_pre_hook(enter(*site_of(name))))
+    return handles
+
+
+def _attention_numbers(probe: AttentionProbe) -> dict:
+    """Per kind: offsets, query rows, mass (layers × heads × offsets) and, for Shaw, by clipped offset."""
+    out = {}
+    for kind in KINDS:
+        layers = sorted(layer for k, layer in probe.mass if k == kind)
+        if not layers:
+            continue
+        width = max((probe.mass[(kind, layer)].shape[-1] - 1) // 2 for layer in layers)
+        mass = np.zeros((len(layers), probe.mass[(kind, layers[0])].shape[0], 2 * width + 1))
+        for i, layer in enumerate(layers):
+            offsets, m = probe.mean_by_offset((kind, layer))
+            mass[i, :, width + offsets[0]: width + offsets[-1] + 1] = m.numpy()
+        entry = {"offsets": list(range(-width, width + 1)), "query_rows": probe.rows[(kind, layers[0])],
+                 "mass": _rounded(mass)}
+        clipped = [probe.mean_by_clipped_offset((kind, layer)) for layer in layers]
+        if all(c is not None for c in clipped):
+            entry["clipped"] = {"max_distance": (clipped[0].shape[-1] - 1) // 2,
+                                "mass": _rounded(np.stack([c.numpy() for c in clipped]))}
+        out[kind] = entry
+    return out
+
+
+def _rounded(a: np.ndarray) -> list:
+    return np.round(a, 6).tolist()
+
+
+# --- what the scheme learned ----------------------------------------------------------------
+
+def _drawings(model, max_offset: int) -> dict:
+    out: dict = {}
+    for name, module in model.named_modules():
+        if isinstance(module, MultiHeadAttention) and hasattr(module.positions, "draw"):
+            found = module.positions.draw(max_offset)
+            if found:
+                kind, layer = site_of(name)
+                out.setdefault(kind, {})[layer] = found
+    return out
+
+
+def _drawing_json(d) -> dict:
+    return {"kind": d.kind, "x": d.x.tolist(), "values": _rounded(d.values.detach().cpu().numpy()),
+            "xlabel": d.xlabel, "ylabel": d.ylabel}
+
+
+# --- figures and the W&B table ----------------------------------------------------------------
+
+def _tokens(task: Task, ids: dict) -> dict:
+    """{side: symbols} of the example, where the task has a vocabulary for that side (else {})."""
+    out = {}
+    for side, values in ids.items():
+        symbols = getattr(getattr(task, f"{side}_vocab", None), "symbols", None)
+        if symbols is not None:
+            out[side] = [symbols[i] if 0 <= i < len(symbols) else "?" for i in values]
+    return out
+
+
+def _figures(numbers: dict, example: AttentionProbe, tokens: dict, drawings: dict, folder: Path, who: str,
+             clip: int | None) -> list[Path]:
+    sets = numbers["sets"]
+    main = numbers["split"]
+    figures = []
+    for kind in KINDS:
+        if kind not in sets[main]["attention"]:
+            continue
+        a = sets[main]["attention"][kind]
+        mass, offsets = np.asarray(a["mass"]), a["offsets"]
+        kind_clip = clip if kind != "cross" else None  # cross-attention has no Shaw tables
+        title = f"{who}\n{plots.KIND_TITLES[kind]}, {main} split ({sets[main]['examples']} examples)"
+        if kind == "cross":
+            title += f"\n{plots.CROSS_NOTE}"
+        figures.append(plots.plot_offset_heatmaps({"rows: layer L, head H": (offsets, mass)},
+                                                  folder / f"attention_{kind}.png", title, kind_clip))
+        for layer in range(mass.shape[0]):
+            figures.append(plots.plot_offset_lines(offsets, mass[layer], folder / f"lines_{kind}_layer{layer}.png",
+                                                   f"{title}, layer {layer}", kind_clip))
+        by_length = {}
+        for name, entry in sets.items():
+            if name.startswith("length ") and kind in entry["attention"]:
+                inside = {True: "within training lengths", False: "beyond training lengths"}.get(entry.get("in_training_range"), "")
+                e = entry["attention"][kind]
+                by_length[f"{name} ({inside})\n{entry['split']} split, {entry['examples']} examples"] = (
+                    e["offsets"], np.asarray(e["mass"]))
+        if by_length:
+            figures.append(plots.plot_offset_heatmaps(by_length, folder / f"by_length_{kind}.png",
+                                                      f"{who}\n{plots.KIND_TITLES[kind]} by input length"
+                                                      + (f"\n{plots.CROSS_NOTE}" if kind == "cross" else ""), kind_clip))
+        layers = sorted(layer for k, layer in example.example if k == kind)
+        sides = {"encoder_self": ("src", "src"), "decoder_self": ("tgt", "tgt"), "cross": ("tgt", "src")}[kind]
+        names = {"src": "source", "tgt": "target"}
+        for layer in dict.fromkeys((layers[0], layers[-1])):
+            maps = example.example[(kind, layer)]
+            figures.append(plots.plot_example_maps(
+                maps.numpy(), folder / f"example_{kind}_layer{layer}.png",
+                f"{who}\n{plots.KIND_TITLES[kind]}, layer {layer}, the longest {main} example ({_shape(maps)})",
+                f"query: {names[sides[0]]} position i", f"key: {names[sides[1]]} position j",
+                tokens.get(sides[0]), tokens.get(sides[1])))
+    for kind, layers in drawings.items():
+        for layer, found in layers.items():
+            causal = "\ncausal: offsets j − i > 0 are never attended" if kind == "decoder_self" else ""
+            figures.append(plots.plot_drawings(found, folder / f"scheme_{kind}_layer{layer}.png",
+                                               f"{who}\nwhat the scheme learned: {plots.KIND_TITLES[kind]}, "
+                                               f"layer {layer}{causal}"))
+    return figures
+
+
+def _shape(example) -> str:
+    return f"{example.shape[-2]} queries × {example.shape[-1]} keys"
+
+
+def _table(numbers: dict) -> tuple[list[str], list[list]]:
+    rows = []
+    for name, entry in numbers["sets"].items():
+        for kind, a in entry["attention"].items():
+            for layer, heads in enumerate(a["mass"]):
+                for head, values in enumerate(heads):
+                    rows.extend([name, kind, layer, head, offset, v]
+                                for offset, v in zip(a["offsets"], values) if v > 1e-4)
+    return ["set", "attention", "layer", "head", "offset", "mass"], rows
+
+
+def _scheme_name(cfg: DictConfig) -> str:
+    scheme = OmegaConf.select(cfg, "model.positions.scheme", default="?")
+    return f"shaw k={_clip(cfg)}" if scheme == "shaw" else str(scheme)
+
+
+def _clip(cfg: DictConfig) -> int | None:
+    if OmegaConf.select(cfg, "model.positions.scheme", default=None) != "shaw":
+        return None
+    return int(OmegaConf.select(cfg, "model.positions.max_distance", default=16))
