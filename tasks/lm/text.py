@@ -1,8 +1,8 @@
 """Where a language model's text comes from, read lazily: plain files, the built-in corpus, HF datasets.
 
 A `TextSource` is a re-iterable stream of `Piece`s (a stretch of text and whether it ends a line),
-never the whole text: a file is read through `readline(limit)`, so memory stays bounded by
-`MAX_CHARS` whatever the file's size or line lengths. A line longer than that is cut at its last
+never the whole text: a file is read in blocks through an incremental UTF-8 decoder, so memory
+stays bounded by `BLOCK` + `MAX_CHARS` whatever the file's size or line lengths. A line longer than that is cut at its last
 space before the limit (so SentencePiece does not see a word split in two), or at the limit.
 
 The built-in corpus is the Python documentation's topic texts (`pydoc_data.topics`, the text
@@ -16,6 +16,7 @@ was seen in part in training.
 """
 from __future__ import annotations
 
+import codecs
 import hashlib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -26,6 +27,7 @@ from typing import NamedTuple
 from relpos_lab.api import UserError
 
 MAX_CHARS = 4000  # SentencePiece skips training sentences over 4192 bytes; a piece stays below
+BLOCK = 1 << 16  # bytes read at a time
 
 
 class Piece(NamedTuple):
@@ -33,38 +35,54 @@ class Piece(NamedTuple):
     ends_line: bool  # an end-of-line token (EOS) follows this piece
 
 
-def read_pieces(path: Path, max_chars: int = MAX_CHARS) -> Iterator[Piece]:
-    """The pieces of one UTF-8 file, lazily. Bad files are one-line `UserError`s."""
+def read_pieces(path: Path, max_chars: int = MAX_CHARS, block: int = BLOCK) -> Iterator[Piece]:
+    """The pieces of one UTF-8 file, read `block` bytes at a time. Bad files are one-line `UserError`s
+    (a decoding error names its byte offset and line)."""
     try:
-        handle = open(path, encoding="utf-8", newline=None)
+        handle = open(path, "rb")
     except FileNotFoundError:
         raise UserError(f"{path}: no such file; check the task's *_files paths") from None
     except OSError as err:
         raise UserError(f"{path}: cannot read ({err.strerror})") from None
-    line_no, carry = 0, ""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, line_no, buffer = 0, 1, ""
     with handle:
         while True:
+            data = handle.read(block)
+            pending = decoder.getstate()[0]
             try:
-                chunk = handle.readline(max_chars - len(carry))
+                buffer += decoder.decode(data, final=not data)
             except UnicodeDecodeError as err:
-                raise UserError(f"{path}: not UTF-8 text ({err.reason} near line {line_no + 1}); convert it, "
+                at = offset - len(pending) + err.start
+                line = line_no + err.object[: err.start].count(b"\n")
+                raise UserError(f"{path}: not UTF-8 text at byte {at} (line {line}): {err.reason}; convert it, "
                                 "e.g. iconv -f latin1 -t utf-8") from None
-            if not chunk:
-                if carry:
-                    yield Piece(carry, True)
+            offset += len(data)
+            line_no += data.count(b"\n")
+            lines = buffer.split("\n")
+            buffer = lines.pop()  # the unfinished last line
+            for line in lines:
+                yield from _cut(line.removesuffix("\r"), max_chars, ends_line=True)
+            if len(buffer) > max_chars:  # a line longer than a piece: send its beginning on
+                *whole, buffer = _cut(buffer, max_chars, ends_line=False)
+                yield from whole
+                buffer = buffer.text
+            if not data:
+                if buffer:
+                    yield from _cut(buffer, max_chars, ends_line=True)
                 return
-            text = carry + chunk
-            if text.endswith("\n"):
-                line_no += 1
-                carry = ""
-                yield Piece(text[:-1], True)
-                continue
-            if len(text) < max_chars:  # the file's last line, without a newline
-                carry = text
-                continue
-            cut = text.rfind(" ", 1) + 1 or len(text)
-            yield Piece(text[:cut].rstrip(" "), False)
-            carry = text[cut:]
+
+
+def _cut(text: str, max_chars: int, ends_line: bool) -> list[Piece]:
+    """`text` as pieces of at most max_chars, cut after the last space before the limit (or at it);
+    the last piece ends the line when `ends_line`."""
+    pieces = []
+    while len(text) > max_chars:
+        cut = text.rfind(" ", 1, max_chars + 1) + 1 or max_chars
+        pieces.append(Piece(text[:cut].rstrip(" "), False))
+        text = text[cut:]
+    pieces.append(Piece(text, ends_line))
+    return pieces
 
 
 @dataclass
