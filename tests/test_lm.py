@@ -3,7 +3,9 @@ and per-position metrics, bad input as one clear line each, and cached sampling.
 from __future__ import annotations
 
 import math
+import sys
 import tracemalloc
+import types
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from relpos_lab.core.transformer import ModelConfig
 from relpos_lab.training.inference import generate
 from relpos_lab_tasks.lm import LMConfig, LMTask
 from relpos_lab_tasks.lm.metrics import PerplexityEvaluation, position_buckets
-from relpos_lab_tasks.lm.text import MAX_CHARS, builtin_documents, builtin_splits, read_pieces
+from relpos_lab_tasks.lm.text import MAX_CHARS, builtin_documents, builtin_splits, hf_source, read_pieces
 from relpos_lab_tasks.lm.tokens import TokenStream, Windows, load_or_build
 from relpos_lab_tasks.subword import SubwordConfig
 
@@ -281,3 +283,30 @@ def test_generate_continues_a_prompt_and_refuses_a_seq2seq_model(tmp_path):
     seq2seq = PrefixLM(ModelConfig(architecture="decoder_only", src_vocab_size=9, tgt_vocab_size=9, d_model=16,
                                    n_heads=2, d_ff=32, n_decoder_layers=1), shared_vocab=True)
     one_line_error(lambda: generate(task, seq2seq, "x"), "sequence-to-sequence model.*relpos-lab translate")
+
+
+# --- Hugging Face datasets (no network: a stand-in module) -----------------------------------------
+
+def test_hf_without_the_datasets_package_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    one_line_error(lambda: hf_source("train", "wikitext", "wikitext-103-raw-v1", "train", "text"),
+                   r"needs the Hugging Face datasets package: pip install 'relpos-lab\[hf\]'")
+
+
+def test_hf_rows_stream_as_lines_and_failures_are_one_line(monkeypatch):
+    class Rows(list):
+        column_names = ["text"]
+        _fingerprint = "abc"
+
+    def load_dataset(name, config, split):
+        if name == "offline":
+            raise ConnectionError("Couldn't reach 'offline' on the Hub (LocalEntryNotFoundError)\nmore detail")
+        return Rows([{"text": " = Title = \n"}, {"text": "first line\nsecond line"}])
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    source = hf_source("valid", "wikitext", "wikitext-103-raw-v1", "validation", "text")
+    assert [p.text for p in source] == [" = Title = ", "first line", "second line"]
+    assert "abc" in source.identity and source.details["rows"] == 2
+    one_line_error(lambda: hf_source("train", "offline", None, "train", "text"), r"cannot load Hugging Face dataset "
+                   r"offline/None split train: Couldn't reach")
+    one_line_error(lambda: hf_source("train", "wikitext", None, "train", "body"), r"no column 'body'.*text")

@@ -61,9 +61,9 @@ class LMConfig(TaskConfig):
     hf_text_field: str = "text"
     """corpus=hf: the column holding the text"""
     valid_percent: int = 10
-    """corpus=builtin: share of documents held out for valid (whole documents, by name)"""
+    """corpus=builtin: share of the characters held out for valid, as whole documents"""
     test_percent: int = 10
-    """corpus=builtin: share of documents held out for test"""
+    """corpus=builtin: share of the characters held out for test, as whole documents"""
     data_dir: str = "data/lm"
     """where the subword model and the token streams are cached"""
     subword: SubwordConfig = field(default_factory=lambda: SubwordConfig(vocab_size=4000))
