@@ -3,6 +3,7 @@ and per-position metrics, bad input as one clear line each, and cached sampling.
 from __future__ import annotations
 
 import math
+import pickle
 import sys
 import tracemalloc
 import types
@@ -85,6 +86,9 @@ def test_the_token_cache_is_built_lazily_and_reused(tmp_path):
     assert not built and np.array_equal(np.asarray(again.ids), np.asarray(stream.ids))
     text = (tmp_path / "train.txt").read_text().splitlines()[0]
     assert task.subword.decode(list(stream.ids[: list(stream.ids).index(2)])) == text
+    windows = task.dataset("train")
+    blob = pickle.dumps(windows)  # what a spawned loader worker receives: the file's name, not its tokens
+    assert len(blob) < 1000 and torch.equal(pickle.loads(blob)[3].ids, windows[3].ids)
 
 
 def test_the_builtin_corpus_is_split_by_whole_documents():

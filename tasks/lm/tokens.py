@@ -138,6 +138,19 @@ class Windows(Dataset):
     def __len__(self) -> int:
         return len(self.starts)
 
+    def __getstate__(self) -> dict:
+        """Pickled (to a spawned loader worker) as the memmap's file, not its contents."""
+        state = dict(self.__dict__)
+        if isinstance(self.ids, np.memmap):
+            state["ids"] = ("memmap", self.ids.filename, self.ids.dtype.str, self.ids.shape)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        ids = state["ids"]
+        if isinstance(ids, tuple):
+            state["ids"] = np.memmap(ids[1], dtype=np.dtype(ids[2]), mode="r", shape=ids[3])
+        self.__dict__.update(state)
+
     def __getitem__(self, i: int) -> Window:
         start = self.starts[i]
         ids = torch.from_numpy(np.asarray(self.ids[start:start + self.length + 1], dtype=np.int64))
