@@ -94,7 +94,7 @@ class PerplexityEvaluation(nn.Module):
             by_length[length] = row
         main = by_length.get(self.train_length)
         if main is not None:
-            metrics = {"loss": main["loss"], "ppl": main["ppl"], "tokens": main["n"]}
+            metrics = {"loss": main["loss"], "ppl": main["ppl"]}
         details = self.details() if self.details else None
         return EvalResult(metrics, by_length, details or None)
 

@@ -10,9 +10,12 @@ results.json's `by_length` gives, per evaluation length, loss, ppl, ppl per toke
 and the number of tokens scored; `valid/ppl` (the main metric) is the perplexity at the training
 length, and `ppl_id` / `ppl_ood` summarise the lengths within and beyond it.
 
-Text: the built-in corpus (Python's own documentation, text.py says why), plain files of any
-size (read lazily), or a Hugging Face dataset (wikitext-103, PG-19) where `datasets` and the data
-are available. A SentencePiece model of the training text (the same cached machinery as
+Text: the built-in corpus — the Python documentation's topic texts (`pydoc_data.topics`, ~465,000
+characters of real English prose with code examples), chosen because every CPython ships it, so it
+needs no download, and it is larger and less repetitive than /usr/share/common-licenses (text.py);
+its signature records the Python version and the text's sha256 — or plain files of any size
+(read lazily), or a Hugging Face dataset (wikitext-103, PG-19) where `datasets` and the data are
+available. A SentencePiece model of the training text (the same cached machinery as
 translation, ../subword.py) gives the ids, cached with the token streams under `data_dir`.
 
 The task needs `model.architecture=decoder_only` and builds the core `DecoderLM` (causal, no
