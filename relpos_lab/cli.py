@@ -357,7 +357,7 @@ def submit_sweep(grid, dry_run: bool) -> int:
          arg("--split", default=None, help="split to report (default: the one the sweep's published "
              "numbers compare with, else test)"),
          arg("--metric", nargs="+", default=None, help="metrics to tabulate and plot (default: every metric "
-             "of the split but the loss, e.g. bleu chrf for translation)"),
+             "of the split but the loss, e.g. bleu chrf for translation; ppl where it is the main metric, as for lm)"),
          arg("--over", nargs="+", default=None, help="axes averaged over (default: seed; none when the sweep "
              "has no seed axis, so each grid point is its own group)"))
 def report(args: argparse.Namespace) -> None:
