@@ -169,6 +169,29 @@ def translate(args: argparse.Namespace) -> None:
         Path(args.output).write_text(text, encoding="utf-8")
 
 
+@command("generate", "continue a prompt with a language-model checkpoint (task lm), sampling on the KV cache",
+         arg("checkpoint", help="a .ckpt file of a language model written by `relpos-lab train`"),
+         arg("--prompt", default="", help="text to continue (default: none, the start of a line)"),
+         arg("--temperature", type=float, default=1.0, help="softmax temperature; 0: greedy (default: 1.0)"),
+         arg("--top-k", type=int, default=0, help="sample among the k most likely tokens; 0: all (default)"),
+         arg("--max-new-tokens", type=int, default=100, help="tokens to generate (default: 100)"),
+         arg("--seed", type=int, default=0, help="random seed of the sampling (default: 0)"),
+         arg("--device", default=None, help="torch device (default: cuda if available, else cpu)"),
+         OVERRIDES)
+def generate(args: argparse.Namespace) -> None:
+    import torch
+
+    from relpos_lab.training.inference import generate as run, load_for_inference
+    from relpos_lab.training.threads import use_cpu_threads
+
+    use_cpu_threads()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    task, model = load_for_inference(args.checkpoint, list(args.overrides), device=device)
+    text = run(task, model, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+               top_k=args.top_k, seed=args.seed)
+    sys.stdout.write(f"{args.prompt}{text}\n")
+
+
 @command("tasks", "list installed tasks (built-in and plugins), with any that failed to load")
 def tasks(args: argparse.Namespace) -> None:
     from relpos_lab.api import registry
@@ -351,7 +374,7 @@ def submit_sweep(grid, dry_run: bool) -> int:
          arg("--split", default=None, help="split to report (default: the one the sweep's published "
              "numbers compare with, else test)"),
          arg("--metric", nargs="+", default=None, help="metrics to tabulate and plot (default: every metric "
-             "of the split but the loss, e.g. bleu chrf for translation)"),
+             "of the split but the loss, e.g. bleu chrf for translation; ppl where it is the main metric, as for lm)"),
          arg("--over", nargs="+", default=None, help="axes averaged over (default: seed; none when the sweep "
              "has no seed axis, so each grid point is its own group)"))
 def report(args: argparse.Namespace) -> None:

@@ -28,6 +28,17 @@ def test_bench_writes_a_result_per_candidate(what, tmp_path):
     assert payload["machine"]["threads"] >= 1
 
 
+def test_decoder_only_model_bench_trains_the_lm_and_times_cached_generation(tmp_path):
+    out = tmp_path / "bench.json"
+    bench.main(["model", *TINY, "--architecture", "decoder_only", "--new-tokens", "8", "--json", str(out)])
+    results = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(results) == {"model-sinusoidal", "model-shaw-auto", "generate-sinusoidal-recompute",
+                            "generate-sinusoidal-cached", "generate-shaw-recompute", "generate-shaw-cached"}
+    assert results["model-shaw-auto"]["shape"]["architecture"] == "decoder_only"
+    assert results["generate-shaw-cached"]["shape"]["new_tokens"] == 8
+    assert results["generate-shaw-recompute"]["ratio"] == 1.0 and results["generate-shaw-cached"]["ratio"] > 0
+
+
 def test_attention_bench_measures_peak_memory_in_a_subprocess(tmp_path):
     out = tmp_path / "bench.json"
     bench.main(["attention", *TINY, "--impl", "gather", "--memory", "--json", str(out)])

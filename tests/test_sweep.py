@@ -200,6 +200,26 @@ def test_the_report_shows_every_metric_but_the_loss_by_default(tmp_path):
     assert "| group | runs | bleu | chrf |\n" in text and "| s | 1 | 30.000 | 50.000 |" in text
 
 
+def test_a_language_models_perplexity_is_reported_and_drawn_by_length_by_default(tmp_path):
+    """Task lm's main metric is ppl: the report shows it, and ppl_by_length.png has one curve per
+    scheme against evaluation length (the ALiBi paper's Figure 1)."""
+    root, points = tmp_path / "runs" / "lm", []
+    for i, (scheme, ppl) in enumerate((("alibi", 20.0), ("sinusoidal", 25.0))):
+        run = root / scheme
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text("seed: 1\n")
+        (run / "results.json").write_text(json.dumps({
+            "main_metric": "valid/ppl", "train_lengths": [1, 64],
+            "metrics": {"test/ppl": ppl, "test/loss": 3.0, "test/ppl_ood": ppl * 2},
+            "by_length": {"test": {"64": {"ppl": ppl, "n": 100}, "128": {"ppl": ppl * 2, "n": 100}}}}))
+        points.append({"index": i, "labels": {"scheme": scheme}, "overrides": [], "run_dir": str(run)})
+    (root / "sweep.json").write_text(json.dumps({"name": "lm", "sweep_file": "x.yaml", "axes": ["scheme"],
+                                                "points": points}))
+    text = write_report(root, tmp_path / "out").read_text()
+    assert "| group | runs | ppl | ppl_ood |" in text and "| alibi | 1 | 20.000 | 40.000 |" in text
+    assert (tmp_path / "out" / "ppl_by_length.png").stat().st_size > 5000
+
+
 def test_report_refuses_an_unknown_axis_to_average_over(tmp_path):
     _hand_sweep(tmp_path, 0.5)
     with pytest.raises(UserError, match="--over seeds: no such axis in sweep s; its axes are k, seed"):

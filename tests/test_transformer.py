@@ -86,6 +86,22 @@ def test_cached_decoder_only_equals_full_pass(scheme):
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("scheme", tuple(BUILTIN))
+def test_cached_generation_equals_recompute(scheme):
+    """`relpos-lab generate`'s sampler: a prompt prefilled, then 12 sampled tokens on the cache, draw
+    the same tokens from the same logits as recomputing the whole sequence at every step."""
+    from relpos_lab.core.decoding import sample
+
+    torch.manual_seed(0)
+    model = DecoderLM(tiny(scheme, n_encoder_layers=0)).eval()
+    prompt = torch.randint(3, 13, (2, 5))
+    runs = [sample(model, prompt, 12, temperature=1.0, top_k=6, generator=torch.Generator().manual_seed(1),
+                   cached=cached) for cached in (True, False)]
+    (tokens, logits), (tokens_full, logits_full) = runs
+    torch.testing.assert_close(logits, logits_full, atol=1e-5, rtol=1e-5)
+    assert torch.equal(tokens, tokens_full) and tokens.shape == (2, 12)
+
+
 def prefix_lm(scheme="shaw", bidirectional=False, shared=True, **kw):
     cfg = tiny(scheme, architecture="decoder_only", bidirectional_prefix=bidirectional,
                tgt_vocab_size=13 if shared else 9, **kw)

@@ -25,5 +25,8 @@ bench model_64 model --threads 2 --layers 6 --batch 32 --length 64 --repeats 7
 bench model_512 model --threads 2 --layers 6 --batch 4 --length 512 --repeats 5
 # Cached greedy decoding vs re-running the decoder over the whole prefix, 128 tokens.
 bench decode decode --threads 2 --layers 6 --batch 8 --length 64 --steps 128 --repeats 5
+# The decoder-only LM (task lm's DecoderLM, same sizes, 6 layers): training throughput Shaw vs
+# sinusoidal, then `relpos-lab generate`'s loop, 256 new tokens cached vs recomputed (issue 20).
+bench model_decoder_only model --architecture decoder_only --threads 1 --layers 6 --batch 8 --length 512 --new-tokens 256 --repeats 5
 # CPU threads on a shared machine: the main job idle and beside a 2-thread torch neighbour (the threads table).
 python docs/performance/threads.py --json "$out/threads.json" | tee "$out/threads.txt"

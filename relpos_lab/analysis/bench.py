@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +24,10 @@ import torch.nn.functional as F
 from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.attention.flex import flex_attention_lse, flex_block_mask
 from relpos_lab.core.attention.masks import visibility_mask
-from relpos_lab.core.decoding import greedy_search
+from relpos_lab.core.decoding import greedy_search, sample
 from relpos_lab.core.loss import label_smoothed_loss
 from relpos_lab.core.positions import builtin_config, scheme_of
-from relpos_lab.core.transformer import EncoderDecoder, ModelConfig, MultiHeadAttention
+from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention
 from relpos_lab.training.threads import use_cpu_threads
 
 
@@ -292,32 +293,33 @@ def opennmt_attention(path: str, heads: int, d_model: int, max_distance: int) ->
 # --- end-to-end training throughput ------------------------------------------------------------
 
 def bench_model(args, device, dtype) -> list[Result]:
-    """Training steps (forward, backward, Adam) of the encoder-decoder, sinusoidal vs Shaw.
+    """Training steps (forward, backward, Adam) of the whole model, sinusoidal vs Shaw: the
+    encoder-decoder, or with --architecture decoder_only the language model (`DecoderLM`, one
+    causal stack of --layers layers over `length` tokens), followed by its cached generation.
 
     With --precision bf16-mixed the weights stay float32 under bf16 autocast, as Lightning's
     bf16-mixed trains; --dtype then only sets the dtype of a model trained without autocast.
     """
     out = []
+    decoder_only = getattr(args, "architecture", "encoder_decoder") == "decoder_only"
     for length in args.length:
         batch = max(1, args.tokens // length) if args.tokens else args.batch
         shape = dict(batch=batch, length=length, d_model=args.d_model, heads=args.heads, d_ff=args.d_ff,
-                     layers=args.layers, k=args.max_distance, precision=args.precision)
+                     layers=args.layers, k=args.max_distance, precision=args.precision,
+                     **({"architecture": "decoder_only"} if decoder_only else {}))
         fns, n_tokens = {}, batch * length
         candidates = [("sinusoidal", "auto")] + [("shaw", impl) for impl in args.impl]
         for scheme, impl in candidates:
             torch.manual_seed(0)
-            cfg = ModelConfig(src_vocab_size=8000, tgt_vocab_size=8000, d_model=args.d_model, n_heads=args.heads,
-                              d_ff=args.d_ff, n_encoder_layers=args.layers, n_decoder_layers=args.layers,
-                              attention_dropout=args.attention_dropout, attention_impl=impl,
-                              positions=_positions(scheme, args.max_distance))
-            model = EncoderDecoder(cfg).to(device=device, dtype=torch.float32 if args.precision else dtype).train()
+            model = _model(args, scheme, impl).to(device=device, dtype=torch.float32 if args.precision else dtype).train()
             opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
             src = torch.randint(4, 8000, (batch, length), device=device)
             tgt = torch.randint(4, 8000, (batch, length + 1), device=device)
 
             def step(model=model, opt=opt, src=src, tgt=tgt):
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed"):
-                    loss = label_smoothed_loss(model(src, tgt[:, :-1]), tgt[:, 1:]).loss
+                    logits = model(tgt[:, :-1]) if decoder_only else model(src, tgt[:, :-1])
+                    loss = label_smoothed_loss(logits, tgt[:, 1:]).loss
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -332,6 +334,38 @@ def bench_model(args, device, dtype) -> list[Result]:
         del fns
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    if decoder_only:
+        out += bench_generation(args, device, dtype)
+    return out
+
+
+def _model(args, scheme: str, impl: str, vocab: int = 8000) -> torch.nn.Module:
+    cfg = ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=args.d_model, n_heads=args.heads,
+                      d_ff=args.d_ff, n_encoder_layers=args.layers, n_decoder_layers=args.layers,
+                      attention_dropout=args.attention_dropout, attention_impl=impl,
+                      positions=_positions(scheme, args.max_distance))
+    return DecoderLM(cfg) if getattr(args, "architecture", None) == "decoder_only" else EncoderDecoder(cfg)
+
+
+def bench_generation(args, device, dtype) -> list[Result]:
+    """`relpos-lab generate`'s loop, greedy: a 16-token prompt continued by --new-tokens tokens on
+    the KV cache vs recomputing the whole sequence at every step, for each scheme; both must
+    produce the same tokens. ratio: speed-up of the cache over recompute (higher is better)."""
+    out = []
+    for scheme in ("sinusoidal", "shaw"):
+        torch.manual_seed(0)
+        model = _model(args, scheme, "auto").to(device=device, dtype=dtype).eval()
+        prompt = torch.randint(4, 8000, (1, 16), device=device)
+        fns = {f"generate-{scheme}-{kind}": partial(sample, model, prompt, args.new_tokens, temperature=0,
+                                                   cached=kind == "cached") for kind in ("recompute", "cached")}
+        first = [fn()[0] for fn in fns.values()]
+        if not torch.equal(*first):
+            raise RuntimeError(f"{scheme}: cached and recomputed generation disagree")
+        times = interleaved(fns, args.repeats, args.warmup, device)
+        base = statistics.median(times[f"generate-{scheme}-recompute"])
+        shape = dict(batch=1, prompt=16, new_tokens=args.new_tokens, d_model=args.d_model, layers=args.layers)
+        out += [Result(n, shape, statistics.median(t), t, None, base / statistics.median(t),
+                       {"tokens_per_s": args.new_tokens / (statistics.median(t) / 1e3)}) for n, t in times.items()]
     return out
 
 
@@ -377,7 +411,7 @@ BENCHES = {"attention": bench_attention, "layer": bench_layer, "model": bench_mo
 RATIO_MEANING = {
     "attention": "time / the baseline without positions, --baseline (lower is better)",
     "layer": "time / module without positions (lower is better)",
-    "model": "throughput / sinusoidal model (higher is better)",
+    "model": "throughput / sinusoidal model (higher is better); generate-*: speed-up over recompute (higher is better)",
     "decode": "speed-up over recompute-everything (higher is better)",
 }
 
@@ -393,6 +427,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--d-ff", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=128, help="decode: tokens generated")
+    parser.add_argument("--architecture", default="encoder_decoder", choices=["encoder_decoder", "decoder_only"],
+                        help="model: the encoder-decoder, or the decoder-only LM and its cached generation")
+    parser.add_argument("--new-tokens", type=int, default=256,
+                        help="model --architecture decoder_only: tokens generated after a 16-token prompt")
     parser.add_argument("--impl", nargs="+", default=None,
                         help="Shaw impls to compare (attention default: gather batched; model default: auto)")
     parser.add_argument("--baseline", default="sdpa", choices=["sdpa", "flash"],

@@ -196,7 +196,8 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
 
     `split` defaults to the one the sweep's published numbers compare with, else test; `metrics`
     to every metric the runs report on it but the loss (exact_match and token_accuracy for the
-    synthetic tasks, bleu and chrf for translation). A metric also shows its `_id`/`_ood` parts.
+    synthetic tasks, bleu and chrf for translation; for lm, whose main metric it is, ppl too: its
+    by-length plot is the ALiBi paper's Figure 1, one curve per scheme). A metric also shows its `_id`/`_ood` parts.
     `over` defaults to the seed axis, or to none when the sweep has no seed axis.
     """
     sweep_dir = Path(sweep_dir)
@@ -211,8 +212,9 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
         raise UserError(f"no finished runs in {sweep_dir} yet ({len(missing)} points without results.json)")
     out.mkdir(parents=True, exist_ok=True)
     names, rows = summarize(groups, split)
-    if not metrics:
-        metrics = tuple(m for m in names if m not in ("loss", "ppl") and not m.endswith(("_id", "_ood")))
+    if not metrics:  # a language model's main metric is its perplexity: shown then
+        main = {str(r.get("main_metric", "")).rpartition("/")[2] for g in groups for r in g.results}
+        metrics = tuple(m for m in names if (m not in ("loss", "ppl") or m in main) and not m.endswith(("_id", "_ood")))
     shown = [m for m in names if any(m.startswith(x) for x in metrics)]
     train = train_range(groups)
     seeds = sorted({r.get("seed") for g in groups for r in g.results if r.get("seed") is not None})

@@ -7,6 +7,8 @@ prompt for a decoder-only model) at once: a multi-token prefill. Prompts in one 
 equal lengths: there is no key-padding mask for the decoder, so a padded prompt would be
 continued from its padding.
 
+`sample` continues a decoder-only model's prompt (temperature, top-k) for `relpos-lab generate`.
+
 Both searches return generated tokens (no BOS, EOS included, pad_id after it) as (B, T).
 A decoder-only model reads the source as its prefix, where padding would shift positions:
 `by_source_length` runs a search once per source length, on unpadded rows, which is exactly what
@@ -140,3 +142,39 @@ def beam_search(model, src: Tensor | None, *, beam_size: int = 4, length_penalty
     out = fin_tokens[torch.arange(batch, device=device), best]
     length = int((out == eos_id).long().argmax(-1).max()) + 1  # every finished hypothesis ends in EOS
     return out[:, :length]
+
+
+def next_token(logits: Tensor, temperature: float = 1.0, top_k: int = 0,
+               generator: torch.Generator | None = None) -> Tensor:
+    """One token per row of `logits` (B, V): argmax at temperature 0, else a draw from
+    softmax(logits / temperature), restricted to the `top_k` most likely tokens when top_k > 0."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k > 0:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(1)
+
+
+@torch.no_grad()
+def sample(model, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0,
+           generator: torch.Generator | None = None, cached: bool = True) -> tuple[Tensor, Tensor]:
+    """Continue `prompt` (B, P) of a decoder-only model (`DecoderLM`) by `max_new_tokens` tokens.
+
+    Cached (the default): the prompt is prefilled in one call, then one position per step on the
+    KV cache, as translation decodes. `cached=False` recomputes the whole sequence every step (the
+    baseline the cache must match and beat). Returns (new tokens (B, N), their logits (B, N, V)).
+    """
+    cache = model.start_decoding(None) if cached else None
+    tokens, step_input, new, logits_seen = prompt, prompt, [], []
+    for _ in range(max_new_tokens):
+        logits = (model.decode_step(step_input, cache) if cached else model(tokens))[:, -1]
+        nxt = next_token(logits, temperature, top_k, generator)
+        new.append(nxt)
+        logits_seen.append(logits)
+        step_input = nxt[:, None]
+        tokens = torch.cat((tokens, step_input), dim=1)
+    if not new:
+        return prompt.new_zeros((prompt.shape[0], 0)), prompt.new_zeros((prompt.shape[0], 0, 0), dtype=torch.float)
+    return torch.stack(new, dim=1), torch.stack(logits_seen, dim=1)

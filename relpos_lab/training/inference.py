@@ -1,4 +1,4 @@
-"""Using a trained checkpoint on new text: what `relpos-lab translate` runs.
+"""Using a trained checkpoint on new text: what `relpos-lab translate` and `generate` run.
 
 A checkpoint rebuilds its task — with the task's saved state, such as its subword model — and its
 model, so translating needs neither the training corpus nor the run directory. Each input line
@@ -10,6 +10,10 @@ penalty unless overridden), and returned in input order as text (`Task.decode_ou
 Input the vocabulary does not know (characters absent from the training corpus, say) is read as
 <unk>, which the model has learnt to drop or garble: `translate` says so once, with a count and
 the first line concerned, rather than translating it silently.
+
+`generate` continues a prompt with a language model (a `DecoderLM` checkpoint, task lm) by
+sampling on the KV cache (core/decoding.sample). A sequence-to-sequence checkpoint, decoder-only
+or not, is refused: its model continues a source with a target, which `translate` decodes.
 """
 from __future__ import annotations
 
@@ -21,7 +25,10 @@ import torch
 from torch import nn
 from torch.utils.data import SequentialSampler
 
+from relpos_lab.api.errors import UserError
 from relpos_lab.api.task import Task
+from relpos_lab.core.decoding import sample
+from relpos_lab.core.transformer import DecoderLM
 from relpos_lab.training.batching import TokenBatchSampler
 from relpos_lab.training.checkpoints import load_checkpoint, task_from_checkpoint
 from relpos_lab.training.module import RelposModule
@@ -79,3 +86,23 @@ def unknown_input(task: Task, sources: Sequence[torch.Tensor | None]) -> str | N
     return (f"{tokens} in {lines} of {len(sources)} lines {'is' if total == 1 else 'are'} unknown to the "
             f"checkpoint's vocabulary and read as <unk> (first in line {first}); their translation will be "
             "missing or wrong: check that the input is in the language and script the model was trained on")
+
+
+def generate(task: Task, model: nn.Module, prompt: str, max_new_tokens: int = 100, temperature: float = 1.0,
+             top_k: int = 0, seed: int = 0) -> str:
+    """The text a language-model checkpoint writes after `prompt` (the prompt not repeated)."""
+    if not isinstance(model, DecoderLM):
+        raise UserError(f"the checkpoint holds a {type(model).__name__} of task '{task.cfg.name}', a "
+                        "sequence-to-sequence model: `generate` continues text with a language model (task lm); "
+                        "decode its inputs with `relpos-lab translate` instead")
+    if temperature < 0 or top_k < 0 or max_new_tokens < 0:
+        raise UserError(f"--temperature ({temperature}), --top-k ({top_k}) and --max-new-tokens ({max_new_tokens}) "
+                        "must be >= 0")
+    device = next(model.parameters()).device
+    ids = task.encode_input(prompt).to(device)[None, :]
+    generator = torch.Generator(device=device).manual_seed(seed)
+    new, _ = sample(model, ids, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
+    # Decoded with the prompt, so the first new piece keeps its leading space (a subword model
+    # drops it at the start of a text), then the prompt's own text cut off.
+    prefix, full = task.decode_output(ids[0].cpu()), task.decode_output(torch.cat((ids[0], new[0])).cpu())
+    return full[len(prefix):] if full.startswith(prefix) else full

@@ -1,4 +1,9 @@
-"""The subword vocabulary of a translation task: one joint SentencePiece model, trained once, cached.
+"""The subword vocabulary of a task over text: one SentencePiece model, trained once, cached.
+
+Shared by translation (one joint model of both sides) and language modelling (a model of the
+training stream; `src` is then an iterable of lines read lazily, `tgt` empty): the training text is
+only ever iterated, never held whole, so a corpus of any size streams through the hash and the
+trainer (which keeps `input_sentence_size` sampled lines).
 
 SentencePiece rather than Hugging Face tokenizers, because:
 - it works on raw text with no pre-tokenizer, and decoding inverts encoding (up to its Unicode
@@ -24,10 +29,11 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import io
+import itertools
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -84,7 +90,7 @@ class SubwordModel:
         return self.sp.decode(list(ids))
 
 
-def cache_key(cfg: SubwordConfig, src: Sequence[str], tgt: Sequence[str]) -> str:
+def cache_key(cfg: SubwordConfig, src: Iterable[str], tgt: Iterable[str]) -> str:
     """Hash of the settings and the training text: what makes a cached model the right one."""
     digest = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
     for side in (src, tgt):
@@ -95,11 +101,12 @@ def cache_key(cfg: SubwordConfig, src: Sequence[str], tgt: Sequence[str]) -> str
     return digest.hexdigest()[:16]
 
 
-def load_or_train(cfg: SubwordConfig, src: Sequence[str], tgt: Sequence[str], cache_dir: str | Path, *,
+def load_or_train(cfg: SubwordConfig, src: Iterable[str], tgt: Iterable[str], cache_dir: str | Path, *,
                   rank: int = 0, wait_seconds: float = 3600.0) -> tuple[SubwordModel, bool]:
     """The cached model for these settings and text, trained first if there is none.
 
-    Returns (model, trained): `trained` is True only in the one process that trained it.
+    Returns (model, trained): `trained` is True only in the one process that trained it. `src`
+    and `tgt` are iterated more than once (hash, then training): pass lists or re-iterable views.
     """
     cache_dir = Path(cache_dir)
     path = cache_dir / f"spm-{cache_key(cfg, src, tgt)}.model"
@@ -108,17 +115,17 @@ def load_or_train(cfg: SubwordConfig, src: Sequence[str], tgt: Sequence[str], ca
     if rank != 0:
         return SubwordModel(_wait_for(path, wait_seconds)), False
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with _locked(path.with_suffix(".lock")):
+    with locked(path.with_suffix(".lock")):
         if path.is_file():  # another run trained it while we waited for the lock
             return SubwordModel(path.read_bytes()), False
-        proto = train(cfg, [*src, *tgt])
+        proto = train(cfg, itertools.chain(src, tgt))
         atomic_write(path, proto)
-        settings = {**asdict(cfg), "sentences": {"src": len(src), "tgt": len(tgt)}}
+        settings = {**asdict(cfg), "sentences": {"src": _count(src), "tgt": _count(tgt)}}
         atomic_write(path.with_suffix(".json"), json.dumps(settings, indent=2).encode())
     return SubwordModel(proto), True
 
 
-def train(cfg: SubwordConfig, sentences: Sequence[str]) -> bytes:
+def train(cfg: SubwordConfig, sentences: Iterable[str]) -> bytes:
     """Train a model on `sentences`; its specials are the framework's ids 0-3."""
     model = io.BytesIO()
     spm.set_random_generator_seed(0)  # the sentences sampled by input_sentence_size
@@ -146,8 +153,13 @@ def _wait_for(path: Path, seconds: float) -> bytes:
     return path.read_bytes()
 
 
+def _count(items: Iterable[str]) -> int:
+    return len(items) if isinstance(items, Sequence) else sum(1 for _ in items)
+
+
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive file lock: one process at a time builds a cache that several may want."""
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
