@@ -43,7 +43,7 @@ from relpos_lab.training.checkpoints import (
     task_from_checkpoint,
 )
 from relpos_lab.training.data import TaskDataModule
-from relpos_lab.training.inspect import has_relative_positions, inspect_model
+from relpos_lab.training.inspect import can_inspect, has_relative_positions, inspect_model
 from relpos_lab.training.interrupt import SIGNAL_NAMES, InterruptCheckpoint
 from relpos_lab.training.module import TASK_STATE, RelposModule
 from relpos_lab.training.requeue import DeferredRequeue
@@ -204,7 +204,7 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
                  "wall_seconds": round(time.time() - started, 1)}  # this attempt, data to results
         summary = _write(run_dir, splits, task, loggers, extra) if trainer.is_global_zero else None
         if (summary is not None and OmegaConf.select(cfg, "logging.inspect", default=True)
-                and has_relative_positions(module.model)):  # after every metric: they cannot change
+                and has_relative_positions(module.model) and can_inspect(task)):  # after every metric: they cannot change
             inspect_model(module.model, task, cfg, run_dir, loggers=loggers, echo=echo, step=trainer.global_step)
     finally:
         close_loggers(loggers)

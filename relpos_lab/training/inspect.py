@@ -62,12 +62,21 @@ def has_relative_positions(model: torch.nn.Module) -> bool:
                for m in model.modules())
 
 
+def can_inspect(task: Task) -> bool:
+    """Inspect groups examples by length (`example_length`, what sequence-to-sequence tasks have);
+    a task without it (e.g. `lm`, whose examples are fixed windows) is not inspected."""
+    return callable(getattr(task, "example_length", None))
+
+
 def inspect_checkpoint(checkpoint: str | Path, split: str = "valid", lengths: Sequence[int] | None = None,
                        out: str | Path | None = None, overrides: Sequence[str] = ()) -> InspectSummary:
     """`relpos-lab inspect`: rebuild the model of `checkpoint` and inspect it into its run
     directory (or `out`), logging to the run's W&B run."""
     checkpoint = Path(checkpoint)
     cfg, task = task_from_checkpoint(checkpoint, list(overrides))
+    if not can_inspect(task):
+        raise UserError(f"inspect needs a task whose examples have lengths (a sequence-to-sequence task); "
+                        f"task {cfg.task.name!r} has none")
     use_cpu_threads(cfg.trainer.threads)
     task.check_split(split)
     model = task.build_model(OmegaConf.to_object(cfg.model))
@@ -100,7 +109,7 @@ def inspect_model(model: torch.nn.Module, task: Task, cfg: DictConfig, out_dir: 
     if not sets[split][1]:
         raise UserError(f"split '{split}' of task '{task.cfg.name}' has no examples to inspect; pick another --split")
     train_range = task.train_length_range()
-    for length in lengths if lengths is not None else data.default_lengths(train_range):
+    for length in lengths if lengths is not None else data.default_lengths(train_range, split):
         where = data.split_with(split, length)
         sets[f"length {length}"] = (where, data.of(where, length))
     was_training = model.training
@@ -154,12 +163,14 @@ class _Examples:
         self.of(split)
         return sorted({self.task.example_length(e) for e in self._splits[split]})
 
-    def default_lengths(self, train_range) -> list[int]:
-        """The longest training length and, beside it, the longest test length past it."""
+    def default_lengths(self, train_range, split: str) -> list[int]:
+        """The longest training length and, beside it, the longest test length past it: those
+        that `split` or the test split hold (a small split may have neither)."""
         if not train_range or "test" not in self.task.splits:
             return []
-        longer = [n for n in self.lengths("test") if n > train_range[1]]
-        return [train_range[1]] + ([max(longer)] if longer else [])
+        held = set(self.lengths("test")) | set(self.lengths(split))
+        longer = [n for n in held if n > train_range[1]]
+        return [n for n in [train_range[1]] if n in held] + ([max(longer)] if longer else [])
 
     def split_with(self, split: str, length: int) -> str:
         """`split` if it holds examples of `length`, else "test" if that does."""
