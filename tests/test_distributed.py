@@ -39,7 +39,7 @@ optim: {{lr: 0.003, warmup_steps: 3}}
 trainer: {{accelerator: cpu, strategy: ddp, max_steps: {STEPS}, val_every_n_steps: 6, log_every_n_steps: 1,
           gradient_clip_val: 1.0, num_sanity_val_steps: 0, enable_progress_bar: false,
           enable_model_summary: false}}
-logging: {{root: runs, wandb: {{mode: offline}}}}
+logging: {{root: runs, inspect: false, wandb: {{mode: offline}}}}
 """
 
 

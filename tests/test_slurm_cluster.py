@@ -34,7 +34,7 @@ optim: {lr: 0.003, warmup_steps: 5}
 trainer: {accelerator: cpu, max_steps: 40, val_every_n_steps: 20, log_every_n_steps: 5,
           num_sanity_val_steps: 0, enable_progress_bar: false, enable_model_summary: false}
 cluster: {cpus_per_task: 1, time: "00:15:00"}
-logging: {root: runs}
+logging: {root: runs, inspect: false}
 """
 DDP = ["trainer.devices=2", "trainer.strategy=ddp"]
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
