@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -183,7 +184,7 @@ def test_a_signalled_job_checkpoints_requeues_and_finishes_from_its_checkpoint(w
     resumed_at = results["started_at_step"]
     assert saved_before_signal <= resumed_at < steps and results["global_step"] == steps
     assert not list(run_dir.glob("hpc_ckpt_*.ckpt"))  # the requeue checkpoint is gone once the run is finished
-    assert f"resuming from hpc_ckpt_1.ckpt" in text
+    assert "resuming from hpc_ckpt_1.ckpt" in text
 
     # Every logged step is in metrics.csv exactly once: nothing lost, nothing replayed.
     assert sorted(logged_steps(run_dir, "train/loss")) == list(range(steps))
@@ -237,13 +238,13 @@ def test_scancel_mid_training_checkpoints_every_rank_and_a_resubmission_continue
     results = json.loads((run_dir / "results.json").read_text())
     assert results["started_at_step"] == saved and results["global_step"] == steps
     assert sorted(logged_steps(run_dir, "train/loss")) == list(range(steps))
-    # W&B: one monotone history. SLURM's SIGTERM also reaches W&B's service process, which dies
-    # without flushing, so the cancelled attempt's offline file holds nothing (a known loss, in the
-    # README); the resumed attempt's rows run from the checkpoint to the end, each once.
-    with pytest.warns(UserWarning, match="not a complete W&B run file"):
+    # W&B: one history with every step once. SLURM's SIGTERM also reaches W&B's service process,
+    # which dies without flushing, so the cancelled attempt's offline file lacks rows (often all):
+    # the resumed attempt logs them again from metrics.csv before it trains.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the cancelled attempt's file is cut short or empty
         (attempts,) = read_runs(run_dir / "wandb").values()
-    logged = [r["trainer/global_step"] for r in history(attempts) if "train/loss" in r]
-    assert logged == list(range(logged[0], steps)) and logged[0] <= saved
+    assert [r["trainer/global_step"] for r in history(attempts) if "train/loss" in r] == list(range(steps))
 
 
 def test_a_job_signalled_during_its_final_evaluation_requeues_and_evaluates_again(workdir, capsys):

@@ -19,7 +19,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from relpos_lab.config import LoggingConfig
 from relpos_lab.records import loggers as run_loggers
 from relpos_lab.records.loggers import (
-    RunCSVLogger, RunWandbLogger, build_loggers, close_loggers, log_samples, resolve_wandb_mode, wandb_run_id,
+    RunCSVLogger, RunWandbLogger, build_loggers, close_loggers, log_samples, read_metric_rows, resolve_wandb_mode,
+    resume_plan, wandb_run_id,
 )
 from relpos_lab.records.plots import groups_figure, plot_curves, plot_groups
 from relpos_lab.records.results import plot_by_length, write_results
@@ -272,6 +273,36 @@ def test_offline_wandb_records_what_training_logged_and_resumes_the_same_run(tmp
     assert list(read_runs(run_dir)) == [run.run_id]
     assert [len(part.metric("train/loss")) for part in read_runs(run_dir)[run.run_id]] == [8, 4]
     assert len([r for r in _csv_rows(run_dir) if r["train/loss"]]) == 12  # earlier rows kept
+
+
+# metrics.csv of a run logging lr and loss as two rows per step (as LearningRateMonitor and the
+# training step do), steps 0-5; W&B rows as `history` returns them, numbered by _step.
+CSV_ROWS = [(s, m) for s in range(6) for m in ({"lr-AdamW": 0.1 * s}, {"train/loss": 1.0 / (s + 1), "epoch": 0})]
+
+
+def _wandb_rows(rows):
+    return [{**m, "trainer/global_step": s, "_step": i} for i, (s, m) in enumerate(rows)]
+
+
+def test_a_complete_wandb_history_is_rewound_to_the_checkpoint_and_nothing_is_logged_again():
+    assert resume_plan(_wandb_rows(CSV_ROWS), CSV_ROWS, step=4) == (7, [])  # _step 7: step 3's last row
+
+
+def test_rows_a_killed_attempts_wandb_file_lacks_are_logged_again_from_metrics_csv():
+    # the file ends after step 1's lr row: step 1's loss row and steps 2-3 are missing
+    assert resume_plan(_wandb_rows(CSV_ROWS[:3]), CSV_ROWS, step=4) == (2, [CSV_ROWS[3], *CSV_ROWS[4:8]])
+    # an empty file (wandb-core killed before it wrote a row): every row before the checkpoint
+    assert resume_plan([], CSV_ROWS, step=4) == (None, CSV_ROWS[:8])
+    # rows without a training step (a plot) belong to the step before them
+    logged = [*_wandb_rows(CSV_ROWS[:4]), {"by_length/acc_table": {}, "_step": 4}]
+    assert resume_plan(logged, CSV_ROWS, step=4) == (4, CSV_ROWS[4:8])
+
+
+def test_metric_rows_read_back_from_metrics_csv_without_empty_cells(tmp_path):
+    (tmp_path / "metrics.csv").write_text("epoch,lr-AdamW,step,train/loss\n,0.5,0,\n0,,0,2.25\n1,,1,1.5\n")
+    assert read_metric_rows(tmp_path) == [(0, {"lr-AdamW": 0.5}), (0, {"epoch": 0, "train/loss": 2.25}),
+                                          (1, {"epoch": 1, "train/loss": 1.5})]
+    assert read_metric_rows(tmp_path / "missing") == []
 
 
 def test_per_length_plot_and_samples_reach_wandb(tmp_path):

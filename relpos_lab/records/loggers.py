@@ -27,7 +27,7 @@ import netrc
 import os
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from relpos_lab.api.files import atomic_write
 from relpos_lab.config.schema import WANDB_MODES
 from relpos_lab.records.provenance import provenance
-from relpos_lab.records.wandb_offline import find_run_files, read_run, rewind_point, wait_until_complete
+from relpos_lab.records.wandb_offline import STEP, find_run_files, history, read_run, wait_until_complete
 
 METRICS = "metrics.csv"
 WANDB_ID = ".wandb_id"  # a run directory's W&B run id when it is not the default (after a start over)
@@ -147,8 +147,10 @@ class RunWandbLogger(WandbLogger):
     as in Lightning's WandbLogger.
     """
 
-    def __init__(self, *, run_config: dict[str, Any] | None = None, rewind_to: int | None = None, **kwargs: Any):
+    def __init__(self, *, run_config: dict[str, Any] | None = None, rewind_to: int | None = None,
+                 backfill: list[tuple[int, dict[str, float]]] = (), **kwargs: Any):
         super().__init__(**kwargs)
+        self._backfill = list(backfill)  # (step, metrics) rows the W&B history lacks, logged first
         if self._wandb_init.get("anonymous") is None:  # wandb 0.31 warns about the key even when None
             self._wandb_init.pop("anonymous", None)
         self._run_config = run_config or {}
@@ -185,6 +187,9 @@ class RunWandbLogger(WandbLogger):
                     self._wandb_init, self._plain_resume, self._experiment = self._plain_resume, None, None
                     super().experiment
                 self._experiment.config.update(self._run_config, allow_val_change=True)
+                for step, metrics in self._backfill:  # as WandbLogger.log_metrics logs a row
+                    self._experiment.log({**metrics, STEP: step})
+                self._backfill = []
             return self._experiment
         except Exception as err:  # any W&B problem must leave training running
             self._fail(f"could not start W&B run {self._id!r}", err)
@@ -335,9 +340,17 @@ def new_wandb_run_id(run_dir: str | Path) -> str:
     return run_id
 
 
-def wandb_rewind_point(run_dir: str | Path, step: int) -> int | None:
-    """The W&B ``_step`` at which a run resumed at training step `step` continues its history,
-    from the files earlier attempts left in ``<run dir>/wandb`` (None: nothing logged before)."""
+def wandb_resume_plan(run_dir: str | Path, step: int) -> tuple[int | None, list[tuple[int, dict[str, float]]]]:
+    """How a run resumed at training step `step` continues its W&B history: the ``_step`` to rewind
+    to (None: nothing logged before), and the rows of metrics.csv before `step` that it lacks.
+
+    Usually the earlier attempts' W&B files hold every row up to the checkpoint and the rewind only
+    drops what an interrupted attempt logged after it. SLURM's SIGTERM (scancel, requeue,
+    preemption) also reaches W&B's service process, which dies without flushing: that attempt's
+    file ends early or is empty. metrics.csv, flushed at every checkpoint, holds those rows: the
+    history is rewound to its last row before the checkpoint and the resumed attempt logs the rows
+    it lacks from metrics.csv before it trains, so W&B ends with every step once, as metrics.csv.
+    """
     run_id = wandb_run_id(run_dir)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a killed attempt's file ends inside a record
@@ -350,17 +363,56 @@ def wandb_rewind_point(run_dir: str | Path, step: int) -> int | None:
             if run.run_id == run_id:
                 attempts.append(run)
     attempts.sort(key=lambda r: r.start_time)
-    return rewind_point(attempts, step) if attempts else None
+    return resume_plan(history(attempts), read_metric_rows(run_dir), step)
 
 
+def resume_plan(logged: list[dict[str, Any]], rows: list[tuple[int, dict[str, float]]],
+                step: int) -> tuple[int | None, list[tuple[int, dict[str, float]]]]:
+    """`wandb_resume_plan` given the W&B history (`history`'s rows) and metrics.csv's rows.
 
-def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None = None) -> list[Logger]:
+    W&B's file is a prefix of what was logged, in step order, so only its newest step can be
+    partial: of that step, the rows with a metric W&B lacks are logged again too.
+    """
+    rows = [(s, metrics) for s, metrics in rows if s < step]
+    keys_logged: dict[int, set[str]] = {}  # training step -> metric names W&B holds for it
+    last_row: dict[int, int] = {}  # training step -> the _step of its last W&B row
+    current = None
+    for row in logged:
+        current = row.get(STEP, current)  # rows without a training step belong to the row before
+        if current is None or current >= step or "_step" not in row:
+            continue
+        keys_logged.setdefault(current, set()).update(row)
+        last_row[current] = int(row["_step"])
+    if not last_row:
+        return None, rows
+    newest = max(last_row)
+    return last_row[newest], [(s, m) for s, m in rows if s > newest or (s == newest and not m.keys() <= keys_logged[s])]
+
+
+def read_metric_rows(run_dir: str | Path) -> list[tuple[int, dict[str, float]]]:
+    """The rows of ``<run_dir>/metrics.csv`` as (training step, {metric: value}), empty cells left out."""
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        return []
+    with open(path, newline="") as file:
+        rows = []
+        for row in csv.DictReader(file):
+            step = row.pop("step", "") or ""
+            if step.isdigit():
+                rows.append((int(step), {k: int(float(v)) if k == "epoch" else float(v) for k, v in row.items() if v}))
+    return rows
+
+
+def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None = None,
+                  echo: Callable[[str], None] | None = None) -> list[Logger]:
     """The loggers of a run: CSV into ``run_dir/metrics.csv`` first, then W&B (unless disabled).
 
     CSV comes first because Lightning takes its default checkpoint and log directory from the
     first logger, which makes them ``run_dir/checkpoints`` and ``run_dir``. If W&B cannot even be
     set up (not installed, bad settings) the run goes on with CSV alone and a warning.
-    `resume_step`: the global step a resumed fit continues from; its W&B history is rewound there.
+    `resume_step`: the global step a resumed fit continues from; its W&B history is rewound there,
+    and rows an interrupted attempt's W&B file lost are logged again from metrics.csv
+    (`wandb_resume_plan`; `echo` says how many).
     """
     run_dir = Path(run_dir)
     loggers: list[Logger] = [RunCSVLogger(run_dir)]
@@ -368,6 +420,10 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
     if mode == "disabled":
         return loggers
     name = OmegaConf.select(cfg, "name", default=None)
+    rewind_to, backfill = (None, []) if resume_step is None else wandb_resume_plan(run_dir, resume_step)
+    if backfill and echo is not None and rank_zero_only.rank == 0:
+        echo(f"W&B: the history lacks steps {backfill[0][0]}-{backfill[-1][0]} (an interrupted attempt's W&B file "
+             f"ended early); logging its {len(backfill)} rows again from metrics.csv")
     try:
         loggers.append(
             RunWandbLogger(
@@ -381,7 +437,8 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
                 job_type=OmegaConf.select(cfg, "task.name", default=None),
                 tags=list(OmegaConf.select(cfg, "logging.wandb.tags", default=None) or []),
                 mode=mode,
-                rewind_to=None if resume_step is None else wandb_rewind_point(run_dir, resume_step),
+                rewind_to=rewind_to,
+                backfill=backfill,
             )
         )
     except Exception as err:  # e.g. ModuleNotFoundError when wandb is not installed

@@ -244,18 +244,6 @@ def history(attempts: list[OfflineRun]) -> list[dict[str, Any]]:
     return merged
 
 
-def rewind_point(attempts: list[OfflineRun], step: int) -> int | None:
-    """The ``_step`` to rewind a run's W&B history to so that it continues at training step `step`:
-    that of the last row logged before it (rows without a training step belong to the row before
-    them). None when no row was logged before `step`."""
-    last, current = None, None
-    for row in history(attempts):
-        current = row.get(STEP, current)
-        if current is not None and current < step and "_step" in row:
-            last = int(row["_step"])
-    return last
-
-
 def _key(item: Any) -> list[str]:
     return list(item.nested_key) or [item.key]
 

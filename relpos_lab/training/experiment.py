@@ -166,7 +166,7 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
     guard = InterruptCheckpoint(run_dir / CHECKPOINTS / LAST, cfg.trainer.checkpoint_every_minutes)
     # SLURM: checkpoint + requeue on SIGUSR1; Ctrl-C / SIGTERM: checkpoint + stop; every N minutes: checkpoint
     callbacks: list[Callback] = [best, last, DeferredRequeue(), guard]
-    loggers = build_loggers(cfg, run_dir, resume_step=resume_step)
+    loggers = build_loggers(cfg, run_dir, resume_step=resume_step, echo=echo)
     callbacks.append(LearningRateMonitor(logging_interval="step"))
     if cfg.trainer.stop_at is not None:  # train until converged on valid, max_steps the cap
         callbacks.append(EarlyStopping(monitor=f"valid/{task.main_metric}", mode=task.main_metric_mode,
