@@ -213,12 +213,14 @@ def two_nodes(tmp_path_factory) -> tuple[Path, str]:
     return run_dir, job.script
 
 
+@pytest.mark.slow  # the 2-node processes take ~50 s; `runs` covers 2-process DDP by default
 def test_the_two_node_job_runs_one_process_per_node_through_srun(two_nodes):
     _, script = two_nodes
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
     assert "\nsrun " in script  # srun starts one task per node, each with its node's SLURM_* variables
 
 
+@pytest.mark.slow  # the 2-node processes take ~50 s; `runs` covers 2-process DDP by default
 def test_two_nodes_follow_the_one_process_loss_curve(runs, two_nodes):
     single, nodes = logged(runs[1], "train/loss"), logged(two_nodes[0], "train/loss")
     assert sorted(single) == sorted(nodes) and len(single) == STEPS
@@ -226,6 +228,7 @@ def test_two_nodes_follow_the_one_process_loss_curve(runs, two_nodes):
         assert nodes[step] == pytest.approx(single[step], rel=1e-4, abs=1e-5), step
 
 
+@pytest.mark.slow  # the 2-node processes take ~50 s; `runs` covers 2-process DDP by default
 def test_only_global_rank_zero_writes_on_a_shared_filesystem(runs, two_nodes):
     """Node 1's process is local rank 0 of its node: anything written by local rank 0 would appear twice."""
     run_dir = two_nodes[0]

@@ -247,6 +247,7 @@ def test_scancel_mid_training_checkpoints_every_rank_and_a_resubmission_continue
     assert [r["trainer/global_step"] for r in history(attempts) if "train/loss" in r] == list(range(steps))
 
 
+@pytest.mark.slow  # ~25 s; the requeue path itself is checked by the signalled-job test
 def test_a_job_signalled_during_its_final_evaluation_requeues_and_evaluates_again(workdir, capsys):
     # A long test split (reversing up to 40 tokens, greedy) keeps the job in its final evaluation.
     steps = 40
