@@ -16,6 +16,10 @@ its error instead of failing.
 """
 from __future__ import annotations
 
+import functools
+import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib.metadata import EntryPoint, entry_points
 
@@ -53,8 +57,27 @@ class Entry:
 
 def _entry_points(kind: Kind) -> dict[str, list[EntryPoint]]:
     """Entry points by name; a name claimed by two different targets is kept as a conflict."""
+    return dict(_entry_points_of(kind.group, _installed(), entry_points))
+
+
+def _installed() -> tuple[tuple[str, int | None], ...]:
+    """What the installed entry points depend on: the import path, and when each of its folders
+    last changed (installing, upgrading or removing a distribution adds or deletes its .dist-info)."""
+    stamps = []
+    for folder in sys.path:
+        try:
+            stamps.append((folder, os.stat(folder or ".").st_mtime_ns))
+        except OSError:
+            stamps.append((folder, None))
+    return tuple(stamps)
+
+
+@functools.lru_cache(maxsize=16)
+def _entry_points_of(group: str, installed: tuple, scan: Callable) -> dict[str, list[EntryPoint]]:
+    """Scanning every distribution's metadata costs ~20 ms, and loading a sweep asks hundreds of
+    times. `scan` (importlib's entry_points) is part of the key: a replaced one is asked anew."""
     found: dict[str, list[EntryPoint]] = {}
-    for ep in entry_points(group=kind.group):
+    for ep in scan(group=group):
         same = found.setdefault(ep.name, [])
         if all(other.value != ep.value for other in same):  # one dist seen twice on sys.path
             same.append(ep)

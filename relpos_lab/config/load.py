@@ -17,6 +17,7 @@ rejects. The CLI prints that line and exits with status 2.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -93,8 +94,13 @@ OVERLAY = "overlay"  # the group of files a bare word on the command line lays o
 
 def sections() -> list[str]:
     """The config's sections (mappings of settings): what GROUP in GROUP=NAME may be."""
+    return list(_sections())
+
+
+@functools.cache
+def _sections() -> tuple[str, ...]:  # the schema is fixed; building it costs ~20 ms a call
     schema = OmegaConf.structured(ExperimentConfig)
-    return ["task", *(key for key in schema if isinstance(schema.get(key), DictConfig))]
+    return ("task", *(key for key in schema if isinstance(schema.get(key), DictConfig)))
 
 
 def command_line_sources(overrides: list[str]) -> list[Source]:
