@@ -412,6 +412,7 @@ def test_flex_block_masks_are_built_once_per_mask_tensor():
     assert flex.flex_block_mask(None, False, 8, 8, 0, None, 2, "cpu") is None
 
 
+@pytest.mark.slow  # torch.compile on CPU, ~40 s, for an opt-in path (BANDED_COMPILE is off by default)
 def test_banded_core_compiles_to_the_same_values_and_gradients():
     """banded's core compiles (BANDED_COMPILE) to what it computes eagerly (here on CPU)."""
     q, k, v, kw = make_case(B=2, H=2, Lq=40, Lk=40, K=4, D=16, padding=True, dtype=torch.float32)
