@@ -386,7 +386,8 @@ def resume_plan(logged: list[dict[str, Any]], rows: list[tuple[int, dict[str, fl
     if not last_row:
         return None, rows
     newest = max(last_row)
-    return last_row[newest], [(s, m) for s, m in rows if s > newest or (s == newest and not m.keys() <= keys_logged[s])]
+    lacking = [(s, m) for s, m in rows if s > newest or (s == newest and not m.keys() <= keys_logged[newest])]
+    return last_row[newest], lacking
 
 
 def read_metric_rows(run_dir: str | Path) -> list[tuple[int, dict[str, float]]]:
