@@ -1,5 +1,13 @@
 """Shared fixtures."""
+import os
+import shutil
+
 import pytest
+
+if shutil.which("nvidia-smi") is None:
+    # Without a GPU, Triton kernels run in Triton's interpreter (tests/test_triton_kernel.py). It
+    # is read when triton and the kernels are first imported, so it is set before anything else.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture

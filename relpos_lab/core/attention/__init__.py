@@ -12,15 +12,19 @@ one module each:
 - ``flex`` (flex.py): FlexAttention with a score_mod and a BlockMask. Backward needs CUDA.
 - ``banded`` (banded.py): a fused kernel for the tails beyond the clip, the band |j−i| < k on
   the side. Self-attention with key padding only; memory linear in L.
+- ``triton`` (fused.py): one FlashAttention-2-style Triton kernel, forward and backward, with
+  a^K, a^V and ``rel_bias`` in the tile loop; CUDA, or CPU through Triton's interpreter (tests).
 - ``auto``: torch's SDPA when there is nothing relative to add (no tables, no bias); on CUDA,
-  ``banded`` when gradients are needed and it supports the call (docs/performance.md has the
-  GPU measurements); else ``gather``, the fastest exact form on CPU.
+  ``triton`` when it supports the call (more than one query row), then ``banded`` when gradients
+  are needed and it supports the call (docs/performance.md has the GPU measurements); else
+  ``gather``, the fastest exact form on CPU.
 
 masks.py holds what they share: the relative labels, the visibility mask, the masked softmax.
 capture.py collects the probabilities by relative offset while an inspect probe is active.
 
-The op also carries the additive score biases of other schemes (ALiBi, T5) through ``attn_bias``,
-so every position scheme runs through this one function.
+The op also carries the additive score biases of other schemes: ``rel_bias`` (H, 2k+1), a scalar
+per head and clipped offset (learned, or a fixed table such as ALiBi's), which the fused kernel
+reads by label; and any dense ``attn_bias``. Every position scheme runs through this one function.
 """
 from __future__ import annotations
 
@@ -30,10 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relpos_lab.core.attention import banded, capture, flex, gather, reference
-from relpos_lab.core.attention.masks import visibility_mask
+from relpos_lab.core.attention import banded, capture, flex, fused, gather, reference
+from relpos_lab.core.attention.masks import offset_bias, visibility_mask
 
-IMPLS = ("naive", "batched", "gather", "flex", "banded", "auto")
+IMPLS = ("naive", "batched", "gather", "flex", "banded", "triton", "auto")
 
 
 def relative_attention(
@@ -50,32 +54,47 @@ def relative_attention(
     dropout_p: float = 0.0,
     impl: str = "auto",
     attn_bias: Tensor | None = None,
+    rel_bias: Tensor | None = None,
 ) -> Tensor:
     """Attention over (B, H, L, D) tensors with Shaw relative position representations.
 
     rel_k / rel_v: (2·max_distance+1, D) shared across heads, (H, 2·max_distance+1, D) per head,
     or None to leave that term out. Query row r sits at absolute position ``query_offset + r``
     (with a KV cache, ``Lk - Lq``); key column j at position j. ``attn_bias`` is an optional
-    float tensor broadcastable to (B, H, Lq, Lk) added to the scaled logits.
+    float tensor broadcastable to (B, H, Lq, Lk) added to the scaled logits; ``rel_bias`` (H,
+    2·max_distance+1) adds rel_bias[h, clip(j − i, k) + k] to them, the same as that dense bias.
     Fully masked query rows return zeros.
     """
     if impl not in IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}; choose one of {', '.join(IMPLS)}")
-    _check_shapes(q, k, v, rel_k, rel_v, max_distance)
+    _check_shapes(q, k, v, rel_k, rel_v, max_distance, rel_bias)
     lq, lk = q.shape[-2], k.shape[-2]
+    if impl == "auto":
+        impl = _pick_impl(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset, dropout_p,
+                          attn_bias)
+    if impl == "triton":
+        why = fused.unsupported(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset,
+                                dropout_p, attn_bias)
+        if why:
+            raise ValueError(f"impl='triton' does not support {why}; use 'gather'")
+    elif rel_bias is not None:  # the other forms take it as the dense bias it stands for
+        dense = offset_bias(rel_bias, lq, lk, max_distance, query_offset)
+        attn_bias = dense if attn_bias is None else attn_bias + dense
     allowed = visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device)
     if capture.ACTIVE is not None:  # inspect mode only; the output below is the same either way
         with torch.no_grad():
-            p = gather.probabilities(q, k, rel_k, max_distance, allowed, attn_bias, query_offset,
+            bias = attn_bias if rel_bias is None or impl != "triton" else offset_bias(
+                rel_bias, lq, lk, max_distance, query_offset)
+            p = gather.probabilities(q, k, rel_k, max_distance, allowed, bias, query_offset,
                                      1.0 / math.sqrt(q.shape[-1]))
         capture.ACTIVE.observe(p, query_offset, max_distance)
-    if impl == "auto":
-        impl = _pick_impl(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias)
     if impl == "sdpa":
         if attn_mask is None and is_causal and lq == lk and query_offset == 0:  # lets CUDA pick flash
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
     scale = 1.0 / math.sqrt(q.shape[-1])
+    if impl == "triton":
+        return fused.attend(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, scale)
     if impl == "banded":
         why = banded.unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias)
         if why:
@@ -90,7 +109,7 @@ def relative_attention(
     return attend(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset, dropout_p, scale)
 
 
-def _check_shapes(q, k, v, rel_k, rel_v, max_distance):
+def _check_shapes(q, k, v, rel_k, rel_v, max_distance, rel_bias):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("q, k, v must be (B, H, L, D)")
     if k.shape[-2] != v.shape[-2] or q.shape[-1] != k.shape[-1]:
@@ -106,12 +125,21 @@ def _check_shapes(q, k, v, rel_k, rel_v, max_distance):
                 f"{name} has shape {tuple(table.shape)}; expected {want} or "
                 f"({q.shape[1]}, {want[0]}, {want[1]}) for max_distance={max_distance}"
             )
+    if rel_bias is not None and tuple(rel_bias.shape) != (q.shape[1], 2 * max_distance + 1):
+        raise ValueError(f"rel_bias has shape {tuple(rel_bias.shape)}; expected (heads, 2·max_distance+1) = "
+                         f"({q.shape[1]}, {2 * max_distance + 1})")
 
 
-def _pick_impl(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias) -> str:
+def _pick_impl(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset, dropout_p, attn_bias) -> str:
     """The fastest exact implementation for this call (docs/performance.md has the measurements)."""
-    if rel_k is None and rel_v is None and attn_bias is None:
+    if rel_k is None and rel_v is None and attn_bias is None and rel_bias is None:
         return "sdpa"
+    if (q.is_cuda and q.shape[-2] > 1
+            and fused.unsupported(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset,
+                                  dropout_p, attn_bias) is None):
+        return "triton"
+    if rel_bias is not None:
+        return "gather"
     if (q.is_cuda and torch.is_grad_enabled()
             and any(t is not None and t.requires_grad for t in (q, k, rel_k, rel_v))
             and banded.unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p,

@@ -1,0 +1,609 @@
+"""The ``triton`` implementation: relation-aware attention as one FlashAttention-2-style kernel.
+
+Shaw's terms live in the (2k+1)-wide label space of each query row, as in ``gather``:
+
+    R_il = scale · q_i·w^K_l + b_l              the key term, plus a learned bias per offset
+    e_ij = scale · q_i·k_j + R_i,l(i,j)          l(i,j) = clip(j − i, k) + k
+    z_i  = Σ_j p_ij v_j + Σ_l M_il w^V_l        M_il = Σ_{j: l(i,j)=l} p_ij, the value term's masses
+
+A key tile entirely left of the band (every j − i ≤ −k) has label 0 for all its pairs: its key
+term is one scalar per row, R_i0, and its probability mass goes to M_i0 (right of the band:
+label 2k). Only the tiles that cross the band gather R by label and gather p back into masses
+(a row meets an interior label at most once per tile), so the tile loop runs in three stages —
+left, band, right — and the common tiles do no label work at all.
+
+The backward recomputes p from the saved log-sum-exp (FlashAttention-2, Algorithm 2): one kernel
+per query block writes dq and the per-row label sums G_il = Σ_{l(i,j)=l} dS_ij and M_il; one per
+key block writes dk and dv. The tables' gradients are then small matmuls outside the kernels,
+dw^K = scale·Σ Gᵀq, db = Σ G, dw^V = Σ Mᵀ dO: no atomics, deterministic.
+
+Runs on CUDA, and on CPU through Triton's interpreter (TRITON_INTERPRET=1 set before triton is
+first imported): the very kernel code, exact but slow, which is how the tests prove it. What it
+does not take (`unsupported` says why) goes to ``gather``: attention dropout, a dense
+``attn_bias``, masks other than key padding (B, 1, 1, Lk), head dimensions above 128, and label
+spaces wider than 128 (max_distance > 63 where the sequence reaches that far).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+from torch import Tensor
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+MAX_LABELS = 128
+"""Label-space width held in registers per query row (2k+1 rounded up to a power of two)."""
+MAX_HEAD_DIM = 128
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+    @triton.jit
+    def _labels(rows_abs, cols, KMAX: tl.constexpr):
+        """(BM, BN) clip(j − i, k) + k: the one place the kernels compute a pair's label."""
+        return tl.minimum(tl.maximum(cols[None, :] - rows_abs[:, None], -KMAX), KMAX) + KMAX
+
+    @triton.jit
+    def _label_logits(q, wk_ptr, bias_ptr, swkl, D, scale, HAS_RK: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      NL: tl.constexpr, NLP: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+        """R (BM, NLP) = scale · q·w^Kᵀ + b: every label's logit term for a block of query rows."""
+        labels = tl.arange(0, NLP)
+        dims = tl.arange(0, BLOCK_D)
+        r = tl.zeros((q.shape[0], NLP), dtype=tl.float32)
+        if HAS_RK:
+            wk = tl.load(wk_ptr + labels[:, None] * swkl + dims[None, :],
+                         mask=(labels[:, None] < NL) & (dims[None, :] < D), other=0.0)
+            r = tl.dot(q, tl.trans(wk), input_precision=PRECISION) * scale
+        if HAS_BIAS:
+            r += tl.load(bias_ptr + labels, mask=labels < NL, other=0.0)[None, :]
+        return r
+
+    @triton.jit
+    def _column(x, label, NLP: tl.constexpr):
+        """x[:, label] of a (BM, NLP) label-space tensor."""
+        return tl.sum(tl.where(tl.arange(0, NLP)[None, :] == label, x, 0.0), 1)
+
+    @triton.jit
+    def _by_label(x_rows, x_lo, x_hi, rows_abs, n0, STAGE: tl.constexpr, KMAX: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+        """The label-space term of a tile, (BM, BN): x_rows[i, l(i, j)], one scalar per row off the band."""
+        if STAGE == 0:
+            out = tl.broadcast_to(x_lo[:, None], (x_lo.shape[0], BLOCK_N))
+        elif STAGE == 2:
+            out = tl.broadcast_to(x_hi[:, None], (x_hi.shape[0], BLOCK_N))
+        else:
+            out = tl.gather(x_rows, _labels(rows_abs, n0 + tl.arange(0, BLOCK_N), KMAX), 1)
+        return out
+
+    @triton.jit
+    def _sum_by_label(x, rows_abs, n0, STAGE: tl.constexpr, KMAX: tl.constexpr, NLP: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+        """(BM, NLP): Σ_j x_ij over this tile's keys j with label l — the masses M, the sums G."""
+        labels = tl.arange(0, NLP)[None, :]
+        if STAGE == 0:
+            out = tl.where(labels == 0, tl.sum(x, 1)[:, None], 0.0)
+        elif STAGE == 2:
+            out = tl.where(labels == 2 * KMAX, tl.sum(x, 1)[:, None], 0.0)
+        else:
+            lab = _labels(rows_abs, n0 + tl.arange(0, BLOCK_N), KMAX)
+            lo = tl.sum(tl.where(lab == 0, x, 0.0), 1)
+            hi = tl.sum(tl.where(lab == 2 * KMAX, x, 0.0), 1)
+            key = labels - KMAX + rows_abs[:, None] - n0  # the one key of an interior label in this tile
+            inside = (key >= 0) & (key < BLOCK_N) & (labels > 0) & (labels < 2 * KMAX)
+            mid = tl.gather(x, tl.minimum(tl.maximum(key, 0), BLOCK_N - 1), 1)
+            out = tl.where(inside, mid, 0.0) + tl.where(labels == 0, lo[:, None], 0.0) \
+                + tl.where(labels == 2 * KMAX, hi[:, None], 0.0)
+        return out
+
+    @triton.jit
+    def _visible(rows_abs, cols, keep_ptr, LK, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr):
+        """(BM, BN) bool: key exists, is not padding, and (causal) is not in the query's future."""
+        ok = (cols < LK)[None, :] & (rows_abs[:, None] >= 0)
+        if HAS_KEEP:
+            ok = ok & (tl.load(keep_ptr + cols, mask=cols < LK, other=0) != 0)[None, :]
+        if CAUSAL:
+            ok = ok & (cols[None, :] <= rows_abs[:, None])
+        return ok
+
+    @triton.jit
+    def _query_stages(start_m, OFFSET, LK, KMAX: tl.constexpr, CAUSAL: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Key-tile bounds of a query block's three stages: [0, band_lo) left, [band_lo, band_hi)
+        band, [band_hi, hi) right. Tiles off the band are exactly those with one label per side."""
+        a0 = start_m * BLOCK_M + OFFSET
+        a1 = a0 + BLOCK_M - 1
+        hi = LK
+        if CAUSAL:
+            hi = tl.minimum(LK, a1 + 1)
+        if KMAX == 0:
+            band_lo = hi
+            band_hi = hi
+        else:
+            band_lo = tl.minimum((tl.maximum(a0 - KMAX + 1, 0) // BLOCK_N) * BLOCK_N, hi)
+            band_hi = tl.maximum(tl.minimum((a1 + KMAX + BLOCK_N - 1) // BLOCK_N * BLOCK_N, hi), band_lo)
+        return band_lo, band_hi, hi
+
+    @triton.jit
+    def _forward_stage(acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, skn, svn,
+                       rows_abs, lo, hi, LK, D, scale,
+                       STAGE: tl.constexpr, KMAX: tl.constexpr, NLP: tl.constexpr, HAS_R: tl.constexpr,
+                       HAS_RV: tl.constexpr, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+        """The online softmax over key tiles [lo, hi) of one stage."""
+        dims = tl.arange(0, BLOCK_D)
+        for n0 in range(lo, hi, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            kv_mask = (cols[:, None] < LK) & (dims[None, :] < D)
+            k = tl.load(k_ptr + cols[:, None] * skn + dims[None, :], mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            if HAS_R:
+                s += _by_label(r, r_lo, r_hi, rows_abs, n0, STAGE, KMAX, BLOCK_N)
+            s = tl.where(_visible(rows_abs, cols, keep_ptr, LK, HAS_KEEP, CAUSAL), s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + cols[:, None] * svn + dims[None, :], mask=kv_mask, other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            if HAS_RV:
+                mass = mass * alpha[:, None] + _sum_by_label(p, rows_abs, n0, STAGE, KMAX, NLP, BLOCK_N)
+            m_i = m_new
+        return acc, l_i, m_i, mass
+
+    @triton.jit
+    def _forward(Q, K, V, WK, WV, BIAS, KEEP, O, LSE,
+                 sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, swkh, swkl, swvh, swvl, sbh, skeepb,
+                 sob, soh, som, H, LQ, LK, D, OFFSET, scale, L_BUCKET,
+                 KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+        start_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // H
+        h = bh % H
+        rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows_abs = rows + OFFSET
+        dims = tl.arange(0, BLOCK_D)
+        row_mask = (rows[:, None] < LQ) & (dims[None, :] < D)
+        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqm + dims[None, :], mask=row_mask, other=0.0)
+        r = tl.zeros((BLOCK_M, NLP), dtype=tl.float32)
+        if HAS_R:
+            r = _label_logits(q, WK + h * swkh, BIAS + h * sbh, swkl, D, scale, HAS_RK, HAS_BIAS,
+                              2 * KMAX + 1, NLP, BLOCK_D, PRECISION)
+        r_lo = _column(r, 0, NLP)
+        r_hi = _column(r, 2 * KMAX, NLP)
+
+        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        mass = tl.zeros((BLOCK_M, NLP), dtype=tl.float32)
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        band_lo, band_hi, hi = _query_stages(start_m, OFFSET, LK, KMAX, CAUSAL, BLOCK_M, BLOCK_N)
+        k_ptr = K + b * skb + h * skh
+        v_ptr = V + b * svb + h * svh
+        keep_ptr = KEEP + b * skeepb
+        acc, l_i, m_i, mass = _forward_stage(
+            acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, skn, svn, rows_abs, 0, band_lo,
+            LK, D, scale, 0, KMAX, NLP, HAS_R, HAS_RV, HAS_KEEP, CAUSAL, BLOCK_N, BLOCK_D, PRECISION)
+        acc, l_i, m_i, mass = _forward_stage(
+            acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, skn, svn, rows_abs, band_lo, band_hi,
+            LK, D, scale, 1, KMAX, NLP, HAS_R, HAS_RV, HAS_KEEP, CAUSAL, BLOCK_N, BLOCK_D, PRECISION)
+        acc, l_i, m_i, mass = _forward_stage(
+            acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, skn, svn, rows_abs, band_hi, hi,
+            LK, D, scale, 2, KMAX, NLP, HAS_R, HAS_RV, HAS_KEEP, CAUSAL, BLOCK_N, BLOCK_D, PRECISION)
+
+        if HAS_RV:  # Σ_l M_il w^V_l, once per row block
+            labels = tl.arange(0, NLP)
+            wv = tl.load(WV + h * swvh + labels[:, None] * swvl + dims[None, :],
+                         mask=(labels[:, None] < 2 * KMAX + 1) & (dims[None, :] < D), other=0.0)
+            acc += tl.dot(mass.to(wv.dtype), wv, input_precision=PRECISION)
+        seen = l_i > 0.0  # a fully masked row attends to nothing: zeros, and no gradient
+        out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+        tl.store(O + b * sob + h * soh + rows[:, None] * som + dims[None, :], out.to(O.dtype.element_ty),
+                 mask=row_mask)
+        lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("inf"))
+        tl.store(LSE + bh * LQ + rows, lse, mask=rows < LQ)
+
+    @triton.jit
+    def _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr, keep_ptr,
+                  skn, svn, rows_abs, lo, hi, LK, D, scale,
+                  STAGE: tl.constexpr, KMAX: tl.constexpr, NLP: tl.constexpr, HAS_R: tl.constexpr,
+                  HAS_RV: tl.constexpr, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+        """dq, G and M of a query block over key tiles [lo, hi) of one stage."""
+        dims = tl.arange(0, BLOCK_D)
+        for n0 in range(lo, hi, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            kv_mask = (cols[:, None] < LK) & (dims[None, :] < D)
+            k = tl.load(k_ptr + cols[:, None] * skn + dims[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_ptr + cols[:, None] * svn + dims[None, :], mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            if HAS_R:
+                s += _by_label(r, r_lo, r_hi, rows_abs, n0, STAGE, KMAX, BLOCK_N)
+            s = tl.where(_visible(rows_abs, cols, keep_ptr, LK, HAS_KEEP, CAUSAL), s, float("-inf"))
+            p = tl.exp(s - lse[:, None])
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            if HAS_RV:
+                dp += _by_label(dw, dw_lo, dw_hi, rows_abs, n0, STAGE, KMAX, BLOCK_N)
+                mass += _sum_by_label(p, rows_abs, n0, STAGE, KMAX, NLP, BLOCK_N)
+            ds = p * (dp - delta[:, None])
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+            if HAS_R:
+                g += _sum_by_label(ds, rows_abs, n0, STAGE, KMAX, NLP, BLOCK_N)
+        return dq, g, mass
+
+    @triton.jit
+    def _backward_dq(Q, K, V, WK, WV, BIAS, KEEP, O, DO, LSE, DQ, DELTA, G, M,
+                     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, swkh, swkl, swvh, swvl, sbh, skeepb,
+                     sob, soh, som, sdob, sdoh, sdom, sdqb, sdqh, sdqm, H, LQ, LK, D, OFFSET, scale, L_BUCKET,
+                     KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     PRECISION: tl.constexpr):
+        start_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // H
+        h = bh % H
+        rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows_abs = rows + OFFSET
+        dims = tl.arange(0, BLOCK_D)
+        labels = tl.arange(0, NLP)
+        row_mask = (rows[:, None] < LQ) & (dims[None, :] < D)
+        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqm + dims[None, :], mask=row_mask, other=0.0)
+        do = tl.load(DO + b * sdob + h * sdoh + rows[:, None] * sdom + dims[None, :], mask=row_mask, other=0.0)
+        o = tl.load(O + b * sob + h * soh + rows[:, None] * som + dims[None, :], mask=row_mask, other=0.0)
+        delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # Σ_j p_ij dP_ij = dO_i·z_i
+        tl.store(DELTA + bh * LQ + rows, delta, mask=rows < LQ)
+        lse = tl.load(LSE + bh * LQ + rows, mask=rows < LQ, other=float("inf"))
+        r = tl.zeros((BLOCK_M, NLP), dtype=tl.float32)
+        if HAS_R:
+            r = _label_logits(q, WK + h * swkh, BIAS + h * sbh, swkl, D, scale, HAS_RK, HAS_BIAS,
+                              2 * KMAX + 1, NLP, BLOCK_D, PRECISION)
+        r_lo = _column(r, 0, NLP)
+        r_hi = _column(r, 2 * KMAX, NLP)
+        dw = tl.zeros((BLOCK_M, NLP), dtype=tl.float32)  # dO_i·w^V_l: the value term's share of dP
+        if HAS_RV:
+            wv = tl.load(WV + h * swvh + labels[:, None] * swvl + dims[None, :],
+                         mask=(labels[:, None] < 2 * KMAX + 1) & (dims[None, :] < D), other=0.0)
+            dw = tl.dot(do, tl.trans(wv), input_precision=PRECISION)
+        dw_lo = _column(dw, 0, NLP)
+        dw_hi = _column(dw, 2 * KMAX, NLP)
+
+        dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        g = tl.zeros((BLOCK_M, NLP), dtype=tl.float32)
+        mass = tl.zeros((BLOCK_M, NLP), dtype=tl.float32)
+        band_lo, band_hi, hi = _query_stages(start_m, OFFSET, LK, KMAX, CAUSAL, BLOCK_M, BLOCK_N)
+        k_ptr = K + b * skb + h * skh
+        v_ptr = V + b * svb + h * svh
+        keep_ptr = KEEP + b * skeepb
+        dq, g, mass = _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr,
+                                keep_ptr, skn, svn, rows_abs, 0, band_lo, LK, D, scale, 0, KMAX, NLP, HAS_R,
+                                HAS_RV, HAS_KEEP, CAUSAL, BLOCK_N, BLOCK_D, PRECISION)
+        dq, g, mass = _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr,
+                                keep_ptr, skn, svn, rows_abs, band_lo, band_hi, LK, D, scale, 1, KMAX, NLP, HAS_R,
+                                HAS_RV, HAS_KEEP, CAUSAL, BLOCK_N, BLOCK_D, PRECISION)
+        dq, g, mass = _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr,
+                                keep_ptr, skn, svn, rows_abs, band_hi, hi, LK, D, scale, 2, KMAX, NLP, HAS_R,
+                                HAS_RV, HAS_KEEP, CAUSAL, BLOCK_N, BLOCK_D, PRECISION)
+        if HAS_RK:  # Σ_l G_il w^K_l, the key term's share of dq
+            wk = tl.load(WK + h * swkh + labels[:, None] * swkl + dims[None, :],
+                         mask=(labels[:, None] < 2 * KMAX + 1) & (dims[None, :] < D), other=0.0)
+            dq += tl.dot(g.to(wk.dtype), wk, input_precision=PRECISION)
+        tl.store(DQ + b * sdqb + h * sdqh + rows[:, None] * sdqm + dims[None, :], (dq * scale).to(DQ.dtype.element_ty),
+                 mask=row_mask)
+        label_mask = (rows[:, None] < LQ) & (labels[None, :] < 2 * KMAX + 1)
+        label_ptrs = bh * LQ * NLP + rows[:, None] * NLP + labels[None, :]
+        if HAS_R:
+            tl.store(G + label_ptrs, g, mask=label_mask)
+        if HAS_RV:
+            tl.store(M + label_ptrs, mass, mask=label_mask)
+
+    @triton.jit
+    def _edge_logit(q, w_edge, b_edge, scale, HAS_RK: tl.constexpr, HAS_BIAS: tl.constexpr):
+        """(BM,) R_il for one label l (0 or 2k) whose w^K row is w_edge: a tile off the band."""
+        r = tl.zeros((q.shape[0],), dtype=tl.float32)
+        if HAS_RK:
+            r = tl.sum(q.to(tl.float32) * w_edge[None, :], 1) * scale
+        if HAS_BIAS:
+            r += b_edge
+        return r
+
+    @triton.jit
+    def _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi,
+                    q_ptr, do_ptr, lse_ptr, delta_ptr, sqm, sdom, cols, visible_cols, lo, hi, LQ, D, OFFSET, scale,
+                    STAGE: tl.constexpr, KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr,
+                    HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+        """dk, dv of a key block over query blocks [lo, hi) of one stage (from the keys' side: stage 2
+        = queries far below the keys, every label 2k; stage 0 = far above, label 0)."""
+        dims = tl.arange(0, BLOCK_D)
+        for m0 in range(lo, hi, BLOCK_M):
+            rows = m0 + tl.arange(0, BLOCK_M)
+            rows_abs = rows + OFFSET
+            row_mask = (rows[:, None] < LQ) & (dims[None, :] < D)
+            q = tl.load(q_ptr + rows[:, None] * sqm + dims[None, :], mask=row_mask, other=0.0)
+            do = tl.load(do_ptr + rows[:, None] * sdom + dims[None, :], mask=row_mask, other=0.0)
+            lse = tl.load(lse_ptr + rows, mask=rows < LQ, other=float("inf"))
+            delta = tl.load(delta_ptr + rows, mask=rows < LQ, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            if STAGE == 1:
+                if HAS_RK or HAS_BIAS:
+                    r = tl.zeros((BLOCK_M, NLP), dtype=tl.float32)
+                    if HAS_RK:
+                        r = tl.dot(q, tl.trans(wk), input_precision=PRECISION) * scale
+                    if HAS_BIAS:
+                        r += bias[None, :]
+                    s += tl.gather(r, _labels(rows_abs, cols, KMAX), 1)
+            elif STAGE == 2:
+                s += _edge_logit(q, wk_hi, b_hi, scale, HAS_RK, HAS_BIAS)[:, None]
+            else:
+                s += _edge_logit(q, wk_lo, b_lo, scale, HAS_RK, HAS_BIAS)[:, None]
+            allowed = visible_cols[None, :] & (rows_abs[:, None] >= 0)
+            if CAUSAL:
+                allowed = allowed & (cols[None, :] <= rows_abs[:, None])
+            s = tl.where(allowed, s, float("-inf"))
+            p = tl.exp(s - lse[:, None])
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            if HAS_RV:
+                if STAGE == 1:
+                    dp += tl.gather(tl.dot(do, tl.trans(wv), input_precision=PRECISION), _labels(rows_abs, cols, KMAX), 1)
+                elif STAGE == 2:
+                    dp += tl.sum(do.to(tl.float32) * wv_hi[None, :], 1)[:, None]
+                else:
+                    dp += tl.sum(do.to(tl.float32) * wv_lo[None, :], 1)[:, None]
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        return dk, dv
+
+    @triton.jit
+    def _backward_dkdv(Q, K, V, WK, WV, BIAS, KEEP, DO, LSE, DELTA, DK, DV,
+                       sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, swkh, swkl, swvh, swvl, sbh, skeepb,
+                       sdob, sdoh, sdom, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn, H, LQ, LK, D, OFFSET, scale, L_BUCKET,
+                       KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                       PRECISION: tl.constexpr):
+        start_n = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // H
+        h = bh % H
+        n0 = start_n * BLOCK_N
+        cols = n0 + tl.arange(0, BLOCK_N)
+        dims = tl.arange(0, BLOCK_D)
+        labels = tl.arange(0, NLP)
+        col_mask = (cols[:, None] < LK) & (dims[None, :] < D)
+        k = tl.load(K + b * skb + h * skh + cols[:, None] * skn + dims[None, :], mask=col_mask, other=0.0)
+        v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dims[None, :], mask=col_mask, other=0.0)
+        visible_cols = cols < LK
+        if HAS_KEEP:
+            visible_cols = visible_cols & (tl.load(KEEP + b * skeepb + cols, mask=cols < LK, other=0) != 0)
+        table_mask = (labels[:, None] < 2 * KMAX + 1) & (dims[None, :] < D)
+        wk = tl.zeros((NLP, BLOCK_D), dtype=K.dtype.element_ty)
+        wv = tl.zeros((NLP, BLOCK_D), dtype=V.dtype.element_ty)
+        bias = tl.zeros((NLP,), dtype=tl.float32)
+        if HAS_RK:
+            wk = tl.load(WK + h * swkh + labels[:, None] * swkl + dims[None, :], mask=table_mask, other=0.0)
+        if HAS_RV:
+            wv = tl.load(WV + h * swvh + labels[:, None] * swvl + dims[None, :], mask=table_mask, other=0.0)
+        if HAS_BIAS:
+            bias = tl.load(BIAS + h * sbh + labels, mask=labels < 2 * KMAX + 1, other=0.0)
+        wk_lo = tl.sum(tl.where(labels[:, None] == 0, wk.to(tl.float32), 0.0), 0)
+        wk_hi = tl.sum(tl.where(labels[:, None] == 2 * KMAX, wk.to(tl.float32), 0.0), 0)
+        wv_lo = tl.sum(tl.where(labels[:, None] == 0, wv.to(tl.float32), 0.0), 0)
+        wv_hi = tl.sum(tl.where(labels[:, None] == 2 * KMAX, wv.to(tl.float32), 0.0), 0)
+        b_lo = tl.sum(tl.where(labels == 0, bias, 0.0), 0)
+        b_hi = tl.sum(tl.where(labels == 2 * KMAX, bias, 0.0), 0)
+
+        # Query-block bounds of the three stages, from this key block's side.
+        lo = 0
+        if CAUSAL:  # query blocks entirely before the first key see none of it
+            lo = (tl.maximum(n0 - OFFSET, 0) // BLOCK_M) * BLOCK_M
+        if KMAX == 0:
+            band_lo = lo
+            band_hi = lo
+        else:
+            band_lo = tl.maximum((tl.maximum(n0 - KMAX - OFFSET + 1, 0) // BLOCK_M) * BLOCK_M, lo)
+            band_lo = tl.minimum(band_lo, LQ)
+            first_above = (tl.maximum(n0 + BLOCK_N - 1 + KMAX - OFFSET, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+            band_hi = tl.maximum(tl.minimum(first_above, LQ), band_lo)
+        q_ptr = Q + b * sqb + h * sqh
+        do_ptr = DO + b * sdob + h * sdoh
+        dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+        dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+        dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi,
+                             q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, visible_cols,
+                             lo, band_lo, LQ, D, OFFSET, scale, 2, KMAX, NLP, HAS_RK, HAS_RV, HAS_BIAS, CAUSAL,
+                             BLOCK_M, BLOCK_D, PRECISION)
+        dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi,
+                             q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, visible_cols,
+                             band_lo, band_hi, LQ, D, OFFSET, scale, 1, KMAX, NLP, HAS_RK, HAS_RV, HAS_BIAS, CAUSAL,
+                             BLOCK_M, BLOCK_D, PRECISION)
+        dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi,
+                             q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, visible_cols,
+                             band_hi, LQ, LQ, D, OFFSET, scale, 0, KMAX, NLP, HAS_RK, HAS_RV, HAS_BIAS, CAUSAL,
+                             BLOCK_M, BLOCK_D, PRECISION)
+        tl.store(DK + b * sdkb + h * sdkh + cols[:, None] * sdkn + dims[None, :], (dk * scale).to(DK.dtype.element_ty),
+                 mask=col_mask)
+        tl.store(DV + b * sdvb + h * sdvh + cols[:, None] * sdvn + dims[None, :], dv.to(DV.dtype.element_ty),
+                 mask=col_mask)
+
+
+def _configs() -> list:
+    """Block sizes, warps and stages tried once per shape class on a GPU (Hopper and Ampere)."""
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bm, bn, w, s in ((128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2),
+                                 (64, 128, 4, 2), (64, 32, 4, 4), (128, 32, 4, 3))]
+
+
+_TUNE_KEY = ["L_BUCKET", "KMAX", "NLP", "BLOCK_D", "HAS_RK", "HAS_RV", "HAS_BIAS", "HAS_KEEP", "CAUSAL"]
+_INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
+_kernels = None
+
+
+def _get_kernels():
+    """The three kernels, autotuned on a GPU; fixed small blocks under the interpreter (where
+    autotuning would only multiply the run time)."""
+    global _kernels
+    if _kernels is None:
+        if INTERPRETED:
+            _kernels = (_forward, _backward_dq, _backward_dkdv)
+        else:
+            _kernels = tuple(triton.autotune(configs=_configs(), key=_TUNE_KEY)(kernel)
+                             for kernel in (_forward, _backward_dq, _backward_dkdv))
+    return _kernels
+
+
+def unsupported(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset, dropout_p,
+                attn_bias) -> str | None:
+    """Why `triton` cannot run these arguments (None: it can)."""
+    if not HAS_TRITON:
+        return "this environment (triton is not installed)"
+    if q.device.type == "cpu" and not INTERPRETED:
+        return "CPU tensors unless TRITON_INTERPRET=1 was set before triton was imported (the interpreter)"
+    if q.device.type not in ("cpu", "cuda"):
+        return f"device {q.device.type}"
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"dtype {q.dtype}"
+    if q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] != q.shape[-1]:
+        return f"head dimension {q.shape[-1]} (q, k) / {v.shape[-1]} (v): needs equal and at most {MAX_HEAD_DIM}"
+    if dropout_p > 0:
+        return "attention dropout"
+    if attn_bias is not None:
+        return "a dense attn_bias (express an offset bias as rel_bias)"
+    if attn_mask is not None and (attn_mask.dim() != 4 or attn_mask.shape[1:3] != (1, 1)):
+        return "masks other than key padding (B, 1, 1, Lk)"
+    if _label_space(_reach(q.shape[-2], k.shape[-2], max_distance, query_offset)) > MAX_LABELS:
+        return f"max_distance {max_distance} at these lengths (label space wider than {MAX_LABELS})"
+    return None
+
+
+def _reach(lq: int, lk: int, kmax: int, query_offset: int) -> int:
+    """The clipping distance that changes nothing here: no pair is farther apart than this."""
+    return min(kmax, max(query_offset + lq - 1, lk - 1 - query_offset, 0))
+
+
+def _label_space(kmax: int) -> int:
+    return max(16, triton.next_power_of_2(2 * kmax + 1)) if HAS_TRITON else 2 * kmax + 1
+
+
+def attend(q, k, v, rel_k, rel_v, rel_bias, kmax, attn_mask, is_causal, query_offset, scale):
+    """Tables are cut to the distances these lengths reach (exact: clipping beyond them is a
+    no-op) and cast to the inputs' dtype; a (B, 1, 1, Lk) mask becomes per-key padding."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    reach = _reach(lq, lk, kmax, query_offset)
+    cut = slice(kmax - reach, kmax + reach + 1)
+    rel_k = rel_k[..., cut, :].to(q.dtype) if rel_k is not None else None
+    rel_v = rel_v[..., cut, :].to(v.dtype) if rel_v is not None else None
+    rel_bias = rel_bias[..., cut].float() if rel_bias is not None else None
+    keep = None
+    if attn_mask is not None:
+        keep = attn_mask.reshape(attn_mask.shape[0], lk).expand(q.shape[0], lk).to(torch.int8).contiguous()
+    return _FusedRelativeAttention.apply(q, k, v, rel_k, rel_v, rel_bias, keep, reach, is_causal, query_offset,
+                                         scale)
+
+
+def _last_dim_contiguous(x: Tensor) -> Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _table(t: Tensor | None, like: Tensor):
+    """(w, head stride, label stride) for rel_k / rel_v; a table shared by the heads has head stride 0."""
+    if t is None:
+        return like, 0, 0
+    t = t.contiguous()
+    if t.dim() == 2:
+        return t, 0, t.stride(0)
+    return t, t.stride(0), t.stride(1)
+
+
+class _FusedRelativeAttention(torch.autograd.Function):
+    """Forward and backward of the fused kernels; saves q, k, v, the output and the log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rel_k, rel_v, rel_bias, keep, kmax, causal, offset, scale):
+        q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+        b, h, lq, d = q.shape
+        lk = k.shape[-2]
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty(b * h * lq, device=q.device, dtype=torch.float32)
+        args = _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, kmax, causal)
+        fwd, _, _ = _get_kernels()
+        grid = lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)
+        fwd[grid](q, k, v, *args["tables"], args["keep"], o, lse,
+                  q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                  v.stride(0), v.stride(1), v.stride(2), *args["strides"],
+                  o.stride(0), o.stride(1), o.stride(2), h, lq, lk, d, offset, scale, _bucket(lq, lk), **args["meta"])
+        ctx.save_for_backward(q, k, v, rel_k, rel_v, rel_bias, keep, o, lse)
+        ctx.kmax, ctx.causal, ctx.offset, ctx.scale = kmax, causal, offset, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, rel_k, rel_v, rel_bias, keep, o, lse = ctx.saved_tensors
+        do = _last_dim_contiguous(do)
+        b, h, lq, d = q.shape
+        lk = k.shape[-2]
+        args = _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, ctx.kmax, ctx.causal)
+        nlp = args["meta"]["NLP"]
+        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+        dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+        dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+        delta = torch.empty(b * h * lq, device=q.device, dtype=torch.float32)
+        has_r = rel_k is not None or rel_bias is not None
+        g = torch.empty((b, h, lq, nlp) if has_r else (1,), device=q.device, dtype=torch.float32)
+        mass = torch.empty((b, h, lq, nlp) if rel_v is not None else (1,), device=q.device, dtype=torch.float32)
+        _, bwd_dq, bwd_dkdv = _get_kernels()
+        # dq's kernel also writes delta_i = dO_i·z_i, which the dk/dv kernel reads: it runs first.
+        bwd_dq[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)](
+            q, k, v, *args["tables"], args["keep"], o, do, lse, dq, delta, g, mass,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), *args["strides"], o.stride(0), o.stride(1), o.stride(2),
+            do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
+            h, lq, lk, d, ctx.offset, ctx.scale, _bucket(lq, lk), **args["meta"])
+        bwd_dkdv[lambda meta: (triton.cdiv(lk, meta["BLOCK_N"]), b * h)](
+            q, k, v, *args["tables"], args["keep"], do, lse, delta, dk, dv,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), *args["strides"],
+            do.stride(0), do.stride(1), do.stride(2), dk.stride(0), dk.stride(1), dk.stride(2),
+            dv.stride(0), dv.stride(1), dv.stride(2), h, lq, lk, d, ctx.offset, ctx.scale, _bucket(lq, lk),
+            **args["meta"])
+        nl = 2 * ctx.kmax + 1
+        d_rel_k = d_rel_v = d_rel_bias = None
+        if rel_k is not None and ctx.needs_input_grad[3]:  # dw^K_l = scale · Σ_i G_il q_i
+            d_rel_k = _per_table(torch.einsum("bhil,bhid->hld", g[..., :nl], q.to(g.dtype)) * ctx.scale, rel_k)
+        if rel_v is not None and ctx.needs_input_grad[4]:  # dw^V_l = Σ_i M_il dO_i
+            d_rel_v = _per_table(torch.einsum("bhil,bhid->hld", mass[..., :nl], do.to(mass.dtype)), rel_v)
+        if rel_bias is not None and ctx.needs_input_grad[5]:  # db_l = Σ_i G_il
+            d_rel_bias = g[..., :nl].sum((0, 2)).to(rel_bias.dtype)
+        return dq, dk, dv, d_rel_k, d_rel_v, d_rel_bias, None, None, None, None, None
+
+
+def _bucket(lq: int, lk: int) -> int:
+    """The autotuning key's length: a power of two, so varying batch lengths do not re-tune."""
+    return triton.next_power_of_2(max(lq, lk))
+
+
+def _per_table(grad_per_head: Tensor, table: Tensor) -> Tensor:
+    return (grad_per_head if table.dim() == 3 else grad_per_head.sum(0)).to(table.dtype)
+
+
+def _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, kmax, causal) -> dict:
+    """The kernels' shared arguments: tables with their strides, the padding vector, constexprs."""
+    wk, swkh, swkl = _table(rel_k, q)
+    wv, swvh, swvl = _table(rel_v, q)
+    bias = rel_bias.contiguous() if rel_bias is not None else q
+    sbh = bias.stride(0) if rel_bias is not None else 0
+    meta = dict(KMAX=kmax, NLP=_label_space(kmax), HAS_RK=rel_k is not None, HAS_RV=rel_v is not None,
+                HAS_BIAS=rel_bias is not None, HAS_R=rel_k is not None or rel_bias is not None,
+                HAS_KEEP=keep is not None, CAUSAL=bool(causal),
+                BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
+                PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    if INTERPRETED:
+        meta.update(_INTERPRETER_BLOCKS)
+    return {"tables": (wk, wv, bias), "keep": keep if keep is not None else q,
+            "strides": (swkh, swkl, swvh, swvl, sbh, keep.stride(0) if keep is not None else 0), "meta": meta}
