@@ -22,8 +22,10 @@ pytestmark = pytest.mark.skipif(fused.unsupported(*([torch.zeros(1, 1, 2, 16)] *
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def definition(q, k, v, rel_k, rel_v, rel_bias, kmax, keep, causal, offset):
-    """Float64 loops over the equations: e_ij = q_i·(k_j + a^K_ij)/√D + b_ij, z_i = Σ_j α_ij (v_j + a^V_ij)."""
+def definition(q, k, v, rel_k, rel_v, rel_bias, kmax, keep, causal, offset, dropped=None, dropout_p=0.0,
+               dense_mask=None):
+    """Float64 loops over the equations: e_ij = q_i·(k_j + a^K_ij)/√D + b_ij, z_i = Σ_j α_ij (v_j + a^V_ij),
+    α = softmax(e) with the entries where `dropped` (B, H, Lq, Lk) is False zeroed and the rest / (1 − p)."""
     q, k, v = q.double(), k.double(), v.double()
     b, h, lq, d = q.shape
     lk = k.shape[-2]
@@ -44,11 +46,15 @@ def definition(q, k, v, rel_k, rel_v, rel_bias, kmax, keep, causal, offset):
         visible = torch.ones(b, lq, lk, dtype=torch.bool, device=q.device)
         if keep is not None:
             visible &= keep[:, None, :]
+        if dense_mask is not None:  # broadcastable to (B, H, Lq, Lk)
+            visible &= dense_mask.expand(b, h, lq, lk)[:, head]
         if causal:
             visible &= (torch.arange(lk, device=q.device)[None, :]
                         <= torch.arange(lq, device=q.device)[:, None] + offset)
         e = e.masked_fill(~visible, float("-inf"))
         p = torch.softmax(e, -1).nan_to_num(0.0)
+        if dropped is not None:
+            p = p * dropped[:, head] / (1 - dropout_p)
         z = p @ v[:, head]
         if wv is not None:
             z = z + torch.einsum("bij,ijd->bid", p, wv[label])
@@ -120,6 +126,30 @@ def test_matches_the_float64_definition_with_gradients(name):
     check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
 
 
+@pytest.mark.parametrize("shape", ["prefix (B, 1, Lq, Lk)", "per head (B, H, Lq, Lk)", "shared (Lq, Lk)"])
+def test_dense_masks_are_read_tile_by_tile(shape):
+    """A prefix LM's mask (the source sees all of itself, the target is causal) and arbitrary masks."""
+    case = make(lq=30, lk=30)
+    g = torch.Generator().manual_seed(4)
+    if shape.startswith("prefix"):
+        prefix = torch.tensor([9, 17])
+        j, i = torch.arange(30)[None, None, :], torch.arange(30)[None, :, None]
+        mask = ((j <= i) | (j < prefix[:, None, None]))[:, None]
+    elif shape.startswith("per head"):
+        mask = torch.rand(2, 3, 30, 30, generator=g) < 0.7
+    else:
+        mask = torch.rand(30, 30, generator=g) < 0.7
+    mask = mask.to(DEVICE)
+    leaves = [case[n] for n in ("q", "k", "v", "rel_k", "rel_v", "rel_bias")]
+    out = relative_attention(*leaves[:3], rel_k=case["rel_k"], rel_v=case["rel_v"], rel_bias=case["rel_bias"],
+                             max_distance=4, attn_mask=mask, impl="triton")
+    want = definition(*leaves, 4, None, False, 0, dense_mask=mask)
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
+    grad_out = torch.randn_like(out)
+    for a, e in zip(torch.autograd.grad(out, leaves, grad_out), torch.autograd.grad(want, leaves, grad_out.double())):
+        torch.testing.assert_close(a.double(), e.double(), atol=2e-5 * max(1.0, e.abs().max().item()), rtol=1e-4)
+
+
 def test_rows_that_see_nothing_are_zero_with_zero_gradients():
     case = make(lq=17, lk=17, b=2)
     keep = torch.ones(2, 17, dtype=torch.bool, device=DEVICE)
@@ -160,11 +190,8 @@ def test_rel_bias_equals_the_dense_bias_it_stands_for_in_every_impl():
 def test_refusals_name_what_is_unsupported():
     case = make(lq=8, use_bias=False)
     q, k, v = case["q"], case["k"], case["v"]
-    with pytest.raises(ValueError, match="impl='triton' does not support attention dropout; use 'gather'"):
-        relative_attention(q, k, v, rel_k=case["rel_k"], max_distance=4, dropout_p=0.1, impl="triton")
-    dense = torch.ones(2, 1, 8, 8, dtype=torch.bool, device=DEVICE)
-    with pytest.raises(ValueError, match=r"masks other than key padding \(B, 1, 1, Lk\)"):
-        relative_attention(q, k, v, rel_k=case["rel_k"], max_distance=4, attn_mask=dense, impl="triton")
+    with pytest.raises(ValueError, match=r"impl='triton' does not support a dense attn_bias"):
+        relative_attention(q, k, v, rel_k=case["rel_k"], max_distance=4, attn_bias=torch.zeros(8, 8), impl="triton")
     with pytest.raises(ValueError, match=r"rel_bias has shape \(3, 5\); expected .* \(3, 9\)"):
         relative_attention(q, k, v, rel_bias=torch.zeros(3, 5), max_distance=4, impl="triton")
 
@@ -197,3 +224,46 @@ def test_a_few_training_steps_match_gather_in_loss_and_gradients():
         assert losses["triton"] == pytest.approx(losses["gather"], abs=1e-5)
         for a, b in zip(grads["triton"], grads["gather"]):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def dropout_run(case, seed, dropout_p=0.3, **kw):
+    torch.manual_seed(seed)
+    return relative_attention(case["q"], case["k"], case["v"], rel_k=case["rel_k"], rel_v=case["rel_v"],
+                              rel_bias=case["rel_bias"], max_distance=4, dropout_p=dropout_p, impl="triton", **kw)
+
+
+def test_dropout_is_reproducible_from_the_seed():
+    case = make(lq=21)
+    first, again, other = dropout_run(case, 7), dropout_run(case, 7), dropout_run(case, 8)
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_matches_the_definition_with_the_kernels_own_mask(causal):
+    """Outputs and every gradient, with the mask the kernels drew rebuilt by `fused.dropout_keep`:
+    the backward redraws exactly the forward's mask, and both value terms see it."""
+    case = make(lq=26, padding=True)
+    torch.manual_seed(3)
+    seed = int(torch.randint(0, 2**30, (1,)).item())  # the draw fused.attend makes after the same seed
+    out = dropout_run(case, 3, attn_mask=case["keep"][:, None, None, :], is_causal=causal)
+    kept = fused.dropout_keep(seed, 2, 3, 26, 26, 0.3, DEVICE)
+    assert 0.6 < kept.float().mean() < 0.8
+    leaves = [case[n] for n in ("q", "k", "v", "rel_k", "rel_v", "rel_bias")]
+    want = definition(*leaves, 4, case["keep"], causal, 0, dropped=kept, dropout_p=0.3)
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
+    grad_out = torch.randn_like(out)
+    for a, e in zip(torch.autograd.grad(out, leaves, grad_out), torch.autograd.grad(want, leaves, grad_out.double())):
+        torch.testing.assert_close(a.double(), e.double(), atol=2e-5 * max(1.0, e.abs().max().item()), rtol=1e-4)
+
+
+def test_dropout_averages_to_the_dropout_free_output():
+    """Each (batch, head) draws its own mask: 256 copies of one sequence in one call average out."""
+    one = make(b=1, h=1, lq=12, d=16)
+    many = {n: (t.detach().expand(256, *t.shape[1:]).contiguous() if n in ("q", "k", "v") else t)
+            for n, t in one.items()}
+    mean = dropout_run(many, 5, dropout_p=0.2).mean(0, keepdim=True)
+    exact = relative_attention(one["q"], one["k"], one["v"], rel_k=one["rel_k"], rel_v=one["rel_v"],
+                               rel_bias=one["rel_bias"], max_distance=4, impl="triton")
+    spread = (mean - exact).abs().max() / exact.abs().max()
+    assert spread < 0.1

@@ -89,9 +89,9 @@ class ModelConfig:
                 f"model.attention_impl={self.attention_impl!r}; choose one of {', '.join(MODEL_IMPLS)}"
                 + (" ('banded' handles encoder self-attention only, without dropout: compare it with "
                    "`relpos-lab bench attention --impl gather banded`)" if self.attention_impl == "banded" else ""))
-        if self.attention_impl in ("flex", "triton") and self.attention_dropout > 0:
-            raise ValueError(f"model.attention_impl={self.attention_impl!r} has no attention dropout; set "
-                             f"model.attention_dropout=0 (now {self.attention_dropout}) or use attention_impl=auto")
+        if self.attention_impl == "flex" and self.attention_dropout > 0:
+            raise ValueError(f"model.attention_impl='flex' has no attention dropout; set model.attention_dropout=0 "
+                             f"(now {self.attention_dropout}) or use attention_impl=gather")
         if self.share_src_tgt_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError("model.share_src_tgt_embeddings needs equal source and target vocabularies")
         self.positions.validate()

@@ -67,7 +67,7 @@ def relative_attention(
     """
     if impl not in IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}; choose one of {', '.join(IMPLS)}")
-    _check_shapes(q, k, v, rel_k, rel_v, max_distance, rel_bias)
+    _check_shapes(q, k, v, rel_k, rel_v, max_distance, rel_bias, attn_mask)
     lq, lk = q.shape[-2], k.shape[-2]
     if impl == "auto":
         impl = _pick_impl(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset, dropout_p,
@@ -94,7 +94,8 @@ def relative_attention(
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
     scale = 1.0 / math.sqrt(q.shape[-1])
     if impl == "triton":
-        return fused.attend(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, scale)
+        return fused.attend(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset,
+                            dropout_p, scale)
     if impl == "banded":
         why = banded.unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias)
         if why:
@@ -109,7 +110,7 @@ def relative_attention(
     return attend(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset, dropout_p, scale)
 
 
-def _check_shapes(q, k, v, rel_k, rel_v, max_distance, rel_bias):
+def _check_shapes(q, k, v, rel_k, rel_v, max_distance, rel_bias, attn_mask):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("q, k, v must be (B, H, L, D)")
     if k.shape[-2] != v.shape[-2] or q.shape[-1] != k.shape[-1]:
@@ -125,6 +126,8 @@ def _check_shapes(q, k, v, rel_k, rel_v, max_distance, rel_bias):
                 f"{name} has shape {tuple(table.shape)}; expected {want} or "
                 f"({q.shape[1]}, {want[0]}, {want[1]}) for max_distance={max_distance}"
             )
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        raise TypeError(f"attn_mask must be bool (True = may attend), got {attn_mask.dtype}")
     if rel_bias is not None and tuple(rel_bias.shape) != (q.shape[1], 2 * max_distance + 1):
         raise ValueError(f"rel_bias has shape {tuple(rel_bias.shape)}; expected (heads, 2·max_distance+1) = "
                          f"({q.shape[1]}, {2 * max_distance + 1})")

@@ -15,18 +15,23 @@ left, band, right — and the common tiles do no label work at all.
 The backward recomputes p from the saved log-sum-exp (FlashAttention-2, Algorithm 2): one kernel
 per query block writes dq and the per-row label sums G_il = Σ_{l(i,j)=l} dS_ij and M_il; one per
 key block writes dk and dv. The tables' gradients are then small matmuls outside the kernels,
-dw^K = scale·Σ Gᵀq, db = Σ G, dw^V = Σ Mᵀ dO: no atomics, deterministic.
+dw^K = scale·Σ Gᵀq, db = Σ G, dw^V = Σ Mᵀ dO: no atomics, deterministic. Attention dropout
+is drawn inside the kernels (Philox, keyed by a seed per call and head, counted by row and key),
+so the backward redraws the very mask the forward used and nothing of size Lq·Lk is stored.
 
 Runs on CUDA, and on CPU through Triton's interpreter (TRITON_INTERPRET=1 set before triton is
 first imported): the very kernel code, exact but slow, which is how the tests prove it. What it
-does not take (`unsupported` says why) goes to ``gather``: attention dropout, a dense
-``attn_bias``, masks other than key padding (B, 1, 1, Lk), head dimensions above 128, and label
-spaces wider than 128 (max_distance > 63 where the sequence reaches that far).
+does not take (`unsupported` says why) goes to ``gather``: a dense ``attn_bias``, head dimensions
+above 128, and label spaces wider than 128 (max_distance > 63 where the sequence reaches that
+far). Masks are read inside the kernel: a key-padding mask (B, 1, 1, Lk) as one vector per
+sequence, any other boolean mask tile by tile through its broadcast strides; causality is built
+from indices.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -100,14 +105,27 @@ if HAS_TRITON:
         return out
 
     @triton.jit
-    def _visible(rows_abs, cols, keep_ptr, LK, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr):
-        """(BM, BN) bool: key exists, is not padding, and (causal) is not in the query's future."""
+    def _visible(rows, rows_abs, cols, mask_ptr, smq, smk, LQ, LK, MASK: tl.constexpr, CAUSAL: tl.constexpr):
+        """(BM, BN) bool: the key exists, the mask allows it — MASK 1: per key (padding), 2: per
+        (query, key) — and, causal, it is not in the query's future."""
         ok = (cols < LK)[None, :] & (rows_abs[:, None] >= 0)
-        if HAS_KEEP:
-            ok = ok & (tl.load(keep_ptr + cols, mask=cols < LK, other=0) != 0)[None, :]
+        if MASK == 1:
+            ok = ok & (tl.load(mask_ptr + cols * smk, mask=cols < LK, other=0) != 0)[None, :]
+        elif MASK == 2:
+            ok = ok & (tl.load(mask_ptr + rows[:, None] * smq + cols[None, :] * smk,
+                               mask=(rows[:, None] < LQ) & (cols[None, :] < LK), other=0) != 0)
         if CAUSAL:
             ok = ok & (cols[None, :] <= rows_abs[:, None])
         return ok
+
+    @triton.jit
+    def _dropped(x, seed, rows, cols, LK, PD, HAS_DROPOUT: tl.constexpr):
+        """x under attention dropout: zero where Philox(seed, row·Lk + key) < p, else x / (1 − p).
+        The backward draws the same numbers from the same (seed, row, key)."""
+        if HAS_DROPOUT:
+            kept = tl.rand(seed, rows[:, None] * LK + cols[None, :]) >= PD
+            x = tl.where(kept, x / (1.0 - PD), 0.0)
+        return x
 
     @triton.jit
     def _query_stages(start_m, OFFSET, LK, KMAX: tl.constexpr, CAUSAL: tl.constexpr,
@@ -128,11 +146,12 @@ if HAS_TRITON:
         return band_lo, band_hi, hi
 
     @triton.jit
-    def _forward_stage(acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, skn, svn,
-                       rows_abs, lo, hi, LK, D, scale,
+    def _forward_stage(acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, smq, smk, skn, svn,
+                       rows, rows_abs, lo, hi, LQ, LK, D, scale, seed, PD,
                        STAGE: tl.constexpr, KMAX: tl.constexpr, NLP: tl.constexpr, HAS_R: tl.constexpr,
-                       HAS_RV: tl.constexpr, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                       HAS_RV: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                       HAS_DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                       PRECISION: tl.constexpr):
         """The online softmax over key tiles [lo, hi) of one stage."""
         dims = tl.arange(0, BLOCK_D)
         for n0 in range(lo, hi, BLOCK_N):
@@ -142,12 +161,13 @@ if HAS_TRITON:
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             if HAS_R:
                 s += _by_label(r, r_lo, r_hi, rows_abs, n0, STAGE, KMAX, BLOCK_N)
-            s = tl.where(_visible(rows_abs, cols, keep_ptr, LK, HAS_KEEP, CAUSAL), s, float("-inf"))
+            s = tl.where(_visible(rows, rows_abs, cols, keep_ptr, smq, smk, LQ, LK, MASK, CAUSAL), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
             alpha = tl.exp(m_i - m_safe)
             p = tl.exp(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
+            p = _dropped(p, seed, rows, cols, LK, PD, HAS_DROPOUT)  # the normaliser l_i is taken before
             v = tl.load(v_ptr + cols[:, None] * svn + dims[None, :], mask=kv_mask, other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             if HAS_RV:
@@ -157,11 +177,11 @@ if HAS_TRITON:
 
     @triton.jit
     def _forward(Q, K, V, WK, WV, BIAS, KEEP, O, LSE,
-                 sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, swkh, swkl, swvh, swvl, sbh, skeepb,
-                 sob, soh, som, H, LQ, LK, D, OFFSET, scale, L_BUCKET,
+                 sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, swkh, swkl, swvh, swvl, sbh, smb, smh, smq, smk,
+                 sob, soh, som, H, LQ, LK, D, OFFSET, scale, seed, PD, L_BUCKET,
                  KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                 HAS_DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
         start_m = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // H
@@ -185,16 +205,19 @@ if HAS_TRITON:
         band_lo, band_hi, hi = _query_stages(start_m, OFFSET, LK, KMAX, CAUSAL, BLOCK_M, BLOCK_N)
         k_ptr = K + b * skb + h * skh
         v_ptr = V + b * svb + h * svh
-        keep_ptr = KEEP + b * skeepb
+        keep_ptr = KEEP + b * smb + h * smh
         acc, l_i, m_i, mass = _forward_stage(
-            acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, skn, svn, rows_abs, 0, band_lo,
-            LK, D, scale, 0, KMAX, NLP, HAS_R, HAS_RV, HAS_KEEP, CAUSAL, BLOCK_N, BLOCK_D, PRECISION)
+            acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, smq, smk, skn, svn, rows, rows_abs, 0, band_lo,
+            LQ, LK, D, scale, seed + bh, PD, 0, KMAX, NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BLOCK_N,
+            BLOCK_D, PRECISION)
         acc, l_i, m_i, mass = _forward_stage(
-            acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, skn, svn, rows_abs, band_lo, band_hi,
-            LK, D, scale, 1, KMAX, NLP, HAS_R, HAS_RV, HAS_KEEP, CAUSAL, BLOCK_N, BLOCK_D, PRECISION)
+            acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, smq, smk, skn, svn, rows, rows_abs, band_lo, band_hi,
+            LQ, LK, D, scale, seed + bh, PD, 1, KMAX, NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BLOCK_N,
+            BLOCK_D, PRECISION)
         acc, l_i, m_i, mass = _forward_stage(
-            acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, skn, svn, rows_abs, band_hi, hi,
-            LK, D, scale, 2, KMAX, NLP, HAS_R, HAS_RV, HAS_KEEP, CAUSAL, BLOCK_N, BLOCK_D, PRECISION)
+            acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, smq, smk, skn, svn, rows, rows_abs, band_hi, hi,
+            LQ, LK, D, scale, seed + bh, PD, 2, KMAX, NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BLOCK_N,
+            BLOCK_D, PRECISION)
 
         if HAS_RV:  # Σ_l M_il w^V_l, once per row block
             labels = tl.arange(0, NLP)
@@ -210,9 +233,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr, keep_ptr,
-                  skn, svn, rows_abs, lo, hi, LK, D, scale,
+                  smq, smk, skn, svn, rows, rows_abs, lo, hi, LQ, LK, D, scale, seed, PD,
                   STAGE: tl.constexpr, KMAX: tl.constexpr, NLP: tl.constexpr, HAS_R: tl.constexpr,
-                  HAS_RV: tl.constexpr, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr,
+                  HAS_RV: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
         """dq, G and M of a query block over key tiles [lo, hi) of one stage."""
         dims = tl.arange(0, BLOCK_D)
@@ -224,12 +247,14 @@ if HAS_TRITON:
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             if HAS_R:
                 s += _by_label(r, r_lo, r_hi, rows_abs, n0, STAGE, KMAX, BLOCK_N)
-            s = tl.where(_visible(rows_abs, cols, keep_ptr, LK, HAS_KEEP, CAUSAL), s, float("-inf"))
+            s = tl.where(_visible(rows, rows_abs, cols, keep_ptr, smq, smk, LQ, LK, MASK, CAUSAL), s, float("-inf"))
             p = tl.exp(s - lse[:, None])
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
             if HAS_RV:
                 dp += _by_label(dw, dw_lo, dw_hi, rows_abs, n0, STAGE, KMAX, BLOCK_N)
-                mass += _sum_by_label(p, rows_abs, n0, STAGE, KMAX, NLP, BLOCK_N)
+                mass += _sum_by_label(_dropped(p, seed, rows, cols, LK, PD, HAS_DROPOUT), rows_abs, n0, STAGE, KMAX,
+                                      NLP, BLOCK_N)
+            dp = _dropped(dp, seed, rows, cols, LK, PD, HAS_DROPOUT)  # the gradient of the kept, rescaled p
             ds = p * (dp - delta[:, None])
             dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
             if HAS_R:
@@ -238,10 +263,11 @@ if HAS_TRITON:
 
     @triton.jit
     def _backward_dq(Q, K, V, WK, WV, BIAS, KEEP, O, DO, LSE, DQ, DELTA, G, M,
-                     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, swkh, swkl, swvh, swvl, sbh, skeepb,
-                     sob, soh, som, sdob, sdoh, sdom, sdqb, sdqh, sdqm, H, LQ, LK, D, OFFSET, scale, L_BUCKET,
-                     KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr,
+                     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, swkh, swkl, swvh, swvl, sbh, smb, smh, smq, smk,
+                     sob, soh, som, sdob, sdoh, sdom, sdqb, sdqh, sdqm, H, LQ, LK, D, OFFSET, scale, seed, PD,
+                     L_BUCKET, KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                     HAS_DROPOUT: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                      PRECISION: tl.constexpr):
         start_m = tl.program_id(0)
@@ -279,16 +305,16 @@ if HAS_TRITON:
         band_lo, band_hi, hi = _query_stages(start_m, OFFSET, LK, KMAX, CAUSAL, BLOCK_M, BLOCK_N)
         k_ptr = K + b * skb + h * skh
         v_ptr = V + b * svb + h * svh
-        keep_ptr = KEEP + b * skeepb
+        keep_ptr = KEEP + b * smb + h * smh
         dq, g, mass = _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr,
-                                keep_ptr, skn, svn, rows_abs, 0, band_lo, LK, D, scale, 0, KMAX, NLP, HAS_R,
-                                HAS_RV, HAS_KEEP, CAUSAL, BLOCK_N, BLOCK_D, PRECISION)
+                                keep_ptr, smq, smk, skn, svn, rows, rows_abs, 0, band_lo, LQ, LK, D, scale, seed + bh, PD, 0, KMAX,
+                                NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BLOCK_N, BLOCK_D, PRECISION)
         dq, g, mass = _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr,
-                                keep_ptr, skn, svn, rows_abs, band_lo, band_hi, LK, D, scale, 1, KMAX, NLP, HAS_R,
-                                HAS_RV, HAS_KEEP, CAUSAL, BLOCK_N, BLOCK_D, PRECISION)
+                                keep_ptr, smq, smk, skn, svn, rows, rows_abs, band_lo, band_hi, LQ, LK, D, scale, seed + bh, PD, 1, KMAX,
+                                NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BLOCK_N, BLOCK_D, PRECISION)
         dq, g, mass = _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr,
-                                keep_ptr, skn, svn, rows_abs, band_hi, hi, LK, D, scale, 2, KMAX, NLP, HAS_R,
-                                HAS_RV, HAS_KEEP, CAUSAL, BLOCK_N, BLOCK_D, PRECISION)
+                                keep_ptr, smq, smk, skn, svn, rows, rows_abs, band_hi, hi, LQ, LK, D, scale, seed + bh, PD, 2, KMAX,
+                                NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BLOCK_N, BLOCK_D, PRECISION)
         if HAS_RK:  # Σ_l G_il w^K_l, the key term's share of dq
             wk = tl.load(WK + h * swkh + labels[:, None] * swkl + dims[None, :],
                          mask=(labels[:, None] < 2 * KMAX + 1) & (dims[None, :] < D), other=0.0)
@@ -314,9 +340,11 @@ if HAS_TRITON:
 
     @triton.jit
     def _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi,
-                    q_ptr, do_ptr, lse_ptr, delta_ptr, sqm, sdom, cols, visible_cols, lo, hi, LQ, D, OFFSET, scale,
-                    STAGE: tl.constexpr, KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr,
-                    HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr,
+                    q_ptr, do_ptr, lse_ptr, delta_ptr, sqm, sdom, cols, keep_ptr, smq, smk, lo, hi, LQ, LK, D, OFFSET,
+                    scale,
+                    seed, PD, STAGE: tl.constexpr, KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr,
+                    HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                    HAS_DROPOUT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
         """dk, dv of a key block over query blocks [lo, hi) of one stage (from the keys' side: stage 2
         = queries far below the keys, every label 2k; stage 0 = far above, label 0)."""
@@ -342,12 +370,10 @@ if HAS_TRITON:
                 s += _edge_logit(q, wk_hi, b_hi, scale, HAS_RK, HAS_BIAS)[:, None]
             else:
                 s += _edge_logit(q, wk_lo, b_lo, scale, HAS_RK, HAS_BIAS)[:, None]
-            allowed = visible_cols[None, :] & (rows_abs[:, None] >= 0)
-            if CAUSAL:
-                allowed = allowed & (cols[None, :] <= rows_abs[:, None])
-            s = tl.where(allowed, s, float("-inf"))
+            s = tl.where(_visible(rows, rows_abs, cols, keep_ptr, smq, smk, LQ, LK, MASK, CAUSAL), s, float("-inf"))
             p = tl.exp(s - lse[:, None])
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+            dv += tl.dot(tl.trans(_dropped(p, seed, rows, cols, LK, PD, HAS_DROPOUT).to(do.dtype)), do,
+                         input_precision=PRECISION)
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
             if HAS_RV:
                 if STAGE == 1:
@@ -356,16 +382,18 @@ if HAS_TRITON:
                     dp += tl.sum(do.to(tl.float32) * wv_hi[None, :], 1)[:, None]
                 else:
                     dp += tl.sum(do.to(tl.float32) * wv_lo[None, :], 1)[:, None]
+            dp = _dropped(dp, seed, rows, cols, LK, PD, HAS_DROPOUT)
             ds = p * (dp - delta[:, None])
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
         return dk, dv
 
     @triton.jit
     def _backward_dkdv(Q, K, V, WK, WV, BIAS, KEEP, DO, LSE, DELTA, DK, DV,
-                       sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, swkh, swkl, swvh, swvl, sbh, skeepb,
-                       sdob, sdoh, sdom, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn, H, LQ, LK, D, OFFSET, scale, L_BUCKET,
-                       KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr,
+                       sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, swkh, swkl, swvh, swvl, sbh, smb, smh, smq, smk,
+                       sdob, sdoh, sdom, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn, H, LQ, LK, D, OFFSET, scale, seed, PD,
+                       L_BUCKET, KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                       HAS_DROPOUT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        PRECISION: tl.constexpr):
         start_n = tl.program_id(0)
@@ -379,9 +407,7 @@ if HAS_TRITON:
         col_mask = (cols[:, None] < LK) & (dims[None, :] < D)
         k = tl.load(K + b * skb + h * skh + cols[:, None] * skn + dims[None, :], mask=col_mask, other=0.0)
         v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dims[None, :], mask=col_mask, other=0.0)
-        visible_cols = cols < LK
-        if HAS_KEEP:
-            visible_cols = visible_cols & (tl.load(KEEP + b * skeepb + cols, mask=cols < LK, other=0) != 0)
+        keep_ptr = KEEP + b * smb + h * smh
         table_mask = (labels[:, None] < 2 * KMAX + 1) & (dims[None, :] < D)
         wk = tl.zeros((NLP, BLOCK_D), dtype=K.dtype.element_ty)
         wv = tl.zeros((NLP, BLOCK_D), dtype=V.dtype.element_ty)
@@ -416,16 +442,19 @@ if HAS_TRITON:
         dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
         dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
         dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi,
-                             q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, visible_cols,
-                             lo, band_lo, LQ, D, OFFSET, scale, 2, KMAX, NLP, HAS_RK, HAS_RV, HAS_BIAS, CAUSAL,
+                             q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, keep_ptr, smq, smk,
+                             lo, band_lo, LQ, LK, D, OFFSET, scale, seed + bh, PD, 2, KMAX, NLP, HAS_RK, HAS_RV,
+                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT,
                              BLOCK_M, BLOCK_D, PRECISION)
         dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi,
-                             q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, visible_cols,
-                             band_lo, band_hi, LQ, D, OFFSET, scale, 1, KMAX, NLP, HAS_RK, HAS_RV, HAS_BIAS, CAUSAL,
+                             q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, keep_ptr, smq, smk,
+                             band_lo, band_hi, LQ, LK, D, OFFSET, scale, seed + bh, PD, 1, KMAX, NLP, HAS_RK, HAS_RV,
+                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT,
                              BLOCK_M, BLOCK_D, PRECISION)
         dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi,
-                             q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, visible_cols,
-                             band_hi, LQ, LQ, D, OFFSET, scale, 0, KMAX, NLP, HAS_RK, HAS_RV, HAS_BIAS, CAUSAL,
+                             q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, keep_ptr, smq, smk,
+                             band_hi, LQ, LQ, LK, D, OFFSET, scale, seed + bh, PD, 0, KMAX, NLP, HAS_RK, HAS_RV,
+                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT,
                              BLOCK_M, BLOCK_D, PRECISION)
         tl.store(DK + b * sdkb + h * sdkh + cols[:, None] * sdkn + dims[None, :], (dk * scale).to(DK.dtype.element_ty),
                  mask=col_mask)
@@ -440,7 +469,7 @@ def _configs() -> list:
                                  (64, 128, 4, 2), (64, 32, 4, 4), (128, 32, 4, 3))]
 
 
-_TUNE_KEY = ["L_BUCKET", "KMAX", "NLP", "BLOCK_D", "HAS_RK", "HAS_RV", "HAS_BIAS", "HAS_KEEP", "CAUSAL"]
+_TUNE_KEY = ["L_BUCKET", "KMAX", "NLP", "BLOCK_D", "HAS_RK", "HAS_RV", "HAS_BIAS", "MASK", "CAUSAL", "HAS_DROPOUT"]
 _INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
 _kernels = None
 
@@ -471,12 +500,10 @@ def unsupported(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_
         return f"dtype {q.dtype}"
     if q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] != q.shape[-1]:
         return f"head dimension {q.shape[-1]} (q, k) / {v.shape[-1]} (v): needs equal and at most {MAX_HEAD_DIM}"
-    if dropout_p > 0:
-        return "attention dropout"
+    if not 0.0 <= dropout_p < 1.0:
+        return f"dropout_p={dropout_p}"
     if attn_bias is not None:
         return "a dense attn_bias (express an offset bias as rel_bias)"
-    if attn_mask is not None and (attn_mask.dim() != 4 or attn_mask.shape[1:3] != (1, 1)):
-        return "masks other than key padding (B, 1, 1, Lk)"
     if _label_space(_reach(q.shape[-2], k.shape[-2], max_distance, query_offset)) > MAX_LABELS:
         return f"max_distance {max_distance} at these lengths (label space wider than {MAX_LABELS})"
     return None
@@ -491,20 +518,53 @@ def _label_space(kmax: int) -> int:
     return max(16, triton.next_power_of_2(2 * kmax + 1)) if HAS_TRITON else 2 * kmax + 1
 
 
-def attend(q, k, v, rel_k, rel_v, rel_bias, kmax, attn_mask, is_causal, query_offset, scale):
+def attend(q, k, v, rel_k, rel_v, rel_bias, kmax, attn_mask, is_causal, query_offset, dropout_p, scale):
     """Tables are cut to the distances these lengths reach (exact: clipping beyond them is a
-    no-op) and cast to the inputs' dtype; a (B, 1, 1, Lk) mask becomes per-key padding."""
+    no-op) and cast to the inputs' dtype; a (B, 1, 1, Lk) mask becomes per-key padding. Dropout's
+    seed comes from torch's CPU generator, so torch.manual_seed reproduces it, with no device sync."""
     lq, lk = q.shape[-2], k.shape[-2]
     reach = _reach(lq, lk, kmax, query_offset)
     cut = slice(kmax - reach, kmax + reach + 1)
     rel_k = rel_k[..., cut, :].to(q.dtype) if rel_k is not None else None
     rel_v = rel_v[..., cut, :].to(v.dtype) if rel_v is not None else None
     rel_bias = rel_bias[..., cut].float() if rel_bias is not None else None
-    keep = None
+    mask = None  # viewed as bytes and broadcast by strides: no copy
     if attn_mask is not None:
-        keep = attn_mask.reshape(attn_mask.shape[0], lk).expand(q.shape[0], lk).to(torch.int8).contiguous()
-    return _FusedRelativeAttention.apply(q, k, v, rel_k, rel_v, rel_bias, keep, reach, is_causal, query_offset,
-                                         scale)
+        mask = attn_mask.view(torch.uint8).expand(q.shape[0], q.shape[1], lq, lk)
+    seed = int(torch.randint(0, 2**30, (1,)).item()) if dropout_p > 0 else 0
+    launch = _Launch(reach, bool(is_causal), query_offset, scale, seed, float(dropout_p))
+    return _FusedRelativeAttention.apply(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
+
+
+class _Launch(NamedTuple):
+    """The scalars of one call, shared by its forward and backward launches."""
+    kmax: int
+    causal: bool
+    offset: int
+    scale: float
+    seed: int
+    dropout_p: float
+
+
+def dropout_keep(seed: int, batch: int, heads: int, lq: int, lk: int, dropout_p: float, device) -> Tensor:
+    """(B, H, Lq, Lk) bool: the entries attention dropout keeps for `seed` — the kernels' own draw,
+    for tests that rebuild a dropped-out reference."""
+    out = torch.empty(batch * heads, lq, lk, dtype=torch.int8, device=device)
+    block = 16
+    _dropout_keep[(triton.cdiv(lq, block), triton.cdiv(lk, block), batch * heads)](
+        out, seed, lq, lk, dropout_p, BLOCK=block)
+    return out.bool().reshape(batch, heads, lq, lk)
+
+
+if HAS_TRITON:
+    @triton.jit
+    def _dropout_keep(OUT, seed, LQ, LK, PD, BLOCK: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        bh = tl.program_id(2)
+        kept = _dropped(tl.full((BLOCK, BLOCK), 1.0, tl.float32), seed + bh, rows, cols, LK, PD, True) != 0.0
+        tl.store(OUT + bh * LQ * LK + rows[:, None] * LK + cols[None, :], kept.to(tl.int8),
+                 mask=(rows[:, None] < LQ) & (cols[None, :] < LK))
 
 
 def _last_dim_contiguous(x: Tensor) -> Tensor:
@@ -521,34 +581,38 @@ def _table(t: Tensor | None, like: Tensor):
     return t, t.stride(0), t.stride(1)
 
 
+def _strides(*tensors: Tensor) -> list[int]:
+    """Batch, head and row strides of (B, H, L, D) tensors whose last dimension is contiguous."""
+    return [stride for t in tensors for stride in t.stride()[:3]]
+
+
 class _FusedRelativeAttention(torch.autograd.Function):
     """Forward and backward of the fused kernels; saves q, k, v, the output and the log-sum-exp."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rel_k, rel_v, rel_bias, keep, kmax, causal, offset, scale):
+    def forward(ctx, q, k, v, rel_k, rel_v, rel_bias, keep, launch: _Launch):
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
         b, h, lq, d = q.shape
         lk = k.shape[-2]
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty(b * h * lq, device=q.device, dtype=torch.float32)
-        args = _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, kmax, causal)
+        args = _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, launch)
         fwd, _, _ = _get_kernels()
-        grid = lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)
-        fwd[grid](q, k, v, *args["tables"], args["keep"], o, lse,
-                  q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                  v.stride(0), v.stride(1), v.stride(2), *args["strides"],
-                  o.stride(0), o.stride(1), o.stride(2), h, lq, lk, d, offset, scale, _bucket(lq, lk), **args["meta"])
+        fwd[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)](
+            q, k, v, *args["tables"], args["keep"], o, lse, *_strides(q, k, v), *args["strides"], *_strides(o),
+            h, lq, lk, d, launch.offset, launch.scale, launch.seed, launch.dropout_p, _bucket(lq, lk), **args["meta"])
         ctx.save_for_backward(q, k, v, rel_k, rel_v, rel_bias, keep, o, lse)
-        ctx.kmax, ctx.causal, ctx.offset, ctx.scale = kmax, causal, offset, scale
+        ctx.launch = launch
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, rel_k, rel_v, rel_bias, keep, o, lse = ctx.saved_tensors
+        launch = ctx.launch
         do = _last_dim_contiguous(do)
         b, h, lq, d = q.shape
         lk = k.shape[-2]
-        args = _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, ctx.kmax, ctx.causal)
+        args = _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, launch)
         nlp = args["meta"]["NLP"]
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
         dk = torch.empty_like(k, memory_format=torch.contiguous_format)
@@ -557,30 +621,24 @@ class _FusedRelativeAttention(torch.autograd.Function):
         has_r = rel_k is not None or rel_bias is not None
         g = torch.empty((b, h, lq, nlp) if has_r else (1,), device=q.device, dtype=torch.float32)
         mass = torch.empty((b, h, lq, nlp) if rel_v is not None else (1,), device=q.device, dtype=torch.float32)
+        scalars = (h, lq, lk, d, launch.offset, launch.scale, launch.seed, launch.dropout_p, _bucket(lq, lk))
         _, bwd_dq, bwd_dkdv = _get_kernels()
         # dq's kernel also writes delta_i = dO_i·z_i, which the dk/dv kernel reads: it runs first.
         bwd_dq[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)](
-            q, k, v, *args["tables"], args["keep"], o, do, lse, dq, delta, g, mass,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), *args["strides"], o.stride(0), o.stride(1), o.stride(2),
-            do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
-            h, lq, lk, d, ctx.offset, ctx.scale, _bucket(lq, lk), **args["meta"])
+            q, k, v, *args["tables"], args["keep"], o, do, lse, dq, delta, g, mass, *_strides(q, k, v),
+            *args["strides"], *_strides(o, do, dq), *scalars, **args["meta"])
         bwd_dkdv[lambda meta: (triton.cdiv(lk, meta["BLOCK_N"]), b * h)](
-            q, k, v, *args["tables"], args["keep"], do, lse, delta, dk, dv,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), *args["strides"],
-            do.stride(0), do.stride(1), do.stride(2), dk.stride(0), dk.stride(1), dk.stride(2),
-            dv.stride(0), dv.stride(1), dv.stride(2), h, lq, lk, d, ctx.offset, ctx.scale, _bucket(lq, lk),
-            **args["meta"])
-        nl = 2 * ctx.kmax + 1
+            q, k, v, *args["tables"], args["keep"], do, lse, delta, dk, dv, *_strides(q, k, v), *args["strides"],
+            *_strides(do, dk, dv), *scalars, **args["meta"])
+        nl = 2 * launch.kmax + 1
         d_rel_k = d_rel_v = d_rel_bias = None
         if rel_k is not None and ctx.needs_input_grad[3]:  # dw^K_l = scale · Σ_i G_il q_i
-            d_rel_k = _per_table(torch.einsum("bhil,bhid->hld", g[..., :nl], q.to(g.dtype)) * ctx.scale, rel_k)
+            d_rel_k = _per_table(torch.einsum("bhil,bhid->hld", g[..., :nl], q.to(g.dtype)) * launch.scale, rel_k)
         if rel_v is not None and ctx.needs_input_grad[4]:  # dw^V_l = Σ_i M_il dO_i
             d_rel_v = _per_table(torch.einsum("bhil,bhid->hld", mass[..., :nl], do.to(mass.dtype)), rel_v)
         if rel_bias is not None and ctx.needs_input_grad[5]:  # db_l = Σ_i G_il
             d_rel_bias = g[..., :nl].sum((0, 2)).to(rel_bias.dtype)
-        return dq, dk, dv, d_rel_k, d_rel_v, d_rel_bias, None, None, None, None, None
+        return dq, dk, dv, d_rel_k, d_rel_v, d_rel_bias, None, None
 
 
 def _bucket(lq: int, lk: int) -> int:
@@ -592,18 +650,26 @@ def _per_table(grad_per_head: Tensor, table: Tensor) -> Tensor:
     return (grad_per_head if table.dim() == 3 else grad_per_head.sum(0)).to(table.dtype)
 
 
-def _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, kmax, causal) -> dict:
+def _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, launch: _Launch) -> dict:
     """The kernels' shared arguments: tables with their strides, the padding vector, constexprs."""
     wk, swkh, swkl = _table(rel_k, q)
     wv, swvh, swvl = _table(rel_v, q)
     bias = rel_bias.contiguous() if rel_bias is not None else q
     sbh = bias.stride(0) if rel_bias is not None else 0
-    meta = dict(KMAX=kmax, NLP=_label_space(kmax), HAS_RK=rel_k is not None, HAS_RV=rel_v is not None,
-                HAS_BIAS=rel_bias is not None, HAS_R=rel_k is not None or rel_bias is not None,
-                HAS_KEEP=keep is not None, CAUSAL=bool(causal),
-                BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
+    meta = dict(KMAX=launch.kmax, NLP=_label_space(launch.kmax), HAS_RK=rel_k is not None,
+                HAS_RV=rel_v is not None, HAS_BIAS=rel_bias is not None,
+                HAS_R=rel_k is not None or rel_bias is not None, MASK=_mask_kind(keep), CAUSAL=launch.causal,
+                HAS_DROPOUT=launch.dropout_p > 0, BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     if INTERPRETED:
         meta.update(_INTERPRETER_BLOCKS)
     return {"tables": (wk, wv, bias), "keep": keep if keep is not None else q,
-            "strides": (swkh, swkl, swvh, swvl, sbh, keep.stride(0) if keep is not None else 0), "meta": meta}
+            "strides": (swkh, swkl, swvh, swvl, sbh, *(keep.stride() if keep is not None else (0, 0, 0, 0))),
+            "meta": meta}
+
+
+def _mask_kind(mask: Tensor | None) -> int:
+    """0: no mask; 1: per key (the rows and heads broadcast: padding); 2: per (query, key)."""
+    if mask is None:
+        return 0
+    return 1 if mask.stride(2) == 0 and mask.stride(1) == 0 else 2
