@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from relpos_lab.core.attention import banded, flex, gather, relative_attention
+from relpos_lab.core.attention import banded, flex, fused, gather, relative_attention
 from relpos_lab.core.positions import BUILTIN, builtin_config
 from relpos_lab.core.loss import label_smoothed_loss
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
@@ -47,8 +47,8 @@ def many_compiled_variants():
 
 
 CUDA = torch.device("cuda")
-IMPLS = ["naive", "batched", "gather", "flex", "banded", "auto"]
-FUSED = ["flex", "banded"]
+IMPLS = ["naive", "batched", "gather", "flex", "banded", "triton", "auto"]
+FUSED = ["flex", "banded", "triton"]
 
 CASES = {
     "bidirectional": dict(B=2, H=4, L=300, K=16),
@@ -204,22 +204,24 @@ def test_flex_log_sum_exp_is_differentiated_exactly():
         assert rel_err(t.grad, g_ref) < 2e-3, name
 
 
-def test_auto_trains_with_banded_and_infers_with_gather(monkeypatch):
+def test_auto_trains_and_infers_with_triton_and_steps_one_token_with_gather(monkeypatch):
     calls = []
-    for name, impl in (("banded", banded), ("gather", gather)):  # the dispatch calls module.attend
+    for name, impl in (("banded", banded), ("gather", gather), ("triton", fused)):  # the dispatch calls .attend
         monkeypatch.setattr(impl, "attend", lambda *a, _real=impl.attend, _name=name: calls.append(_name) or _real(*a))
     q, k, v, kw = make(**CASES["padding"])
     run("auto", q, k, v, kw, torch.bfloat16, torch.randn(q.shape))
     with torch.no_grad():
         run("auto", q, k, v, kw, torch.bfloat16)
+        run("auto", q[:, :, -1:], k, v, {**kw, "query_offset": q.shape[-2] - 1}, torch.bfloat16)  # one cached step
     kw["max_distance"], kw["rel_k"], kw["rel_v"] = 0, kw["rel_k"][:1], kw["rel_v"][:1]
-    run("auto", q, k, v, kw, torch.bfloat16, torch.randn(q.shape))  # k = 0: no tails to fuse
-    assert calls == ["banded", "gather", "gather"]
+    run("auto", q, k, v, kw, torch.bfloat16, torch.randn(q.shape))  # k = 0
+    assert calls == ["triton", "triton", "gather", "triton"]
 
 
+@pytest.mark.parametrize("impl", ["banded", "triton"])
 @pytest.mark.parametrize("fresh_mask", [False, True], ids=["same_mask", "new_mask_each_step"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_banded_training_step_never_synchronises_with_the_host(causal, fresh_mask):
+def test_fused_training_step_never_synchronises_with_the_host(causal, fresh_mask, impl):
     q, k, v, kw = make(B=4, H=4, L=512, K=16, causal=causal, padding=True)
     ins = [to(t, torch.bfloat16).requires_grad_(True) for t in leaves(q, k, v, kw)]
     mask = to(kw["attn_mask"])
@@ -227,10 +229,10 @@ def test_banded_training_step_never_synchronises_with_the_host(causal, fresh_mas
     def step():
         m = mask.clone() if fresh_mask else mask
         out = relative_attention(*ins[:3], rel_k=ins[3], rel_v=ins[4], max_distance=16, attn_mask=m,
-                                 is_causal=causal, impl="banded")
+                                 is_causal=causal, impl=impl, dropout_p=0.1 if impl == "triton" else 0.0)
         out.float().square().sum().backward()
 
-    step()  # compiles
+    step()  # compiles (and autotunes)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -135,6 +135,12 @@ def attention_candidate(name: str, b, h, length, d, k, dtype, device, backward=T
 
         def forward():
             return flex_attention_lse(q, kk, v, d ** -0.5, score_mod, block_mask)[0]
+    elif name == "triton-bias":  # the same learned bias as rel_bias in the fused kernel
+        bias = leaf(h, 2 * k + 1).detach().mul_(0.1).requires_grad_(backward)
+
+        def forward():
+            return relative_attention(q, kk, v, rel_bias=bias, max_distance=k, impl="triton", attn_mask=keys,
+                                      is_causal=causal)
     elif name == "unfused":
         def forward():
             s = (q @ kk.transpose(-2, -1)).float() / math.sqrt(d)
@@ -436,13 +442,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", default="sdpa", choices=["sdpa", "flash"],
                         help="attention: the candidate ratios are taken against (flash: CUDA's flash kernel)")
     parser.add_argument("--candidates", nargs="*", default=["unfused"],
-                        help="attention: peers without Shaw tables (sdpa, flash, unfused, flex-bias)")
+                        help="attention: peers without Shaw tables (sdpa, flash, unfused; a learned (H, 2k+1) offset "
+                             "bias: flex-bias as a FlexAttention score_mod, triton-bias as rel_bias in the fused kernel)")
     parser.add_argument("--tokens", type=int, default=None,
                         help="batch = tokens // length for each length (default: --batch at every length)")
     parser.add_argument("--precision", default=None, choices=["bf16-mixed"],
                         help="model: float32 weights under bf16 autocast, as trainer.precision=bf16-mixed")
     parser.add_argument("--attention-dropout", type=float, default=0.0,
-                        help="model: attention dropout (> 0 keeps Shaw on gather: the fused forms have none)")
+                        help="model: attention dropout (triton draws it inside the kernel; banded and flex have none)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=0,
