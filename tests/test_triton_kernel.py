@@ -150,6 +150,26 @@ def test_dense_masks_are_read_tile_by_tile(shape):
         torch.testing.assert_close(a.double(), e.double(), atol=2e-5 * max(1.0, e.abs().max().item()), rtol=1e-4)
 
 
+WIDE_CASES = {
+    "every offset": (dict(lq=37), dict(kmax=40)),
+    "clipped": (dict(lq=37, padding=True), dict(kmax=12)),
+    "causal with padding": (dict(lq=37, padding=True), dict(kmax=20, causal=True)),
+    "prefill on a cache": (dict(lq=9, lk=41, b=1), dict(kmax=45, causal=True, offset=32)),
+    "cross lengths, offset": (dict(lq=21, lk=50, b=1), dict(kmax=60, offset=7)),
+}
+
+
+@pytest.mark.parametrize("name", WIDE_CASES)
+def test_a_wide_rel_bias_alone_is_read_per_tile_and_reduced_along_diagonals(name, monkeypatch):
+    """Tables too wide for the label space in registers (here: wider than 16 labels): the bias is
+    loaded per tile and its gradient summed along each tile's diagonals."""
+    monkeypatch.setattr(fused, "MAX_LABELS", 16)
+    make_kwargs, check_kwargs = WIDE_CASES[name]
+    case = make(kmax=check_kwargs["kmax"], use_k=False, use_v=False, **make_kwargs)
+    assert fused._bias_is_wide(None, None, case["rel_bias"], check_kwargs["kmax"])
+    check_against_definition(case, **check_kwargs)
+
+
 def test_rows_that_see_nothing_are_zero_with_zero_gradients():
     case = make(lq=17, lk=17, b=2)
     keep = torch.ones(2, 17, dtype=torch.bool, device=DEVICE)

@@ -22,8 +22,9 @@ so the backward redraws the very mask the forward used and nothing of size Lq·L
 Runs on CUDA, and on CPU through Triton's interpreter (TRITON_INTERPRET=1 set before triton is
 first imported): the very kernel code, exact but slow, which is how the tests prove it. What it
 does not take (`unsupported` says why) goes to ``gather``: a dense ``attn_bias``, head dimensions
-above 128, and label spaces wider than 128 (max_distance > 63 where the sequence reaches that
-far). Masks are read inside the kernel: a key-padding mask (B, 1, 1, Lk) as one vector per
+above 128, and a^K / a^V label spaces wider than 128 (max_distance > 63 where the sequence
+reaches that far). A ``rel_bias`` alone may be as wide as the sequences (every offset): it is then
+read per tile from memory and its gradient summed along each tile's diagonals (`_add_diagonals`). Masks are read inside the kernel: a key-padding mask (B, 1, 1, Lk) as one vector per
 sequence, any other boolean mask tile by tile through its broadcast strides; causality is built
 from indices.
 """
@@ -48,13 +49,13 @@ if HAS_TRITON:
     INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
     @triton.jit
-    def _labels(rows_abs, cols, KMAX: tl.constexpr):
+    def _labels(rows_abs, cols, KMAX):
         """(BM, BN) clip(j − i, k) + k: the one place the kernels compute a pair's label."""
         return tl.minimum(tl.maximum(cols[None, :] - rows_abs[:, None], -KMAX), KMAX) + KMAX
 
     @triton.jit
     def _label_logits(q, wk_ptr, bias_ptr, swkl, D, scale, HAS_RK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      NL: tl.constexpr, NLP: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                      NL, NLP: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
         """R (BM, NLP) = scale · q·w^Kᵀ + b: every label's logit term for a block of query rows."""
         labels = tl.arange(0, NLP)
         dims = tl.arange(0, BLOCK_D)
@@ -73,7 +74,7 @@ if HAS_TRITON:
         return tl.sum(tl.where(tl.arange(0, NLP)[None, :] == label, x, 0.0), 1)
 
     @triton.jit
-    def _by_label(x_rows, x_lo, x_hi, rows_abs, n0, STAGE: tl.constexpr, KMAX: tl.constexpr,
+    def _by_label(x_rows, x_lo, x_hi, rows_abs, n0, STAGE: tl.constexpr, KMAX,
                   BLOCK_N: tl.constexpr):
         """The label-space term of a tile, (BM, BN): x_rows[i, l(i, j)], one scalar per row off the band."""
         if STAGE == 0:
@@ -85,7 +86,7 @@ if HAS_TRITON:
         return out
 
     @triton.jit
-    def _sum_by_label(x, rows_abs, n0, STAGE: tl.constexpr, KMAX: tl.constexpr, NLP: tl.constexpr,
+    def _sum_by_label(x, rows_abs, n0, STAGE: tl.constexpr, KMAX, NLP: tl.constexpr,
                       BLOCK_N: tl.constexpr):
         """(BM, NLP): Σ_j x_ij over this tile's keys j with label l — the masses M, the sums G."""
         labels = tl.arange(0, NLP)[None, :]
@@ -128,7 +129,7 @@ if HAS_TRITON:
         return x
 
     @triton.jit
-    def _query_stages(start_m, OFFSET, LK, KMAX: tl.constexpr, CAUSAL: tl.constexpr,
+    def _query_stages(start_m, OFFSET, LK, KMAX, CAUSAL: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         """Key-tile bounds of a query block's three stages: [0, band_lo) left, [band_lo, band_hi)
         band, [band_hi, hi) right. Tiles off the band are exactly those with one label per side."""
@@ -146,12 +147,12 @@ if HAS_TRITON:
         return band_lo, band_hi, hi
 
     @triton.jit
-    def _forward_stage(acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, smq, smk, skn, svn,
+    def _forward_stage(acc, l_i, m_i, mass, q, r, r_lo, r_hi, bias_ptr, k_ptr, v_ptr, keep_ptr, smq, smk, skn, svn,
                        rows, rows_abs, lo, hi, LQ, LK, D, scale, seed, PD,
-                       STAGE: tl.constexpr, KMAX: tl.constexpr, NLP: tl.constexpr, HAS_R: tl.constexpr,
+                       STAGE: tl.constexpr, KMAX, NLP: tl.constexpr, HAS_R: tl.constexpr,
                        HAS_RV: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                       HAS_DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                       PRECISION: tl.constexpr):
+                       HAS_DROPOUT: tl.constexpr, BIAS_WIDE: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
         """The online softmax over key tiles [lo, hi) of one stage."""
         dims = tl.arange(0, BLOCK_D)
         for n0 in range(lo, hi, BLOCK_N):
@@ -161,6 +162,8 @@ if HAS_TRITON:
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             if HAS_R:
                 s += _by_label(r, r_lo, r_hi, rows_abs, n0, STAGE, KMAX, BLOCK_N)
+            if BIAS_WIDE:
+                s += tl.load(bias_ptr + _labels(rows_abs, cols, KMAX))
             s = tl.where(_visible(rows, rows_abs, cols, keep_ptr, smq, smk, LQ, LK, MASK, CAUSAL), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
@@ -179,9 +182,9 @@ if HAS_TRITON:
     def _forward(Q, K, V, WK, WV, BIAS, KEEP, O, LSE,
                  sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, swkh, swkl, swvh, swvl, sbh, smb, smh, smq, smk,
                  sob, soh, som, H, LQ, LK, D, OFFSET, scale, seed, PD, L_BUCKET,
-                 KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
+                 KMAX, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                 HAS_DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                 HAS_DROPOUT: tl.constexpr, BIAS_WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
         start_m = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // H
@@ -207,17 +210,20 @@ if HAS_TRITON:
         v_ptr = V + b * svb + h * svh
         keep_ptr = KEEP + b * smb + h * smh
         acc, l_i, m_i, mass = _forward_stage(
-            acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, smq, smk, skn, svn, rows, rows_abs, 0, band_lo,
-            LQ, LK, D, scale, seed + bh, PD, 0, KMAX, NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BLOCK_N,
-            BLOCK_D, PRECISION)
+            acc, l_i, m_i, mass, q, r, r_lo, r_hi, BIAS + h * sbh, k_ptr, v_ptr, keep_ptr, smq, smk, skn, svn, rows,
+            rows_abs, 0, band_lo,
+            LQ, LK, D, scale, seed + bh, PD, 0, KMAX, NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE,
+            BLOCK_N, BLOCK_D, PRECISION)
         acc, l_i, m_i, mass = _forward_stage(
-            acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, smq, smk, skn, svn, rows, rows_abs, band_lo, band_hi,
-            LQ, LK, D, scale, seed + bh, PD, 1, KMAX, NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BLOCK_N,
-            BLOCK_D, PRECISION)
+            acc, l_i, m_i, mass, q, r, r_lo, r_hi, BIAS + h * sbh, k_ptr, v_ptr, keep_ptr, smq, smk, skn, svn, rows,
+            rows_abs, band_lo, band_hi,
+            LQ, LK, D, scale, seed + bh, PD, 1, KMAX, NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE,
+            BLOCK_N, BLOCK_D, PRECISION)
         acc, l_i, m_i, mass = _forward_stage(
-            acc, l_i, m_i, mass, q, r, r_lo, r_hi, k_ptr, v_ptr, keep_ptr, smq, smk, skn, svn, rows, rows_abs, band_hi, hi,
-            LQ, LK, D, scale, seed + bh, PD, 2, KMAX, NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BLOCK_N,
-            BLOCK_D, PRECISION)
+            acc, l_i, m_i, mass, q, r, r_lo, r_hi, BIAS + h * sbh, k_ptr, v_ptr, keep_ptr, smq, smk, skn, svn, rows,
+            rows_abs, band_hi, hi,
+            LQ, LK, D, scale, seed + bh, PD, 2, KMAX, NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE,
+            BLOCK_N, BLOCK_D, PRECISION)
 
         if HAS_RV:  # Σ_l M_il w^V_l, once per row block
             labels = tl.arange(0, NLP)
@@ -232,11 +238,11 @@ if HAS_TRITON:
         tl.store(LSE + bh * LQ + rows, lse, mask=rows < LQ)
 
     @triton.jit
-    def _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr, keep_ptr,
+    def _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, bias_ptr, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr, keep_ptr,
                   smq, smk, skn, svn, rows, rows_abs, lo, hi, LQ, LK, D, scale, seed, PD,
-                  STAGE: tl.constexpr, KMAX: tl.constexpr, NLP: tl.constexpr, HAS_R: tl.constexpr,
+                  STAGE: tl.constexpr, KMAX, NLP: tl.constexpr, HAS_R: tl.constexpr,
                   HAS_RV: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                  BIAS_WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
         """dq, G and M of a query block over key tiles [lo, hi) of one stage."""
         dims = tl.arange(0, BLOCK_D)
         for n0 in range(lo, hi, BLOCK_N):
@@ -247,6 +253,8 @@ if HAS_TRITON:
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             if HAS_R:
                 s += _by_label(r, r_lo, r_hi, rows_abs, n0, STAGE, KMAX, BLOCK_N)
+            if BIAS_WIDE:
+                s += tl.load(bias_ptr + _labels(rows_abs, cols, KMAX))
             s = tl.where(_visible(rows, rows_abs, cols, keep_ptr, smq, smk, LQ, LK, MASK, CAUSAL), s, float("-inf"))
             p = tl.exp(s - lse[:, None])
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -265,10 +273,9 @@ if HAS_TRITON:
     def _backward_dq(Q, K, V, WK, WV, BIAS, KEEP, O, DO, LSE, DQ, DELTA, G, M,
                      sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, swkh, swkl, swvh, swvl, sbh, smb, smh, smq, smk,
                      sob, soh, som, sdob, sdoh, sdom, sdqb, sdqh, sdqm, H, LQ, LK, D, OFFSET, scale, seed, PD,
-                     L_BUCKET, KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
+                     L_BUCKET, KMAX, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
                      HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                     HAS_DROPOUT: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     HAS_DROPOUT: tl.constexpr, BIAS_WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                      PRECISION: tl.constexpr):
         start_m = tl.program_id(0)
         bh = tl.program_id(1)
@@ -306,15 +313,18 @@ if HAS_TRITON:
         k_ptr = K + b * skb + h * skh
         v_ptr = V + b * svb + h * svh
         keep_ptr = KEEP + b * smb + h * smh
-        dq, g, mass = _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr,
+        dq, g, mass = _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, BIAS + h * sbh, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr,
                                 keep_ptr, smq, smk, skn, svn, rows, rows_abs, 0, band_lo, LQ, LK, D, scale, seed + bh, PD, 0, KMAX,
-                                NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BLOCK_N, BLOCK_D, PRECISION)
-        dq, g, mass = _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr,
+                                NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE, BLOCK_N, BLOCK_D,
+                                PRECISION)
+        dq, g, mass = _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, BIAS + h * sbh, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr,
                                 keep_ptr, smq, smk, skn, svn, rows, rows_abs, band_lo, band_hi, LQ, LK, D, scale, seed + bh, PD, 1, KMAX,
-                                NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BLOCK_N, BLOCK_D, PRECISION)
-        dq, g, mass = _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr,
+                                NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE, BLOCK_N, BLOCK_D,
+                                PRECISION)
+        dq, g, mass = _dq_stage(dq, g, mass, q, do, r, r_lo, r_hi, BIAS + h * sbh, dw, dw_lo, dw_hi, lse, delta, k_ptr, v_ptr,
                                 keep_ptr, smq, smk, skn, svn, rows, rows_abs, band_hi, hi, LQ, LK, D, scale, seed + bh, PD, 2, KMAX,
-                                NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BLOCK_N, BLOCK_D, PRECISION)
+                                NLP, HAS_R, HAS_RV, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE, BLOCK_N, BLOCK_D,
+                                PRECISION)
         if HAS_RK:  # Σ_l G_il w^K_l, the key term's share of dq
             wk = tl.load(WK + h * swkh + labels[:, None] * swkl + dims[None, :],
                          mask=(labels[:, None] < 2 * KMAX + 1) & (dims[None, :] < D), other=0.0)
@@ -339,13 +349,12 @@ if HAS_TRITON:
         return r
 
     @triton.jit
-    def _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi,
+    def _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi, bias_ptr, dbias_ptr,
                     q_ptr, do_ptr, lse_ptr, delta_ptr, sqm, sdom, cols, keep_ptr, smq, smk, lo, hi, LQ, LK, D, OFFSET,
-                    scale,
-                    seed, PD, STAGE: tl.constexpr, KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr,
+                    scale, seed, PD, STAGE: tl.constexpr, KMAX, NLP: tl.constexpr, HAS_RK: tl.constexpr,
                     HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                    HAS_DROPOUT: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                    HAS_DROPOUT: tl.constexpr, BIAS_WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, WINDOW: tl.constexpr, PRECISION: tl.constexpr):
         """dk, dv of a key block over query blocks [lo, hi) of one stage (from the keys' side: stage 2
         = queries far below the keys, every label 2k; stage 0 = far above, label 0)."""
         dims = tl.arange(0, BLOCK_D)
@@ -370,6 +379,8 @@ if HAS_TRITON:
                 s += _edge_logit(q, wk_hi, b_hi, scale, HAS_RK, HAS_BIAS)[:, None]
             else:
                 s += _edge_logit(q, wk_lo, b_lo, scale, HAS_RK, HAS_BIAS)[:, None]
+            if BIAS_WIDE:
+                s += tl.load(bias_ptr + _labels(rows_abs, cols, KMAX))
             s = tl.where(_visible(rows, rows_abs, cols, keep_ptr, smq, smk, LQ, LK, MASK, CAUSAL), s, float("-inf"))
             p = tl.exp(s - lse[:, None])
             dv += tl.dot(tl.trans(_dropped(p, seed, rows, cols, LK, PD, HAS_DROPOUT).to(do.dtype)), do,
@@ -385,17 +396,35 @@ if HAS_TRITON:
             dp = _dropped(dp, seed, rows, cols, LK, PD, HAS_DROPOUT)
             ds = p * (dp - delta[:, None])
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+            if BIAS_WIDE:
+                _add_diagonals(ds, dbias_ptr, m0, cols, LQ, LK, BLOCK_M, BLOCK_N, WINDOW)
         return dk, dv
 
     @triton.jit
-    def _backward_dkdv(Q, K, V, WK, WV, BIAS, KEEP, DO, LSE, DELTA, DK, DV,
+    def _add_diagonals(ds, dbias_ptr, m0, cols, LQ, LK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       WINDOW: tl.constexpr):
+        """A wide rel_bias's gradient: the tile's dS summed along its BM + BN − 1 diagonals (one
+        offset j − i each) into this key block's own row of per-offset sums (index j − i + Lq − 1 in
+        query-row terms), read-modify-write: only this program touches the row, in order, so the
+        result is deterministic."""
+        w = tl.arange(0, WINDOW)
+        rows_local = tl.arange(0, BLOCK_M)
+        key = w[None, :] - (BLOCK_M - 1) + rows_local[:, None]  # the tile column on diagonal w of row i
+        on_tile = (key >= 0) & (key < BLOCK_N)
+        diag = tl.sum(tl.where(on_tile, tl.gather(ds, tl.minimum(tl.maximum(key, 0), BLOCK_N - 1), 1), 0.0), 0)
+        where = tl.min(cols, 0) - m0 - (BLOCK_M - 1) + LQ - 1 + w  # j − i + Lq − 1 of diagonal w
+        ok = (w < BLOCK_M + BLOCK_N - 1) & (where >= 0) & (where < LQ + LK - 1)
+        tl.store(dbias_ptr + where, tl.load(dbias_ptr + where, mask=ok, other=0.0) + diag, mask=ok)
+        tl.debug_barrier()
+
+    @triton.jit
+    def _backward_dkdv(Q, K, V, WK, WV, BIAS, KEEP, DO, LSE, DELTA, DK, DV, DBIAS, DBIAS_ROWS,
                        sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, swkh, swkl, swvh, swvl, sbh, smb, smh, smq, smk,
                        sdob, sdoh, sdom, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn, H, LQ, LK, D, OFFSET, scale, seed, PD,
-                       L_BUCKET, KMAX: tl.constexpr, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
+                       L_BUCKET, KMAX, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                       HAS_DROPOUT: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                       PRECISION: tl.constexpr):
+                       HAS_DROPOUT: tl.constexpr, BIAS_WIDE: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, WINDOW: tl.constexpr, PRECISION: tl.constexpr):
         start_n = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // H
@@ -408,6 +437,7 @@ if HAS_TRITON:
         k = tl.load(K + b * skb + h * skh + cols[:, None] * skn + dims[None, :], mask=col_mask, other=0.0)
         v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dims[None, :], mask=col_mask, other=0.0)
         keep_ptr = KEEP + b * smb + h * smh
+        dbias_ptr = DBIAS + (bh * DBIAS_ROWS + start_n) * (LQ + LK)  # this program's own row
         table_mask = (labels[:, None] < 2 * KMAX + 1) & (dims[None, :] < D)
         wk = tl.zeros((NLP, BLOCK_D), dtype=K.dtype.element_ty)
         wv = tl.zeros((NLP, BLOCK_D), dtype=V.dtype.element_ty)
@@ -441,35 +471,45 @@ if HAS_TRITON:
         do_ptr = DO + b * sdob + h * sdoh
         dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
         dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-        dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi,
+        dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi, BIAS + h * sbh, dbias_ptr,
                              q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, keep_ptr, smq, smk,
                              lo, band_lo, LQ, LK, D, OFFSET, scale, seed + bh, PD, 2, KMAX, NLP, HAS_RK, HAS_RV,
-                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT,
-                             BLOCK_M, BLOCK_D, PRECISION)
-        dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi,
+                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE, BLOCK_M, BLOCK_N, BLOCK_D, WINDOW,
+                             PRECISION)
+        dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi, BIAS + h * sbh, dbias_ptr,
                              q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, keep_ptr, smq, smk,
                              band_lo, band_hi, LQ, LK, D, OFFSET, scale, seed + bh, PD, 1, KMAX, NLP, HAS_RK, HAS_RV,
-                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT,
-                             BLOCK_M, BLOCK_D, PRECISION)
-        dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi,
+                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE, BLOCK_M, BLOCK_N, BLOCK_D, WINDOW,
+                             PRECISION)
+        dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi, BIAS + h * sbh, dbias_ptr,
                              q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, keep_ptr, smq, smk,
                              band_hi, LQ, LQ, LK, D, OFFSET, scale, seed + bh, PD, 0, KMAX, NLP, HAS_RK, HAS_RV,
-                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT,
-                             BLOCK_M, BLOCK_D, PRECISION)
+                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE, BLOCK_M, BLOCK_N, BLOCK_D, WINDOW,
+                             PRECISION)
         tl.store(DK + b * sdkb + h * sdkh + cols[:, None] * sdkn + dims[None, :], (dk * scale).to(DK.dtype.element_ty),
                  mask=col_mask)
         tl.store(DV + b * sdvb + h * sdvh + cols[:, None] * sdvn + dims[None, :], dv.to(DV.dtype.element_ty),
                  mask=col_mask)
 
 
-def _configs() -> list:
-    """Block sizes, warps and stages tried once per shape class on a GPU (Hopper and Ampere)."""
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in ((128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2),
-                                 (64, 128, 4, 2), (64, 32, 4, 4), (128, 32, 4, 3))]
+def _configs(window: bool) -> list:
+    """Block sizes, warps and stages tried once per shape class on a GPU (Hopper and Ampere). The
+    dk/dv kernel also takes WINDOW, the power of two holding a tile's BM + BN − 1 diagonals."""
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, **({"WINDOW": _window(bm, bn)} if window else {})},
+                          num_warps=w, num_stages=s)
+            for bm, bn, w, s in ((128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 2))]
 
 
-_TUNE_KEY = ["L_BUCKET", "KMAX", "NLP", "BLOCK_D", "HAS_RK", "HAS_RV", "HAS_BIAS", "MASK", "CAUSAL", "HAS_DROPOUT"]
+MIN_BLOCK_N = 16
+"""The smallest key block of any config: a wide rel_bias's gradient has one row per key block."""
+
+
+def _window(block_m: int, block_n: int) -> int:
+    return triton.next_power_of_2(block_m + block_n - 1)
+
+
+_TUNE_KEY = ["L_BUCKET", "NLP", "BLOCK_D", "HAS_RK", "HAS_RV", "HAS_BIAS", "MASK", "CAUSAL", "HAS_DROPOUT",
+             "BIAS_WIDE"]
 _INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
 _kernels = None
 
@@ -482,7 +522,7 @@ def _get_kernels():
         if INTERPRETED:
             _kernels = (_forward, _backward_dq, _backward_dkdv)
         else:
-            _kernels = tuple(triton.autotune(configs=_configs(), key=_TUNE_KEY)(kernel)
+            _kernels = tuple(triton.autotune(configs=_configs(window=kernel is _backward_dkdv), key=_TUNE_KEY)(kernel)
                              for kernel in (_forward, _backward_dq, _backward_dkdv))
     return _kernels
 
@@ -504,8 +544,10 @@ def unsupported(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_
         return f"dropout_p={dropout_p}"
     if attn_bias is not None:
         return "a dense attn_bias (express an offset bias as rel_bias)"
-    if _label_space(_reach(q.shape[-2], k.shape[-2], max_distance, query_offset)) > MAX_LABELS:
-        return f"max_distance {max_distance} at these lengths (label space wider than {MAX_LABELS})"
+    if (rel_k is not None or rel_v is not None) and _label_space(
+            _reach(q.shape[-2], k.shape[-2], max_distance, query_offset)) > MAX_LABELS:
+        return (f"rel_k/rel_v with max_distance {max_distance} at these lengths (label space wider than "
+                f"{MAX_LABELS}; a rel_bias alone may be wider)")
     return None
 
 
@@ -516,6 +558,12 @@ def _reach(lq: int, lk: int, kmax: int, query_offset: int) -> int:
 
 def _label_space(kmax: int) -> int:
     return max(16, triton.next_power_of_2(2 * kmax + 1)) if HAS_TRITON else 2 * kmax + 1
+
+
+def _bias_is_wide(rel_k, rel_v, rel_bias, kmax: int) -> bool:
+    """A rel_bias alone whose label space does not fit the registers: read per tile from memory
+    instead, its gradient summed along tile diagonals (`_add_diagonals`)."""
+    return rel_bias is not None and rel_k is None and rel_v is None and _label_space(kmax) > MAX_LABELS
 
 
 def attend(q, k, v, rel_k, rel_v, rel_bias, kmax, attn_mask, is_causal, query_offset, dropout_p, scale):
@@ -621,6 +669,9 @@ class _FusedRelativeAttention(torch.autograd.Function):
         has_r = rel_k is not None or rel_bias is not None
         g = torch.empty((b, h, lq, nlp) if has_r else (1,), device=q.device, dtype=torch.float32)
         mass = torch.empty((b, h, lq, nlp) if rel_v is not None else (1,), device=q.device, dtype=torch.float32)
+        wide = args["meta"]["BIAS_WIDE"]
+        rows = triton.cdiv(lk, _INTERPRETER_BLOCKS["BLOCK_N"] if INTERPRETED else MIN_BLOCK_N) if wide else 1
+        dbias_rows = torch.zeros((b * h, rows, lq + lk) if wide else (1,), device=q.device, dtype=torch.float32)
         scalars = (h, lq, lk, d, launch.offset, launch.scale, launch.seed, launch.dropout_p, _bucket(lq, lk))
         _, bwd_dq, bwd_dkdv = _get_kernels()
         # dq's kernel also writes delta_i = dO_i·z_i, which the dk/dv kernel reads: it runs first.
@@ -628,17 +679,33 @@ class _FusedRelativeAttention(torch.autograd.Function):
             q, k, v, *args["tables"], args["keep"], o, do, lse, dq, delta, g, mass, *_strides(q, k, v),
             *args["strides"], *_strides(o, do, dq), *scalars, **args["meta"])
         bwd_dkdv[lambda meta: (triton.cdiv(lk, meta["BLOCK_N"]), b * h)](
-            q, k, v, *args["tables"], args["keep"], do, lse, delta, dk, dv, *_strides(q, k, v), *args["strides"],
-            *_strides(do, dk, dv), *scalars, **args["meta"])
+            q, k, v, *args["tables"], args["keep"], do, lse, delta, dk, dv, dbias_rows, rows, *_strides(q, k, v),
+            *args["strides"], *_strides(do, dk, dv), *scalars, **args["meta"],
+            **({"WINDOW": _window(*_INTERPRETER_BLOCKS.values())} if INTERPRETED else {}))
         nl = 2 * launch.kmax + 1
         d_rel_k = d_rel_v = d_rel_bias = None
         if rel_k is not None and ctx.needs_input_grad[3]:  # dw^K_l = scale · Σ_i G_il q_i
             d_rel_k = _per_table(torch.einsum("bhil,bhid->hld", g[..., :nl], q.to(g.dtype)) * launch.scale, rel_k)
         if rel_v is not None and ctx.needs_input_grad[4]:  # dw^V_l = Σ_i M_il dO_i
             d_rel_v = _per_table(torch.einsum("bhil,bhid->hld", mass[..., :nl], do.to(mass.dtype)), rel_v)
-        if rel_bias is not None and ctx.needs_input_grad[5]:  # db_l = Σ_i G_il
+        if rel_bias is not None and ctx.needs_input_grad[5] and wide:
+            d_rel_bias = _fold_offsets(dbias_rows.view(b, h, rows, lq + lk).sum((0, 2)), lq, launch)
+        elif rel_bias is not None and ctx.needs_input_grad[5]:  # db_l = Σ_i G_il
             d_rel_bias = g[..., :nl].sum((0, 2)).to(rel_bias.dtype)
         return dq, dk, dv, d_rel_k, d_rel_v, d_rel_bias, None, None
+
+
+def _fold_offsets(per_offset: Tensor, lq: int, launch: _Launch) -> Tensor:
+    """(H, Lq + Lk) sums per offset j − i (index j − i + Lq − 1 in query-row terms) → (H, 2k+1) sums
+    per clipped label, as differences of a float64 running sum (deterministic, unlike a scatter-add)."""
+    width = per_offset.shape[-1]
+    running = torch.nn.functional.pad(per_offset.double().cumsum(-1), (1, 0))
+    labels = torch.arange(2 * launch.kmax + 1, device=per_offset.device)
+    zero = lq - 1 + launch.offset  # the index of offset 0 for absolute positions
+    index = zero + labels - launch.kmax
+    start, end = index.clamp(0, width), (index + 1).clamp(0, width)
+    start[0], end[-1] = 0, width  # the clipped ends take every offset beyond them
+    return (running[:, end] - running[:, start]).float()
 
 
 def _bucket(lq: int, lk: int) -> int:
@@ -656,9 +723,10 @@ def _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, launch: _Launch) -> dict
     wv, swvh, swvl = _table(rel_v, q)
     bias = rel_bias.contiguous() if rel_bias is not None else q
     sbh = bias.stride(0) if rel_bias is not None else 0
-    meta = dict(KMAX=launch.kmax, NLP=_label_space(launch.kmax), HAS_RK=rel_k is not None,
-                HAS_RV=rel_v is not None, HAS_BIAS=rel_bias is not None,
-                HAS_R=rel_k is not None or rel_bias is not None, MASK=_mask_kind(keep), CAUSAL=launch.causal,
+    wide = _bias_is_wide(rel_k, rel_v, rel_bias, launch.kmax)
+    meta = dict(KMAX=launch.kmax, NLP=16 if wide else _label_space(launch.kmax), HAS_RK=rel_k is not None,
+                HAS_RV=rel_v is not None, HAS_BIAS=rel_bias is not None and not wide, BIAS_WIDE=wide,
+                HAS_R=rel_k is not None or (rel_bias is not None and not wide), MASK=_mask_kind(keep), CAUSAL=launch.causal,
                 HAS_DROPOUT=launch.dropout_p > 0, BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     if INTERPRETED:
