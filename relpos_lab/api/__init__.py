@@ -7,9 +7,11 @@ from relpos_lab.api.files import atomic_write
 from relpos_lab.api.seq2seq import Pair, Seq2SeqTask
 from relpos_lab.api.task import Batch, DecodingConfig, Task, TaskConfig
 from relpos_lab.api.vocabulary import Vocabulary
+from relpos_lab.core.loss import LossOutput, label_smoothed_loss
 from relpos_lab.core.positions import Drawing, PositionConfig, PositionScheme, RelativePositions
 
 __all__ = [
-    "Batch", "ConfigError", "DecodingConfig", "Drawing", "EvalResult", "Evaluation", "Pair", "PositionConfig", "PositionScheme",
-    "RelativePositions", "Seq2SeqTask", "Task", "TaskConfig", "UserError", "Vocabulary", "atomic_write",
+    "Batch", "ConfigError", "DecodingConfig", "Drawing", "EvalResult", "Evaluation", "LossOutput", "Pair", "PositionConfig",
+    "PositionScheme", "RelativePositions", "Seq2SeqTask", "Task", "TaskConfig", "UserError", "Vocabulary", "atomic_write",
+    "label_smoothed_loss",
 ]

@@ -28,9 +28,6 @@ from relpos_lab.core.positions.base import PositionConfig, PositionScheme, Relat
 CORE_KEYS = ("attn_mask", "is_causal", "query_offset", "dropout_p", "impl")
 """relative_attention's keywords that the core itself passes; a scheme may return any other."""
 
-SCHEME_KEYS = tuple(name for name, p in inspect.signature(relative_attention).parameters.items()
-                    if p.kind is p.KEYWORD_ONLY and name not in CORE_KEYS)
-"""What `attention_kwargs` may return: relative_attention's other keyword-only parameters."""
 
 ATTENTION_HOOKS = ("rotate", "attention_kwargs")
 SCHEME_HOOKS = ("embedding", "attention")
@@ -41,6 +38,13 @@ def label(cfg: PositionConfig) -> str:
     cls = type(cfg).scheme_class
     where = f"{cls.__module__}.{cls.__qualname__}" if cls is not None else type(cfg).__qualname__
     return f"position scheme '{cfg.scheme}' ({where})"
+
+
+def scheme_keys() -> tuple[str, ...]:
+    """What `attention_kwargs` may return: relative_attention's keyword-only parameters that the
+    core does not pass itself, read from its signature (a new one is valid as soon as it is there)."""
+    return tuple(name for name, p in inspect.signature(relative_attention).parameters.items()
+                 if p.kind is p.KEYWORD_ONLY and name not in CORE_KEYS)
 
 
 def check_scheme(scheme: PositionScheme, d_model: int, n_heads: int) -> None:
@@ -85,17 +89,17 @@ def check_rotate(name: str, module: RelativePositions, out, q: Tensor, k: Tensor
 
 def check_attention_kwargs(name: str, module: RelativePositions, kwargs, q: Tensor, k: Tensor) -> None:
     """`attention_kwargs` must return keywords of relative_attention, each of its documented shape."""
-    hook = f"{type(module).__qualname__}.attention_kwargs"
+    hook, keys = f"{type(module).__qualname__}.attention_kwargs", scheme_keys()
     if not isinstance(kwargs, dict):
         raise TypeError(f"{name}: {hook} returned {_kind(kwargs)}; expected a dict of relative_attention "
-                        f"keywords ({', '.join(SCHEME_KEYS)})")
+                        f"keywords ({', '.join(keys)})")
     for key in kwargs:
-        if key not in SCHEME_KEYS:
-            close = difflib.get_close_matches(str(key), SCHEME_KEYS, n=1)
+        if key not in keys:
+            close = difflib.get_close_matches(str(key), keys, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
             owner = "the core sets it itself; " if key in CORE_KEYS else ""
             raise TypeError(f"{name}: {hook} returned unknown key {key!r}; {owner}{hint}"
-                            f"relative_attention takes {', '.join(SCHEME_KEYS)}")
+                            f"relative_attention takes {', '.join(keys)}")
     max_distance = kwargs.get("max_distance", 0)
     if not isinstance(max_distance, int) or isinstance(max_distance, bool) or max_distance < 0:
         raise TypeError(f"{name}: {hook} returned max_distance={max_distance!r}; expected an int >= 0")
