@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -481,8 +482,16 @@ def run() -> int:
     every file complete, before the process ends.
     """
     os.environ.pop("WANDB_SERVICE", None)  # wandb.env.SERVICE, without importing wandb here
+    show_deprecations()
     quiet_openmp()  # before anything imports torch
     return main()
+
+
+def show_deprecations() -> None:
+    """Show relpos_lab's own DeprecationWarnings (a moved import path) wherever they are raised:
+    Python shows them only in __main__, and a plugin module never is. -W / PYTHONWARNINGS still decide."""
+    if not sys.warnoptions:
+        warnings.filterwarnings("default", r"relpos_lab\.\w+ is deprecated", DeprecationWarning)
 
 
 def _is_override(word: str) -> bool:

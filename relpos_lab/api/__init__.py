@@ -1,15 +1,22 @@
 """What plugin authors import: the Task contract, the sequence-to-sequence defaults, evaluation,
-vocabularies, the position-scheme contract, errors, and the file helper for caches.
-`relpos_lab.api.registry` finds tasks and position schemes."""
+vocabularies, the loss, the position-scheme contract and the attention op its hooks feed, errors,
+and the file helper for caches. `relpos_lab.api.registry` finds tasks and position schemes.
+
+This is the stable surface: a name exported here keeps working for a release after it moves
+(with a DeprecationWarning naming the new import), and CHANGELOG.md says how to migrate. Every
+name README's examples import from relpos_lab is here (tests/test_api.py)."""
 from relpos_lab.api.errors import ConfigError, UserError
 from relpos_lab.api.evaluation import EvalResult, Evaluation
 from relpos_lab.api.files import atomic_write
 from relpos_lab.api.seq2seq import Pair, Seq2SeqTask
 from relpos_lab.api.task import Batch, DecodingConfig, Task, TaskConfig
 from relpos_lab.api.vocabulary import Vocabulary
+from relpos_lab.core.attention import relative_attention
+from relpos_lab.core.loss import LossOutput, label_smoothed_loss
 from relpos_lab.core.positions import Drawing, PositionConfig, PositionScheme, RelativePositions
 
 __all__ = [
-    "Batch", "ConfigError", "DecodingConfig", "Drawing", "EvalResult", "Evaluation", "Pair", "PositionConfig", "PositionScheme",
-    "RelativePositions", "Seq2SeqTask", "Task", "TaskConfig", "UserError", "Vocabulary", "atomic_write",
+    "Batch", "ConfigError", "DecodingConfig", "Drawing", "EvalResult", "Evaluation", "LossOutput", "Pair", "PositionConfig",
+    "PositionScheme", "RelativePositions", "Seq2SeqTask", "Task", "TaskConfig", "UserError", "Vocabulary", "atomic_write",
+    "label_smoothed_loss", "relative_attention",
 ]

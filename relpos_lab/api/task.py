@@ -4,9 +4,10 @@ As in fairseq (FairseqTask beside TranslationTask), the contract is small: a typ
 splits' datasets, how examples become a batch, the model, the training loss of a batch, and one
 `evaluate` — used by validation, test and `relpos-lab eval` alike, which is what keeps them from
 ever disagreeing. The framework (training/, the CLI) talks to a task only through these verbs.
-Everything else is an optional hook with a neutral default. `Seq2SeqTask` (seq2seq.py) fills the
-contract for sequence-to-sequence problems over token ids, so a typical task only defines
-`build_vocab` and `dataset`.
+What each verb returns is checked on its first use (contract.py), so a task that breaks the
+contract is told so in one line. Everything else is an optional hook with a neutral default.
+`Seq2SeqTask` (seq2seq.py) fills the contract for sequence-to-sequence problems over token ids, so
+a typical task only defines `build_vocab` and `dataset`.
 
 Tasks are found through the ``relpos_lab.tasks`` entry-point group (registry.py), never by import
 side effects.

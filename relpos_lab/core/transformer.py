@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relpos_lab.core.attention import relative_attention
-from relpos_lab.core.positions import PositionConfig, RelativePositions, ShawConfig, scheme_of
+from relpos_lab.core.positions import PositionConfig, RelativePositions, ShawConfig, contract, scheme_of
 from relpos_lab.core.positions.randomized import sample_positions, spread, spread_mask
 
 ARCHITECTURES = ("encoder_decoder", "decoder_only")
@@ -97,11 +97,12 @@ class ModelConfig:
         self.positions.validate()
         scheme = scheme_of(self.positions)
         scheme.check(self.d_model, self.n_heads)
+        contract.check_scheme(scheme, self.d_model, self.n_heads)
         randomized = self.positions.max_random_len
         if randomized is not None:
             if randomized < 1:
                 raise ValueError(f"model.positions.max_random_len={randomized} must be >= 1 (None: off)")
-            if scheme.embedding(self.d_model) is None and scheme.attention(self.head_dim, self.n_heads, False) is None:
+            if scheme.contributes_nothing:
                 raise ValueError(f"model.positions.max_random_len randomizes positions, and scheme "
                                  f"'{self.positions.scheme}' has none; drop it or pick a scheme with positions")
 
@@ -120,6 +121,8 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.positions = positions or RelativePositions()
+        self.scheme = contract.label(cfg.positions)
+        self.unchecked = positions is not None  # the scheme's hooks are checked on their first call
 
     def _heads(self, x: Tensor) -> Tensor:
         b, n, d = x.shape
@@ -142,7 +145,7 @@ class MultiHeadAttention(nn.Module):
         if context is None:
             k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
             offset = cache.length if cache is not None else 0
-            q, k = self.positions.rotate(q, k, offset)
+            q, k = self._rotate(q, k, offset)
             if cache is not None:
                 k, v = cache.append(k, v)
         elif cache is not None and cache.length:
@@ -151,22 +154,35 @@ class MultiHeadAttention(nn.Module):
             k, v = self._heads(self.k_proj(context)), self._heads(self.v_proj(context))
             if cache is not None:
                 cache.append(k, v)
-        extra = self.positions.attention_kwargs(q, k, offset)
         y = relative_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, query_offset=offset,
-            dropout_p=self.dropout if self.training else 0.0, impl=self.impl, **extra,
+            dropout_p=self.dropout if self.training else 0.0, impl=self.impl, **self._attention_kwargs(q, k, offset),
         )
         return self.out_proj(y.transpose(1, 2).flatten(2))
 
     def _at_positions(self, x, attn_mask, is_causal, positions: Tensor) -> Tensor:
         q, k, v = (spread(self._heads(proj(x)), positions, dim=2) for proj in (self.q_proj, self.k_proj, self.v_proj))
-        q, k = self.positions.rotate(q, k, 0)
+        q, k = self._rotate(q, k, 0)
         y = relative_attention(
             q, k, v, attn_mask=spread_mask(attn_mask, is_causal, positions),
-            dropout_p=self.dropout if self.training else 0.0, impl=self.impl,
-            **self.positions.attention_kwargs(q, k, 0),
+            dropout_p=self.dropout if self.training else 0.0, impl=self.impl, **self._attention_kwargs(q, k, 0),
         )
         return self.out_proj(y.index_select(2, positions).transpose(1, 2).flatten(2))
+
+    # The scheme's hooks; what they return is checked on the first call only (positions/contract.py).
+
+    def _rotate(self, q: Tensor, k: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+        rotated = self.positions.rotate(q, k, offset)
+        if self.unchecked:
+            contract.check_rotate(self.scheme, self.positions, rotated, q, k)
+        return rotated
+
+    def _attention_kwargs(self, q: Tensor, k: Tensor, offset: int) -> dict:
+        extra = self.positions.attention_kwargs(q, k, offset)
+        if self.unchecked:
+            contract.check_attention_kwargs(self.scheme, self.positions, extra, q, k)
+            self.unchecked = False
+        return extra
 
 
 class FeedForward(nn.Module):
@@ -233,6 +249,8 @@ class Embedding(nn.Module):
             with torch.no_grad():
                 self.tokens.weight[cfg.pad_id].zero_()
         self.positions = scheme_of(cfg.positions).embedding(cfg.d_model)
+        self.scheme = contract.label(cfg.positions)
+        self.unchecked = self.positions is not None  # its output is checked on the first call (contract.py)
         self.scale, self.dropout = math.sqrt(cfg.d_model), nn.Dropout(cfg.dropout)
         self.max_random_len = cfg.positions.max_random_len
 
@@ -245,7 +263,11 @@ class Embedding(nn.Module):
     def forward(self, ids: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         x = self.tokens(ids) * self.scale
         if self.positions is not None:
-            x = self.positions(x, offset) if positions is None else x + self._at(positions, x)
+            placed = self.positions(x, offset) if positions is None else x + self._at(positions, x)
+            if self.unchecked:
+                contract.check_embedding(self.scheme, self.positions, placed, x)
+                self.unchecked = False
+            x = placed
         return self.dropout(x)
 
     def _at(self, positions: Tensor, x: Tensor) -> Tensor:

@@ -33,6 +33,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from omegaconf import DictConfig
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, SequentialSampler
 
+from relpos_lab.api.contract import Checked
 from relpos_lab.api.task import Task
 from relpos_lab.training.batching import TokenBatchSampler
 from relpos_lab.training.resumable import ResumableDataLoader
@@ -74,7 +75,8 @@ class TaskDataModule(L.LightningDataModule):
         dataset, workers, trainer = self.dataset(split), self.cfg.num_workers, self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         fitting = trainer is None or trainer.state.fn == TrainerFn.FITTING
-        common = dict(collate_fn=self.task.collate, num_workers=workers, persistent_workers=workers > 0)
+        collate = Checked(self.task, "collate")  # its first batch checked against the Task contract
+        common = dict(collate_fn=collate, num_workers=workers, persistent_workers=workers > 0)
         max_tokens = self.task.max_tokens(split)
         if shuffle:  # training: an order that is a function of (seed, epoch), so a resume can rejoin it
             if max_tokens:  # one global order for every rank: the batches are sharded, not the examples
@@ -94,7 +96,7 @@ class TaskDataModule(L.LightningDataModule):
             batches = BatchSampler(range(rank, len(dataset), world), batch_size, drop_last=False)
         if world > 1 and not fitting:
             batches = EveryRankBatches(batches, len(dataset) > 0)
-            common["collate_fn"] = _CollateOrEmpty(self.task.collate)
+            common["collate_fn"] = _CollateOrEmpty(collate)
         return DataLoader(dataset, batch_sampler=batches, **common)
 
     def _sizes(self, dataset: Dataset) -> list[int]:

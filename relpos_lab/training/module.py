@@ -16,6 +16,7 @@ import lightning as L
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
+from relpos_lab.api.contract import Checked, check
 from relpos_lab.api.evaluation import EvalResult
 from relpos_lab.api.task import Task
 from relpos_lab.records.loggers import log_samples
@@ -29,8 +30,11 @@ class RelposModule(L.LightningModule):
     def __init__(self, cfg: DictConfig, task: Task, test_split: str = "test"):
         super().__init__()
         self.cfg, self.task, self.test_split = cfg, task, test_split
-        self.model = task.build_model(OmegaConf.to_object(cfg.model))
-        self.evaluations = nn.ModuleDict({s: task.build_evaluation(s) for s in dict.fromkeys(("valid", test_split))})
+        # What the task returns is checked against its contract (api/contract.py), each verb on first use.
+        self.model = check(task, "build_model", task.build_model(OmegaConf.to_object(cfg.model)))
+        self.evaluations = nn.ModuleDict({s: check(task, "build_evaluation", task.build_evaluation(s))
+                                          for s in dict.fromkeys(("valid", test_split))})
+        self.task_loss, self.task_evaluate = Checked(task, "loss"), Checked(task, "evaluate")
         self.results: dict[str, EvalResult] = {}  # latest evaluation of each split
         self.start_step: int | None = None  # global step training (re)started from
         self._samples: dict[str, tuple[list[str], list[list]]] = {}
@@ -45,7 +49,7 @@ class RelposModule(L.LightningModule):
         self.start_step = self.global_step
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
-        out = self.task.loss(self.model, batch, self.cfg.optim.label_smoothing)
+        out = self.task_loss(self.model, batch, self.cfg.optim.label_smoothing)
         size = _batch_size(batch)
         # Averaged over ranks (sync_dist): the loss of the global batch, whose gradient DDP averages,
         # rather than rank 0's shard; one scalar all-reduce each, next to the gradients' own.
@@ -78,7 +82,7 @@ class RelposModule(L.LightningModule):
     def _evaluate(self, split: str, batch: dict | None, batch_idx: int) -> None:
         if batch is EMPTY:  # this rank's shard of the split is empty; it still joins the gather
             return
-        hyps = self.task.evaluate(self.model, batch, self.evaluations[split])
+        hyps = self.task_evaluate(self.model, batch, self.evaluations[split])
         if batch_idx == 0 and hyps is not None:
             samples = self.task.sample_rows(batch, hyps, self.cfg.logging.num_samples)
             if samples is not None:

@@ -54,6 +54,7 @@ class NoPositions(PositionScheme):
     """No position information (NoPE): the model sees a bag of tokens, or causal order in a decoder."""
 
     config_class = NoPositionsConfig
+    contributes_nothing = True
 
 
 @dataclass

@@ -9,6 +9,10 @@ position of the first query row (and `attention_kwargs` the q and k attention wi
 A per-layer module may also draw itself (`RelativePositions.draw`): what it learned as a function
 of distance, which `relpos-lab inspect` plots beside the attention it measured.
 
+contract.py checks both when a model is built and on the modules' first call: a scheme that
+contributes nothing without declaring it, or a hook that returns what `relative_attention` does not
+take, is a one-line error naming the scheme.
+
 Third-party schemes subclass `PositionScheme` and `PositionConfig` and register the scheme class
 under the ``relpos_lab.positions`` entry-point group, exactly as the built-in ones do.
 """
@@ -82,6 +86,10 @@ class PositionScheme:
 
     config_class: ClassVar[type[PositionConfig]] = PositionConfig
     supports_cache: ClassVar[bool] = True  # cached decoding and multi-token prefill equal a full pass
+    contributes_nothing: ClassVar[bool] = False
+    """True declares a scheme that adds no positions on purpose (NoPE). Any other scheme whose
+    embedding() and attention() give nothing (a misnamed hook) is refused when a model is built
+    (contract.py), rather than training silently without positions."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
