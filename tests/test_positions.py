@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from relpos_lab.core.attention import relative_attention
+from relpos_lab.core.attention.masks import offset_bias
 from relpos_lab.core.positions import (
     BUILTIN, AlibiPositions, FireConfig, FirePositions, LearnedPositions, RelativePositions, RotaryPositions, ShawConfig, ShawPositions,
     SinusoidalPositions, T5BiasConfig, T5BiasPositions, TransformerXLPositions, alibi_slopes, builtin_config,
@@ -56,8 +57,9 @@ def test_rope_scores_depend_only_on_relative_offset():
 def test_alibi_slopes_match_the_paper():
     assert alibi_slopes(8).tolist() == pytest.approx([2 ** -(i + 1) for i in range(8)])
     assert alibi_slopes(6).shape == (6,)  # non-power-of-two rule
-    bias = AlibiPositions(2).attention_kwargs(*qk(2, 4), 1)["attn_bias"]
-    assert bias.shape == (2, 2, 4)
+    got = AlibiPositions(2).attention_kwargs(*qk(2, 4), 1)  # queries at 1, 2; keys 0..3: offsets -2..2
+    assert got["max_distance"] == 2 and got["rel_bias"].shape == (2, 5)
+    bias = offset_bias(got["rel_bias"], 2, 4, 2, 1)[0]
     assert bias[0, 0].tolist() == pytest.approx([-1 / 16, 0.0, -1 / 16, -2 / 16])  # 2 heads: m = 2^-4, query at 1
 
 
@@ -71,6 +73,16 @@ def test_t5_buckets_exact_near_and_log_spaced_far():
     assert causal.bucket(torch.tensor([2, 0, -2])).tolist() == [0, 0, 2]
 
 
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_t5s_offset_table_is_its_bucketed_bias_at_every_distance(bidirectional):
+    """The (H, 2k+1) rel_bias, k = t5_max_distance, gives each pair its bucket's bias, however far."""
+    t5 = T5BiasPositions(T5BiasConfig(t5_num_buckets=8, t5_max_distance=20), 2, bidirectional)
+    got = t5.attention_kwargs(*qk(3, 60), 30)
+    rel = torch.arange(60)[None, :] - (torch.arange(3)[:, None] + 30)
+    want = t5.bias(t5.bucket(rel)).permute(2, 0, 1)
+    torch.testing.assert_close(offset_bias(got["rel_bias"], 3, 60, got["max_distance"], 30)[0], want)
+
+
 # What each scheme contributes: an absolute module on the embeddings, and what its relative
 # module hands relative_attention (keyword arguments) or does to q and k (rotation).
 CONTRIBUTIONS = {
@@ -79,8 +91,8 @@ CONTRIBUTIONS = {
     "learned": (LearnedPositions, set(), False),
     "shaw": (None, {"rel_k", "rel_v", "max_distance"}, False),
     "rope": (None, set(), True),
-    "alibi": (None, {"attn_bias"}, False),
-    "t5_bias": (None, {"attn_bias"}, False),
+    "alibi": (None, {"rel_bias", "max_distance"}, False),
+    "t5_bias": (None, {"rel_bias", "max_distance"}, False),
     "transformer_xl": (None, {"attn_bias"}, False),
     "fire": (None, {"attn_bias"}, False),
 }
@@ -102,6 +114,8 @@ def test_every_scheme_contributes_where_it_says(scheme):
     assert set(got) == kwargs
     if "attn_bias" in got:
         assert got["attn_bias"].shape[-3:] == (2, 5, 5)
+    if "rel_bias" in got:
+        assert got["rel_bias"].shape == (2, 2 * got["max_distance"] + 1)
     q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
     q2, k2 = rel.rotate(q, k, 0)
     assert (not torch.equal(q2, q) and not torch.equal(k2, k)) if rotates else (q2 is q and k2 is k)

@@ -68,7 +68,7 @@ class RelativePositions(nn.Module):
         return q, k
 
     def attention_kwargs(self, q: Tensor, k: Tensor, query_offset: int) -> dict:
-        """What the scheme adds to `relative_attention` (rel_k/rel_v/max_distance, attn_bias).
+        """What the scheme adds to `relative_attention` (rel_k/rel_v/rel_bias/max_distance, attn_bias).
 
         q (B, H, Lq, D) and k (B, H, Lk, D) are what attention will see (after `rotate`; k with
         the cached keys); query row r sits at absolute position query_offset + r, key j at j.

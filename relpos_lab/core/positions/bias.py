@@ -1,4 +1,9 @@
-"""Score biases added to the attention logits: ALiBi's fixed slopes and T5's learned buckets."""
+"""Score biases added to the attention logits: ALiBi's fixed slopes and T5's learned buckets.
+
+Both are functions of the offset j − i alone, so they hand `relative_attention` a table per head
+and offset (``rel_bias``, (H, 2k+1)) rather than a dense (H, Lq, Lk) bias: the fused kernel reads
+it by label (every offset for ALiBi, T5's buckets up to t5_max_distance), the other
+implementations expand it to the dense bias it stands for."""
 from __future__ import annotations
 
 import math
@@ -7,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from relpos_lab.core.attention.masks import offset_bias
 from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions
 
 
@@ -31,10 +37,9 @@ class AlibiPositions(RelativePositions):
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
     def attention_kwargs(self, q, k, query_offset):
-        (lq, lk), device = (q.shape[-2], k.shape[-2]), q.device
-        i = torch.arange(lq, device=device) + query_offset
-        dist = (torch.arange(lk, device=device)[None, :] - i[:, None]).abs().float()
-        return {"attn_bias": -self.slopes.to(device)[:, None, None] * dist}
+        reach = max(query_offset + q.shape[-2] - 1, k.shape[-2] - 1 - query_offset, 0)  # no clipping
+        dist = torch.arange(-reach, reach + 1, device=q.device).abs().float()
+        return {"rel_bias": -self.slopes.to(q.device)[:, None] * dist, "max_distance": reach}
 
     def draw(self, max_offset):
         return {"slopes": Drawing("bars", self.slopes.float().cpu(), torch.arange(len(self.slopes)),
@@ -82,10 +87,9 @@ class T5BiasPositions(RelativePositions):
         return ret + torch.where(n < exact, n, large.clamp_max(n_buckets - 1))
 
     def attention_kwargs(self, q, k, query_offset):
-        (lq, lk), device = (q.shape[-2], k.shape[-2]), q.device
-        i = torch.arange(lq, device=device) + query_offset
-        rel = torch.arange(lk, device=device)[None, :] - i[:, None]
-        return {"attn_bias": self.bias(self.bucket(rel)).permute(2, 0, 1)}
+        # Every distance from t5_max_distance on is in the last bucket: the table stops there.
+        offsets = torch.arange(-self.max_distance, self.max_distance + 1, device=q.device)
+        return {"rel_bias": self.bias(self.bucket(offsets)).t(), "max_distance": self.max_distance}
 
     def draw(self, max_offset):
         return {"bias": bias_drawing(self, max_offset, "T5 bias per head (learned per distance bucket)")}
@@ -98,7 +102,9 @@ def bias_drawing(module: RelativePositions, max_offset: int, title: str = "", qu
     q = torch.zeros(1, 1, 1, 1)
     k = torch.zeros(1, 1, query + max_offset + 1, 1)
     with torch.no_grad():
-        bias = module.attention_kwargs(q, k, query)["attn_bias"]  # (H, 1, Lk) or (B, H, 1, Lk)
+        kwargs = module.attention_kwargs(q, k, query)
+        bias = (offset_bias(kwargs["rel_bias"], 1, k.shape[-2], kwargs["max_distance"], query)
+                if "rel_bias" in kwargs else kwargs["attn_bias"])  # (H, 1, Lk) or (B, H, 1, Lk)
     bias = bias.reshape(-1, k.shape[-2])[:, query - max_offset:].float().cpu()
     return Drawing("curves", bias, torch.arange(-max_offset, max_offset + 1), "score bias added to the logit",
                    title=title)
