@@ -220,6 +220,48 @@ def positions(args: argparse.Namespace) -> None:
         console.print(f"Every scheme also takes {name} (default {getattr(PositionConfig, name)!r}): {helps.get(name, '')}")
 
 
+@command("check-scheme", "the conformance kit on a position scheme (yours or built in): shapes, gradients, "
+         "cached decoding == full pass in both model families, training steps, its drawing",
+         arg("name", help="the scheme's entry-point name (relpos-lab positions)"),
+         arg("fields", nargs="*", metavar="FIELD=VALUE", help="fields of its config, e.g. max_distance=4"))
+def check_scheme(args: argparse.Namespace) -> int:
+    from relpos_lab.api.testing import check_scheme as run_checks
+
+    return show_report(run_checks(args.name, **parse_fields(args.fields)))
+
+
+@command("check-task", "the conformance kit on a task (yours or built in): its splits, each verb of the Task "
+         "contract once, a few optimizer steps and an evaluation in both model families",
+         arg("name", help="the task's entry-point name (relpos-lab tasks)"),
+         arg("fields", nargs="*", metavar="FIELD=VALUE", help="fields of its config, e.g. train_size=200"))
+def check_task(args: argparse.Namespace) -> int:
+    from relpos_lab.api.testing import check_task as run_checks
+
+    return show_report(run_checks(args.name, **parse_fields(args.fields)))
+
+
+def parse_fields(words: list[str]) -> dict:
+    """FIELD=VALUE words as YAML values (numbers, lists, booleans), as config overrides read them."""
+    import yaml
+
+    fields = {}
+    for word in words:
+        key, sep, value = word.partition("=")
+        if not sep or not key:
+            raise UserError(f"{word!r} is not FIELD=VALUE")
+        fields[key] = yaml.safe_load(value)
+    return fields
+
+
+def show_report(report) -> int:
+    console.rule(f"[bold]{report.subject}[/bold]")
+    for line in report.lines():
+        _echo(line)
+    failed = sum(not c.ok for c in report.checks)
+    _echo(f"{len(report.checks) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
 def show_plugins(kind, describe: Callable[[type], str]) -> None:
     """A table of every registered plugin of `kind`; one that failed to load shows its error."""
     from relpos_lab.api import registry

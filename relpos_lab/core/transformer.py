@@ -50,7 +50,7 @@ class ModelConfig:
     dropout: float = 0.1
     """dropout on embeddings, sublayer outputs and the feed-forward hidden layer"""
     attention_dropout: float = 0.1
-    """dropout on attention probabilities (> 0 keeps Shaw attention on 'gather': the fused forms have none)"""
+    """dropout on attention probabilities (triton draws it inside its kernel; flex and banded have none)"""
     norm_first: bool = False
     """False: post-LN as in the paper; True: pre-LN"""
     tie_embeddings: bool = True
@@ -60,7 +60,7 @@ class ModelConfig:
     pad_id: int = 0
     """token id of padding"""
     attention_impl: str = "auto"
-    """naive | batched | gather | flex | auto: how relative_attention computes (auto: fastest exact)"""
+    """naive | batched | gather | flex | triton | auto: how relative_attention computes (auto: fastest exact)"""
     positions: PositionConfig = field(default_factory=ShawConfig)
     """the position scheme (`relpos-lab positions` lists them) and that scheme's own fields"""
 

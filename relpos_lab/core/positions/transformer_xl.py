@@ -60,7 +60,8 @@ class TransformerXLPositions(RelativePositions):
         """The content-free part of the bias, v·W_R R_{i-j} / √D (q = 0, k = 0), per head: what
         the layer adds for distance alone."""
         n_heads, head_dim = self.u.shape
-        q, k = torch.zeros(1, n_heads, 1, head_dim), torch.zeros(1, n_heads, 2 * max_offset + 1, head_dim)
+        like = dict(dtype=self.u.dtype, device=self.u.device)  # a float64 model draws too
+        q, k = torch.zeros(1, n_heads, 1, head_dim, **like), torch.zeros(1, n_heads, 2 * max_offset + 1, head_dim, **like)
         with torch.no_grad():
             bias = self.attention_kwargs(q, k, max_offset)["attn_bias"]
         return {"bias": Drawing("curves", bias.reshape(n_heads, -1).float(), torch.arange(-max_offset, max_offset + 1),

@@ -1,0 +1,112 @@
+"""The conformance kit (relpos_lab.api.testing, `relpos-lab check-scheme` / `check-task`) passes every
+built-in plugin and catches what it is for: a scheme that misplaces cached queries, a broken task."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from relpos_lab.api import PositionConfig, PositionScheme, RelativePositions
+from relpos_lab.api.testing import check_scheme, check_task
+from relpos_lab.core.attention.masks import relative_positions
+from relpos_lab.core.positions import BUILTIN
+from relpos_lab_tasks.synthetic import ReverseTask
+
+@pytest.mark.parametrize("scheme", tuple(BUILTIN))
+def test_every_builtin_scheme_passes_the_kit(scheme):
+    report = check_scheme(scheme)
+    report.raise_on_failure()
+    assert len(report.checks) == 10
+
+
+@dataclass
+class OffsetBlindConfig(PositionConfig):
+    scheme: str = "offset_blind"
+
+
+class OffsetBlindBias(RelativePositions):
+    """The negative control: a learned bias per clipped distance as a dense attn_bias, with the
+    queries at 0..Lq-1 whatever query_offset says (right in a full pass, wrong on a cache)."""
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(n_heads, 9))
+
+    def attention_kwargs(self, q, k, query_offset):
+        label = relative_positions(q.shape[-2], k.shape[-2], 4, 0, q.device)  # should pass query_offset
+        return {"attn_bias": self.bias[:, label]}
+
+
+class OffsetBlindScheme(PositionScheme):
+    config_class = OffsetBlindConfig
+
+    def attention(self, head_dim, n_heads, causal):
+        return OffsetBlindBias(n_heads)
+
+
+def test_a_scheme_that_ignores_query_offset_fails_exactly_the_cached_decoding_checks():
+    failed = [c.name for c in check_scheme(OffsetBlindScheme).checks if not c.ok]
+    assert failed == [f"{arch}: cached decoding and multi-token prefill equal the full pass (float64)"
+                      for arch in ("encoder_decoder", "decoder_only")]
+
+
+def test_fields_reach_the_schemes_config_and_bad_ones_are_reported():
+    assert check_scheme("shaw", max_distance=2).ok
+    report = check_scheme("shaw", max_distance=-1)
+    assert not report.ok and len(report.checks) == 1 and "max_distance" in report.checks[0].detail
+
+
+def test_a_builtin_task_passes_in_both_families():
+    report = check_task("reverse", train_size=64, eval_size_per_length=2)
+    report.raise_on_failure()
+    assert [c.name.split(":")[0] for c in report.checks[-2:]] == ["encoder_decoder", "decoder_only"]
+
+
+class BareLossReverse(ReverseTask):
+    """Breaks the contract: `loss` returns a bare tensor instead of a LossOutput."""
+
+    def loss(self, model, batch, label_smoothing):
+        return super().loss(model, batch, label_smoothing).loss
+
+
+def test_a_task_breaking_the_contract_is_named_with_the_verb():
+    report = check_task(BareLossReverse, name="reverse", train_size=64, eval_size_per_length=2)
+    failures = [c.detail for c in report.checks if not c.ok]
+    assert len(failures) == 2 and all("BareLossReverse" in f and "loss" in f and "LossOutput" in f for f in failures)
+
+
+def test_the_cli_prints_one_line_per_check_and_fails_with_the_kit():
+    ok = subprocess.run([sys.executable, "-m", "relpos_lab", "check-scheme", "shaw", "max_distance=3"],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "ok    decoder_only: cached decoding" in ok.stdout and "10 passed, 0 failed" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "relpos_lab", "check-scheme", "shaw", "max_distance=-2"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "FAIL  config" in bad.stdout
+
+
+def readme_module(name: str):
+    """The README's `# name.py` python block as an importable module (not installed)."""
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    block = re.search(rf"```python\n(# {name}\.py\n.*?)```", text, re.S).group(1)
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    exec(compile(block, f"README.md:{name}.py", "exec"), module.__dict__)
+    return module
+
+
+def test_the_readmes_plugin_examples_pass_the_kit_as_readme_says():
+    try:
+        readme_module("my_tasks")
+        readme_module("my_schemes")
+        check_task(sys.modules["my_tasks"].ShiftTask, name="shift", size=64).raise_on_failure()
+        check_scheme(sys.modules["my_schemes"].DistanceBiasScheme, max_distance=4).raise_on_failure()
+    finally:
+        sys.modules.pop("my_tasks", None), sys.modules.pop("my_schemes", None)
