@@ -1,6 +1,6 @@
-"""What plugin authors import: the Task contract, the sequence-to-sequence defaults, evaluation,
-vocabularies, the loss, the position-scheme contract and the attention op its hooks feed, errors,
-and the file helper for caches. `relpos_lab.api.registry` finds tasks and position schemes.
+"""What plugin authors and scripts import: the Task contract, the sequence-to-sequence defaults,
+evaluation, vocabularies, the loss, the position-scheme contract and the attention op its hooks
+feed, the models with their config and decoding, errors, and the file helper for caches. `relpos_lab.api.registry` finds tasks and position schemes.
 
 This is the stable surface: a name exported here keeps working for a release after it moves
 (with a DeprecationWarning naming the new import), and CHANGELOG.md says how to migrate. Every
@@ -12,11 +12,14 @@ from relpos_lab.api.seq2seq import Pair, Seq2SeqTask
 from relpos_lab.api.task import Batch, DecodingConfig, Task, TaskConfig
 from relpos_lab.api.vocabulary import Vocabulary
 from relpos_lab.core.attention import relative_attention
+from relpos_lab.core.decoding import beam_search, greedy_search, sample
 from relpos_lab.core.loss import LossOutput, label_smoothed_loss
-from relpos_lab.core.positions import Drawing, PositionConfig, PositionScheme, RelativePositions
+from relpos_lab.core.positions import Drawing, PositionConfig, PositionScheme, RelativePositions, builtin_config
+from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
 
 __all__ = [
-    "Batch", "ConfigError", "DecodingConfig", "Drawing", "EvalResult", "Evaluation", "LossOutput", "Pair", "PositionConfig",
-    "PositionScheme", "RelativePositions", "Seq2SeqTask", "Task", "TaskConfig", "UserError", "Vocabulary", "atomic_write",
-    "label_smoothed_loss", "relative_attention",
+    "Batch", "ConfigError", "DecoderLM", "DecodingConfig", "Drawing", "EncoderDecoder", "EvalResult", "Evaluation",
+    "LossOutput", "ModelConfig", "Pair", "PositionConfig", "PositionScheme", "RelativePositions", "Seq2SeqTask", "Task",
+    "TaskConfig", "UserError", "Vocabulary", "atomic_write", "beam_search", "builtin_config", "greedy_search",
+    "label_smoothed_loss", "relative_attention", "sample",
 ]

@@ -381,6 +381,10 @@ class DecoderCache:
 
 
 class EncoderDecoder(nn.Module):
+    """The Transformer of "Attention Is All You Need" with pluggable positions: encoder over the
+    source, decoder over the target with cross-attention. Token ids are (B, L) long tensors whose
+    padding is `cfg.pad_id` (masked in attention); logits are (B, L, vocabulary)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         cfg.validate()
@@ -395,20 +399,26 @@ class EncoderDecoder(nn.Module):
         self.decoder = Decoder(cfg, Embedding(cfg, cfg.tgt_vocab_size, shared))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing: src (B, S), tgt_in (B, T) (the target shifted right, BOS first) ->
+        logits (B, T, tgt_vocab_size), position t predicting target token t + 1."""
         memory, memory_mask = self.encoder(src)
         return self.decoder(tgt_in, memory, memory_mask)
 
     def start_decoding(self, src: Tensor) -> DecoderCache:
+        """Encode src (B, S) once; the returned cache holds the memory and, as decoding goes, every
+        decoder layer's keys and values."""
         memory, memory_mask = self.encoder(src)
         return DecoderCache(len(self.decoder.layers), memory, memory_mask)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
-        """Logits for `tokens` (one or several new positions) given everything in the cache."""
+        """Logits (B, N, V) for `tokens` (B, N): one or several new positions (a multi-token prefill)
+        placed after everything in the cache, which they are then added to."""
         return self.decoder(tokens, cache.memory, cache.memory_mask, cache)
 
 
 class DecoderLM(nn.Module):
-    """Decoder-only use of the same stack, for language-model style tasks."""
+    """Decoder-only use of the same stack, for language-model style tasks: causal self-attention
+    only, token ids (B, L) in, next-token logits (B, L, tgt_vocab_size) out."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -419,10 +429,14 @@ class DecoderLM(nn.Module):
         self.decoder = Decoder(cfg, Embedding(cfg, cfg.tgt_vocab_size), cross_attention=False)
 
     def forward(self, tokens: Tensor) -> Tensor:
+        """tokens (B, L) -> logits (B, L, V), position t predicting token t + 1."""
         return self.decoder(tokens)
 
     def start_decoding(self, src: Tensor | None = None) -> DecoderCache:
+        """An empty KV cache (`src` is unused: the signature is the encoder-decoder's, for decoding.py)."""
         return DecoderCache(len(self.decoder.layers))
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """Logits (B, N, V) for `tokens` (B, N) placed after the cache's positions (the first call
+        with the whole prompt is its prefill), which are then added to the cache."""
         return self.decoder(tokens, cache=cache)
