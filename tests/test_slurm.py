@@ -7,6 +7,7 @@ test_slurm_cluster.py submit real jobs.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -36,11 +37,9 @@ grid:
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch) -> Path:
-    """These scripts are for clusters other than this machine's (GPUs, partition a100, ...): the
-    dry runs render them as on a laptop without SLURM, where `check_request` has nothing to ask.
-    tests/test_slurm_cluster.py checks requests against a real cluster."""
+    """These scripts are for clusters other than this machine's (GPUs, partition a100, ...): a dry
+    run asks no cluster. tests/test_slurm_cluster.py checks requests against a real cluster."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(slurm, "sbatch_available", lambda: False)
     (tmp_path / "tiny.yaml").write_text(TINY)
     (tmp_path / "sweep.yaml").write_text(SWEEP)
     return tmp_path
@@ -155,6 +154,34 @@ def test_the_script_is_valid_bash(workdir, capsys):
     script = dry_run(capsys, "submit", "tiny.yaml", 'cluster.setup=["echo ready"]')
     checked = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
+
+
+@pytest.fixture
+def unconfigured(workdir, monkeypatch) -> Path:
+    """sbatch and sinfo installed, but no slurm.conf: every SLURM command fails as Slurm 22.05 does."""
+    bin_dir = workdir / "bin"
+    bin_dir.mkdir()
+    for name in ("sbatch", "sinfo", "squeue", "scontrol"):
+        (bin_dir / name).write_text(f"#!/bin/sh\necho '{name}: error: resolve_ctls_from_dns_srv: res_nsearch error: "
+                                    "Unknown host' >&2\necho '{name}: error: fetch_config: DNS SRV lookup failed' >&2\n"
+                                    f"echo '{name}: error: Could not establish a configuration source' >&2\nexit 1\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return workdir
+
+
+def test_dry_runs_print_the_script_where_sbatch_has_no_cluster(unconfigured, capsys):
+    assert option(dry_run(capsys, "submit", "tiny.yaml", "trainer.devices=64"), "ntasks-per-node") == "64"
+    assert option(dry_run(capsys, "sweep", "sweep.yaml", "--slurm"), "array") == "0-2"
+
+
+def test_submitting_where_no_cluster_answers_names_the_configuration(unconfigured, capsys):
+    assert slurm.cluster_unreachable() == "sinfo: error: Could not establish a configuration source"
+    assert cli.main(["submit", "tiny.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no SLURM cluster answers on this machine" in err
+    assert "configuration" in err and "--dry-run" in err and "CPUs" not in err
+    assert not (unconfigured / "runs").exists()
 
 
 def test_submitting_without_sbatch_is_one_line(workdir, capsys, monkeypatch):

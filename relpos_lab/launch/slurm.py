@@ -235,16 +235,34 @@ def require_sbatch() -> None:
                         "starts one on this machine); --dry-run prints the script without submitting")
 
 
+def cluster_unreachable() -> str | None:
+    """Why no SLURM cluster answers here (None: one does). sbatch may be installed on a machine
+    with no slurm.conf (a login node image, a laptop with the client package): then every command
+    fails with "Could not establish a configuration source"."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"sinfo: {err}"
+    if out.returncode != 0:
+        return (out.stderr.strip().splitlines() or [f"sinfo exit status {out.returncode}"])[-1]
+    return None
+
+
 def check_request(job: Job, cfg: DictConfig) -> None:
-    """Refuse a job SLURM could never start, before anything is written or queued.
+    """Refuse a job SLURM could never start, before anything is written or queued (at submission;
+    a --dry-run asks nothing, so it prints the script without a live cluster).
 
     SLURM accepts such a job and leaves it pending forever (Reason=PartitionConfig when no node has
     the CPUs or GPUs asked for, PartitionTimeLimit when cluster.time exceeds the partition's
     MaxTime). `sbatch --test-only` on the script answers the first; the partition's limit, read
-    with sinfo, the second. Without sbatch on PATH (a --dry-run on a laptop) there is nothing to ask.
+    with sinfo, the second. The refusal names what sbatch objected to: no configuration, memory,
+    the partition, or the CPUs and GPUs.
     """
-    if not sbatch_available():
-        return
+    unreachable = cluster_unreachable()
+    if unreachable:
+        raise UserError(f"no SLURM cluster answers on this machine ({unreachable}): sbatch is installed but has no "
+                        "configuration or controller to submit to; configure slurm.conf (slurm/dev-cluster-start.sh "
+                        "starts a one-node cluster here), or --dry-run prints the script without submitting")
     partition = cfg.cluster.partition
     limit = partition_time_limit(partition)
     if cfg.cluster.time is not None and limit is not None and slurm_minutes(str(cfg.cluster.time)) > limit:
@@ -257,6 +275,13 @@ def check_request(job: Job, cfg: DictConfig) -> None:
         out = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         reason = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
+        said = reason.removeprefix("sbatch: error: ")
+        if "memory" in reason.lower():
+            raise UserError(f"SLURM cannot run this job ({said}): cluster.mem={cfg.cluster.mem} is more than a node of "
+                            f"partition {partition or '(default)'} offers; lower cluster.mem or leave it unset")
+        if "partition" in reason.lower():
+            raise UserError(f"SLURM cannot run this job ({said}): cluster.partition={partition}; `sinfo -s` lists "
+                            "the partitions you may use")
         asks = (f"{cfg.trainer.num_nodes} node(s) x {cfg.trainer.devices} task(s) x {cfg.cluster.cpus_per_task} CPUs"
                 + (f" + {cfg.trainer.devices} GPUs per node" if cfg.trainer.accelerator in GPU_ACCELERATORS else ""))
         raise UserError(f"SLURM cannot run this job ({reason.removeprefix('sbatch: error: ')}): it asks for {asks}, "
