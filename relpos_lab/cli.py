@@ -26,7 +26,22 @@ from rich.table import Table
 from relpos_lab.api.errors import PROG, UserError, shown_path
 from relpos_lab.training.threads import quiet_openmp
 
-console = Console()
+def _console() -> Console:
+    """Rich wraps at 80 columns when stdout is not a terminal, so `relpos-lab positions | less` cut
+    every table there. Piped, take the width of the terminal the user sits at (stderr's or stdin's)
+    or COLUMNS; with no terminal at all (a SLURM log), 160."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    for stream in (sys.stderr, sys.stdin):
+        try:
+            return Console(width=os.get_terminal_size(stream.fileno()).columns)
+        except (OSError, ValueError, AttributeError):
+            continue
+    return Console(width=PIPED_WIDTH)
+
+
+PIPED_WIDTH = 160
+console = _console()
 
 
 @dataclass(frozen=True)
@@ -312,10 +327,16 @@ def show_config(args: argparse.Namespace) -> None:
     from relpos_lab.config.help import describe_keys, section_class
 
     if args.help_keys is not None:
-        task = args.task
+        if args.config and "=" in args.config and not Path(args.config).exists():  # `--help-keys S key=value`
+            args.config, args.overrides = None, [args.config, *args.overrides]
+        task, scheme = args.task, None
         if task is None and args.config and args.help_keys.startswith("task"):
             task = load_config(args.config, args.overrides).task.name
-        print("\n".join(describe_keys(section_class(args.help_keys, task), args.help_keys)))
+        if args.help_keys == "model.positions":  # the scheme the command line chooses, else the config's
+            chosen = [o.split("=", 1)[1] for o in args.overrides if o.startswith("model.positions.scheme=")]
+            scheme = chosen[-1] if chosen else (load_config(args.config, args.overrides).model.positions.scheme
+                                                if args.config else None)
+        print("\n".join(describe_keys(section_class(args.help_keys, task, scheme), args.help_keys)))
         return
     if not args.config:
         raise UserError("config: give an experiment (a YAML file or a name), or --help-keys SECTION")

@@ -1,6 +1,9 @@
 """Config loading: schema defaults, extends, overrides, and one-line errors for bad input."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -253,6 +256,18 @@ def test_an_unknown_key_error_says_what_the_suggested_key_means(tmp_path):
     with pytest.raises(ConfigError, match=r"did you mean 'model.n_heads' \(attention heads per layer; must divide "
                                           r"d_model\)\?"):
         load_config(path)
+
+
+def test_help_keys_of_the_positions_follow_the_scheme_chosen_on_the_command_line(capsys):
+    from relpos_lab import cli
+
+    assert cli.main(["config", "--help-keys", "model.positions", "model.positions.scheme=rope"]) == 0
+    out = capsys.readouterr().out
+    assert "model.positions.rope_base" in out and "max_distance" not in out
+    assert cli.main(["config", "reverse_shaw", "model.positions.scheme=alibi", "--help-keys", "model.positions"]) == 0
+    assert "alibi:" in capsys.readouterr().out
+    assert cli.main(["config", "--help-keys", "model.positions", "model.positions.scheme=rop"]) == 2
+    assert "did you mean 'rope'?" in capsys.readouterr().err
 
 
 def test_help_keys_lists_a_section_with_types_defaults_and_help(tmp_path, capsys):
@@ -547,3 +562,11 @@ def test_resolved_configs_from_before_schemes_were_plugins_still_load_into_their
             assert raw.model.positions.get(key, value) == value, (path, key)
         schemes.add(cfg.model.positions.scheme)
     assert {"shaw", "sinusoidal"} <= schemes
+
+
+def test_tables_piped_without_a_terminal_are_not_cut_at_80_columns():
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    out = subprocess.run([sys.executable, "-m", "relpos_lab", "positions"], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, env=env).stdout
+    assert max(len(line) for line in out.splitlines()) > 80
+    assert max(len(line) for line in out.splitlines()) <= 160

@@ -68,9 +68,12 @@ def describe_keys(cls: type, prefix: str) -> list[str]:
     return lines
 
 
-def section_class(section: str, task: str | None = None) -> type:
+def section_class(section: str, task: str | None = None, scheme: str | None = None) -> type:
     """The config dataclass of a dotted section (`model`, `model.positions`, `trainer`, ...;
-    `task` with the task's name): what `relpos-lab config --help-keys` lists."""
+    `task` with the task's name; `model.positions` with the scheme's, default Shaw): what
+    `relpos-lab config --help-keys` lists."""
+    if section == "model.positions" and scheme:
+        return registry.get_scheme_class(scheme).config_class
     if section.split(".")[0] == "task":
         if not task:
             raise UserError(f"--help-keys {section}: name the task, e.g. --task reverse (`relpos-lab tasks` lists them)")
