@@ -59,6 +59,22 @@ def test_run_directory_is_a_readable_deterministic_path(tmp_path):
     assert first.name.startswith("reverse-shaw-k4-") and len(first.name.split("-")[-1]) == 8
 
 
+def test_run_directory_names_the_model_family_when_it_is_not_the_default(tmp_path):
+    decoder_only = run_directory(_cfg(tmp_path, **{"model.architecture": "decoder_only"}))
+    assert decoder_only.name.startswith("reverse-shaw-k4-decoder_only-")
+    assert "encoder_decoder" not in run_directory(_cfg(tmp_path)).name
+
+
+def test_a_run_started_before_the_family_was_named_keeps_its_directory(tmp_path):
+    cfg = _cfg(tmp_path, **{"model.architecture": "decoder_only"})
+    new = run_directory(cfg)
+    old = new.with_name(new.name.replace("-decoder_only", ""))
+    old.mkdir(parents=True)
+    assert run_directory(cfg) == old
+    new.mkdir()  # both exist: the named one wins
+    assert run_directory(cfg) == new
+
+
 def test_run_directory_changes_with_an_experiment_key(tmp_path):
     base = run_directory(_cfg(tmp_path))
     assert run_directory(_cfg(tmp_path, **{"model.d_model": 64})) != base

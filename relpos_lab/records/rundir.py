@@ -101,16 +101,21 @@ def _drop(tree: Any, parts: list[str]) -> None:
 def run_directory(cfg: DictConfig) -> Path:
     """``<logging.root>/<name>/<slug>-<hash8>``: the same resolved config gives the same directory.
 
-    The slug makes directories readable (``<task>-<position scheme>``, with Shaw's k); the hash
-    makes them unique. Missing keys fall back to defaults, so small configs work too.
+    The slug makes directories readable (``<task>-<position scheme>``, with Shaw's k and the model
+    family when it is not the encoder-decoder); the hash makes them unique. Missing keys fall back to
+    defaults, so small configs work too. A run started before the slug named the model family
+    (relpos-lab < 0.2) keeps its directory: found under the old slug, it resumes there.
     """
     root = OmegaConf.select(cfg, "logging.root", default=None) or "runs"
     name = slugify(str(OmegaConf.select(cfg, "name", default=None) or "default"))
-    return Path(root) / name / f"{_run_slug(cfg)}-{config_hash(cfg)}"
+    digest = config_hash(cfg)
+    path = Path(root) / name / f"{_run_slug(cfg)}-{digest}"
+    before = Path(root) / name / f"{_run_slug(cfg, family=False)}-{digest}"
+    return before if before != path and before.is_dir() and not path.exists() else path
 
 
 
-def _run_slug(cfg: DictConfig) -> str:
+def _run_slug(cfg: DictConfig, family: bool = True) -> str:
     parts = [OmegaConf.select(cfg, "task.name", default=None)]
     scheme = OmegaConf.select(cfg, "model.positions.scheme", default=None)
     parts.append(scheme)
@@ -120,6 +125,9 @@ def _run_slug(cfg: DictConfig) -> str:
     randomized = OmegaConf.select(cfg, "model.positions.max_random_len", default=None)
     if randomized is not None:
         parts.append(f"rand{randomized}")
+    architecture = OmegaConf.select(cfg, "model.architecture", default=None)
+    if family and architecture not in (None, ADDED_KEYS["model.architecture"]):
+        parts.append(architecture)
     slug = "-".join(slugify(str(p)) for p in parts if p is not None)
     return slug or "run"
 
