@@ -40,12 +40,30 @@ def plot_curves(
     report can plot what it reads back without converting. `train_range` (inclusive) is shaded.
     Values all within [0, 1] get a fixed [0, 1] axis so plots of different runs compare by eye.
     """
-    if not curves:
-        raise ValueError("plot_curves: no curves to draw")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    curves_figure(curves, train_range, ylabel, title).savefig(path)
+    return path
 
-    fig = Figure(figsize=(6.4, 4.0), dpi=120)
+
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D")
+
+
+def series_style(i: int) -> dict:
+    """The i-th series' look: the 10 colours, then again with another line style and marker, so
+    the 15 schemes of a study (or 40 series) stay told apart."""
+    return {"color": f"C{i % 10}", "linestyle": LINE_STYLES[i // 10 % 4], "marker": MARKERS[i // 10 % 4]}
+
+
+def curves_figure(curves: Curves, train_range: tuple[int, int] | None = None, ylabel: str = "accuracy",
+                  title: str | None = None) -> Figure:
+    """plot_curves' figure, unsaved (tests read its lines). Past 10 series the legend goes beside
+    the axes, where it covers no curve."""
+    if not curves:
+        raise ValueError("plot_curves: no curves to draw")
+    many = len(curves) > 10
+    fig = Figure(figsize=(8.6 if many else 6.4, 4.0), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     if train_range is not None:
@@ -53,11 +71,11 @@ def plot_curves(
         ax.axvspan(lo - 0.5, hi + 0.5, color="0.9", zorder=0, label=f"train lengths {lo}–{hi}")
 
     values: list[float] = []
-    for label, points in curves.items():
+    for i, (label, points) in enumerate(curves.items()):
         xs = sorted(points, key=_length)
         ys = [float(points[x]) for x in xs]
         values.extend(ys)
-        ax.plot([_length(x) for x in xs], ys, marker="o", markersize=3, label=str(label))
+        ax.plot([_length(x) for x in xs], ys, markersize=3, label=str(label), **series_style(i))
 
     finite = [v for v in values if math.isfinite(v)]
     if finite and min(finite) >= 0.0 and max(finite) <= 1.0:
@@ -67,10 +85,12 @@ def plot_curves(
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    if many:
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    else:
+        ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return fig
 
 
 def plot_groups(
@@ -103,7 +123,10 @@ def groups_figure(
     """plot_groups' figure, unsaved (tests read its axes)."""
     if not panels or not any(panels.values()):
         raise ValueError("plot_groups: no values to draw")
-    fig = Figure(figsize=(min(4.0 + 3.2 * len(panels), 16.0), 3.8), dpi=120)
+    # A panel is wide enough for its groups' names side by side (15 schemes at 30° overlapped).
+    groups_n = max(len(groups) for groups in panels.values())
+    panel_width = max(3.2, 0.3 * groups_n)
+    fig = Figure(figsize=(min(0.8 + panel_width * len(panels), 24.0), 4.4), dpi=120)
     FigureCanvasAgg(fig)
     for i, (metric, groups) in enumerate(panels.items()):
         ax = fig.add_subplot(1, len(panels), i + 1)
@@ -134,7 +157,10 @@ def groups_figure(
                 twin.set_ylabel(f"{ref_label} (right axis, same scale)", color="C2")
                 twin.tick_params(axis="y", colors="C2")
                 twin.legend(fontsize="small", loc="lower right")
-        ax.set_xticks(range(len(labels)), labels, rotation=30 if max(map(len, labels)) > 6 else 0)
+        many, slanted = len(labels) > 8, max(map(len, labels)) > 6  # many names stand upright
+        ax.set_xticks(range(len(labels)), labels, rotation=90 if many else 45 if slanted else 0,
+                      ha="right" if slanted or many else "center", va="center" if many else "top",
+                      rotation_mode="anchor", fontsize="small" if many else None)
         ax.set_xlim(-0.5, len(labels) - 0.5)
         ax.set_ylabel(metric.replace("_", " "))
         if xlabel:
