@@ -192,6 +192,7 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
                   "evaluation was not run)")
             raise KeyboardInterrupt if guard.pending == signal.SIGINT else SIGTERMException()
         checkpoint = Path(best.best_model_path) if best.best_model_path else last_path
+        module.unlogged.add("valid")  # logged at its step when it was validated
         trainer.validate(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
         trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
         splits = {"valid": module.results["valid"], "test": module.results["test"]}
