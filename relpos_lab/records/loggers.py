@@ -493,6 +493,21 @@ def log_samples(
 
 
 
+def log_summary(loggers: Iterable[Logger], values: Mapping[str, Any]) -> None:
+    """Set the W&B run summary (what W&B's run table shows) to `values`, the final evaluation's
+    numbers; nothing without W&B, never raises.
+
+    W&B's summary is otherwise the last value logged of each metric: for valid/ that is the last
+    validation of the fit, not the checkpoint results.json evaluated (its validation was logged at
+    its own step)."""
+    for logger in _wandb_loggers(loggers):
+        try:
+            logger.experiment.summary.update(dict(values))
+        except Exception as err:
+            warnings.warn(f"W&B: could not set the run summary ({type(err).__name__}: {err})")
+
+
+
 def log_line_plot(loggers: Iterable[Logger], key: str, curves: Mapping[str, Mapping], x: str, y: str, title: str) -> None:
     """Log `{line: {x: y}}` as a W&B line plot (with its table, editable in the UI); never raises."""
     for logger in _wandb_loggers(loggers):

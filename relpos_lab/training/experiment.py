@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from relpos_lab.api import EvalResult, UserError, registry
 from relpos_lab.api.errors import PROG, shown_path
 from relpos_lab.api.evaluation import length_generalization
-from relpos_lab.records.loggers import build_loggers, close_loggers, cut_metrics, new_wandb_run_id
+from relpos_lab.records.loggers import build_loggers, close_loggers, cut_metrics, log_summary, new_wandb_run_id
 from relpos_lab.records.results import plot_by_length, write_results
 from relpos_lab.records.rundir import has_attempt, move_aside, run_directory, save_resolved_config
 from relpos_lab.records.runlock import run_lock
@@ -221,6 +221,8 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
                  "parameters": sum(p.numel() for p in module.model.parameters()),
                  "wall_seconds": round(time.time() - started, 1)}  # this attempt, data to results
         summary = _write(run_dir, splits, task, loggers, extra) if trainer.is_global_zero else None
+        if summary is not None:  # W&B's run table: the evaluated checkpoint's numbers, as results.json
+            log_summary(loggers, {**summary.metrics, "checkpoint_step": checkpoint_step})
         if (summary is not None and OmegaConf.select(cfg, "logging.inspect", default=True)
                 and has_relative_positions(module.model) and can_inspect(task)):  # after every metric: they cannot change
             inspect_model(module.model, task, cfg, run_dir, loggers=loggers, echo=echo, step=trainer.global_step)
