@@ -147,6 +147,20 @@ def test_a_resumed_run_validates_its_last_step_once(root, monkeypatch, stop_at):
     assert step_of(run_dir / results["checkpoint"]) == best
 
 
+def test_a_run_stopped_after_its_fit_does_not_validate_the_last_step_twice(root):
+    """last.ckpt is saved at step 20 before step 20's validation (every 10 steps) and again after
+    the fit, so that it records that validation: a run stopped during its final evaluation (here:
+    results.json removed) resumes from it without validating step 20 again."""
+    args = ("trainer.max_steps=20", "trainer.val_every_n_steps=15", "trainer.checkpoint_every_n_steps=10")
+    first = train(*args)
+    (first.run_dir / "results.json").unlink()
+    again = train(*args)
+    assert again.resumed_from.name == "last.ckpt"
+    assert sorted(valid_rows(again.run_dir)) == [15, 20]  # valid_rows fails on a step logged twice
+    results = json.loads((again.run_dir / "results.json").read_text())
+    assert results["started_at_step"] == 20 and results["checkpoint_step"] == first.checkpoint_step
+
+
 def test_wandb_logs_each_validation_at_the_step_of_its_checkpoint(root, offline_wandb):
     summary = train("trainer.max_steps=20", "trainer.val_every_n_steps=15", "logging.wandb.mode=offline")
     (attempts,) = read_runs(summary.run_dir / "wandb").values()
