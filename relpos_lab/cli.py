@@ -489,7 +489,10 @@ def show_summary(summary, title: str) -> None:
     console.rule(f"[bold]{title}[/bold]" + ("" if summary.finished_before else f" in {summary.seconds:.0f}s"))
     for label, value in where:
         if value:  # paths stay on one line (soft wrap) so they can be copied
-            console.print(f"{label:>14}  {shown_path(value)}", markup=False, highlight=False, soft_wrap=True)
+            line = f"{label:>14}  {shown_path(value)}"
+            if label == "checkpoint":
+                line += _evaluated(summary)
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     splits: dict[str, dict[str, float]] = {}
     for key, value in summary.metrics.items():
         split, _, name = key.rpartition("/")
@@ -502,6 +505,17 @@ def show_summary(summary, title: str) -> None:
     for name in names:
         metrics.add_row(name, *(f"{values[name]:.4f}" if name in values else "" for values in splits.values()))
     console.print(metrics)
+
+
+def _evaluated(summary) -> str:
+    """What the metrics below are of: the checkpoint's step and why it was chosen."""
+    step = getattr(summary, "checkpoint_step", None)
+    choice = getattr(summary, "checkpoint_choice", None)
+    if step is None:
+        return ""
+    why = {"best": "the best validated step, trainer.evaluate=best",
+           "last": "the last step, trainer.evaluate=last"}.get(choice)
+    return f"  (step {step}" + (f": {why})" if why else ")")
 
 
 def show_submission(job, job_id: str) -> None:

@@ -124,6 +124,24 @@ def test_wandb_records_each_step_once(runs):
     assert len(run.metric("test/exact_match")) == 1
 
 
+def test_two_processes_validate_the_last_step_and_choose_the_best_over_every_validated_step(tmp_path):
+    """max_steps not a multiple of the interval: every rank validates the last step (a stop request
+    at the same step on each), and the best checkpoint is chosen over steps 3 and 5."""
+    (tmp_path / "ddp.yaml").write_text(CONFIG)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "WANDB_MODE": "disabled"}
+    out = subprocess.run([sys.executable, "-m", "relpos_lab", "train", "ddp.yaml", "trainer.devices=2",
+                          "trainer.max_steps=5", "trainer.val_every_n_steps=3", "name=last"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    (run_dir,) = [p for p in tmp_path.glob("runs/last/*") if p.is_dir()]
+    validated = logged(run_dir, "valid/exact_match")
+    assert sorted(validated) == [3, 5]  # at the steps of their checkpoints
+    best = max(sorted(validated), key=lambda s: (validated[s], -s))  # ModelCheckpoint keeps the first best
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["checkpoint"] == f"checkpoints/best-step={best}.ckpt" and results["checkpoint_step"] == best
+    assert results["metrics"]["valid/exact_match"] == pytest.approx(validated[best], abs=1e-6)
+
+
 # --- evaluation splits smaller than the world ---------------------------------------------------
 
 SMALL_SPLITS = {1: ([1, 1], 1), 3: ([1, 3], 1), 100: ([1, 5], 20)}  # examples -> (lengths, per length)

@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from relpos_lab.config import LoggingConfig
 from relpos_lab.records import loggers as run_loggers
 from relpos_lab.records.loggers import (
-    RunCSVLogger, RunWandbLogger, build_loggers, close_loggers, log_samples, read_metric_rows, resolve_wandb_mode,
-    resume_plan, wandb_run_id,
+    RunCSVLogger, RunWandbLogger, build_loggers, close_loggers, cut_metrics, log_samples, read_metric_rows,
+    resolve_wandb_mode, resume_plan, wandb_run_id,
 )
 from relpos_lab.records.plots import groups_figure, plot_curves, plot_groups
 from relpos_lab.records.results import plot_by_length, write_results
@@ -312,6 +312,22 @@ def test_rows_a_killed_attempts_wandb_file_lacks_are_logged_again_from_metrics_c
     # rows without a training step (a plot) belong to the step before them
     logged = [*_wandb_rows(CSV_ROWS[:4]), {"by_length/acc_table": {}, "_step": 4}]
     assert resume_plan(logged, CSV_ROWS, step=4) == (4, CSV_ROWS[4:8])
+
+
+# Steps 3-5 of CSV_ROWS with the validation of step 4's checkpoint, logged at step 4 (before the
+# lr and loss rows of the batch that step 4's weights train on, which are logged at step 4 too).
+VALIDATED = [*CSV_ROWS[:8], (4, {"valid/acc": 0.5}), *CSV_ROWS[8:]]
+
+
+def test_the_validation_of_the_checkpoints_step_is_kept_on_resume(tmp_path):
+    """A validation belongs to the checkpoint of the step it validated: a run resumed from that
+    checkpoint keeps it (it does not validate that step again) and trains, and logs, the rest again."""
+    assert resume_plan(_wandb_rows(VALIDATED), VALIDATED, step=4) == (8, [])  # _step 8: the validation
+    assert resume_plan(_wandb_rows(VALIDATED[:8]), VALIDATED, step=4) == (7, [VALIDATED[8]])
+    header = "epoch,lr-AdamW,step,train/loss,valid/acc\n"
+    (tmp_path / "metrics.csv").write_text(header + ",0.3,3,,\n0,,3,0.25,\n,,4,,0.5\n,0.4,4,,\n0,,4,0.2,\n")
+    assert cut_metrics(tmp_path, 4) == 2
+    assert (tmp_path / "metrics.csv").read_text() == header + ",0.3,3,,\n0,,3,0.25,\n,,4,,0.5\n"
 
 
 def test_metric_rows_read_back_from_metrics_csv_without_empty_cells(tmp_path):

@@ -15,6 +15,7 @@ from relpos_lab.core.transformer import ARCHITECTURES, MODEL_IMPLS, ModelConfig
 
 SCHEDULERS = ("inverse_sqrt", "cosine", "constant")
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+EVALUATE = ("best", "last")  # trainer.evaluate: which checkpoint the final evaluation reads
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 WANDB_MODES = ("offline", "online", "disabled")
 
@@ -83,7 +84,9 @@ class TrainerConfig:
     stop_at: float | None = None
     """stop early once a validation's main metric passes this (e.g. exact match 0.99); None: train max_steps"""
     val_every_n_steps: int = 1000
-    """training batches between validations (across epochs)"""
+    """training batches between validations (across epochs); the last step is always validated too"""
+    evaluate: str = "best"
+    """best | last: the checkpoint results.json evaluates: the best validated step by the task's main metric (the last step included), or last.ckpt"""
     checkpoint_every_n_steps: int = 0
     """refresh last.ckpt every N steps; 0: at each validation"""
     checkpoint_every_minutes: float = 10.0
@@ -208,6 +211,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.scheduler": SCHEDULERS,
     "trainer.precision": PRECISIONS,
     "trainer.accelerator": ACCELERATORS,
+    "trainer.evaluate": EVALUATE,
     "model.architecture": ARCHITECTURES,
     "model.attention_impl": MODEL_IMPLS,
     "logging.wandb.mode": WANDB_MODES,

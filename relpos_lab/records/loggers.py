@@ -104,12 +104,27 @@ class RunCSVLogger(CSVLogger):
             self.save()
 
 
-def cut_metrics(run_dir: str | Path, step: int) -> int:
-    """Drop the rows of ``<run_dir>/metrics.csv`` logged at `step` or later; return how many.
+VALID_PREFIX = "valid/"  # a validation's metrics (training/module.py logs them at the validated step)
 
-    A fit resumed from a checkpoint of global step g logs its rows from step g on (Lightning's
-    logging step of the g-th optimizer step is g - 1), so the rows from g on are the interrupted
-    attempt's work after the checkpoint, which the resumed attempt does again.
+
+def before_checkpoint(row_step: int, metrics: Iterable[str], step: int) -> bool:
+    """Whether a logged row precedes a checkpoint of global step `step`, so that a fit resumed from
+    that checkpoint does not log it again.
+
+    Training rows are logged at Lightning's step, the count of optimizer steps before the batch (the
+    g-th step's loss is row g - 1), so a fit resumed at g logs its training rows from g on. A
+    validation is logged at the step of the weights it validated (`metrics` holds ``valid/`` keys):
+    the validation of step g belongs to the checkpoint of step g, whichever was written first, and
+    a resumed fit does not repeat it (the last step of a run is validated once: final_validation.py).
+    """
+    return row_step < step or (row_step == step and any(str(k).startswith(VALID_PREFIX) for k in metrics))
+
+
+def cut_metrics(run_dir: str | Path, step: int) -> int:
+    """Drop the rows of ``<run_dir>/metrics.csv`` logged after a checkpoint of global step `step`
+    (`before_checkpoint`); return how many.
+
+    They are the interrupted attempt's work after the checkpoint, which the resumed attempt does again.
     """
     path = Path(run_dir) / METRICS
     if not path.is_file():
@@ -117,7 +132,8 @@ def cut_metrics(run_dir: str | Path, step: int) -> int:
     with open(path, newline="") as file:
         reader = csv.DictReader(file)
         header, rows = reader.fieldnames or [], list(reader)
-    keep = [row for row in rows if not (row.get("step") or "").isdigit() or int(row["step"]) < step]
+    keep = [row for row in rows if not (row.get("step") or "").isdigit()
+            or before_checkpoint(int(row["step"]), [k for k, v in row.items() if v], step)]
     if len(keep) == len(rows):
         return 0
     text = io.StringIO()
@@ -342,7 +358,8 @@ def new_wandb_run_id(run_dir: str | Path) -> str:
 
 def wandb_resume_plan(run_dir: str | Path, step: int) -> tuple[int | None, list[tuple[int, dict[str, float]]]]:
     """How a run resumed at training step `step` continues its W&B history: the ``_step`` to rewind
-    to (None: nothing logged before), and the rows of metrics.csv before `step` that it lacks.
+    to (None: nothing logged before), and the rows of metrics.csv before the checkpoint (`before_checkpoint`)
+    that it lacks.
 
     Usually the earlier attempts' W&B files hold every row up to the checkpoint and the rewind only
     drops what an interrupted attempt logged after it. SLURM's SIGTERM (scancel, requeue,
@@ -373,13 +390,13 @@ def resume_plan(logged: list[dict[str, Any]], rows: list[tuple[int, dict[str, fl
     W&B's file is a prefix of what was logged, in step order, so only its newest step can be
     partial: of that step, the rows with a metric W&B lacks are logged again too.
     """
-    rows = [(s, metrics) for s, metrics in rows if s < step]
+    rows = [(s, metrics) for s, metrics in rows if before_checkpoint(s, metrics, step)]
     keys_logged: dict[int, set[str]] = {}  # training step -> metric names W&B holds for it
     last_row: dict[int, int] = {}  # training step -> the _step of its last W&B row
     current = None
     for row in logged:
         current = row.get(STEP, current)  # rows without a training step belong to the row before
-        if current is None or current >= step or "_step" not in row:
+        if current is None or "_step" not in row or not before_checkpoint(current, row, step):
             continue
         keys_logged.setdefault(current, set()).update(row)
         last_row[current] = int(row["_step"])
@@ -473,6 +490,21 @@ def log_samples(
             logger.log_table(key, columns=list(columns), data=[list(row) for row in rows], step=step)
         except Exception as err:
             warnings.warn(f"W&B: could not log the sample table {key!r} ({type(err).__name__}: {err})")
+
+
+
+def log_summary(loggers: Iterable[Logger], values: Mapping[str, Any]) -> None:
+    """Set the W&B run summary (what W&B's run table shows) to `values`, the final evaluation's
+    numbers; nothing without W&B, never raises.
+
+    W&B's summary is otherwise the last value logged of each metric: for valid/ that is the last
+    validation of the fit, not the checkpoint results.json evaluated (its validation was logged at
+    its own step)."""
+    for logger in _wandb_loggers(loggers):
+        try:
+            logger.experiment.summary.update(dict(values))
+        except Exception as err:
+            warnings.warn(f"W&B: could not set the run summary ({type(err).__name__}: {err})")
 
 
 

@@ -53,6 +53,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.architecture": "encoder_decoder",
     "model.bidirectional_prefix": False,
     "task.loss_on_source": False,
+    "trainer.evaluate": "best",
 }
 # Before position schemes were plugins, model.positions held every built-in scheme's fields at
 # once. A scheme's section is hashed as that flat form (its own fields over the old defaults), so

@@ -5,10 +5,13 @@ sweeps and launchers can call them in-process. A run's directory is a function o
 (records.rundir.run_directory), which is what makes ``resume=true`` (or a requeued job) continue in
 place from ``checkpoints/last.ckpt``.
 
-After training, the best checkpoint (by the task's main metric on "valid") is evaluated on valid
-and test with the same `Task.evaluate` as validation, and the result is written to results.json
-with per-length numbers and plots; then, for a model with a relative scheme and unless
-``logging.inspect=false``, inspect.py draws its attention by offset and its scheme.
+The last training step is always validated (final_validation.py), so the best checkpoint (by the
+task's main metric on "valid") is the best of every validated step, the last one included. After
+training, that checkpoint (or last.ckpt, with ``trainer.evaluate=last``) is evaluated on valid and
+test with the same `Task.evaluate` as validation, and the result is written to results.json (which
+names the checkpoint and its step) with per-length numbers and plots; then, for a model with a
+relative scheme and unless ``logging.inspect=false``, inspect.py draws its attention by offset and
+its scheme.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from relpos_lab.api import EvalResult, UserError, registry
 from relpos_lab.api.errors import PROG, shown_path
 from relpos_lab.api.evaluation import length_generalization
-from relpos_lab.records.loggers import build_loggers, close_loggers, cut_metrics, new_wandb_run_id
+from relpos_lab.records.loggers import build_loggers, close_loggers, cut_metrics, log_summary, new_wandb_run_id
 from relpos_lab.records.results import plot_by_length, write_results
 from relpos_lab.records.rundir import has_attempt, move_aside, run_directory, save_resolved_config
 from relpos_lab.records.runlock import run_lock
@@ -43,6 +46,7 @@ from relpos_lab.training.checkpoints import (
     task_from_checkpoint,
 )
 from relpos_lab.training.data import TaskDataModule
+from relpos_lab.training.final_validation import ValidateLastStep
 from relpos_lab.training.inspect import can_inspect, has_relative_positions, inspect_model
 from relpos_lab.training.interrupt import SIGNAL_NAMES, InterruptCheckpoint
 from relpos_lab.training.module import TASK_STATE, RelposModule
@@ -68,6 +72,8 @@ class RunSummary:
     plots: list[Path] = field(default_factory=list)
     outputs: list[Path] = field(default_factory=list)  # outputs/<split>.<name>: hypotheses, references
     checkpoint: Path | None = None
+    checkpoint_step: int | None = None  # the global step of `checkpoint`
+    checkpoint_choice: str | None = None  # trainer.evaluate: "best" or "last"
     resumed_from: Path | None = None
     seconds: float = 0.0
     finished_before: bool = False  # the run was finished already: nothing was trained
@@ -138,7 +144,8 @@ def _finished(run_dir: Path) -> RunSummary:
     results = json.loads((run_dir / "results.json").read_text())
     checkpoint = run_dir / results["checkpoint"] if results.get("checkpoint") else None
     return RunSummary(run_dir, run_dir / "results.json", results["metrics"], sorted((run_dir / "plots").glob("*.png")),
-                      checkpoint=checkpoint, finished_before=True)
+                      checkpoint=checkpoint, checkpoint_step=results.get("checkpoint_step"),
+                      checkpoint_choice=results.get("checkpoint_choice"), finished_before=True)
 
 
 def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str], None],
@@ -164,8 +171,9 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
     last = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, save_top_k=0, save_last=True, enable_version_counter=False,
                            every_n_train_steps=cfg.trainer.checkpoint_every_n_steps or cfg.trainer.val_every_n_steps)
     guard = InterruptCheckpoint(run_dir / CHECKPOINTS / LAST, cfg.trainer.checkpoint_every_minutes)
+    final = ValidateLastStep()  # the last step is validated too, before the best is chosen
     # SLURM: checkpoint + requeue on SIGUSR1; Ctrl-C / SIGTERM: checkpoint + stop; every N minutes: checkpoint
-    callbacks: list[Callback] = [best, last, DeferredRequeue(), guard]
+    callbacks: list[Callback] = [final, best, last, DeferredRequeue(), guard]
     loggers = build_loggers(cfg, run_dir, resume_step=resume_step, echo=echo)
     callbacks.append(LearningRateMonitor(logging_interval="step"))
     if cfg.trainer.stop_at is not None:  # train until converged on valid, max_steps the cap
@@ -185,32 +193,46 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
                 raise KeyboardInterrupt from None
             raise
         last_path = run_dir / CHECKPOINTS / LAST
-        if global_step_of(last_path) != trainer.global_step:  # steps after the last periodic save
+        # After the steps since the last periodic save, or after the last step's validation (a
+        # save at that step came before it): last.ckpt records the validation, so a run resumed
+        # from it does not validate that step again.
+        if global_step_of(last_path) != trainer.global_step or final.validated_step == trainer.global_step:
             trainer.save_checkpoint(last_path, weights_only=False)
         if guard.pending is not None:  # a signal during the last validation: training is complete and saved
             _echo(echo, _stopped(run_dir, guard.pending, trainer.global_step) + " (training is complete; the final "
                   "evaluation was not run)")
             raise KeyboardInterrupt if guard.pending == signal.SIGINT else SIGTERMException()
-        checkpoint = Path(best.best_model_path) if best.best_model_path else last_path
+        # resumed from a checkpoint of the last step written before its validation: validate it now
+        if final.validate_if_missed(trainer, module, data, best, last_path):
+            trainer.save_checkpoint(last_path, weights_only=False)
+        choice = "best" if cfg.trainer.evaluate == "best" and best.best_model_path else "last"
+        checkpoint = Path(best.best_model_path) if choice == "best" else last_path
+        checkpoint_step = global_step_of(checkpoint)
+        module.unlogged.add("valid")  # logged at its step when it was validated
         trainer.validate(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
         trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
         splits = {"valid": module.results["valid"], "test": module.results["test"]}
         started_at = trainer.global_step if module.start_step is None else module.start_step  # None: nothing left to fit
         extra = {"task": task.cfg.name, "checkpoint": _relative(checkpoint, run_dir),
+                 "checkpoint_step": checkpoint_step, "checkpoint_choice": choice,
                  "global_step": trainer.global_step, "started_at_step": started_at,
                  "main_metric": f"valid/{task.main_metric}", "seed": cfg.seed,
                  "train_lengths": list(task.train_length_range() or []) or None,
                  "parameters": sum(p.numel() for p in module.model.parameters()),
                  "wall_seconds": round(time.time() - started, 1)}  # this attempt, data to results
         summary = _write(run_dir, splits, task, loggers, extra) if trainer.is_global_zero else None
+        if summary is not None:  # W&B's run table: the evaluated checkpoint's numbers, as results.json
+            log_summary(loggers, {**summary.metrics, "checkpoint_step": checkpoint_step})
         if (summary is not None and OmegaConf.select(cfg, "logging.inspect", default=True)
                 and has_relative_positions(module.model) and can_inspect(task)):  # after every metric: they cannot change
             inspect_model(module.model, task, cfg, run_dir, loggers=loggers, echo=echo, step=trainer.global_step)
     finally:
         close_loggers(loggers)
     if summary is None:  # other ranks of a distributed run
-        return RunSummary(run_dir, run_dir / "results.json", {}, checkpoint=checkpoint)
+        return RunSummary(run_dir, run_dir / "results.json", {}, checkpoint=checkpoint,
+                          checkpoint_step=checkpoint_step, checkpoint_choice=choice)
     summary.checkpoint, summary.resumed_from, summary.seconds = checkpoint, resume_from, time.time() - started
+    summary.checkpoint_step, summary.checkpoint_choice = checkpoint_step, choice
     for requeue_checkpoint in run_dir.glob("hpc_ckpt_*.ckpt"):  # a finished run is carried by last/best
         requeue_checkpoint.unlink(missing_ok=True)
     return summary
@@ -246,10 +268,11 @@ def evaluate(checkpoint: str | Path, split: str = "test", overrides: list[str] =
     trainer = build_trainer(single, out_dir, loggers=[], callbacks=[])
     trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
     save_resolved_config(cfg, out_dir)
+    step = global_step_of(checkpoint)
     summary = _write(out_dir, {split: module.results[split]}, task, [],
-                     {"task": task.cfg.name, "checkpoint": str(checkpoint), "split": split,
+                     {"task": task.cfg.name, "checkpoint": str(checkpoint), "checkpoint_step": step, "split": split,
                       "overrides": list(overrides)})
-    summary.checkpoint, summary.seconds = checkpoint, time.time() - started
+    summary.checkpoint, summary.checkpoint_step, summary.seconds = checkpoint, step, time.time() - started
     return summary
 
 

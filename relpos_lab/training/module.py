@@ -37,6 +37,9 @@ class RelposModule(L.LightningModule):
         self.task_loss, self.task_evaluate = Checked(task, "loss"), Checked(task, "evaluate")
         self.results: dict[str, EvalResult] = {}  # latest evaluation of each split
         self.start_step: int | None = None  # global step training (re)started from
+        # splits evaluated but not logged: the final evaluation's "valid" (that checkpoint's
+        # validation is logged already, at its step)
+        self.unlogged: set[str] = set()
         self._samples: dict[str, tuple[list[str], list[list]]] = {}
         self.save_hyperparameters({"config": OmegaConf.to_container(cfg, resolve=True)}, logger=False)
 
@@ -94,9 +97,15 @@ class RelposModule(L.LightningModule):
         if self.trainer.sanity_checking:
             return
         self.results[split] = result
+        if split in self.unlogged:
+            self._samples.pop(split, None)
+            return
         # Values are already global; sync_dist keeps every rank's copy (checkpointing reads it).
-        self.log_dict({f"{split}/{k}": v for k, v in result.metrics.items()}, sync_dist=True,
-                      prog_bar=False)
+        # "step": Lightning logs a row at a logged step metric; its own default, the count of
+        # batches stepped before this one, is one less than the step whose weights were evaluated
+        # (best-step=400.ckpt's validation would be row 399).
+        self.log_dict({f"{split}/{k}": v for k, v in result.metrics.items()} | {"step": float(self.global_step)},
+                      sync_dist=True, prog_bar=False)
         if self.trainer.is_global_zero and result.details:  # e.g. sacrebleu signatures
             for logger in self.loggers:
                 logger.log_hyperparams({f"{split}/{k}": v for k, v in result.details.items()})
