@@ -138,12 +138,11 @@ if HAS_TRITON:
         hi = LK
         if CAUSAL:
             hi = tl.minimum(LK, a1 + 1)
-        if KMAX == 0:
-            band_lo = hi
-            band_hi = hi
-        else:
-            band_lo = tl.minimum((tl.maximum(a0 - KMAX + 1, 0) // BLOCK_N) * BLOCK_N, hi)
-            band_hi = tl.maximum(tl.minimum((a1 + KMAX + BLOCK_N - 1) // BLOCK_N * BLOCK_N, hi), band_lo)
+        band_lo = tl.minimum((tl.maximum(a0 - KMAX + 1, 0) // BLOCK_N) * BLOCK_N, hi)
+        band_hi = tl.maximum(tl.minimum((a1 + KMAX + BLOCK_N - 1) // BLOCK_N * BLOCK_N, hi), band_lo)
+        # k = 0: one label for every pair, all "left" (a band tile would count label 0 as both ends).
+        band_lo = tl.where(KMAX == 0, hi, band_lo)  # a select, not a branch: LK may be the constant 1
+        band_hi = tl.where(KMAX == 0, hi, band_hi)
         return band_lo, band_hi, hi
 
     @triton.jit
@@ -459,14 +458,11 @@ if HAS_TRITON:
         lo = 0
         if CAUSAL:  # query blocks entirely before the first key see none of it
             lo = (tl.maximum(n0 - OFFSET, 0) // BLOCK_M) * BLOCK_M
-        if KMAX == 0:
-            band_lo = lo
-            band_hi = lo
-        else:
-            band_lo = tl.maximum((tl.maximum(n0 - KMAX - OFFSET + 1, 0) // BLOCK_M) * BLOCK_M, lo)
-            band_lo = tl.minimum(band_lo, LQ)
-            first_above = (tl.maximum(n0 + BLOCK_N - 1 + KMAX - OFFSET, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-            band_hi = tl.maximum(tl.minimum(first_above, LQ), band_lo)
+        band_lo = tl.minimum(tl.maximum((tl.maximum(n0 - KMAX - OFFSET + 1, 0) // BLOCK_M) * BLOCK_M, lo), LQ)
+        first_above = (tl.maximum(n0 + BLOCK_N - 1 + KMAX - OFFSET, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        band_hi = tl.maximum(tl.minimum(first_above, LQ), band_lo)
+        band_lo = tl.where(KMAX == 0, lo, band_lo)  # k = 0: every query block is "above" (label 0)
+        band_hi = tl.where(KMAX == 0, lo, band_hi)
         q_ptr = Q + b * sqb + h * sqh
         do_ptr = DO + b * sdob + h * sdoh
         dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
