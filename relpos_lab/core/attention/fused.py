@@ -24,8 +24,9 @@ first imported): the very kernel code, exact but slow, which is how the tests pr
 does not take (`unsupported` says why) goes to ``gather``: a dense ``attn_bias``, head dimensions
 above 128, and a^K / a^V label spaces wider than 128 (max_distance > 63 where the sequence
 reaches that far). A ``rel_bias`` alone may be as wide as the sequences (every offset): it is then
-read per tile from memory and its gradient summed along each tile's diagonals (`_add_diagonals`). Masks are read inside the kernel: a key-padding mask (B, 1, 1, Lk) as one vector per
-sequence, any other boolean mask tile by tile through its broadcast strides; causality is built
+read per tile from memory and its gradient summed along each tile's diagonals into per-label rows
+of each key block (`_add_diagonals`; none of this when the table needs no gradient, as ALiBi's).
+Masks are read inside the kernel: a key-padding mask (B, 1, 1, Lk) as one vector per sequence, any other boolean mask tile by tile through its broadcast strides; causality is built
 from indices.
 """
 from __future__ import annotations
@@ -183,7 +184,8 @@ if HAS_TRITON:
                  sob, soh, som, H, LQ, LK, D, OFFSET, scale, seed, PD, L_BUCKET,
                  KMAX, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                 HAS_DROPOUT: tl.constexpr, BIAS_WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                 HAS_DROPOUT: tl.constexpr, BIAS_WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
         start_m = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // H
@@ -274,7 +276,8 @@ if HAS_TRITON:
                      sob, soh, som, sdob, sdoh, sdom, sdqb, sdqh, sdqm, H, LQ, LK, D, OFFSET, scale, seed, PD,
                      L_BUCKET, KMAX, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
                      HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                     HAS_DROPOUT: tl.constexpr, BIAS_WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     HAS_DROPOUT: tl.constexpr, BIAS_WIDE: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                      PRECISION: tl.constexpr):
         start_m = tl.program_id(0)
         bh = tl.program_id(1)
@@ -352,7 +355,8 @@ if HAS_TRITON:
                     q_ptr, do_ptr, lse_ptr, delta_ptr, sqm, sdom, cols, keep_ptr, smq, smk, lo, hi, LQ, LK, D, OFFSET,
                     scale, seed, PD, STAGE: tl.constexpr, KMAX, NLP: tl.constexpr, HAS_RK: tl.constexpr,
                     HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                    HAS_DROPOUT: tl.constexpr, BIAS_WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    HAS_DROPOUT: tl.constexpr, BIAS_WIDE: tl.constexpr, BIAS_GRAD: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, WINDOW: tl.constexpr, PRECISION: tl.constexpr):
         """dk, dv of a key block over query blocks [lo, hi) of one stage (from the keys' side: stage 2
         = queries far below the keys, every label 2k; stage 0 = far above, label 0)."""
@@ -395,25 +399,31 @@ if HAS_TRITON:
             dp = _dropped(dp, seed, rows, cols, LK, PD, HAS_DROPOUT)
             ds = p * (dp - delta[:, None])
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-            if BIAS_WIDE:
-                _add_diagonals(ds, dbias_ptr, m0, cols, LQ, LK, BLOCK_M, BLOCK_N, WINDOW)
+            if BIAS_WIDE and BIAS_GRAD:
+                _add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, KMAX, BLOCK_M, BLOCK_N, WINDOW)
         return dk, dv
 
     @triton.jit
-    def _add_diagonals(ds, dbias_ptr, m0, cols, LQ, LK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    def _add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, KMAX, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        WINDOW: tl.constexpr):
         """A wide rel_bias's gradient: the tile's dS summed along its BM + BN − 1 diagonals (one
-        offset j − i each) into this key block's own row of per-offset sums (index j − i + Lq − 1 in
-        query-row terms), read-modify-write: only this program touches the row, in order, so the
-        result is deterministic."""
+        offset j − i each), added into this key block's own row of per-label sums. Diagonals
+        beyond ±k share the end labels: they are summed first, so every address is written once
+        per tile. Read-modify-write in order by the one program that owns the row: deterministic."""
         w = tl.arange(0, WINDOW)
         rows_local = tl.arange(0, BLOCK_M)
         key = w[None, :] - (BLOCK_M - 1) + rows_local[:, None]  # the tile column on diagonal w of row i
         on_tile = (key >= 0) & (key < BLOCK_N)
         diag = tl.sum(tl.where(on_tile, tl.gather(ds, tl.minimum(tl.maximum(key, 0), BLOCK_N - 1), 1), 0.0), 0)
-        where = tl.min(cols, 0) - m0 - (BLOCK_M - 1) + LQ - 1 + w  # j − i + Lq − 1 of diagonal w
-        ok = (w < BLOCK_M + BLOCK_N - 1) & (where >= 0) & (where < LQ + LK - 1)
-        tl.store(dbias_ptr + where, tl.load(dbias_ptr + where, mask=ok, other=0.0) + diag, mask=ok)
+        offset = tl.min(cols, 0) - (m0 + OFFSET) - (BLOCK_M - 1) + w  # j − i of diagonal w, absolute positions
+        label = tl.minimum(tl.maximum(offset, -KMAX), KMAX) + KMAX
+        real = w < BLOCK_M + BLOCK_N - 1
+        inside = real & (label > 0) & (label < 2 * KMAX)
+        lo = tl.sum(tl.where(real & (label == 0), diag, 0.0), 0)
+        hi = tl.where(KMAX > 0, tl.sum(tl.where(real & (label == 2 * KMAX), diag, 0.0), 0), 0.0)  # k = 0: one end
+        tl.store(dbias_ptr + label, tl.load(dbias_ptr + label, mask=inside, other=0.0) + diag, mask=inside)
+        tl.store(dbias_ptr, tl.load(dbias_ptr) + lo)
+        tl.store(dbias_ptr + 2 * KMAX, tl.load(dbias_ptr + 2 * KMAX) + hi)
         tl.debug_barrier()
 
     @triton.jit
@@ -422,7 +432,8 @@ if HAS_TRITON:
                        sdob, sdoh, sdom, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn, H, LQ, LK, D, OFFSET, scale, seed, PD,
                        L_BUCKET, KMAX, NLP: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_R: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                       HAS_DROPOUT: tl.constexpr, BIAS_WIDE: tl.constexpr, BLOCK_M: tl.constexpr,
+                       HAS_DROPOUT: tl.constexpr, BIAS_WIDE: tl.constexpr, BIAS_GRAD: tl.constexpr,
+                       BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, WINDOW: tl.constexpr, PRECISION: tl.constexpr):
         start_n = tl.program_id(0)
         bh = tl.program_id(1)
@@ -436,7 +447,7 @@ if HAS_TRITON:
         k = tl.load(K + b * skb + h * skh + cols[:, None] * skn + dims[None, :], mask=col_mask, other=0.0)
         v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dims[None, :], mask=col_mask, other=0.0)
         keep_ptr = KEEP + b * smb + h * smh
-        dbias_ptr = DBIAS + (bh * DBIAS_ROWS + start_n) * (LQ + LK)  # this program's own row
+        dbias_ptr = DBIAS + (bh * DBIAS_ROWS + start_n) * (2 * KMAX + 1)  # this program's own row
         table_mask = (labels[:, None] < 2 * KMAX + 1) & (dims[None, :] < D)
         wk = tl.zeros((NLP, BLOCK_D), dtype=K.dtype.element_ty)
         wv = tl.zeros((NLP, BLOCK_D), dtype=V.dtype.element_ty)
@@ -470,17 +481,20 @@ if HAS_TRITON:
         dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi, BIAS + h * sbh, dbias_ptr,
                              q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, keep_ptr, smq, smk,
                              lo, band_lo, LQ, LK, D, OFFSET, scale, seed + bh, PD, 2, KMAX, NLP, HAS_RK, HAS_RV,
-                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE, BLOCK_M, BLOCK_N, BLOCK_D, WINDOW,
+                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE, BIAS_GRAD, BLOCK_M, BLOCK_N, BLOCK_D,
+                             WINDOW,
                              PRECISION)
         dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi, BIAS + h * sbh, dbias_ptr,
                              q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, keep_ptr, smq, smk,
                              band_lo, band_hi, LQ, LK, D, OFFSET, scale, seed + bh, PD, 1, KMAX, NLP, HAS_RK, HAS_RV,
-                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE, BLOCK_M, BLOCK_N, BLOCK_D, WINDOW,
+                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE, BIAS_GRAD, BLOCK_M, BLOCK_N, BLOCK_D,
+                             WINDOW,
                              PRECISION)
         dk, dv = _dkdv_stage(dk, dv, k, v, wk, wk_lo, wk_hi, bias, b_lo, b_hi, wv, wv_lo, wv_hi, BIAS + h * sbh, dbias_ptr,
                              q_ptr, do_ptr, LSE + bh * LQ, DELTA + bh * LQ, sqm, sdom, cols, keep_ptr, smq, smk,
                              band_hi, LQ, LQ, LK, D, OFFSET, scale, seed + bh, PD, 0, KMAX, NLP, HAS_RK, HAS_RV,
-                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE, BLOCK_M, BLOCK_N, BLOCK_D, WINDOW,
+                             HAS_BIAS, MASK, CAUSAL, HAS_DROPOUT, BIAS_WIDE, BIAS_GRAD, BLOCK_M, BLOCK_N, BLOCK_D,
+                             WINDOW,
                              PRECISION)
         tl.store(DK + b * sdkb + h * sdkh + cols[:, None] * sdkn + dims[None, :], (dk * scale).to(DK.dtype.element_ty),
                  mask=col_mask)
@@ -665,9 +679,10 @@ class _FusedRelativeAttention(torch.autograd.Function):
         has_r = rel_k is not None or rel_bias is not None
         g = torch.empty((b, h, lq, nlp) if has_r else (1,), device=q.device, dtype=torch.float32)
         mass = torch.empty((b, h, lq, nlp) if rel_v is not None else (1,), device=q.device, dtype=torch.float32)
-        wide = args["meta"]["BIAS_WIDE"]
-        rows = triton.cdiv(lk, _INTERPRETER_BLOCKS["BLOCK_N"] if INTERPRETED else MIN_BLOCK_N) if wide else 1
-        dbias_rows = torch.zeros((b * h, rows, lq + lk) if wide else (1,), device=q.device, dtype=torch.float32)
+        nl = 2 * launch.kmax + 1
+        wide_grad = args["meta"]["BIAS_WIDE"] and ctx.needs_input_grad[5]  # ALiBi's fixed table needs none
+        rows = triton.cdiv(lk, _INTERPRETER_BLOCKS["BLOCK_N"] if INTERPRETED else MIN_BLOCK_N) if wide_grad else 1
+        dbias_rows = torch.zeros((b * h, rows, nl) if wide_grad else (1,), device=q.device, dtype=torch.float32)
         scalars = (h, lq, lk, d, launch.offset, launch.scale, launch.seed, launch.dropout_p, _bucket(lq, lk))
         _, bwd_dq, bwd_dkdv = _get_kernels()
         # dq's kernel also writes delta_i = dO_i·z_i, which the dk/dv kernel reads: it runs first.
@@ -676,32 +691,18 @@ class _FusedRelativeAttention(torch.autograd.Function):
             *args["strides"], *_strides(o, do, dq), *scalars, **args["meta"])
         bwd_dkdv[lambda meta: (triton.cdiv(lk, meta["BLOCK_N"]), b * h)](
             q, k, v, *args["tables"], args["keep"], do, lse, delta, dk, dv, dbias_rows, rows, *_strides(q, k, v),
-            *args["strides"], *_strides(do, dk, dv), *scalars, **args["meta"],
+            *args["strides"], *_strides(do, dk, dv), *scalars, **args["meta"], BIAS_GRAD=wide_grad,
             **({"WINDOW": _window(*_INTERPRETER_BLOCKS.values())} if INTERPRETED else {}))
-        nl = 2 * launch.kmax + 1
         d_rel_k = d_rel_v = d_rel_bias = None
         if rel_k is not None and ctx.needs_input_grad[3]:  # dw^K_l = scale · Σ_i G_il q_i
             d_rel_k = _per_table(torch.einsum("bhil,bhid->hld", g[..., :nl], q.to(g.dtype)) * launch.scale, rel_k)
         if rel_v is not None and ctx.needs_input_grad[4]:  # dw^V_l = Σ_i M_il dO_i
             d_rel_v = _per_table(torch.einsum("bhil,bhid->hld", mass[..., :nl], do.to(mass.dtype)), rel_v)
-        if rel_bias is not None and ctx.needs_input_grad[5] and wide:
-            d_rel_bias = _fold_offsets(dbias_rows.view(b, h, rows, lq + lk).sum((0, 2)), lq, launch)
+        if wide_grad:  # per key block and label, summed in a fixed order
+            d_rel_bias = dbias_rows.view(b, h, rows, nl).sum((0, 2))
         elif rel_bias is not None and ctx.needs_input_grad[5]:  # db_l = Σ_i G_il
             d_rel_bias = g[..., :nl].sum((0, 2)).to(rel_bias.dtype)
         return dq, dk, dv, d_rel_k, d_rel_v, d_rel_bias, None, None
-
-
-def _fold_offsets(per_offset: Tensor, lq: int, launch: _Launch) -> Tensor:
-    """(H, Lq + Lk) sums per offset j − i (index j − i + Lq − 1 in query-row terms) → (H, 2k+1) sums
-    per clipped label, as differences of a float64 running sum (deterministic, unlike a scatter-add)."""
-    width = per_offset.shape[-1]
-    running = torch.nn.functional.pad(per_offset.double().cumsum(-1), (1, 0))
-    labels = torch.arange(2 * launch.kmax + 1, device=per_offset.device)
-    zero = lq - 1 + launch.offset  # the index of offset 0 for absolute positions
-    index = zero + labels - launch.kmax
-    start, end = index.clamp(0, width), (index + 1).clamp(0, width)
-    start[0], end[-1] = 0, width  # the clipped ends take every offset beyond them
-    return (running[:, end] - running[:, start]).float()
 
 
 def _bucket(lq: int, lk: int) -> int:
