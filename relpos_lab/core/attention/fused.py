@@ -511,7 +511,7 @@ def _configs(window: bool) -> list:
 
 
 MIN_BLOCK_N = 16
-"""The smallest key block of any config: a wide rel_bias's gradient has one row per key block."""
+"""At most the smallest key block of any config: a wide rel_bias's gradient has a row per key block."""
 
 
 def _window(block_m: int, block_n: int) -> int:
@@ -532,7 +532,10 @@ def _get_kernels():
         if INTERPRETED:
             _kernels = (_forward, _backward_dq, _backward_dkdv)
         else:
-            _kernels = tuple(triton.autotune(configs=_configs(window=kernel is _backward_dkdv), key=_TUNE_KEY)(kernel)
+            # The wide bias's gradient rows are read-modify-written: zeroed again before each
+            # configuration the autotuner tries, or its trial runs would add up in them.
+            _kernels = tuple(triton.autotune(configs=_configs(window=kernel is _backward_dkdv), key=_TUNE_KEY,
+                                             reset_to_zero=["DBIAS"] if kernel is _backward_dkdv else None)(kernel)
                              for kernel in (_forward, _backward_dq, _backward_dkdv))
     return _kernels
 
