@@ -283,12 +283,13 @@ def test_config_errors_name_the_field(cfg, message):
 def test_rope_draws_its_score_by_offset_in_training_and_scaled_evaluation():
     layer = scheme_of(RopeConfig(rope_fraction=0.5, rope_scaling="linear", rope_scaling_factor=2.0,
                                  rope_train_length=16)).attention(D, 2, causal=True)
-    drawn = layer.draw(5)["score"]
+    drawn = layer.draw(5)
     d = torch.arange(-5, 6, dtype=torch.float64)
     theta = torch.tensor([1.0, 10000 ** -0.25, 0.0, 0.0], dtype=torch.float64)
-    assert drawn.values.shape == (2, 11) and drawn.x.tolist() == list(range(-5, 6))
-    torch.testing.assert_close(drawn.values[0], (d[:, None] * theta).cos().mean(-1).float())
-    torch.testing.assert_close(drawn.values[1], (d[:, None] * theta / 2).cos().mean(-1).float())
+    assert drawn["score"].values.shape == (1, 11) and drawn["score"].x.tolist() == list(range(-5, 6))
+    torch.testing.assert_close(drawn["score"].values[0], (d[:, None] * theta).cos().mean(-1).float())
+    torch.testing.assert_close(drawn["score_scaled"].values[0], (d[:, None] * theta / 2).cos().mean(-1).float())
+    assert set(scheme_of(RopeConfig()).attention(D, 2, causal=True).draw(5)) == {"score"}
     assert layer.training  # drawing does not leave the layer in evaluation mode
 
 

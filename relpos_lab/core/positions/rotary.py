@@ -150,20 +150,22 @@ class RotaryPositions(RelativePositions):
     def draw(self, max_offset):
         """The score a query and key of equal unit pairs get by offset, mean_t cos((j − i)·θ_t)
         (RoPE's long-term decay; p-RoPE's unrotated pairs add a constant), in training and, with
-        rope_scaling, in evaluation at 4× the training length."""
+        rope_scaling, in evaluation at 4× the training length (times YaRN's factor²)."""
         d = torch.arange(-max_offset, max_offset + 1, dtype=torch.float64)
-        lines, labels = [(d[:, None] * self.theta).cos().mean(-1)], ["training"]
+        ylabel = "score of equal unit q, k: mean_t cos((j − i)·θ_t)"
+        drawn = {"score": Drawing("curves", (d[:, None] * self.theta).cos().mean(-1)[None].float(), d.long(), ylabel,
+                                  line_label="training", title="RoPE score by offset")}
         if self.cfg.rope_scaling != "none":
             length = 4 * self.cfg.rope_train_length
             was = self.training
             self.eval()
             theta, factor = self.frequencies(length)
             self.train(was)
-            lines.append(factor ** 2 * (d[:, None] * theta).cos().mean(-1))
-            labels.append(f"evaluation at {length} ({self.cfg.rope_scaling})")
-        return {"score": Drawing("curves", torch.stack(lines).float(), d.long(),
-                                 "score of equal unit q, k: mean_t cos((j − i)·θ_t)", line_label=" / ".join(labels),
-                                 title="RoPE score by offset")}
+            score = factor ** 2 * (d[:, None] * theta).cos().mean(-1)
+            drawn["score_scaled"] = Drawing("curves", score[None].float(), d.long(), ylabel,
+                                            line_label=f"evaluation at {length}",
+                                            title=f"RoPE score by offset, {self.cfg.rope_scaling} scaling at {length}")
+        return drawn
 
 
 class Rope(PositionScheme):
@@ -222,13 +224,14 @@ class XposPositions(RotaryPositions):
 
     def draw(self, max_offset):
         """The score of equal unit pairs by offset, mean_t ζ_t^(−(j − i)/γ)·cos((j − i)·θ_t), keys
-        behind the query (causal), with RoPE's beside it; and ζ_t^(d/γ) per pair at d = max_offset."""
+        behind the query (causal; the rotation alone in bidirectional attention), and ζ_t^(d/γ) per
+        pair at d = max_offset."""
         d = torch.arange(-max_offset, 1, dtype=torch.float64)
         rope = (d[:, None] * self.theta).cos()
         decay = self.zeta[None, :] ** (-d[:, None] / self.scale_base) if self.causal else torch.ones_like(rope)
         pairs = torch.arange(len(self.zeta))
-        return {"score": Drawing("curves", torch.stack([(decay * rope).mean(-1), rope.mean(-1)]).float(), d.long(),
-                                 "score of equal unit q, k", line_label="xPos / RoPE",
+        return {"score": Drawing("curves", (decay * rope).mean(-1)[None].float(), d.long(),
+                                 "score of equal unit q, k", line_label="xPos" if self.causal else "rotation alone",
                                  title="xPos score by offset (causal)" if self.causal else
                                  "xPos in bidirectional attention: the rotation alone"),
                 "decay": Drawing("bars", (self.zeta ** (max_offset / self.scale_base)).float(), pairs,
