@@ -71,9 +71,11 @@ class SandwichPositions(RelativePositions):
         b_h(j − i) = (p_i·p_j − d'/2) / (8h/H),   p_i·p_j = Σ_{t=1..d'/2} cos((j − i) / 10000^(2t/d'))
 
     A function of |j − i| alone, ≤ 0, with a logarithmic-looking decay and small oscillations; it
-    is symmetric, so bidirectional attention uses it as it is. Unverified details: the sum's index
-    (t from 1, as NVIDIA NeMo's implementation; from 0 it would add cos(j − i)), the shift d'/2
-    and the head divisor 8h/H follow NeMo's implementation and our reading of the paper.
+    is symmetric, so bidirectional attention uses it as it is. Unverified against the paper's text
+    (we could not read it here): the sum's index (t from 1, as in NVIDIA NeMo's implementation;
+    from 0 it would add cos(j − i)), the shift d'/2, the head divisor 8h/H (both NeMo's) and the
+    default d' = 128 (NeMo uses the model width). NeMo's function sums the angles (j − i)·ω_t
+    without the cosine; we take the inner product p_i·p_j itself, the paper's definition.
     """
 
     def __init__(self, n_heads: int, dim: int):
@@ -100,7 +102,8 @@ class SandwichConfig(PositionConfig):
     scheme: str = "sandwich"
     """sandwich: the inner product of sinusoidal embeddings as a fixed bias (Chi et al., 2023)"""
     sandwich_dim: int = 128
-    """d': the width of the sinusoidal embeddings whose inner product p_i·p_j is the bias"""
+    """d': the width of the sinusoidal embeddings whose inner product p_i·p_j is the bias (even;
+    NVIDIA NeMo's implementation uses the model width)"""
 
     def validate(self) -> None:
         if self.sandwich_dim < 2 or self.sandwich_dim % 2:
