@@ -135,16 +135,17 @@ class RotaryPositions(RelativePositions):
             return self.theta, 1.0
         return scaled_frequencies(self.theta, self.head_dim, self.base, self.cfg, s)
 
-    def _angles(self, offset: int, length: int, theta: Tensor) -> Tensor:
-        pos = torch.arange(offset, offset + length, device=theta.device, dtype=torch.float64)
-        return pos[:, None] * theta[None, :]  # float64: exact for long positions and float64 models
+    def _rotate_at(self, x: Tensor, offset: int, theta: Tensor | None = None) -> Tensor:
+        """x (…, L, D) at positions offset.. rotated by θ (default: the training frequencies)."""
+        theta = self.theta if theta is None else theta
+        pos = torch.arange(offset, offset + x.shape[-2], device=theta.device, dtype=torch.float64)
+        return rotate_half(x, pos[:, None] * theta[None, :])  # float64 angles: exact at long positions
 
     def rotate(self, q, k, offset):
         # New keys sit at the same absolute positions as the new queries; cached keys were
         # rotated when they were new.
         theta, factor = self.frequencies(offset + q.shape[-2])
-        angles = self._angles(offset, q.shape[-2], theta)
-        q, k = rotate_half(q, angles), rotate_half(k, angles)
+        q, k = self._rotate_at(q, offset, theta), self._rotate_at(k, offset, theta)
         return (q, k) if factor == 1.0 else (q * factor, k * factor)
 
     def draw(self, max_offset):
