@@ -53,7 +53,7 @@ class PolarPositions(RelativePositions):
 
     def rotate(self, q, k, offset):
         pos = torch.arange(offset, offset + q.shape[-2], device=q.device, dtype=torch.float64)
-        angles = (pos[:, None] * self.theta[None, :]).to(q.dtype)  # (L, D)
+        angles = (pos[:, None] * self.theta.double()[None, :]).to(q.dtype)  # (L, D)
         key_angles = angles + self.delta()[:, None, :].to(q.dtype)  # (H, L, D)
         return polar(F.softplus(q) * math.sqrt(2), angles), polar(F.softplus(k), key_angles)
 

@@ -30,8 +30,8 @@ so a score carries ζ_t^((n−m)/γ) ≤ 1 for keys behind the query. The paper 
 attention; a key ahead (m > n) would be amplified without bound, so bidirectional attention
 (encoders, a bidirectional prefix) gets the rotation alone, plain RoPE — our choice, not the paper's.
 The blockwise-causal attention the paper evaluates with is not part of xPos here. The scales are
-exponentials of absolute positions: float32 holds them up to ~35·γ tokens (ζ^(−n/γ) < 3e38).
-"""
+exponentials of absolute positions: float32 holds them up to ~70·γ positions (ζ_0^(−n/γ) < 3e38;
+36,000 at γ = 512)."""
 from __future__ import annotations
 
 import math
@@ -137,7 +137,7 @@ class RotaryPositions(RelativePositions):
 
     def _rotate_at(self, x: Tensor, offset: int, theta: Tensor | None = None) -> Tensor:
         """x (…, L, D) at positions offset.. rotated by θ (default: the training frequencies)."""
-        theta = self.theta if theta is None else theta
+        theta = (self.theta if theta is None else theta).double()  # float64 even in a model cast to half
         pos = torch.arange(offset, offset + x.shape[-2], device=theta.device, dtype=torch.float64)
         return rotate_half(x, pos[:, None] * theta[None, :])  # float64 angles: exact at long positions
 
@@ -219,7 +219,7 @@ class XposPositions(RotaryPositions):
         if not self.causal:
             return q, k
         pos = torch.arange(offset, offset + q.shape[-2], device=q.device, dtype=torch.float64)
-        decay = self.zeta[None, :] ** (pos[:, None] / self.scale_base)  # (L, D/2)
+        decay = self.zeta.double()[None, :] ** (pos[:, None] / self.scale_base)  # (L, D/2)
         decay = decay.repeat(1, 2)
         return q * decay.to(q.dtype), k * decay.reciprocal().to(k.dtype)
 
