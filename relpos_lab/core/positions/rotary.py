@@ -87,7 +87,7 @@ class RopeConfig(PositionConfig):
 def rope_frequencies(head_dim: int, base: float, fraction: float = 1.0) -> Tensor:
     """θ_t = base^(−2t/D) for the D/2 pairs, float64; p-RoPE zeroes all but the ⌊p·D/2⌋ highest."""
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    theta[int(fraction * (head_dim // 2)):] = 0.0
+    theta[math.floor(fraction * (head_dim // 2) + 1e-9):] = 0.0  # 1e-9: 0.29 · 100 is 28.999…
     return theta
 
 
