@@ -12,7 +12,8 @@ The real form [μ·cos φ, μ·sin φ] of q̃ and k̃ has 2D dimensions: `rotate
 2D (v keeps D), and q is multiplied by √2 so that relative_attention's 1/√(2D) gives the 1/√D
 above. Unverified details: the logit scale 1/√D (the paper's code may use the doubled width), and
 θ_c, δ's clamp and zero initialisation, which follow the public PyTorch ports (lucidrains'
-PoPE-pytorch, x-transformers) rather than the authors' code. With no table or bias, attention
+PoPE-pytorch, x-transformers) rather than the authors' code. As there, a phase that training
+pushes past 0 (or −2π) stays clamped: the clamp passes it no gradient back. With no table or bias, attention
 runs on torch's SDPA (or `gather` when asked).
 """
 from __future__ import annotations
