@@ -509,7 +509,9 @@ def test_configs_lists_every_group_with_descriptions_local_ones_first(tmp_path):
 
 def test_a_scheme_takes_only_its_own_fields(tmp_path):
     cfg = load_config(write(tmp_path, "e.yaml", "task: {name: copy}\nmodel: {positions: {scheme: rope, rope_base: 500}}\n"))
-    assert dict(cfg.model.positions) == {"scheme": "rope", "max_random_len": None, "rope_base": 500.0}
+    assert dict(cfg.model.positions) == {"scheme": "rope", "max_random_len": None, "rope_base": 500.0,
+                                         "rope_fraction": 1.0, "rope_scaling": "none", "rope_scaling_factor": 0.0,
+                                         "rope_train_length": 0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0}
     cfg = load_config(write(tmp_path, "s.yaml", "task: {name: copy}\nmodel: {positions: {max_distance: 4, max_distance_left: 2}}\n"))
     assert cfg.model.positions.scheme == "shaw" and cfg.model.positions.max_distance_left == 2
 
@@ -524,7 +526,9 @@ def test_an_unknown_field_names_the_valid_fields_of_that_scheme(tmp_path):
 def test_a_field_of_another_scheme_is_one_line_naming_its_scheme(tmp_path):
     path = write(tmp_path, "e.yaml", "task: {name: copy}\nmodel: {positions: {scheme: rope, max_distance: 4}}\n")
     assert error_of(path) == (f"{path}: model.positions.max_distance=4 is a field of scheme 'shaw', not of 'rope'; "
-                              "fields of rope: max_random_len, rope_base (`relpos-lab positions`)")
+                              "fields of rope: max_random_len, rope_base, rope_fraction, rope_scaling, "
+                              "rope_scaling_factor, rope_train_length, yarn_beta_fast, yarn_beta_slow "
+                              "(`relpos-lab positions`)")
 
 
 def test_an_invalid_scheme_value_and_an_unknown_scheme_are_one_line_each(tmp_path):

@@ -95,6 +95,9 @@ CONTRIBUTIONS = {
     "t5_bias": (None, {"rel_bias", "max_distance"}, False),
     "transformer_xl": (None, {"attn_bias"}, False),
     "fire": (None, {"attn_bias"}, False),
+    "sandwich": (None, {"rel_bias", "max_distance"}, False),
+    "xpos": (None, set(), True),
+    "pope": (None, set(), True),
 }
 
 

@@ -283,8 +283,9 @@ def _without_legacy_position_fields(sources: list[Source], scheme_cls) -> list[S
     return kept
 
 
-_BUILTIN_FIELDS = {f.name: (name, f.default) for name, cls in BUILTIN.items()
+_BUILTIN_FIELDS = {f.name: (name, f.default) for name, cls in reversed(BUILTIN.items())
                    for f in dataclasses.fields(cls.config_class) if f.name != "scheme"}
+"""A field's first built-in owner (rope_base: rope, before xpos and pope) and its default."""
 
 
 def _check_sections_are_mappings(label: str, content: DictConfig, schema: DictConfig) -> None:

@@ -54,6 +54,12 @@ ADDED_KEYS: dict[str, Any] = {
     "model.bidirectional_prefix": False,
     "task.loss_on_source": False,
     "trainer.evaluate": "best",
+    "model.positions.rope_fraction": 1.0,
+    "model.positions.rope_scaling": "none",
+    "model.positions.rope_scaling_factor": 0.0,
+    "model.positions.rope_train_length": 0,
+    "model.positions.yarn_beta_fast": 32.0,
+    "model.positions.yarn_beta_slow": 1.0,
 }
 # Before position schemes were plugins, model.positions held every built-in scheme's fields at
 # once. A scheme's section is hashed as that flat form (its own fields over the old defaults), so

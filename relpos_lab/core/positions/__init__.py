@@ -12,16 +12,18 @@ from relpos_lab.core.positions.absolute import (
 )
 from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions, scheme_of
 from relpos_lab.core.positions.bias import (
-    Alibi, AlibiConfig, AlibiPositions, T5Bias, T5BiasConfig, T5BiasPositions, alibi_slopes,
+    Alibi, AlibiConfig, AlibiPositions, Sandwich, SandwichConfig, SandwichPositions, T5Bias, T5BiasConfig,
+    T5BiasPositions, alibi_slopes,
 )
 from relpos_lab.core.positions.fire import Fire, FireConfig, FirePositions
-from relpos_lab.core.positions.rotary import Rope, RopeConfig, RotaryPositions
+from relpos_lab.core.positions.polar import PolarPositions, Pope, PopeConfig
+from relpos_lab.core.positions.rotary import Rope, RopeConfig, RotaryPositions, Xpos, XposConfig, XposPositions
 from relpos_lab.core.positions.shaw import Shaw, ShawConfig, ShawPositions
 from relpos_lab.core.positions.transformer_xl import TransformerXL, TransformerXLConfig, TransformerXLPositions
 
 BUILTIN = {"none": NoPositions, "sinusoidal": Sinusoidal, "learned": Learned, "shaw": Shaw, "rope": Rope,
            "alibi": Alibi, "t5_bias": T5Bias, "transformer_xl": TransformerXL,
-           "fire": Fire}
+           "fire": Fire, "sandwich": Sandwich, "xpos": Xpos, "pope": Pope}
 """The built-in schemes by name, as pyproject.toml registers them (a test checks the two agree)."""
 
 
@@ -38,4 +40,6 @@ __all__ = [
     "RopeConfig", "RotaryPositions", "Shaw", "ShawConfig", "ShawPositions", "Sinusoidal", "SinusoidalConfig",
     "SinusoidalPositions", "T5Bias", "T5BiasConfig", "T5BiasPositions", "TransformerXL", "TransformerXLConfig",
     "TransformerXLPositions", "alibi_slopes", "builtin_config", "scheme_of",
+    "Sandwich", "SandwichConfig", "SandwichPositions", "Xpos", "XposConfig", "XposPositions", "Pope", "PopeConfig",
+    "PolarPositions",
 ]

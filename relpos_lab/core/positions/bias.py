@@ -1,8 +1,9 @@
-"""Score biases added to the attention logits: ALiBi's fixed slopes and T5's learned buckets.
+"""Score biases added to the attention logits: ALiBi's fixed slopes, Sandwich's sinusoid products
+and T5's learned buckets.
 
-Both are functions of the offset j − i alone, so they hand `relative_attention` a table per head
+All are functions of the offset j − i alone, so they hand `relative_attention` a table per head
 and offset (``rel_bias``, (H, 2k+1)) rather than a dense (H, Lq, Lk) bias: the fused kernel reads
-it by label (every offset for ALiBi, T5's buckets up to t5_max_distance), the other
+it by label (every offset for ALiBi and Sandwich, T5's buckets up to t5_max_distance), the other
 implementations expand it to the dense bias it stands for."""
 from __future__ import annotations
 
@@ -60,6 +61,62 @@ class Alibi(PositionScheme):
 
     def attention(self, head_dim, n_heads, causal):
         return AlibiPositions(n_heads)
+
+
+class SandwichPositions(RelativePositions):
+    """Sandwich (Chi et al., 2023, "Dissecting Transformer Length Extrapolation via the Lens of
+    Receptive Field Analysis"): the inner product of sinusoidal position embeddings of width d' as
+    the bias, shifted to 0 at offset 0 and divided per head, for head h = 1..H,
+
+        b_h(j − i) = (p_i·p_j − d'/2) / (8h/H),   p_i·p_j = Σ_{t=1..d'/2} cos((j − i) / 10000^(2t/d'))
+
+    A function of |j − i| alone, ≤ 0, with a logarithmic-looking decay and small oscillations; it
+    is symmetric, so bidirectional attention uses it as it is. Unverified against the paper's text
+    (we could not read it here): the sum's index (t from 1, as in NVIDIA NeMo's implementation;
+    from 0 it would add cos(j − i)), the shift d'/2, the head divisor 8h/H (both NeMo's) and the
+    default d' = 128 (NeMo uses the model width). NeMo's function sums the angles (j − i)·ω_t
+    without the cosine; we take the inner product p_i·p_j itself, the paper's definition.
+    """
+
+    def __init__(self, n_heads: int, dim: int):
+        super().__init__()
+        self.half = dim // 2
+        self.register_buffer("omega", 10000.0 ** (-2 * torch.arange(1, self.half + 1, dtype=torch.float64) / dim),
+                             persistent=False)
+        self.register_buffer("divisor", 8 * torch.arange(1, n_heads + 1, dtype=torch.float64) / n_heads,
+                             persistent=False)
+
+    def attention_kwargs(self, q, k, query_offset):
+        reach = max(query_offset + q.shape[-2] - 1, k.shape[-2] - 1 - query_offset, 0)  # no clipping
+        d = torch.arange(-reach, reach + 1, device=q.device, dtype=torch.float64)
+        inner = (d[:, None] * self.omega.to(q.device)).cos().sum(-1)  # p_i·p_j by offset
+        bias = (inner - self.half)[None, :] / self.divisor.to(q.device)[:, None]
+        return {"rel_bias": bias.to(torch.promote_types(q.dtype, torch.float32)), "max_distance": reach}
+
+    def draw(self, max_offset):
+        return {"bias": bias_drawing(self, max_offset, "Sandwich bias (p_i·p_j − d'/2) / (8h/H) per head")}
+
+
+@dataclass
+class SandwichConfig(PositionConfig):
+    scheme: str = "sandwich"
+    """sandwich: the inner product of sinusoidal embeddings as a fixed bias (Chi et al., 2023)"""
+    sandwich_dim: int = 128
+    """d': the width of the sinusoidal embeddings whose inner product p_i·p_j is the bias (even;
+    NVIDIA NeMo's implementation uses the model width)"""
+
+    def validate(self) -> None:
+        if self.sandwich_dim < 2 or self.sandwich_dim % 2:
+            raise ValueError(f"model.positions.sandwich_dim={self.sandwich_dim} must be an even number >= 2")
+
+
+class Sandwich(PositionScheme):
+    """Sandwich: p_i·p_j of sinusoidal embeddings, a parameter-free bias by distance, per head (Chi et al., 2023)."""
+
+    config_class = SandwichConfig
+
+    def attention(self, head_dim, n_heads, causal):
+        return SandwichPositions(n_heads, self.cfg.sandwich_dim)
 
 
 class T5BiasPositions(RelativePositions):

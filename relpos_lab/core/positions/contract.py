@@ -77,14 +77,17 @@ def check_scheme(scheme: PositionScheme, d_model: int, n_heads: int) -> None:
 
 
 def check_rotate(name: str, module: RelativePositions, out, q: Tensor, k: Tensor) -> None:
-    """`rotate` must return (q, k) with the shapes it was given."""
+    """`rotate` must return (q, k) with the shapes it was given, except that both may change their
+    last dimension together (PoPE's real form of D complex numbers is 2D wide)."""
     hook = f"{type(module).__qualname__}.rotate"
     if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, Tensor) for t in out)):
         raise TypeError(f"{name}: {hook} returned {_kind(out)}; expected a tuple (q, k) of tensors")
+    widths_agree = out[0].shape[-1] == out[1].shape[-1]
     for arg, got, given in (("q", out[0], q), ("k", out[1], k)):
-        if got.shape != given.shape:
+        if got.shape != given.shape and not (widths_agree and got.shape[:-1] == given.shape[:-1]):
             raise ValueError(f"{name}: {hook} returned {arg} of shape {tuple(got.shape)}; "
-                             f"expected the shape it was given, {tuple(given.shape)}")
+                             f"expected the shape it was given, {tuple(given.shape)} (q and k may only change "
+                             "their last dimension, together)")
 
 
 def check_attention_kwargs(name: str, module: RelativePositions, kwargs, q: Tensor, k: Tensor) -> None:
