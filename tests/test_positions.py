@@ -95,6 +95,8 @@ CONTRIBUTIONS = {
     "t5_bias": (None, {"rel_bias", "max_distance"}, False),
     "transformer_xl": (None, {"attn_bias"}, False),
     "fire": (None, {"attn_bias"}, False),
+    "cope": (None, set(), False),  # content_bias only (tests/test_content_positions.py)
+    "fox": (None, set(), False),
 }
 
 

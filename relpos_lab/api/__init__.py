@@ -13,10 +13,10 @@ from relpos_lab.api.task import Batch, DecodingConfig, Task, TaskConfig
 from relpos_lab.api.vocabulary import Vocabulary
 from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.loss import LossOutput, label_smoothed_loss
-from relpos_lab.core.positions import Drawing, PositionConfig, PositionScheme, RelativePositions
+from relpos_lab.core.positions import Drawing, KeyState, PositionConfig, PositionScheme, RelativePositions
 
 __all__ = [
-    "Batch", "ConfigError", "DecodingConfig", "Drawing", "EvalResult", "Evaluation", "LossOutput", "Pair", "PositionConfig",
+    "Batch", "ConfigError", "DecodingConfig", "Drawing", "EvalResult", "Evaluation", "KeyState", "LossOutput", "Pair", "PositionConfig",
     "PositionScheme", "RelativePositions", "Seq2SeqTask", "Task", "TaskConfig", "UserError", "Vocabulary", "atomic_write",
     "label_smoothed_loss", "relative_attention",
 ]
