@@ -7,14 +7,16 @@ import torch
 
 from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.positions import (
-    BUILTIN, CopeConfig, CopePositions, FoxConfig, FoxPositions, KeyState, builtin_config, contract,
+    BUILTIN, CopeConfig, CopePositions, DapeConfig, DapePositions, FoxConfig, FoxPositions, KeyState, alibi_slopes,
+    builtin_config, contract,
 )
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
 
 from tests.test_positions import assert_same_outputs_and_grads
 
-CONTENT = tuple(name for name, cls in BUILTIN.items() if cls.positions_from_content)
+CONTENT = tuple(name for name, cls in BUILTIN.items()
+                if contract.has_content_bias(cls(builtin_config(name)).attention(8, 2, True) or contract.RelativePositions()))
 
 
 def attend_with_loop(q, k, v, logit_of, visible):
@@ -189,7 +191,60 @@ def test_fox_gradients_pass_gradcheck():
     assert ContentBias(rel).gradcheck(q, q, x)
 
 
-# --- both: the model core ---------------------------------------------------------------------------
+# --- DAPE -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("base", ["kerple", "alibi"])
+@pytest.mark.parametrize("causal,lq,lk,offset", CASES)
+def test_dape_matches_the_papers_equation_in_a_loop(base, causal, lq, lk, offset):
+    """logit s_ij + B_ij + f([s_ij ; B_ij]), s_ij = q_i·k_j/√D for every head, f = Linear(2H -> W),
+    LeakyReLU(0.01), Linear(W -> H); B = −p_h·log(1 + a_h·|i − j|) (p, a clamped at 1e-2) or
+    −m_h·|i − j|. Kerple's a starts below the clamp in one head, so the clamp is exercised."""
+    torch.manual_seed(0)
+    H, D = 3, 4
+    q, k, v, mask, visible = case(causal, lq, lk, offset, heads=H, dim=D)
+    torch.manual_seed(1)
+    rel = DapePositions(DapeConfig(dape_base=base, dape_hidden=5), H).double()
+    if base == "kerple":
+        with torch.no_grad():
+            rel.a[0] = 0.001
+    first, second = rel.mlp[0], rel.mlp[2]
+
+    def base_of(h, i, j):
+        if base == "alibi":
+            return -float(alibi_slopes(H)[h]) * abs(i - j)
+        return -torch.clamp(rel.p[h], min=0.01) * torch.log(1 + torch.clamp(rel.a[h], min=0.01) * abs(i - j))
+
+    def logit_of(b, n, r, j):
+        i = offset + r
+        s = [q[b, h, r] @ k[b, h, j] / math.sqrt(D) for h in range(H)]
+        biases = [base_of(h, i, j) for h in range(H)]
+        hidden = first.weight @ torch.stack([torch.as_tensor(t, dtype=torch.float64) for t in s + biases]) + first.bias
+        hidden = torch.where(hidden > 0, hidden, 0.01 * hidden)
+        return s[n] + biases[n] + second.weight[n] @ hidden + second.bias[n]
+
+    want = attend_with_loop(q, k, v, logit_of, visible)
+    bias = rel.content_bias(q, k, None, offset, contract_visible(mask, causal, lq, lk, offset), KeyState())
+    got = relative_attention(q, k, v, attn_mask=mask, is_causal=causal, query_offset=offset, impl="gather",
+                             attn_bias=bias)
+    assert_same_outputs_and_grads(rel, (q, k, v), got, want)
+
+
+def test_dape_gradients_pass_gradcheck():
+    torch.manual_seed(0)
+    rel = DapePositions(DapeConfig(dape_hidden=4), 2).double()
+    q, k = (torch.randn(1, 2, 3, 2, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    assert ContentBias(rel).gradcheck(q, k)
+
+
+def test_dape_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="model.positions.dape_base='rope'; choose one of kerple, alibi"):
+        DapeConfig(dape_base="rope").validate()
+    with pytest.raises(ValueError, match="model.positions.dape_hidden=0 must be >= 1"):
+        DapeConfig(dape_hidden=0).validate()
+
+
+# --- all: the model core ---------------------------------------------------------------------------
 
 
 def tiny(scheme, **kw):
@@ -273,16 +328,17 @@ def test_content_schemes_contribute_through_content_bias_only(scheme):
 @pytest.fixture(scope="module")
 def readme_scheme():
     """README's `my_content_schemes.py`, read from README and imported as that module."""
+    import re
     import sys
     import types
+    from pathlib import Path
 
-    from tests.test_registry import readme_block
-
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if b.startswith("# my_content_schemes.py\n")]
     module = types.ModuleType("my_content_schemes")
     sys.modules[module.__name__] = module
     try:
-        exec(compile(readme_block("# my_content_schemes.py"), "README.md:my_content_schemes.py", "exec"),
-             module.__dict__)
+        exec(compile(code, "README.md:my_content_schemes.py", "exec"), module.__dict__)
         yield module
     finally:
         del sys.modules[module.__name__]
@@ -310,8 +366,9 @@ def test_readmes_content_scheme_is_alibi_over_the_gated_count(readme_scheme):
     rel = readme_scheme.GatedAlibi(6, 2).double()
     x = torch.randn(1, 4, 6, dtype=torch.float64)
     q = torch.zeros(1, 2, 4, 3, dtype=torch.float64)
-    bias = rel.content_bias(q, q, x, 0, None, KeyState())
-    g = torch.sigmoid(rel.gate(x))[0]  # (L, H)
+    with torch.no_grad():
+        bias = rel.content_bias(q, q, x, 0, None, KeyState())
+        g = torch.sigmoid(rel.gate(x))[0]  # (L, H)
     for h, m in enumerate((0.5, 0.25)):
         for i in range(4):
             for j in range(4):

@@ -97,6 +97,7 @@ CONTRIBUTIONS = {
     "fire": (None, {"attn_bias"}, False),
     "cope": (None, set(), False),  # content_bias only (tests/test_content_positions.py)
     "fox": (None, set(), False),
+    "dape": (None, set(), False),
 }
 
 

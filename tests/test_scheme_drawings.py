@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from relpos_lab.core.positions import (
-    AlibiConfig, CopeConfig, FireConfig, FoxConfig, RelativePositions, RopeConfig, ShawConfig, T5BiasConfig, TransformerXLConfig, scheme_of,
+    AlibiConfig, CopeConfig, DapeConfig, FireConfig, FoxConfig, RelativePositions, RopeConfig, ShawConfig, T5BiasConfig, TransformerXLConfig, scheme_of,
 )
 
 
@@ -84,7 +84,21 @@ def test_fox_draws_its_content_free_gate_and_the_decay_it_gives():
     assert drawn["gate_weight"].values.shape == (4,)
 
 
-@pytest.mark.parametrize("cfg", [CopeConfig(), FoxConfig()])
+@pytest.mark.parametrize("base", ["kerple", "alibi"])
+def test_dape_draws_its_base_bias_and_what_the_mlp_makes_of_it_at_zero_logits(base):
+    layer = _layer(DapeConfig(dape_base=base))
+    drawn = layer.draw(5)
+    d = torch.arange(-5, 6)
+    assert drawn["base"].x.tolist() == d.tolist() and drawn["bias"].values.shape == (4, 11)
+    if base == "alibi":
+        torch.testing.assert_close(drawn["base"].values, -layer.slopes[:, None] * d.abs().float()[None])
+    with torch.no_grad():
+        q, k = torch.zeros(1, 4, 1, 2), torch.zeros(1, 4, 11, 2)
+        bias = layer.content_bias(q, k, None, 5, None, None)
+    torch.testing.assert_close(drawn["bias"].values, bias[0, :, 0])
+
+
+@pytest.mark.parametrize("cfg", [CopeConfig(), FoxConfig(), DapeConfig()])
 def test_content_schemes_drawings_plot(cfg, tmp_path):
     from relpos_lab.records.inspect_plots import plot_drawings
 

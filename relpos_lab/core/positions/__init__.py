@@ -2,7 +2,7 @@
 
 A scheme contributes where it says (base.py): to the token embeddings (absolute), to q and k (a
 rotation), to the attention call (Shaw's tables, a score bias), or to the logits from the tokens
-themselves (a content bias: CoPE, FoX). The built-in schemes are
+themselves (a content bias: CoPE, FoX, DAPE). The built-in schemes are
 registered under the ``relpos_lab.positions`` entry-point group exactly as third-party ones are
 (relpos_lab.api.registry finds them; `relpos-lab positions` lists them), and the Transformer
 builds whatever a config names through `scheme_of(cfg)`.
@@ -16,6 +16,7 @@ from relpos_lab.core.positions.bias import (
     Alibi, AlibiConfig, AlibiPositions, T5Bias, T5BiasConfig, T5BiasPositions, alibi_slopes,
 )
 from relpos_lab.core.positions.cope import Cope, CopeConfig, CopePositions
+from relpos_lab.core.positions.dape import Dape, DapeConfig, DapePositions
 from relpos_lab.core.positions.fire import Fire, FireConfig, FirePositions
 from relpos_lab.core.positions.fox import Fox, FoxConfig, FoxPositions
 from relpos_lab.core.positions.rotary import Rope, RopeConfig, RotaryPositions
@@ -24,7 +25,7 @@ from relpos_lab.core.positions.transformer_xl import TransformerXL, TransformerX
 
 BUILTIN = {"none": NoPositions, "sinusoidal": Sinusoidal, "learned": Learned, "shaw": Shaw, "rope": Rope,
            "alibi": Alibi, "t5_bias": T5Bias, "transformer_xl": TransformerXL,
-           "fire": Fire, "cope": Cope, "fox": Fox}
+           "fire": Fire, "cope": Cope, "fox": Fox, "dape": Dape}
 """The built-in schemes by name, as pyproject.toml registers them (a test checks the two agree)."""
 
 
@@ -37,7 +38,7 @@ def builtin_config(scheme: str, **fields) -> PositionConfig:
 
 __all__ = [
     "BUILTIN", "Alibi", "Drawing", "AlibiConfig", "AlibiPositions", "Cope", "CopeConfig", "CopePositions",
-    "Fox", "FoxConfig", "FoxPositions", "Fire", "FireConfig", "FirePositions", "KeyState", "Learned", "LearnedConfig", "LearnedPositions",
+    "Dape", "DapeConfig", "DapePositions", "Fox", "FoxConfig", "FoxPositions", "Fire", "FireConfig", "FirePositions", "KeyState", "Learned", "LearnedConfig", "LearnedPositions",
     "NoPositions", "NoPositionsConfig", "PositionConfig", "PositionScheme", "RelativePositions", "Rope",
     "RopeConfig", "RotaryPositions", "Shaw", "ShawConfig", "ShawPositions", "Sinusoidal", "SinusoidalConfig",
     "SinusoidalPositions", "T5Bias", "T5BiasConfig", "T5BiasPositions", "TransformerXL", "TransformerXLConfig",
