@@ -296,6 +296,22 @@ def test_content_schemes_ignore_source_padding(scheme):
         torch.testing.assert_close(model(padded, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("scheme", CONTENT)
+def test_a_reordered_cache_continues_the_chosen_rows_as_if_decoded_alone(scheme):
+    """Beam search's reorder moves what a content scheme keeps per key with the keys."""
+    torch.manual_seed(0)
+    model = randomized_tables(EncoderDecoder(tiny(scheme)))
+    src, tgt = torch.randint(3, 13, (3, 7)), torch.randint(3, 13, (3, 5))
+    index = torch.tensor([1, 1, 2, 0])
+    with torch.no_grad():
+        cache = model.start_decoding(src)
+        model.decode_step(tgt[:, :4], cache)
+        cache.reorder(index)
+        got = model.decode_step(tgt[index, 4:], cache)
+        want = model(src[index], tgt[index])[:, 4:]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_the_fox_cache_keeps_the_cumulative_log_forget_gates_of_every_key():
     torch.manual_seed(0)
     model = DecoderLM(tiny("fox", n_encoder_layers=0)).eval()
