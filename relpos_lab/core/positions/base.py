@@ -4,7 +4,8 @@ where the scheme contributes.
 A scheme may add a module to the token embeddings (absolute positions), and a module to each
 self-attention layer that rotates q and k (RoPE), returns keyword arguments for
 `relative_attention` (Shaw's tables, a score bias), and/or computes a content-dependent score bias
-from the layer's q, k and input (`content_bias`: CoPE's gated counts, FoX's forget gates). Every
+from the layer's q, k and input (`content_bias`: CoPE's gated counts, FoX's forget gates, DAPE's
+MLP over the logits). Every
 per-layer module takes the absolute position of the first query row (and `attention_kwargs` and
 `content_bias` the q and k attention will see), which is what keeps cached decoding and
 multi-token prefill exact; what `content_bias` must remember about cached keys it keeps in a
@@ -112,8 +113,8 @@ class RelativePositions(nn.Module):
         combined), or None for all. state: what the module keeps per key across cached steps
         (`KeyState.append` the new positions' part; empty without a cache). Only modules that
         override it are called, on the eager path; its cost is the module's own (FoX: O(B·H·Lq·Lk);
-        CoPE: one more q·k, O(B·H·Lq·Lk·D), like attention's own), and a dense bias keeps the call
-        off the fused kernel."""
+        CoPE: one more q·k, O(B·H·Lq·Lk·D), like attention's own; DAPE: that and an MLP per pair),
+        and a dense bias keeps the call off the fused kernel."""
         raise NotImplementedError
 
     def draw(self, max_offset: int) -> dict[str, Drawing]:
