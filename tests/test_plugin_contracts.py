@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from relpos_lab.api import (
-    LossOutput, Pair, PositionConfig, PositionScheme, RelativePositions, Seq2SeqTask, TaskConfig, Vocabulary, registry,
+    KeyState, LossOutput, Pair, PositionConfig, PositionScheme, RelativePositions, Seq2SeqTask, TaskConfig, Vocabulary, registry,
 )
 from relpos_lab.api.contract import Checked, check
 from relpos_lab.api.errors import ConfigError
@@ -120,6 +120,30 @@ class BadRotate(PositionScheme):
 
 
 @dataclass
+class ContentOnlyConfig(PositionConfig):
+    """A scheme with a content_bias hook alone, returning `make(q, k, state)`."""
+
+    scheme: str = "content_only"
+
+
+class ContentOnly(RelativePositions):
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def content_bias(self, q, k, x, query_offset, visible, state):
+        return self.make(q, k, state)
+
+
+class ContentOnlyScheme(PositionScheme):
+    config_class = ContentOnlyConfig
+    make = staticmethod(lambda q, k, state: (q @ k.transpose(-1, -2)).sigmoid())
+
+    def attention(self, head_dim, n_heads, causal):
+        return ContentOnly(type(self).make)
+
+
+@dataclass
 class BadEmbeddingConfig(PositionConfig):
     scheme: str = "bad_embedding"
 
@@ -161,7 +185,7 @@ def test_a_misspelt_attention_kwargs_is_refused_naming_the_scheme_its_class_and_
         EncoderDecoder(model_config(TypoHookConfig()))
     message = one_line(err)
     assert "position scheme 'typo_hook' (test_plugin_contracts.TypoHook)" in message
-    assert "overrides neither rotate nor attention_kwargs" in message
+    assert "overrides none of rotate, attention_kwargs, content_bias" in message
     assert "attention_kwarg() (did you mean attention_kwargs()?)" in message
 
 
@@ -313,6 +337,60 @@ def test_hooks_are_checked_on_their_first_call_only(monkeypatch):
     forward(model)
     forward(model)
     assert len(calls) == 2  # one per self-attention layer (encoder, decoder), not per call
+
+
+# --- the content hook: content_bias(q, k, x, query_offset, visible, state) -----------------------
+
+
+def content_only(monkeypatch, make) -> EncoderDecoder:
+    monkeypatch.setattr(ContentOnlyScheme, "make", staticmethod(make))
+    return EncoderDecoder(model_config(ContentOnlyConfig()))
+
+
+def test_a_scheme_with_only_a_content_bias_adds_positions_and_trains_and_decodes():
+    model = EncoderDecoder(model_config(ContentOnlyConfig()))
+    forward(model).sum().backward()
+    model.eval()
+    cache = model.start_decoding(torch.randint(4, 12, (2, 5)))
+    model.decode_step(torch.randint(4, 12, (2, 2)), cache)
+
+
+def test_a_content_bias_of_the_wrong_shape_names_the_hook_and_both_shapes(monkeypatch):
+    model = content_only(monkeypatch, lambda q, k, state: torch.zeros(q.shape[-2], k.shape[-2] + 1))
+    with pytest.raises(ValueError) as err:
+        forward(model)
+    assert one_line(err) == ("position scheme 'content_only' (test_plugin_contracts.ContentOnlyScheme): "
+                             "ContentOnly.content_bias returned a bias of shape (5, 6); expected a shape "
+                             "broadcastable to (B, H, Lq, Lk) = (2, 2, 5, 5)")
+
+
+def test_a_content_bias_that_returns_a_dict_is_refused(monkeypatch):
+    model = content_only(monkeypatch, lambda q, k, state: {"attn_bias": torch.zeros(1)})
+    with pytest.raises(TypeError) as err:
+        forward(model)
+    assert "ContentOnly.content_bias returned a dict; expected a float tensor broadcastable to" in one_line(err)
+
+
+def test_a_key_state_with_an_entry_per_query_not_per_key_is_refused(monkeypatch):
+    """What the state keeps must line up with the cached keys: appending all keys again is a bug."""
+    def make(q, k, state):
+        state.append(k[..., 0])
+        state.append(k[..., 0])
+        return torch.zeros(1)
+
+    model = content_only(monkeypatch, make)
+    with pytest.raises(ValueError) as err:
+        forward(model)
+    assert ("ContentOnly.content_bias left a KeyState of shape (2, 2, 10); expected one entry per key, "
+            "(B, H, Lk, ...) with B = 2, Lk = 5") in one_line(err)
+
+
+def test_the_key_state_travels_with_the_cache_and_beam_search_reorders_it():
+    state = KeyState()
+    torch.testing.assert_close(state.append(torch.tensor([[[1.0]], [[2.0]]])), torch.tensor([[[1.0]], [[2.0]]]))
+    state.append(torch.tensor([[[3.0]], [[4.0]]]))
+    state.reorder(torch.tensor([1, 1, 0]))
+    assert state.value.tolist() == [[[2.0, 4.0]], [[2.0, 4.0]], [[1.0, 3.0]]]
 
 
 # --- deliberately broken tasks ---------------------------------------------------------------------

@@ -98,6 +98,9 @@ CONTRIBUTIONS = {
     "sandwich": (None, {"rel_bias", "max_distance"}, False),
     "xpos": (None, set(), True),
     "pope": (None, set(), True),
+    "cope": (None, set(), False),  # content_bias only (tests/test_content_positions.py)
+    "fox": (None, set(), False),
+    "dape": (None, set(), False),
 }
 
 

@@ -13,7 +13,7 @@ from relpos_lab.core.transformer import EncoderDecoder, ModelConfig, MultiHeadAt
 
 from tests.test_positions import attend_with_loop
 
-SCHEMES_WITH_POSITIONS = tuple(s for s in BUILTIN if s != "none")
+SCHEMES_WITH_POSITIONS = tuple(s for s in BUILTIN if s != "none" and not BUILTIN[s].positions_from_content)
 
 
 def config(scheme="shaw", **kw):
@@ -129,6 +129,8 @@ def test_invalid_randomization_is_a_clear_error():
         config("rope", positions={"max_random_len": 0}).validate()
     with pytest.raises(ValueError, match="scheme 'none' has none"):
         config("none", positions={"max_random_len": 64}).validate()
+    with pytest.raises(ValueError, match="'fox' counts its positions from the tokens alone"):
+        config("fox", positions={"max_random_len": 64}).validate()
     model = EncoderDecoder(config("rope", positions={"max_random_len": 8})).train()
     with pytest.raises(ValueError, match="12 tokens does not fit model.positions.max_random_len=8"):
         model(torch.randint(1, 11, (1, 12)), torch.randint(1, 11, (1, 3)))

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from relpos_lab.core.positions import (
-    AlibiConfig, FireConfig, RelativePositions, ShawConfig, T5BiasConfig, TransformerXLConfig, scheme_of,
+    AlibiConfig, CopeConfig, DapeConfig, FireConfig, FoxConfig, RelativePositions, ShawConfig, T5BiasConfig,
+    TransformerXLConfig, scheme_of,
 )
 
 
@@ -59,3 +60,47 @@ def test_bias_schemes_draw_what_their_attention_adds_for_distance_alone(cfg):
 
 def test_schemes_without_a_drawing_draw_nothing():
     assert RelativePositions().draw(4) == {}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cope_draws_its_position_embeddings_by_contextual_position(causal):
+    """Norms and cosines of e[p], p = 0..npos_max−1; a bidirectional layer also draws E⁺."""
+    layer = _layer(CopeConfig(cope_npos_max=5), causal)
+    with torch.no_grad():
+        for table in layer.parameters():
+            table.normal_()
+    drawn = layer.draw(10)
+    assert set(drawn) == ({"past_norm", "past_cosine"} | (set() if causal else {"future_norm", "future_cosine"}))
+    assert drawn["past_norm"].x.tolist() == [0, 1, 2, 3, 4]
+    torch.testing.assert_close(drawn["past_norm"].values[0], layer.past.detach().norm(dim=0))
+    assert torch.allclose(drawn["past_cosine"].values.diagonal(), torch.ones(5))
+
+
+def test_fox_draws_its_content_free_gate_and_the_decay_it_gives():
+    layer = _layer(FoxConfig(fox_bias_init=2.0))
+    drawn = layer.draw(3)
+    gate = torch.sigmoid(torch.tensor(2.0))
+    torch.testing.assert_close(drawn["gate"].values, gate.expand(4))
+    torch.testing.assert_close(drawn["bias"].values[0], torch.tensor([3, 2, 1, 0, 1, 2, 3]) * gate.log())
+    assert drawn["gate_weight"].values.shape == (4,)
+
+
+@pytest.mark.parametrize("base", ["kerple", "alibi"])
+def test_dape_draws_its_base_bias_and_what_the_mlp_makes_of_it_at_zero_logits(base):
+    layer = _layer(DapeConfig(dape_base=base))
+    drawn = layer.draw(5)
+    d = torch.arange(-5, 6)
+    assert drawn["base"].x.tolist() == d.tolist() and drawn["bias"].values.shape == (4, 11)
+    if base == "alibi":
+        torch.testing.assert_close(drawn["base"].values, -layer.slopes[:, None] * d.abs().float()[None])
+    with torch.no_grad():
+        q, k = torch.zeros(1, 4, 1, 2), torch.zeros(1, 4, 11, 2)
+        bias = layer.content_bias(q, k, None, 5, None, None)
+    torch.testing.assert_close(drawn["bias"].values, bias[0, :, 0])
+
+
+@pytest.mark.parametrize("cfg", [CopeConfig(), FoxConfig(), DapeConfig()])
+def test_content_schemes_drawings_plot(cfg, tmp_path):
+    from relpos_lab.records.inspect_plots import plot_drawings
+
+    assert plot_drawings(_layer(cfg).draw(4), tmp_path / "drawing.png", "content scheme").is_file()

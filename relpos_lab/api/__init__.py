@@ -14,12 +14,14 @@ from relpos_lab.api.vocabulary import Vocabulary
 from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.decoding import beam_search, greedy_search, sample
 from relpos_lab.core.loss import LossOutput, label_smoothed_loss
-from relpos_lab.core.positions import Drawing, PositionConfig, PositionScheme, RelativePositions, builtin_config
+from relpos_lab.core.positions import (
+    Drawing, KeyState, PositionConfig, PositionScheme, RelativePositions, builtin_config,
+)
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
 
 __all__ = [
     "Batch", "ConfigError", "DecoderLM", "DecodingConfig", "Drawing", "EncoderDecoder", "EvalResult", "Evaluation",
-    "LossOutput", "ModelConfig", "Pair", "PositionConfig", "PositionScheme", "RelativePositions", "Seq2SeqTask", "Task",
-    "TaskConfig", "UserError", "Vocabulary", "atomic_write", "beam_search", "builtin_config", "greedy_search",
-    "label_smoothed_loss", "relative_attention", "sample",
+    "KeyState", "LossOutput", "ModelConfig", "Pair", "PositionConfig", "PositionScheme", "RelativePositions",
+    "Seq2SeqTask", "Task", "TaskConfig", "UserError", "Vocabulary", "atomic_write", "beam_search", "builtin_config",
+    "greedy_search", "label_smoothed_loss", "relative_attention", "sample",
 ]

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relpos_lab.core.attention import relative_attention
-from relpos_lab.core.positions import PositionConfig, RelativePositions, ShawConfig, contract, scheme_of
+from relpos_lab.core.attention.masks import visibility_mask
+from relpos_lab.core.positions import KeyState, PositionConfig, RelativePositions, ShawConfig, contract, scheme_of
 from relpos_lab.core.positions.randomized import sample_positions, spread, spread_mask
 
 ARCHITECTURES = ("encoder_decoder", "decoder_only")
@@ -105,6 +106,10 @@ class ModelConfig:
             if scheme.contributes_nothing:
                 raise ValueError(f"model.positions.max_random_len randomizes positions, and scheme "
                                  f"'{self.positions.scheme}' has none; drop it or pick a scheme with positions")
+            if scheme.positions_from_content:
+                raise ValueError(f"model.positions.max_random_len randomizes token indices, and scheme "
+                                 f"'{self.positions.scheme}' counts its positions from the tokens alone, so it would "
+                                 "change nothing; drop it")
 
     @property
     def head_dim(self) -> int:
@@ -123,6 +128,7 @@ class MultiHeadAttention(nn.Module):
         self.positions = positions or RelativePositions()
         self.scheme = contract.label(cfg.positions)
         self.unchecked = positions is not None  # the scheme's hooks are checked on their first call
+        self.content = positions is not None and contract.has_content_bias(positions)
 
     def _heads(self, x: Tensor) -> Tensor:
         b, n, d = x.shape
@@ -156,16 +162,18 @@ class MultiHeadAttention(nn.Module):
                 cache.append(k, v)
         y = relative_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, query_offset=offset,
-            dropout_p=self.dropout if self.training else 0.0, impl=self.impl, **self._attention_kwargs(q, k, offset),
+            dropout_p=self.dropout if self.training else 0.0, impl=self.impl,
+            **self._scheme_kwargs(q, k, x, offset, attn_mask, is_causal, cache),
         )
         return self.out_proj(y.transpose(1, 2).flatten(2))
 
     def _at_positions(self, x, attn_mask, is_causal, positions: Tensor) -> Tensor:
         q, k, v = (spread(self._heads(proj(x)), positions, dim=2) for proj in (self.q_proj, self.k_proj, self.v_proj))
         q, k = self._rotate(q, k, 0)
+        mask = spread_mask(attn_mask, is_causal, positions)  # gaps: keys no query sees (content schemes skip them)
         y = relative_attention(
-            q, k, v, attn_mask=spread_mask(attn_mask, is_causal, positions),
-            dropout_p=self.dropout if self.training else 0.0, impl=self.impl, **self._attention_kwargs(q, k, 0),
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, impl=self.impl,
+            **self._scheme_kwargs(q, k, spread(x, positions, dim=1), 0, mask, False, None),
         )
         return self.out_proj(y.index_select(2, positions).transpose(1, 2).flatten(2))
 
@@ -177,11 +185,21 @@ class MultiHeadAttention(nn.Module):
             contract.check_rotate(self.scheme, self.positions, rotated, q, k)
         return rotated
 
-    def _attention_kwargs(self, q: Tensor, k: Tensor, offset: int) -> dict:
+    def _scheme_kwargs(self, q: Tensor, k: Tensor, x: Tensor, offset: int, attn_mask: Tensor | None,
+                       is_causal: bool, cache: KVCache | None) -> dict:
+        """What the scheme adds to the attention call: its attention_kwargs, and the content_bias of
+        a scheme that has one (computed from q, k and the layer input x) in attn_bias."""
         extra = self.positions.attention_kwargs(q, k, offset)
         if self.unchecked:
             contract.check_attention_kwargs(self.scheme, self.positions, extra, q, k)
-            self.unchecked = False
+        if self.content:
+            visible = visibility_mask(attn_mask, is_causal, q.shape[-2], k.shape[-2], offset, q.device)
+            state = cache.state if cache is not None else KeyState()
+            bias = self.positions.content_bias(q, k, x, offset, visible, state)
+            if self.unchecked:
+                contract.check_content_bias(self.scheme, self.positions, bias, q, k, state)
+            extra = {**extra, "attn_bias": bias if extra.get("attn_bias") is None else extra["attn_bias"] + bias}
+        self.unchecked = False
         return extra
 
 
@@ -323,10 +341,12 @@ class Decoder(nn.Module):
 
 @dataclass
 class KVCache:
-    """One attention's keys and values, (B, H, L, D), for every position seen so far."""
+    """One attention's keys and values, (B, H, L, D), for every position seen so far, and what a
+    content-dependent position scheme keeps per key (`KeyState`; FoX's cumulative forget gates)."""
 
     k: Tensor | None = None
     v: Tensor | None = None
+    state: KeyState = field(default_factory=KeyState)
 
     @property
     def length(self) -> int:
@@ -343,6 +363,7 @@ class KVCache:
         """Keep batch rows `index` (beam search picks its surviving hypotheses with this)."""
         if self.k is not None:
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+        self.state.reorder(index)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Position schemes: one class each, with a config dataclass of only its own fields.
 
 A scheme contributes where it says (base.py): to the token embeddings (absolute), to q and k (a
-rotation), or to the attention call (Shaw's tables, a score bias). The built-in schemes are
+rotation), to the attention call (Shaw's tables, a score bias), or to the logits from the tokens
+themselves (a content bias: CoPE, FoX, DAPE). The built-in schemes are
 registered under the ``relpos_lab.positions`` entry-point group exactly as third-party ones are
 (relpos_lab.api.registry finds them; `relpos-lab positions` lists them), and the Transformer
 builds whatever a config names through `scheme_of(cfg)`.
@@ -10,12 +11,15 @@ from relpos_lab.core.positions.absolute import (
     Learned, LearnedConfig, LearnedPositions, NoPositions, NoPositionsConfig, Sinusoidal, SinusoidalConfig,
     SinusoidalPositions,
 )
-from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions, scheme_of
+from relpos_lab.core.positions.base import Drawing, KeyState, PositionConfig, PositionScheme, RelativePositions, scheme_of
 from relpos_lab.core.positions.bias import (
     Alibi, AlibiConfig, AlibiPositions, Sandwich, SandwichConfig, SandwichPositions, T5Bias, T5BiasConfig,
     T5BiasPositions, alibi_slopes,
 )
+from relpos_lab.core.positions.cope import Cope, CopeConfig, CopePositions
+from relpos_lab.core.positions.dape import Dape, DapeConfig, DapePositions
 from relpos_lab.core.positions.fire import Fire, FireConfig, FirePositions
+from relpos_lab.core.positions.fox import Fox, FoxConfig, FoxPositions
 from relpos_lab.core.positions.polar import PolarPositions, Pope, PopeConfig
 from relpos_lab.core.positions.rotary import Rope, RopeConfig, RotaryPositions, Xpos, XposConfig, XposPositions
 from relpos_lab.core.positions.shaw import Shaw, ShawConfig, ShawPositions
@@ -23,7 +27,8 @@ from relpos_lab.core.positions.transformer_xl import TransformerXL, TransformerX
 
 BUILTIN = {"none": NoPositions, "sinusoidal": Sinusoidal, "learned": Learned, "shaw": Shaw, "rope": Rope,
            "alibi": Alibi, "t5_bias": T5Bias, "transformer_xl": TransformerXL,
-           "fire": Fire, "sandwich": Sandwich, "xpos": Xpos, "pope": Pope}
+           "fire": Fire, "sandwich": Sandwich, "xpos": Xpos, "pope": Pope, "cope": Cope, "fox": Fox,
+           "dape": Dape}
 """The built-in schemes by name, as pyproject.toml registers them (a test checks the two agree)."""
 
 
@@ -35,7 +40,8 @@ def builtin_config(scheme: str, **fields) -> PositionConfig:
 
 
 __all__ = [
-    "BUILTIN", "Alibi", "Drawing", "AlibiConfig", "AlibiPositions", "Fire", "FireConfig", "FirePositions", "Learned", "LearnedConfig", "LearnedPositions",
+    "BUILTIN", "Alibi", "Drawing", "AlibiConfig", "AlibiPositions", "Cope", "CopeConfig", "CopePositions",
+    "Dape", "DapeConfig", "DapePositions", "Fox", "FoxConfig", "FoxPositions", "Fire", "FireConfig", "FirePositions", "KeyState", "Learned", "LearnedConfig", "LearnedPositions",
     "NoPositions", "NoPositionsConfig", "PositionConfig", "PositionScheme", "RelativePositions", "Rope",
     "RopeConfig", "RotaryPositions", "Shaw", "ShawConfig", "ShawPositions", "Sinusoidal", "SinusoidalConfig",
     "SinusoidalPositions", "T5Bias", "T5BiasConfig", "T5BiasPositions", "TransformerXL", "TransformerXLConfig",

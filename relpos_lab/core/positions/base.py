@@ -2,9 +2,14 @@
 where the scheme contributes.
 
 A scheme may add a module to the token embeddings (absolute positions), and a module to each
-self-attention layer that rotates q and k (RoPE) and/or returns keyword arguments for
-`relative_attention` (Shaw's tables, a score bias). Every per-layer module takes the absolute
-position of the first query row (and `attention_kwargs` the q and k attention will see), which is what keeps cached decoding and multi-token prefill exact.
+self-attention layer that rotates q and k (RoPE), returns keyword arguments for
+`relative_attention` (Shaw's tables, a score bias), and/or computes a content-dependent score bias
+from the layer's q, k and input (`content_bias`: CoPE's gated counts, FoX's forget gates, DAPE's
+MLP over the logits). Every
+per-layer module takes the absolute position of the first query row (and `attention_kwargs` and
+`content_bias` the q and k attention will see), which is what keeps cached decoding and
+multi-token prefill exact; what `content_bias` must remember about cached keys it keeps in a
+`KeyState`, which the KV cache carries.
 
 A per-layer module may also draw itself (`RelativePositions.draw`): what it learned as a function
 of distance, which `relpos-lab inspect` plots beside the attention it measured.
@@ -21,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
 from torch import Tensor, nn
 
 
@@ -60,6 +66,26 @@ class PositionConfig:
         """Raise ValueError naming a bad field (as model.positions.<field>) and the fix."""
 
 
+@dataclass
+class KeyState:
+    """What a content-dependent scheme remembers per key, (B, H, Lk, ...) beside the KV cache's
+    keys, so that a cached step computes what the full pass computes (FoX: the cumulative log
+    forget gate of every key). Without a cache the core hands `content_bias` an empty one, so the
+    module's code is the same either way; beam search reorders it with the keys."""
+
+    value: Tensor | None = None
+
+    def append(self, new: Tensor) -> Tensor:
+        """Add the new positions' state (B, H, Lq, ...); returns the state of every key."""
+        self.value = new if self.value is None else torch.cat((self.value, new), dim=2)
+        return self.value
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index`, as the keys do."""
+        if self.value is not None:
+            self.value = self.value.index_select(0, index)
+
+
 class RelativePositions(nn.Module):
     """A scheme's part in one self-attention layer; this base leaves attention as it is."""
 
@@ -75,6 +101,22 @@ class RelativePositions(nn.Module):
         Most schemes need only their shapes; a bias may depend on them (Transformer-XL)."""
         return {}
 
+    def content_bias(self, q: Tensor, k: Tensor, x: Tensor, query_offset: int, visible: Tensor | None,
+                     state: KeyState) -> Tensor:
+        """A score bias that depends on the tokens, (B, H, Lq, Lk) (or broadcastable to it), added
+        to the scaled logits q·k/√D (as `attn_bias`).
+
+        q (B, H, Lq, D), k (B, H, Lk, D): what attention will see (k with the cached keys; query
+        row r at absolute position query_offset + r). x (B, Lq, d_model): the layer's input at the
+        new positions, for the module's own projections (FoX's forget gate). visible: bool,
+        broadcastable to (B, H, Lq, Lk), True where query r may see key j (masks and causality
+        combined), or None for all. state: what the module keeps per key across cached steps
+        (`KeyState.append` the new positions' part; empty without a cache). Only modules that
+        override it are called, on the eager path; its cost is the module's own (FoX: O(B·H·Lq·Lk);
+        CoPE: one more q·k, O(B·H·Lq·Lk·D), like attention's own; DAPE: that and an MLP per pair),
+        and a dense bias keeps the call off the fused kernel."""
+        raise NotImplementedError
+
     def draw(self, max_offset: int) -> dict[str, Drawing]:
         """Optional: what this layer's module learned, by name, over offsets -max_offset..max_offset
         (e.g. {"bias": Drawing("curves", bias per head, offsets, "score bias")}); {} draws nothing."""
@@ -86,6 +128,10 @@ class PositionScheme:
 
     config_class: ClassVar[type[PositionConfig]] = PositionConfig
     supports_cache: ClassVar[bool] = True  # cached decoding and multi-token prefill equal a full pass
+    positions_from_content: ClassVar[bool] = False
+    """True declares a scheme whose positions are counted from the tokens alone (CoPE, FoX): token
+    indices never reach it, so randomized positions (max_random_len) would change nothing and are
+    refused."""
     contributes_nothing: ClassVar[bool] = False
     """True declares a scheme that adds no positions on purpose (NoPE). Any other scheme whose
     embedding() and attention() give nothing (a misnamed hook) is refused when a model is built

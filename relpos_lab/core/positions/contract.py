@@ -5,11 +5,11 @@ A scheme whose hooks are misnamed would otherwise train with no positions at all
 a traceback naming neither the plugin nor the argument. So:
 
 - `check_scheme`, when the model config is validated (every model build): the scheme must
-  contribute something — an embedding module, or an attention module that overrides `rotate` or
-  `attention_kwargs` — unless it declares `contributes_nothing` (as `none` does);
-- `check_rotate`, `check_attention_kwargs`, `check_embedding`, on a module's first call (the core
-  then stops asking, so training pays nothing): what the hook returned, against what
-  `relative_attention` accepts.
+  contribute something — an embedding module, or an attention module that overrides `rotate`,
+  `attention_kwargs` or `content_bias` — unless it declares `contributes_nothing` (as `none` does);
+- `check_rotate`, `check_attention_kwargs`, `check_content_bias`, `check_embedding`, on a module's
+  first call (the core then stops asking, so training pays nothing): what the hook returned,
+  against what `relative_attention` accepts.
 
 Every error is one line naming the scheme, its class, the hook and, for a bad value, the argument,
 the expected and the actual shape.
@@ -23,13 +23,13 @@ import torch
 from torch import Tensor, nn
 
 from relpos_lab.core.attention import relative_attention
-from relpos_lab.core.positions.base import PositionConfig, PositionScheme, RelativePositions
+from relpos_lab.core.positions.base import KeyState, PositionConfig, PositionScheme, RelativePositions
 
 CORE_KEYS = ("attn_mask", "is_causal", "query_offset", "dropout_p", "impl")
 """relative_attention's keywords that the core itself passes; a scheme may return any other."""
 
 
-ATTENTION_HOOKS = ("rotate", "attention_kwargs")
+ATTENTION_HOOKS = ("rotate", "attention_kwargs", "content_bias")
 SCHEME_HOOKS = ("embedding", "attention")
 
 
@@ -66,8 +66,8 @@ def check_scheme(scheme: PositionScheme, d_model: int, n_heads: int) -> None:
             raise ValueError(f"{name}: attention() returned {type(module).__qualname__}; it must return a "
                              "relpos_lab.api.RelativePositions (or None)")
         if not _overrides(type(module), RelativePositions, ATTENTION_HOOKS):
-            raise ValueError(f"{name}: attention() returned {type(module).__qualname__}, which overrides neither "
-                             f"{' nor '.join(ATTENTION_HOOKS)}, so it adds no positions"
+            raise ValueError(f"{name}: attention() returned {type(module).__qualname__}, which overrides none of "
+                             f"{', '.join(ATTENTION_HOOKS)}, so it adds no positions"
                              f"{_near_misses(type(module), RelativePositions, ATTENTION_HOOKS)}")
     if embedding is None and all(module is None for module in modules):
         raise ValueError(f"{name} adds no positions: embedding() and attention() return None"
@@ -128,6 +128,29 @@ def check_attention_kwargs(name: str, module: RelativePositions, kwargs, q: Tens
             wanted = " or ".join(str(s) for s in expected[key])
             raise ValueError(f"{name}: {hook} returned {key} of shape {shape}; expected {wanted} "
                              f"for max_distance={max_distance} (head dim {d}, {h} heads)")
+
+
+def has_content_bias(module: RelativePositions) -> bool:
+    """Whether the core must call the module's `content_bias` (only modules that override it)."""
+    return _overrides(type(module), RelativePositions, ("content_bias",))
+
+
+def check_content_bias(name: str, module: RelativePositions, bias, q: Tensor, k: Tensor, state: KeyState) -> None:
+    """`content_bias` returns a float tensor broadcastable to (B, H, Lq, Lk); what it keeps in the
+    KeyState is one entry per key, (B, H, Lk, ...)."""
+    hook, (b, h, lq, _), lk = f"{type(module).__qualname__}.content_bias", q.shape, k.shape[-2]
+    if not isinstance(bias, Tensor):
+        raise TypeError(f"{name}: {hook} returned {_kind(bias)}; expected a float tensor broadcastable to "
+                        f"(B, H, Lq, Lk) = {(b, h, lq, lk)}")
+    if not _broadcasts(tuple(bias.shape), (b, h, lq, lk)):
+        raise ValueError(f"{name}: {hook} returned a bias of shape {tuple(bias.shape)}; expected a shape "
+                         f"broadcastable to (B, H, Lq, Lk) = {(b, h, lq, lk)}")
+    if not bias.is_floating_point():
+        raise TypeError(f"{name}: {hook} returned a bias of dtype {bias.dtype}; expected a float tensor")
+    kept = state.value
+    if kept is not None and (kept.dim() < 3 or kept.shape[0] != b or kept.shape[2] != lk):
+        raise ValueError(f"{name}: {hook} left a KeyState of shape {tuple(kept.shape)}; expected one entry per "
+                         f"key, (B, H, Lk, ...) with B = {b}, Lk = {lk}: append the new positions' part only")
 
 
 def check_embedding(name: str, module: nn.Module, out, x: Tensor) -> None:
