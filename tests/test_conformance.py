@@ -82,14 +82,17 @@ def test_a_task_breaking_the_contract_is_named_with_the_verb():
     assert len(failures) == 2 and all("BareLossReverse" in f and "loss" in f and "LossOutput" in f for f in failures)
 
 
-def test_the_cli_prints_one_line_per_check_and_fails_with_the_kit():
-    ok = subprocess.run([sys.executable, "-m", "relpos_lab", "check-scheme", "shaw", "max_distance=3"],
-                        capture_output=True, text=True)
-    assert ok.returncode == 0, ok.stderr
-    assert "ok    decoder_only: cached decoding" in ok.stdout and "10 passed, 0 failed" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "relpos_lab", "check-scheme", "shaw", "max_distance=-2"],
+def test_the_cli_prints_one_line_per_check_and_fails_with_the_kit(capsys):
+    from relpos_lab import cli
+
+    assert cli.main(["check-scheme", "shaw", "max_distance=3"]) == 0
+    out = capsys.readouterr().out
+    assert "ok    decoder_only: cached decoding" in out and "10 passed, 0 failed" in out
+    assert cli.main(["check-scheme", "shaw", "max_distance=-2"]) == 1
+    assert "FAIL  config" in capsys.readouterr().out
+    bad = subprocess.run([sys.executable, "-m", "relpos_lab", "check-task", "reverse", "train_size"],
                          capture_output=True, text=True)
-    assert bad.returncode == 1 and "FAIL  config" in bad.stdout
+    assert bad.returncode == 2 and "'train_size' is not FIELD=VALUE" in bad.stderr
 
 
 def readme_module(name: str):

@@ -258,6 +258,7 @@ def test_published_numbers_are_shown_only_beside_their_own_split(tmp_path):
     assert "paper bleu" not in text and "compare with split `test`, not `valid`: not shown" in text
 
 
+@pytest.mark.slow  # ~40 s: two sweeps trained; the default run keeps the link checks below
 def test_reuse_links_a_point_that_another_sweep_already_trained(tmp_path):
     write_sweep(tmp_path, "")
     (tmp_path / "first.yaml").write_text("experiment: tiny.yaml\nname: first\ngrid: {seed: [1]}\n")
