@@ -12,7 +12,8 @@ training lengths are never seen in training, as in the paper.
 A length is a number of digits: a training example's operands take lengths uniform in
 `train_lengths`, independently, and is bucketed by the longer one; a valid/test example at length
 n adds two n-digit numbers. Numbers of 2 or more digits have no leading zero. The metric is exact
-match per length (results.json `by_length`), as in the paper.
+match per length (results.json `by_length`), as in the paper. How the paper draws the operand
+lengths and its hint alphabet could not be confirmed from its text here: those two are our choice.
 """
 from __future__ import annotations
 
