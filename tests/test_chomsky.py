@@ -17,6 +17,7 @@ import torch
 
 from relpos_lab.api import Vocabulary
 from relpos_lab.api.registry import get_task_class
+from relpos_lab.config import load_config
 
 MOD = 5
 
@@ -283,3 +284,19 @@ def test_the_paper_accuracy_scores_the_termination_token_only_where_the_paper_ha
         metric.update(torch.tensor([[4, 4, v.eos_id, 5]]), target)
         assert float(metric.compute()) == pytest.approx(2 / 3 if scores_eos else 1 / 2)
 
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_the_papers_experiment_keeps_its_protocol_for_every_task(name):
+    """One config class for the suite: switching task.name keeps the experiment's lengths and sizes."""
+    cfg = load_config("deletang2023_chomsky", [f"task.name={name}"])
+    assert (list(cfg.task.train_lengths), list(cfg.task.test_lengths), cfg.task.train_size) == ([1, 40], [41, 500], 500000)
+
+
+def test_task_specific_fields_change_the_alphabets():
+    assert task("bucket_sort").src_vocab.symbols[4:] == list("01234")
+    assert task("reverse_string", vocab_size=3).src_vocab.symbols[4:] == list("012")
+    assert task("modular_arithmetic", modulus=7).tgt_vocab.symbols[4:] == list("0123456")
+    src, _ = task("modular_arithmetic_brackets", multiplication=False).sample(200, random.Random(0))
+    assert 7 not in src  # index of "*" among 0-4, +, -, *, (, )
+    assert task("duplicate_string").cfg.decoding.max_len_a == 2.0

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar
 
@@ -31,13 +31,33 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric, MetricCollection
 
-from relpos_lab.api import Pair, Vocabulary
+from relpos_lab.api import DecodingConfig, Pair, Vocabulary
 from relpos_lab_tasks.synthetic import LengthsConfig, LengthsTask, split_seed
 
 
 @dataclass
 class ChomskyConfig(LengthsConfig):
-    """The splits of a task of Delétang et al. (2023); the paper's protocol is train 1-40, test 41-500."""
+    """One config for every task of the suite, so that an experiment keeps its lengths and sizes
+    when `task.name` switches between them (a sweep over the tasks relies on it); a field that
+    only some tasks read says which."""
+
+    modulus: int = 5
+    """modular_arithmetic, modular_arithmetic_brackets, solve_equation: the numbers are
+    0 .. modulus-1 and the answer is taken modulo it (the paper: 5)"""
+    multiplication: bool = True
+    """modular_arithmetic_brackets: use * besides + and - (the paper's runs do: its task table sets mult=True)"""
+    vocab_size: int = 0
+    """reverse_string, duplicate_string, odds_first_string, bucket_sort: the strings' symbols
+    "0" .. vocab_size-1; 0: the paper's (2; bucket_sort 5)"""
+    decoding: DecodingConfig = field(default_factory=lambda: DecodingConfig(max_len_a=2.0))
+    """The longest outputs (duplicate_string) are twice the input: the output budget is 2·|source| + 10."""
+
+    def validate(self) -> None:
+        super().validate()
+        if not 2 <= self.modulus <= 10:
+            raise ValueError(f"task.modulus={self.modulus} must be in 2..10 (one digit per number)")
+        if self.vocab_size not in (0, *range(2, 11)):
+            raise ValueError(f"task.vocab_size={self.vocab_size} must be 0 (the paper's) or 2..10")
 
 
 class ChomskyTask(LengthsTask):

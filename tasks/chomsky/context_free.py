@@ -3,10 +3,8 @@ string, modular arithmetic with brackets, solve equation. A pushdown automaton s
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
-from relpos_lab_tasks.chomsky.base import ChomskyConfig, ChomskyTask, bits
-from relpos_lab_tasks.chomsky.regular import ModularConfig
+from relpos_lab_tasks.chomsky.base import ChomskyTask, bits
 
 
 class StackManipulationTask(ChomskyTask):
@@ -38,25 +36,17 @@ class StackManipulationTask(ChomskyTask):
         return stack + actions, final[::-1]
 
 
-@dataclass
-class StringConfig(ChomskyConfig):
-    vocab_size: int = 2
-    """symbols "0" .. vocab_size-1 the strings are made of (the paper: binary)"""
-
-    def validate(self) -> None:
-        super().validate()
-        if self.vocab_size < 2:
-            raise ValueError(f"task.vocab_size={self.vocab_size} must be >= 2")
-
-
 class StringTask(ChomskyTask):
     """A uniform random string over `vocab_size` symbols, mapped to its output by `transform`."""
 
-    config_class = StringConfig
-    cfg: StringConfig
+    paper_vocab_size = 2
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size or self.paper_vocab_size
 
     def inputs(self) -> list[str]:
-        return [str(i) for i in range(self.cfg.vocab_size)]
+        return [str(i) for i in range(self.vocab_size)]
 
     outputs = inputs
 
@@ -64,7 +54,7 @@ class StringTask(ChomskyTask):
         raise NotImplementedError
 
     def sample(self, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
-        s = rng.choices(range(self.cfg.vocab_size), k=length)
+        s = rng.choices(range(self.vocab_size), k=length)
         return s, self.transform(s)
 
 
@@ -73,12 +63,6 @@ class ReverseStringTask(StringTask):
 
     def transform(self, s: list[int]) -> list[int]:
         return s[::-1]
-
-
-@dataclass
-class BracketsConfig(ModularConfig):
-    multiplication: bool = True
-    """use * besides + and - (the paper's runs do: its task table sets mult=True)"""
 
 
 def bracketed_expression(length: int, modulus: int, ops: str, rng: random.Random) -> tuple[list[str], int]:
@@ -105,9 +89,6 @@ class ModularArithmeticBracketsTask(ChomskyTask):
     numbers 0..4, +, -, *, brackets, and unary minus on a number. Output: its value modulo 5.
     """
 
-    config_class = BracketsConfig
-    cfg: BracketsConfig
-
     @property
     def ops(self) -> str:
         return "+-*" if self.cfg.multiplication else "+-"
@@ -133,9 +114,6 @@ class SolveEquationTask(ChomskyTask):
     not uniform over the numbers). Output: the replaced number. Lengths 1 and 2, as in the
     paper: n zeros, answer 0.
     """
-
-    config_class = ModularConfig
-    cfg: ModularConfig
 
     def inputs(self) -> list[str]:
         return [str(i) for i in range(self.cfg.modulus)] + ["+", "-", "(", ")", "x", "="]

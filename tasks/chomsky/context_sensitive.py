@@ -5,23 +5,13 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
 
-from relpos_lab.api import DecodingConfig
 from relpos_lab_tasks.chomsky.base import ChomskyTask, bits
-from relpos_lab_tasks.chomsky.context_free import StringConfig, StringTask
-
-
-@dataclass
-class DuplicateStringConfig(StringConfig):
-    decoding: DecodingConfig = field(default_factory=lambda: DecodingConfig(max_len_a=2.0))
-    """Targets are twice as long as sources: the output budget is 2·|source| + 10."""
+from relpos_lab_tasks.chomsky.context_free import StringTask
 
 
 class DuplicateStringTask(StringTask):
     """CS: write a binary string twice (Delétang et al.'s duplicate string; `duplicate` is ours, any alphabet)."""
-
-    config_class = DuplicateStringConfig
 
     def transform(self, s: list[int]) -> list[int]:
         return s + s
@@ -39,16 +29,10 @@ class OddsFirstStringTask(StringTask):
         return s[0::2] + s[1::2]
 
 
-@dataclass
-class BucketSortConfig(StringConfig):
-    vocab_size: int = 5
-    """symbols "0" .. vocab_size-1 the strings are made of (the paper: 5)"""
-
-
 class BucketSortTask(StringTask):
     """CS: sort a string over 5 symbols (Delétang et al.'s bucket sort; `sort` is ours, any alphabet)."""
 
-    config_class = BucketSortConfig
+    paper_vocab_size = 5
 
     def transform(self, s: list[int]) -> list[int]:
         return sorted(s)

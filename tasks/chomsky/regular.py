@@ -4,9 +4,8 @@ automaton reading the input once."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
-from relpos_lab_tasks.chomsky.base import ChomskyConfig, ChomskyTask, bits
+from relpos_lab_tasks.chomsky.base import ChomskyTask, bits
 
 
 class EvenPairsTask(ChomskyTask):
@@ -54,17 +53,6 @@ class CycleNavigationTask(ChomskyTask):
         return moves, [sum(m - 1 for m in moves) % 5]
 
 
-@dataclass
-class ModularConfig(ChomskyConfig):
-    modulus: int = 5
-    """the numbers are 0 .. modulus-1 and the answer is taken modulo it (the paper: 5)"""
-
-    def validate(self) -> None:
-        super().validate()
-        if not 2 <= self.modulus <= 10:
-            raise ValueError(f"task.modulus={self.modulus} must be in 2..10 (one digit per number)")
-
-
 class ModularArithmeticTask(ChomskyTask):
     """Regular: reduce an expression of numbers and +, -, * without brackets, modulo 5 (Delétang et al.).
 
@@ -74,8 +62,6 @@ class ModularArithmeticTask(ChomskyTask):
     Output: the value with the usual precedence (* before + and -, left to right), modulo 5.
     """
 
-    config_class = ModularConfig
-    cfg: ModularConfig
     operators = ("+", "*", "-")
 
     def inputs(self) -> list[str]:
