@@ -300,3 +300,9 @@ def test_task_specific_fields_change_the_alphabets():
     src, _ = task("modular_arithmetic_brackets", multiplication=False).sample(200, random.Random(0))
     assert 7 not in src  # index of "*" among 0-4, +, -, *, (, )
     assert task("duplicate_string").cfg.decoding.max_len_a == 2.0
+
+
+def test_every_task_is_registered_with_a_one_line_description():
+    for name in TASKS:
+        cls = get_task_class(name)
+        assert cls.__module__.startswith("relpos_lab_tasks.chomsky.") and "Delétang et al." in cls.describe()
