@@ -26,9 +26,9 @@ from relpos_lab.api import DecodingConfig, Pair, Seq2SeqTask, TaskConfig, Vocabu
 
 
 @dataclass
-class SyntheticConfig(TaskConfig):
-    alphabet_size: int = 10
-    """symbols "0", "1", ..., excluding the specials"""
+class LengthsConfig(TaskConfig):
+    """What every length probe sets: the length ranges of its splits, their sizes, the data seed."""
+
     train_lengths: list[int] = field(default_factory=lambda: [1, 16])
     """inclusive [min, max] of training strings"""
     valid_lengths: list[int] = field(default_factory=lambda: [1, 16])
@@ -46,8 +46,6 @@ class SyntheticConfig(TaskConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.alphabet_size < 2:
-            raise ValueError(f"task.alphabet_size={self.alphabet_size} must be >= 2")
         for name in ("train_lengths", "valid_lengths", "test_lengths"):
             value = list(getattr(self, name))
             if len(value) != 2 or not 1 <= value[0] <= value[1]:
@@ -57,33 +55,27 @@ class SyntheticConfig(TaskConfig):
                 raise ValueError(f"task.{name}={getattr(self, name)} must be >= 1")
 
 
-class SyntheticTask(Seq2SeqTask):
-    """A string task whose target is a fixed function (`transform`) of its source."""
+@dataclass
+class SyntheticConfig(LengthsConfig):
+    alphabet_size: int = 10
+    """symbols "0", "1", ..., excluding the specials"""
 
-    config_class = SyntheticConfig
-    cfg: SyntheticConfig
+    def validate(self) -> None:
+        if self.alphabet_size < 2:
+            raise ValueError(f"task.alphabet_size={self.alphabet_size} must be >= 2")
+        super().validate()
 
-    def transform(self, src: Tensor) -> Tensor:
-        raise NotImplementedError
 
-    def build_vocab(self) -> Vocabulary:
-        return Vocabulary(str(i) for i in range(self.cfg.alphabet_size))
+class LengthsTask(Seq2SeqTask):
+    """A task whose splits are lengths: one bucket per length in results.json's `by_length`."""
+
+    config_class = LengthsConfig
+    cfg: LengthsConfig
 
     def lengths(self, split: str) -> tuple[int, int]:
         self.check_split(split)
         lo, hi = getattr(self.cfg, f"{split}_lengths")
         return int(lo), int(hi)
-
-    def dataset(self, split: str) -> list[Pair]:
-        lo, hi = self.lengths(split)
-        gen = torch.Generator().manual_seed(_split_seed(self.data_seed, split))
-        if split == "train":
-            lengths = torch.randint(lo, hi + 1, (self.cfg.train_size,), generator=gen)
-        else:
-            lengths = torch.tensor(self.length_buckets(split)).repeat_interleave(self.cfg.eval_size_per_length)
-        first = len(Vocabulary.SPECIALS)
-        tokens = torch.randint(first, first + self.cfg.alphabet_size, (len(lengths), hi), generator=gen)
-        return [Pair(row[:n].clone(), self.transform(row[:n])) for row, n in zip(tokens, lengths.tolist())]
 
     @property
     def data_seed(self) -> int:
@@ -96,6 +88,30 @@ class SyntheticTask(Seq2SeqTask):
 
     def train_length_range(self) -> tuple[int, int]:
         return self.lengths("train")
+
+
+class SyntheticTask(LengthsTask):
+    """A string task whose target is a fixed function (`transform`) of its source."""
+
+    config_class = SyntheticConfig
+    cfg: SyntheticConfig
+
+    def transform(self, src: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def build_vocab(self) -> Vocabulary:
+        return Vocabulary(str(i) for i in range(self.cfg.alphabet_size))
+
+    def dataset(self, split: str) -> list[Pair]:
+        lo, hi = self.lengths(split)
+        gen = torch.Generator().manual_seed(split_seed(self.data_seed, split))
+        if split == "train":
+            lengths = torch.randint(lo, hi + 1, (self.cfg.train_size,), generator=gen)
+        else:
+            lengths = torch.tensor(self.length_buckets(split)).repeat_interleave(self.cfg.eval_size_per_length)
+        first = len(Vocabulary.SPECIALS)
+        tokens = torch.randint(first, first + self.cfg.alphabet_size, (len(lengths), hi), generator=gen)
+        return [Pair(row[:n].clone(), self.transform(row[:n])) for row, n in zip(tokens, lengths.tolist())]
 
 
 class CopyTask(SyntheticTask):
@@ -141,6 +157,6 @@ class OddsFirstTask(SyntheticTask):
         return torch.cat((src[0::2], src[1::2]))
 
 
-def _split_seed(seed: int, split: str) -> int:
+def split_seed(seed: int, split: str) -> int:
     """A generator seed per (seed, split): splits differ, and nothing depends on global RNG state."""
     return int.from_bytes(hashlib.sha256(f"{seed}/{split}".encode()).digest()[:8], "little")

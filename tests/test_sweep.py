@@ -343,3 +343,26 @@ def test_report_draws_each_groups_mean_attention_by_offset(tmp_path):
     text = write_report(root, tmp_path / "out", metrics=("exact_match",)).read_text()
     assert "## Attention by relative offset" in text and "![encoder_self](attention_encoder_self.png)" in text
     assert (tmp_path / "out" / "attention_encoder_self.png").stat().st_size > 5000
+
+
+def test_a_two_axis_sweep_gets_a_leaderboard_of_tasks_by_schemes(tmp_path):
+    root = tmp_path / "runs" / "suite"
+    points = []
+    for task, scores in (("parity", {"rope": (0.5, 0.7), "shaw": (0.9, 0.9)}), ("reverse", {"rope": (0.6, 0.6)})):
+        for scheme, values in scores.items():
+            for seed, value in enumerate(values, start=1):
+                run = _fake_run(root, f"{task}-{scheme}-{seed}", value, {1: value}, seed)
+                points.append(({"seed": str(seed), "task": task, "scheme": scheme}, run))
+    (root / "sweep.json").write_text(json.dumps({
+        "name": "suite", "sweep_file": "x.yaml", "points": [{"index": i, "labels": l, "overrides": [], "run_dir": d}
+                                                            for i, (l, d) in enumerate(points)]}))
+    text = write_report(root, tmp_path / "out", metrics=("exact_match",)).read_text()
+    board = text.split("## Leaderboard: exact_match")[1].split("##")[0]
+    assert "| task | rope | shaw |" in board
+    assert "| parity | 0.600 ± 0.141 | **0.900 ± 0.000** |" in board
+    assert "| reverse | **0.600 ± 0.000** |  |" in board
+    one_axis = _fake_run(tmp_path / "runs" / "one", "a1", 0.5, {1: 0.5}, 1)
+    (tmp_path / "runs" / "one" / "sweep.json").write_text(json.dumps({
+        "name": "one", "sweep_file": "x.yaml", "points": [{"index": 0, "labels": {"scheme": "a", "seed": "1"},
+                                                          "overrides": [], "run_dir": one_axis}]}))
+    assert "Leaderboard" not in write_report(tmp_path / "runs" / "one", tmp_path / "out1").read_text()

@@ -156,6 +156,35 @@ def signature_lines(groups: list[Group], split: str) -> list[str]:
     return lines
 
 
+def leaderboard_lines(groups: list[Group], rows: list[dict], metric: str) -> list[str]:
+    """A grid of two axes (a suite's tasks × schemes) as one table of `metric`, rows by the first
+    axis, columns by the second, mean ± std over the averaged-over axes, each row's best (the
+    lowest loss or perplexity) in bold; nothing for another number of axes."""
+    axes = list(groups[0].labels)
+    if len(axes) != 2:
+        return []
+    cells = {tuple(g.labels.values()): row[metric] for g, row in zip(groups, rows) if metric in row}
+    if not cells:
+        return []
+    row_labels = list(dict.fromkeys(g.labels[axes[0]] for g in groups))
+    columns = list(dict.fromkeys(g.labels[axes[1]] for g in groups))
+    n = {tuple(g.labels.values()): len(g.results) for g in groups}
+    lines = ["", f"## Leaderboard: {metric}", "", f"Rows: {axes[0]}; columns: {axes[1]}; the best of each row in bold.", "",
+             f"| {axes[0]} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for label in row_labels:
+        best = (min if metric.split("_")[0] in ("loss", "ppl") else max)(
+            (cells[label, c][0] for c in columns if (label, c) in cells), default=None)
+        shown = []
+        for c in columns:
+            if (label, c) not in cells:
+                shown.append("")
+                continue
+            text = _cell(*cells[label, c], n[label, c], 3)
+            shown.append(f"**{text}**" if cells[label, c][0] == best else text)
+        lines.append(f"| {label} | " + " | ".join(shown) + " |")
+    return lines
+
+
 def attention_curves(groups: list[Group]) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
     """{attention kind: {group: (offsets, mass)}}: each run's inspect.json curve on its inspected
     split, averaged over layers and heads, then over the group's runs (runs without one skipped)."""
@@ -277,6 +306,8 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
         lines.append(f"| {row['group']} | {row['n']} | " + " | ".join(cells) + " |")
     if drawn:
         lines += ["", "![every run](groups.png)"]
+    for m in metrics:
+        lines += leaderboard_lines(groups, rows, f"{m}_ood" if f"{m}_ood" in names else m)
     lines += ["", "## Runs", "", "| group | seed | " + " | ".join(shown) + " | run |", "|---|---|" + "---|" * (len(shown) + 1)]
     for g in groups:
         for r, run_dir in zip(g.results, g.run_dirs):
