@@ -76,6 +76,9 @@ OVERRIDES = arg("overrides", nargs="*", metavar="key=value|GROUP=NAME|OVERLAY",
                      "(model=shaw_small trainer=gpu cluster=mysite task=translation_gettext); a bare word is an "
                      "overlay of configs/overlay/, e.g. debug: a tiny model for a few steps. Names are looked up "
                      "in ./configs first, then among the shipped configs (relpos-lab configs lists them)")
+VERBOSE = arg("-v", "--verbose", action="store_true",
+              help="also show Lightning's and W&B's own messages (accelerators found, tips, the W&B banner, the "
+                   "model summary table); by default the console holds the run's own lines")
 EXPERIMENT = "experiment YAML file, or the name of one (./configs/experiment/, then shipped; relpos-lab configs)"
 
 
@@ -85,10 +88,14 @@ EXPERIMENT = "experiment YAML file, or the name of one (./configs/experiment/, t
 @command("train", "train a model from an experiment config; run again, it reports a finished run and resumes "
          "an interrupted one from its newest checkpoint", arg("config", help=EXPERIMENT), OVERRIDES,
          arg("--force", action="store_true", help="start the run over: its directory, if it holds an earlier "
-             "attempt (finished or not), is moved aside to <run dir>.old-<time>, never deleted"))
+             "attempt (finished or not), is moved aside to <run dir>.old-<time>, never deleted"),
+         VERBOSE)
 def train(args: argparse.Namespace) -> None:
     from relpos_lab.training import experiment
     from relpos_lab.config import load_config
+    from relpos_lab.training.progress import quiet
+
+    quiet(args.verbose)
 
     cfg = load_config(args.config, args.overrides)
     _check_own_run_directory(Path(args.config), cfg)
@@ -122,9 +129,12 @@ def _check_own_run_directory(config: Path, cfg) -> None:
          arg("--split", default="test", help="split to evaluate (default: test)"),
          arg("--output", default=None, help="directory for results.json and plots "
              "(default: <run dir>/eval/<checkpoint>-<split>[-<hash of the overrides>])"),
-         OVERRIDES)
+         VERBOSE, OVERRIDES)
 def evaluate(args: argparse.Namespace) -> None:
     from relpos_lab.training import experiment
+    from relpos_lab.training.progress import quiet
+
+    quiet(args.verbose)
 
     summary = experiment.evaluate(args.checkpoint, args.split, args.overrides, args.output)
     show_summary(summary, f"{Path(args.checkpoint).name} on {args.split}")
