@@ -89,6 +89,9 @@ EXPERIMENT = "experiment YAML file, or the name of one (./configs/experiment/, t
          "an interrupted one from its newest checkpoint", arg("config", help=EXPERIMENT), OVERRIDES,
          arg("--force", action="store_true", help="start the run over: its directory, if it holds an earlier "
              "attempt (finished or not), is moved aside to <run dir>.old-<time>, never deleted"),
+         arg("--extend", action="store_true", help="train longer in place (= extend=true): a run of this experiment "
+             "that differs only in its budget (trainer.max_steps, val_every_n_steps, stop_at) continues in its own "
+             "directory from its newest checkpoint, with one metrics.csv, W&B run and results.json"),
          VERBOSE)
 def train(args: argparse.Namespace) -> None:
     from relpos_lab.training import experiment
@@ -96,8 +99,9 @@ def train(args: argparse.Namespace) -> None:
     from relpos_lab.training.progress import quiet
 
     quiet(args.verbose)
-
-    cfg = load_config(args.config, args.overrides)
+    if args.extend and args.force:
+        raise UserError("--extend continues a run and --force starts one over: give one of them")
+    cfg = load_config(args.config, [*args.overrides, *(["extend=true"] if args.extend else [])])
     _check_own_run_directory(Path(args.config), cfg)
     summary = experiment.train(cfg, echo=_echo, force=args.force)
     if summary.metrics:  # rank 0 of a distributed run
@@ -135,7 +139,6 @@ def evaluate(args: argparse.Namespace) -> None:
     from relpos_lab.training.progress import quiet
 
     quiet(args.verbose)
-
     summary = experiment.evaluate(args.checkpoint, args.split, args.overrides, args.output)
     show_summary(summary, f"{Path(args.checkpoint).name} on {args.split}")
 

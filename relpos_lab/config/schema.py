@@ -190,6 +190,10 @@ class ExperimentConfig:
     resume: bool = True
     """an interrupted run continues from its newest checkpoint; false: refuse to touch a run directory that
     holds an earlier attempt (`train --force` starts over, moving the old directory aside)"""
+    extend: bool | None = None
+    """a run of this experiment that differs only in its budget (trainer.max_steps, val_every_n_steps, stop_at) is
+    continued in its own directory from its newest checkpoint, one history (`train --extend`); false: train a separate
+    run; null: refuse, naming that run and --extend"""
     task: Any = None
     """the task and its options: validated against the chosen task's config_class (see load_config)"""
     model: ModelConfig = field(default_factory=ModelConfig)

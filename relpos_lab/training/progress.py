@@ -35,12 +35,14 @@ NOISE = re.compile("|".join((
     r"litlogger",
     r"^`Trainer\.fit` stopped: `max_steps=\d+` reached",
     r"^Restoring states from the checkpoint path",
+    r"^Restored all states from the checkpoint",
     r"^Loaded model weights from the checkpoint",
     r"^LOCAL_RANK: \d+ - CUDA_VISIBLE_DEVICES",
     r"^You are using a CUDA device .* Tensor Cores",
     r"^Trainer already configured with model summary callbacks",
 )))
 SRUN_HINT = r"The `srun` command is available on your system but is not used"
+RESUMED = r"Checkpoint directory .* exists and is not empty"  # every resumed run's
 
 
 def progress_bar(every_n_steps: int, interactive: bool | None = None) -> ProgressBar:
@@ -167,6 +169,7 @@ def quiet(verbose: bool = False) -> None:
         return
     os.environ.setdefault("WANDB_SILENT", "true")
     warnings.filterwarnings("ignore", message=SRUN_HINT)
+    warnings.filterwarnings("ignore", message=RESUMED)
     noise = _Noise()
     for name in ("lightning.pytorch", "lightning.fabric", ""):
         for handler in logging.getLogger(name).handlers:
