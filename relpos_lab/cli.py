@@ -415,15 +415,18 @@ def sweep(args: argparse.Namespace) -> int:
 @command("submit", "submit an experiment to SLURM: trainer.num_nodes nodes, trainer.devices processes each",
          arg("config", help=EXPERIMENT),
          arg("--dry-run", action="store_true", help="print the sbatch script, submit nothing"),
+         arg("--extend", action="store_true", help="train longer in place (= extend=true; see train --extend): the "
+             "job continues the run of this experiment with another budget"),
          OVERRIDES)
 def submit(args: argparse.Namespace) -> None:
     from relpos_lab.launch import slurm
 
+    overrides = [*args.overrides, *(["extend=true"] if args.extend else [])]
     if args.dry_run:  # asks no cluster: the script is for one that may not be this machine's
-        job, _ = slurm.run_job(args.config, args.overrides)
+        job, _ = slurm.run_job(args.config, overrides)
         sys.stdout.write(job.script)
         return
-    show_submission(*slurm.submit_run(args.config, args.overrides))
+    show_submission(*slurm.submit_run(args.config, overrides, echo=_echo))
 
 
 def submit_sweep(grid, dry_run: bool) -> int:

@@ -99,11 +99,19 @@ def test_extend_false_is_a_separate_run_and_the_hash_of_other_configs_is_unchang
     root, run_dir, _, _ = extended
     monkeypatch.chdir(root)
     longer = load_config("tiny.yaml", ["trainer.max_steps=60", "extend=false"])
-    target, extending = experiment._run_directory(longer, force=False)
+    target, extending = experiment.training_directory(longer)
     assert not extending and target == run_directory(longer) and target != run_dir.relative_to(root)
     assert budget_siblings(longer) == [run_dir.relative_to(root)]
     # `extend` is left out of the hash like `resume`: the run directory of a config is what it was
     assert run_directory(load_config("tiny.yaml", ["extend=true"])) == run_directory(load_config("tiny.yaml"))
+
+
+def test_submit_refuses_another_budget_and_with_extend_submits_the_run_itself(extended, monkeypatch, capsys):
+    root, run_dir, _, _ = extended
+    monkeypatch.chdir(root)
+    assert "add --extend" in one_line_error(capsys, "submit", "tiny.yaml", "trainer.max_steps=60", "--dry-run")
+    assert cli.main(["submit", "tiny.yaml", "trainer.max_steps=60", "--extend", "--dry-run"]) == 0
+    assert f"relpos-lab train {run_dir.resolve()}/config.yaml resume=true" in capsys.readouterr().out
 
 
 def test_extend_without_a_run_to_extend_says_so(tmp_path, monkeypatch, capsys):

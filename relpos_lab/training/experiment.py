@@ -106,7 +106,7 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print, force: bool = Fa
     started = time.time()
     check_hardware(cfg)
     use_cpu_threads(cfg.trainer.threads, cfg.trainer.devices)
-    run_dir, extending = _run_directory(cfg, force)
+    run_dir, extending = training_directory(cfg, force)
     new = [d for d in (run_dir, *run_dir.parents[:2]) if not d.exists()]  # made by this command
     try:
         with run_lock(run_dir):
@@ -158,7 +158,7 @@ def _remove_unused(directories: list[Path]) -> None:
             return
 
 
-def _run_directory(cfg: DictConfig, force: bool) -> tuple[Path, bool]:
+def training_directory(cfg: DictConfig, force: bool = False) -> tuple[Path, bool]:
     """The directory to train `cfg` in, and whether that is another budget's run to extend (`extend`).
 
     A config that differs from an existing run only in BUDGET_KEYS (more steps, say) would get a
@@ -210,7 +210,7 @@ def _budget_text(budget: dict) -> str:
     return " ".join(f"{key}={value}" for key, value in budget.items() if value is not None)
 
 
-def _extend(cfg: DictConfig, run_dir: Path, echo: Callable[[str], None]) -> None:
+def extend_run(cfg: DictConfig, run_dir: Path, echo: Callable[[str], None]) -> None:
     """Make a run (finished or not) continue with `cfg`'s budget: its results.json, if any, is kept as
     results.step-<N>.json, and extended.json records the extension (run_directory finds the run by
     its new budget through it, e.g. a requeued job's config.yaml)."""
@@ -235,7 +235,7 @@ def _plan(cfg: DictConfig, run_dir: Path, force: bool, echo: Callable[[str], Non
           extending: bool = False) -> RunSummary | Path | str | None:
     """What to do with the run directory: a summary (finished), a checkpoint to resume from, None
     (train from scratch here) or "start over" (the directory was moved aside: train in a new one).
-    `extending`: the directory is another budget's run, to continue with `cfg`'s (`_extend`)."""
+    `extending`: the directory is another budget's run, to continue with `cfg`'s (`extend_run`)."""
     results = run_dir / "results.json"
     if rank_zero_only.rank != 0:  # the other processes of a distributed run follow rank 0's choice
         if force:
@@ -259,7 +259,7 @@ def _plan(cfg: DictConfig, run_dir: Path, force: bool, echo: Callable[[str], Non
                             "Nothing was trained")
         extending = not results.is_file()
     if extending:
-        _extend(cfg, run_dir, echo)
+        extend_run(cfg, run_dir, echo)
     if results.is_file():  # written only once training and the final evaluation are done
         extended = (f", extended to {_budget_text(budget_of(saved))}: {EXTENDED}"
                     if (run_dir / EXTENDED).is_file() and saved is not None else "")
