@@ -34,11 +34,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from relpos_lab.api import EvalResult, UserError, registry
 from relpos_lab.api.errors import PROG, shown_path
-from relpos_lab.api.files import atomic_write
 from relpos_lab.api.evaluation import length_generalization
-from relpos_lab.records.loggers import build_loggers, close_loggers, cut_metrics, log_summary, new_wandb_run_id
+from relpos_lab.api.files import atomic_write
+from relpos_lab.records.loggers import (
+    WANDB_ID,
+    build_loggers,
+    close_loggers,
+    cut_metrics,
+    log_summary,
+    new_wandb_run_id,
+)
 from relpos_lab.records.results import plot_by_length, write_results
-from relpos_lab.records.loggers import WANDB_ID
 from relpos_lab.records.rundir import (
     BUDGET_KEYS,
     EXTENDED,
@@ -123,14 +129,24 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print, force: bool = Fa
     except BaseException as err:
         if rank_zero_only.rank == 0:
             _remove_unused(new)
-        if isinstance(err, OSError) and err.errno in WRITE_ERRORS:
+        if isinstance(err, OSError) and _unwritable_run(err, run_dir):
             raise UserError(_unwritable(err, run_dir)) from None
         raise
 
 
-# A run directory that cannot be written: a full disk or quota, permissions, a read-only file
-# system, a file where a directory should be.
-WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST}
+# A run directory that cannot be written: a full disk or quota, a read-only file system (wherever
+# the write was), or permissions, a file where a directory should be (on the run directory's path).
+FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+DENIED = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST}
+
+
+def _unwritable_run(err: OSError, run_dir: Path) -> bool:
+    if err.errno in FULL:
+        return True
+    if err.errno not in DENIED or not err.filename:
+        return False
+    path, run = Path(os.path.abspath(err.filename)), Path(os.path.abspath(run_dir))
+    return path == run or run in path.parents or path in run.parents
 
 
 def _unwritable(err: OSError, run_dir: Path) -> str:
@@ -252,7 +268,7 @@ def _plan(cfg: DictConfig, run_dir: Path, force: bool, echo: Callable[[str], Non
     saved = saved_config(run_dir)
     if not extending and (run_dir / EXTENDED).is_file() and saved is not None and budget_of(saved) != budget_of(cfg):
         # the run was extended in place: its name is this budget's, its config another's
-        if not results.is_file() and not cfg.extend:
+        if not results.is_file() and not OmegaConf.select(cfg, "extend", default=None):
             raise UserError(f"{shown_path(run_dir)} was extended ({EXTENDED}) and now trains with another budget "
                             f"({_budget_change(run_dir, cfg)}): continue it with its own config "
                             f"({shown_path(run_dir / 'config.yaml')}), or add --extend to give it this budget. "
