@@ -50,6 +50,9 @@ def extended(tmp_path_factory):
         refused = main("train", "tiny.yaml", "trainer.max_steps=45")
         status, out, err = main("train", "tiny.yaml", "trainer.max_steps=45", "--extend")
         assert status == 0, err[-4000:]
+        import wandb
+
+        wandb.teardown()  # W&B's settings and service of this process were made with this fixture's environment
     return root, run_dir_of(root), refused, out
 
 
