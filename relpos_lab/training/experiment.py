@@ -70,6 +70,7 @@ from relpos_lab.training.final_validation import ValidateLastStep
 from relpos_lab.training.inspect import can_inspect, has_relative_positions, inspect_model
 from relpos_lab.training.interrupt import SIGNAL_NAMES, InterruptCheckpoint
 from relpos_lab.training.module import TASK_STATE, RelposModule
+from relpos_lab.training.progress import is_quiet
 from relpos_lab.training.requeue import DeferredRequeue
 from relpos_lab.training.threads import use_cpu_threads
 from relpos_lab.training.trainer import build_trainer, check_hardware
@@ -331,7 +332,7 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
     final = ValidateLastStep()  # the last step is validated too, before the best is chosen
     # SLURM: checkpoint + requeue on SIGUSR1; Ctrl-C / SIGTERM: checkpoint + stop; every N minutes: checkpoint
     callbacks: list[Callback] = [final, best, last, DeferredRequeue(), guard]
-    loggers = build_loggers(cfg, run_dir, resume_step=resume_step, echo=echo)
+    loggers = build_loggers(cfg, run_dir, resume_step=resume_step, echo=echo, quiet=is_quiet())
     callbacks.append(LearningRateMonitor(logging_interval="step"))
     if cfg.trainer.stop_at is not None:  # train until converged on valid, max_steps the cap
         callbacks.append(EarlyStopping(monitor=f"valid/{task.main_metric}", mode=task.main_metric_mode,

@@ -17,7 +17,6 @@ with its zero FLOPs) are left out unless the user asks for them (`relpos-lab tra
 from __future__ import annotations
 
 import logging
-import os
 import re
 import sys
 import time
@@ -159,15 +158,13 @@ _quiet = False
 def quiet(verbose: bool = False) -> None:
     """Leave out Lightning's and W&B's chatter for the rest of this process, unless `verbose`.
 
-    W&B is told through ``WANDB_SILENT`` (one set in the environment wins; W&B's failures still
-    reach the console as relpos-lab's own warnings, records/loggers.py); Lightning's lines through a
-    filter on its log handlers.
+    W&B is told by the run's loggers (`is_quiet`, records/loggers.py: its failures still reach the
+    console as relpos-lab's own warnings); Lightning's lines through a filter on its log handlers.
     """
     global _quiet
     _quiet = not verbose
     if verbose:
         return
-    os.environ.setdefault("WANDB_SILENT", "true")
     warnings.filterwarnings("ignore", message=SRUN_HINT)
     warnings.filterwarnings("ignore", message=RESUMED)
     noise = _Noise()
@@ -178,5 +175,5 @@ def quiet(verbose: bool = False) -> None:
 
 
 def is_quiet() -> bool:
-    """Whether `quiet` was asked for: the Trainer then prints a one-line model summary."""
+    """Whether `quiet` was asked for: the Trainer then prints a one-line model summary, W&B nothing."""
     return _quiet
