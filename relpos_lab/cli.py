@@ -76,6 +76,9 @@ OVERRIDES = arg("overrides", nargs="*", metavar="key=value|GROUP=NAME|OVERLAY",
                      "(model=shaw_small trainer=gpu cluster=mysite task=translation_gettext); a bare word is an "
                      "overlay of configs/overlay/, e.g. debug: a tiny model for a few steps. Names are looked up "
                      "in ./configs first, then among the shipped configs (relpos-lab configs lists them)")
+VERBOSE = arg("-v", "--verbose", action="store_true",
+              help="also show Lightning's and W&B's own messages (accelerators found, tips, the W&B banner, the "
+                   "model summary table); by default the console holds the run's own lines")
 EXPERIMENT = "experiment YAML file, or the name of one (./configs/experiment/, then shipped; relpos-lab configs)"
 
 
@@ -85,12 +88,20 @@ EXPERIMENT = "experiment YAML file, or the name of one (./configs/experiment/, t
 @command("train", "train a model from an experiment config; run again, it reports a finished run and resumes "
          "an interrupted one from its newest checkpoint", arg("config", help=EXPERIMENT), OVERRIDES,
          arg("--force", action="store_true", help="start the run over: its directory, if it holds an earlier "
-             "attempt (finished or not), is moved aside to <run dir>.old-<time>, never deleted"))
+             "attempt (finished or not), is moved aside to <run dir>.old-<time>, never deleted"),
+         arg("--extend", action="store_true", help="train longer in place (= extend=true): a run of this experiment "
+             "that differs only in its budget (trainer.max_steps, val_every_n_steps, stop_at) continues in its own "
+             "directory from its newest checkpoint, with one metrics.csv, W&B run and results.json"),
+         VERBOSE)
 def train(args: argparse.Namespace) -> None:
     from relpos_lab.training import experiment
     from relpos_lab.config import load_config
+    from relpos_lab.training.progress import quiet
 
-    cfg = load_config(args.config, args.overrides)
+    quiet(args.verbose)
+    if args.extend and args.force:
+        raise UserError("--extend continues a run and --force starts one over: give one of them")
+    cfg = load_config(args.config, [*args.overrides, *(["extend=true"] if args.extend else [])])
     _check_own_run_directory(Path(args.config), cfg)
     summary = experiment.train(cfg, echo=_echo, force=args.force)
     if summary.metrics:  # rank 0 of a distributed run
@@ -122,10 +133,12 @@ def _check_own_run_directory(config: Path, cfg) -> None:
          arg("--split", default="test", help="split to evaluate (default: test)"),
          arg("--output", default=None, help="directory for results.json and plots "
              "(default: <run dir>/eval/<checkpoint>-<split>[-<hash of the overrides>])"),
-         OVERRIDES)
+         VERBOSE, OVERRIDES)
 def evaluate(args: argparse.Namespace) -> None:
     from relpos_lab.training import experiment
+    from relpos_lab.training.progress import quiet
 
+    quiet(args.verbose)
     summary = experiment.evaluate(args.checkpoint, args.split, args.overrides, args.output)
     show_summary(summary, f"{Path(args.checkpoint).name} on {args.split}")
 
@@ -402,15 +415,18 @@ def sweep(args: argparse.Namespace) -> int:
 @command("submit", "submit an experiment to SLURM: trainer.num_nodes nodes, trainer.devices processes each",
          arg("config", help=EXPERIMENT),
          arg("--dry-run", action="store_true", help="print the sbatch script, submit nothing"),
+         arg("--extend", action="store_true", help="train longer in place (= extend=true; see train --extend): the "
+             "job continues the run of this experiment with another budget"),
          OVERRIDES)
 def submit(args: argparse.Namespace) -> None:
     from relpos_lab.launch import slurm
 
+    overrides = [*args.overrides, *(["extend=true"] if args.extend else [])]
     if args.dry_run:  # asks no cluster: the script is for one that may not be this machine's
-        job, _ = slurm.run_job(args.config, args.overrides)
+        job, _ = slurm.run_job(args.config, overrides)
         sys.stdout.write(job.script)
         return
-    show_submission(*slurm.submit_run(args.config, args.overrides))
+    show_submission(*slurm.submit_run(args.config, overrides, echo=_echo))
 
 
 def submit_sweep(grid, dry_run: bool) -> int:

@@ -24,6 +24,8 @@ def instance_of(cls: type, tmp_path):
     if cls is L.Trainer:
         return L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu", devices=1)
+    if cls.__name__ == "_TrainingEpochLoop":
+        return instance_of(L.Trainer, tmp_path).fit_loop.epoch_loop
     if cls is ExperimentWriter:
         return ExperimentWriter(str(tmp_path / "csv"))
     if cls is CSVLogger:

@@ -14,7 +14,10 @@ def atomic_write(path: Path, data: str | bytes) -> None:
 
 
 def atomic_write_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """`write(file)` into a temporary file beside `path`, flushed to disk, then renamed over it."""
+    """`write(file)` into a temporary file beside `path`, flushed to disk, then renamed over it.
+
+    A failed write (a full disk: ENOSPC, often only at the flush or the fsync) leaves `path` as it
+    was, and its OSError names `path` (a write to a file object names no file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -23,6 +26,8 @@ def atomic_write_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         os.unlink(tmp)
+        if isinstance(err, OSError) and err.filename is None and err.errno is not None:
+            raise OSError(err.errno, err.strerror, str(path)) from err
         raise

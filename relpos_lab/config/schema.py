@@ -92,7 +92,7 @@ class TrainerConfig:
     checkpoint_every_minutes: float = 10.0
     """also refresh last.ckpt when this many minutes passed since the last one; 0: off"""
     log_every_n_steps: int = 50
-    """training steps between logged metrics"""
+    """training steps between logged metrics, and between progress lines when stdout is not a terminal"""
     gradient_clip_val: float = 0.0
     """clip the global gradient norm; 0: off"""
     accumulate_grad_batches: int = 1
@@ -104,9 +104,9 @@ class TrainerConfig:
     threads: int = 0
     """CPU threads per process; 0: the CPUs this process may use (affinity, SLURM_CPUS_PER_TASK) shared among the node's processes"""
     enable_progress_bar: bool = True
-    """rich progress bar on the console"""
+    """progress on the console: a bar over the steps at a terminal, plain lines in a log file (a SLURM .out)"""
     enable_model_summary: bool = True
-    """print the model's layers and parameter counts at the start"""
+    """print the model's parameter count at the start (Lightning's table of its layers with -v)"""
 
     def validate(self) -> None:
         _at_least(self, "trainer", devices=1, num_nodes=1, max_steps=1, val_every_n_steps=1,
@@ -190,6 +190,10 @@ class ExperimentConfig:
     resume: bool = True
     """an interrupted run continues from its newest checkpoint; false: refuse to touch a run directory that
     holds an earlier attempt (`train --force` starts over, moving the old directory aside)"""
+    extend: bool | None = None
+    """a run of this experiment that differs only in its budget (trainer.max_steps, val_every_n_steps, stop_at) is
+    continued in its own directory from its newest checkpoint, one history (`train --extend`); false: train a separate
+    run; null: refuse, naming that run and --extend"""
     task: Any = None
     """the task and its options: validated against the chosen task's config_class (see load_config)"""
     model: ModelConfig = field(default_factory=ModelConfig)

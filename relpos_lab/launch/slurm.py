@@ -34,12 +34,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from relpos_lab.config import load_config
 from relpos_lab.api.errors import PROG, UserError, shown_path
 from relpos_lab.launch.sweep import Sweep, is_finished
-from relpos_lab.records.rundir import run_directory, save_resolved_config
+from relpos_lab.records.rundir import budget_siblings, has_attempt, run_directory, save_resolved_config
 
 TEMPLATE = Path(__file__).resolve().parent / "job.sbatch"
 GPU_ACCELERATORS = ("gpu", "cuda")
@@ -123,7 +123,7 @@ def render(options: list[str], setup: list[str], command: str) -> str:
 def run_job(config: str | Path, overrides: list[str] = ()) -> tuple[Job, DictConfig]:
     """The job that trains `config` with `overrides`, and the resolved config it will train."""
     cfg = load_config(config, list(overrides))
-    run_dir = run_directory(cfg).resolve()
+    run_dir = _directory(cfg)[0].resolve()
     logs = run_dir / "slurm"
     output, error = logs / "%j.out", logs / "%j.err"
     command = shlex.join([PROG, "train", str(run_dir / "config.yaml"), "resume=true"])
@@ -131,11 +131,26 @@ def run_job(config: str | Path, overrides: list[str] = ()) -> tuple[Job, DictCon
     return Job(cfg.name, script, logs / "job.sbatch", output, error, run_dir), cfg
 
 
-def submit_run(config: str | Path, overrides: list[str] = ()) -> tuple[Job, str]:
-    """Write the resolved config and the script into the run directory, then sbatch it."""
+def _directory(cfg: DictConfig) -> tuple[Path, bool]:
+    """The run directory the job trains in, and whether it extends another budget's run there
+    (experiment.training_directory; Lightning is loaded only when such a run exists)."""
+    run_dir, extend = run_directory(cfg), OmegaConf.select(cfg, "extend", default=None)
+    if extend is False or has_attempt(run_dir) or (not extend and not budget_siblings(cfg)):
+        return run_dir, False
+    from relpos_lab.training.experiment import training_directory
+
+    return training_directory(cfg)
+
+
+def submit_run(config: str | Path, overrides: list[str] = (), echo=print) -> tuple[Job, str]:
+    """Write the resolved config and the script into the run directory, then sbatch it.
+
+    An extension (`extend=true`) is made when it is submitted: the run then holds the new budget
+    (its config.yaml, extended.json), which the job's `train <run dir>/config.yaml` continues."""
     require_sbatch()
     job, cfg = run_job(config, overrides)
-    if (job.directory / "results.json").is_file():
+    extending = _directory(cfg)[1]
+    if (job.directory / "results.json").is_file() and not extending:
         raise UserError(f"{shown_path(job.directory)} is finished (results.json): nothing to submit; "
                         f"`{PROG} eval` evaluates its checkpoints again")
     queued = queued_jobs(job.path)
@@ -143,6 +158,10 @@ def submit_run(config: str | Path, overrides: list[str] = ()) -> tuple[Job, str]
         raise UserError(f"{shown_path(job.directory)} is already queued or running as SLURM job {', '.join(queued)}: "
                         "nothing submitted (scancel it first to submit again)")
     check_request(job, cfg)
+    if extending:
+        from relpos_lab.training.experiment import extend_run
+
+        extend_run(cfg, job.directory, echo)
     snapshot = save_resolved_config(cfg, job.directory)
     if run_directory(load_config(snapshot)).resolve() != job.directory:
         raise RuntimeError(f"{snapshot} does not reload into its own run directory")

@@ -69,7 +69,9 @@ class Sweep:
         """Everything that turns the base experiment into point `index`."""
         point = self.points[index]
         tags = ",".join(f"{axis}={label}" for axis, label in point.labels.items())
-        return [*self.overrides, *point.overrides, f"name={self.name}", f"logging.wandb.tags=[{tags}]", *self.extra]
+        # extend=false: points that differ only in their budget (a max_steps axis) are separate runs
+        return [*self.overrides, *point.overrides, f"name={self.name}", f"logging.wandb.tags=[{tags}]", "extend=false",
+                *self.extra]
 
     def config(self, index: int) -> DictConfig:
         try:

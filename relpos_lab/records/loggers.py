@@ -422,7 +422,7 @@ def read_metric_rows(run_dir: str | Path) -> list[tuple[int, dict[str, float]]]:
 
 
 def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None = None,
-                  echo: Callable[[str], None] | None = None) -> list[Logger]:
+                  echo: Callable[[str], None] | None = None, quiet: bool = False) -> list[Logger]:
     """The loggers of a run: CSV into ``run_dir/metrics.csv`` first, then W&B (unless disabled).
 
     CSV comes first because Lightning takes its default checkpoint and log directory from the
@@ -430,7 +430,8 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
     set up (not installed, bad settings) the run goes on with CSV alone and a warning.
     `resume_step`: the global step a resumed fit continues from; its W&B history is rewound there,
     and rows an interrupted attempt's W&B file lost are logged again from metrics.csv
-    (`wandb_resume_plan`; `echo` says how many).
+    (`wandb_resume_plan`; `echo` says how many). `quiet`: W&B prints nothing of its own (its
+    banner and closing history); its failures still reach the console as warnings (RunWandbLogger).
     """
     run_dir = Path(run_dir)
     loggers: list[Logger] = [RunCSVLogger(run_dir)]
@@ -457,6 +458,7 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
                 mode=mode,
                 rewind_to=rewind_to,
                 backfill=backfill,
+                **({"settings": {"silent": True}} if quiet else {}),
             )
         )
     except Exception as err:  # e.g. ModuleNotFoundError when wandb is not installed

@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from relpos_lab.api.files import atomic_write
 
@@ -31,6 +33,7 @@ from relpos_lab.api.files import atomic_write
 # over the validation loader draws from the global RNG.
 VOLATILE_KEYS: tuple[str, ...] = (
     "resume",
+    "extend",
     "logging",
     "cluster",
     "trainer.enable_progress_bar",
@@ -41,6 +44,14 @@ VOLATILE_KEYS: tuple[str, ...] = (
     "trainer.checkpoint_every_minutes",
 )
 
+
+
+# How long a run trains and when it validates and stops: its budget. They stay in the hash (a
+# run trained for 1000 steps is not one trained for 2000), but a run can be extended in place
+# (`train --extend`): a config that differs from an existing run only in these keys is that run
+# with another budget (budget_siblings), continued in its own directory, which keeps its name.
+BUDGET_KEYS: tuple[str, ...] = ("trainer.max_steps", "trainer.val_every_n_steps", "trainer.stop_at")
+EXTENDED = "extended.json"  # in a run directory extended in place: each extension's step and budgets
 
 
 # Keys added to the schema after runs existed, left out of the hash while they hold their default,
@@ -118,7 +129,46 @@ def run_directory(cfg: DictConfig) -> Path:
     digest = config_hash(cfg)
     path = Path(root) / name / f"{_run_slug(cfg)}-{digest}"
     before = Path(root) / name / f"{_run_slug(cfg, family=False)}-{digest}"
-    return before if before != path and before.is_dir() and not path.exists() else path
+    if before != path and before.is_dir() and not path.exists():
+        return before
+    if not path.exists():  # a run extended to this budget lives under its first budget's name
+        for extended in sorted((Path(root) / name).glob(f"*/{EXTENDED}")):
+            if _saved_hash(extended.parent) == digest:
+                return extended.parent
+    return path
+
+
+def budget_of(cfg: DictConfig) -> dict[str, Any]:
+    """The values of BUDGET_KEYS in `cfg` (None where a key is missing)."""
+    return {key: OmegaConf.select(cfg, key, default=None) for key in BUDGET_KEYS}
+
+
+def budget_siblings(cfg: DictConfig) -> list[Path]:
+    """Run directories beside `cfg`'s holding an attempt (has_attempt) of a config that equals `cfg`
+    but for BUDGET_KEYS: the runs `train --extend` can continue. Only directories with the same slug
+    (task, scheme, ...) are read, each one's config.yaml once."""
+    own = run_directory(cfg)
+    parent, digest = own.parent, config_hash(cfg, ignore=BUDGET_KEYS)
+    slugs = {_run_slug(cfg), _run_slug(cfg, family=False)}
+    found = []
+    for candidate in sorted(p for slug in slugs for p in parent.glob(f"{slug}-*")):
+        if (candidate != own and candidate.is_dir() and ".old-" not in candidate.name and has_attempt(candidate)
+                and _saved_hash(candidate, ignore=BUDGET_KEYS) == digest):
+            found.append(candidate)
+    return found
+
+
+def saved_config(run_dir: Path) -> DictConfig | None:
+    """A run directory's config.yaml, or None when it has none or it cannot be read."""
+    try:
+        return OmegaConf.load(run_dir / "config.yaml")
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException):
+        return None
+
+
+def _saved_hash(run_dir: Path, ignore: tuple[str, ...] = ()) -> str | None:
+    saved = saved_config(run_dir)
+    return None if saved is None else config_hash(saved, ignore=ignore)
 
 
 

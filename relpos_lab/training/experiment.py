@@ -15,8 +15,10 @@ its scheme.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import signal
 import time
 import warnings
@@ -33,10 +35,28 @@ from omegaconf import DictConfig, OmegaConf
 from relpos_lab.api import EvalResult, UserError, registry
 from relpos_lab.api.errors import PROG, shown_path
 from relpos_lab.api.evaluation import length_generalization
-from relpos_lab.records.loggers import build_loggers, close_loggers, cut_metrics, log_summary, new_wandb_run_id
+from relpos_lab.api.files import atomic_write
+from relpos_lab.records.loggers import (
+    WANDB_ID,
+    build_loggers,
+    close_loggers,
+    cut_metrics,
+    log_summary,
+    new_wandb_run_id,
+)
 from relpos_lab.records.results import plot_by_length, write_results
-from relpos_lab.records.rundir import has_attempt, move_aside, run_directory, save_resolved_config
-from relpos_lab.records.runlock import run_lock
+from relpos_lab.records.rundir import (
+    BUDGET_KEYS,
+    EXTENDED,
+    budget_of,
+    budget_siblings,
+    has_attempt,
+    move_aside,
+    run_directory,
+    save_resolved_config,
+    saved_config,
+)
+from relpos_lab.records.runlock import LOCK, run_lock
 from relpos_lab.training.checkpoints import (
     CHECKPOINTS,
     LAST,
@@ -50,6 +70,7 @@ from relpos_lab.training.final_validation import ValidateLastStep
 from relpos_lab.training.inspect import can_inspect, has_relative_positions, inspect_model
 from relpos_lab.training.interrupt import SIGNAL_NAMES, InterruptCheckpoint
 from relpos_lab.training.module import TASK_STATE, RelposModule
+from relpos_lab.training.progress import is_quiet
 from relpos_lab.training.requeue import DeferredRequeue
 from relpos_lab.training.threads import use_cpu_threads
 from relpos_lab.training.trainer import build_trainer, check_hardware
@@ -92,27 +113,151 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print, force: bool = Fa
     started = time.time()
     check_hardware(cfg)
     use_cpu_threads(cfg.trainer.threads, cfg.trainer.devices)
-    run_dir = run_directory(cfg)
-    with run_lock(run_dir):
-        plan = _plan(cfg, run_dir, force, echo)
-        if isinstance(plan, RunSummary):
-            return plan
-        if plan != "start over":
-            return _train(cfg, run_dir, started, echo, plan)
-    with run_lock(run_dir):  # the new, empty directory
+    run_dir, extending = training_directory(cfg, force)
+    new = [d for d in (run_dir, *run_dir.parents[:2]) if not d.exists()]  # made by this command
+    try:
+        with run_lock(run_dir):
+            plan = _plan(cfg, run_dir, force, echo, extending)
+            if isinstance(plan, RunSummary):
+                return plan
+            if plan != "start over":
+                return _train(cfg, run_dir, started, echo, plan)
+        new = [run_dir]
+        with run_lock(run_dir):  # the new, empty directory
+            if rank_zero_only.rank == 0:
+                new_wandb_run_id(run_dir)  # the moved attempt keeps its W&B run; this one gets its own
+            return _train(cfg, run_dir, started, echo, None)
+    except BaseException as err:
         if rank_zero_only.rank == 0:
-            new_wandb_run_id(run_dir)  # the moved attempt keeps its W&B run; this one gets its own
-        return _train(cfg, run_dir, started, echo, None)
+            _remove_unused(new)
+        if isinstance(err, OSError) and _unwritable_run(err, run_dir):
+            raise UserError(_unwritable(err, run_dir)) from None
+        raise
 
 
-def _plan(cfg: DictConfig, run_dir: Path, force: bool, echo: Callable[[str], None]) -> RunSummary | Path | str | None:
+# A run directory that cannot be written: a full disk or quota, a read-only file system (wherever
+# the write was), or permissions, a file where a directory should be (on the run directory's path).
+FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+DENIED = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST}
+
+
+def _unwritable_run(err: OSError, run_dir: Path) -> bool:
+    if err.errno in FULL:
+        return True
+    if err.errno not in DENIED or not err.filename:
+        return False
+    path, run = Path(os.path.abspath(err.filename)), Path(os.path.abspath(run_dir))
+    return path == run or run in path.parents or path in run.parents
+
+
+def _unwritable(err: OSError, run_dir: Path) -> str:
+    """One line: what could not be written, why, and what is safe (the newest checkpoint is written
+    atomically, so a failed write leaves the one before intact)."""
+    path = shown_path(err.filename) if err.filename else shown_path(run_dir)
+    newest = resume_checkpoint(run_dir, warn=lambda _: None) if run_dir.is_dir() else None
+    kept = (f"the newest checkpoint, {shown_path(newest)} (step {global_step_of(newest)}), is intact: "
+            "make room (or make it writable) and run the same command to resume from it"
+            if newest else "no checkpoint was written: make room (or make it writable) and run the same command")
+    return f"cannot write {path}: {err.strerror or err}; {kept}"
+
+
+def _remove_unused(directories: list[Path]) -> None:
+    """Remove the directories this command made when it failed before training wrote anything (a
+    config error found while setting up): what is left is the lock, the config, a W&B run id."""
+    for directory in directories:  # innermost first
+        if not directory.is_dir() or has_attempt(directory):
+            return
+        for name in (LOCK, "config.yaml", WANDB_ID):
+            (directory / name).unlink(missing_ok=True)
+        try:
+            directory.rmdir()
+        except OSError:  # something else is in it: keep it
+            return
+
+
+def training_directory(cfg: DictConfig, force: bool = False) -> tuple[Path, bool]:
+    """The directory to train `cfg` in, and whether that is another budget's run to extend (`extend`).
+
+    A config that differs from an existing run only in BUDGET_KEYS (more steps, say) would get a
+    directory of its own. With ``extend=true`` (`train --extend`) it continues that run instead, in
+    place; with ``extend=null`` (the default) it is refused with a line that says so; with
+    ``extend=false`` it is a separate run, as every sweep point is.
+    """
+    run_dir = run_directory(cfg)
+    extend = OmegaConf.select(cfg, "extend", default=None)
+    if force or extend is False or has_attempt(run_dir):
+        return run_dir, False
+    siblings = budget_siblings(cfg)
+    if not siblings:
+        if extend:
+            raise UserError(f"--extend: no run of {cfg.name} under {shown_path(run_dir.parent)} differs from this "
+                            "config only in its budget (" + ", ".join(BUDGET_KEYS) + "): nothing to extend. Nothing "
+                            "was trained")
+        return run_dir, False
+    steps = {sibling: _trained_steps(sibling) for sibling in siblings}
+    if not extend:
+        sibling = max(siblings, key=lambda d: steps[d] or -1)
+        others = f" (and {len(siblings) - 1} more)" if len(siblings) > 1 else ""
+        raise UserError(f"{shown_path(sibling)}{others} holds this experiment with another budget "
+                        f"({_budget_change(sibling, cfg)}), trained to step {steps[sibling]}: add --extend to continue "
+                        "it there (one metrics.csv, W&B run and results.json), or extend=false to train a separate "
+                        f"run in {shown_path(run_dir)}. Nothing was trained")
+    reachable = [d for d in siblings if steps[d] is not None and steps[d] < cfg.trainer.max_steps]
+    if not reachable:
+        sibling = max(siblings, key=lambda d: steps[d] or -1)
+        raise UserError(f"--extend: {shown_path(sibling)} has trained {steps[sibling]} steps, not fewer than "
+                        f"trainer.max_steps={cfg.trainer.max_steps}: give a larger trainer.max_steps. Nothing was trained")
+    return max(reachable, key=lambda d: steps[d]), True
+
+
+def _trained_steps(run_dir: Path) -> int | None:
+    """The step of a run's newest readable checkpoint (None: none)."""
+    checkpoint = resume_checkpoint(run_dir, warn=lambda _: None)
+    return None if checkpoint is None else global_step_of(checkpoint)
+
+
+def _budget_change(run_dir: Path, cfg: DictConfig) -> str:
+    """``trainer.max_steps 1000 -> 2000``: how `cfg`'s budget differs from the run's."""
+    saved = saved_config(run_dir)
+    before, after = budget_of(saved) if saved is not None else {}, budget_of(cfg)
+    return ", ".join(f"{key} {before.get(key)} -> {value}" for key, value in after.items() if before.get(key) != value)
+
+
+def _budget_text(budget: dict) -> str:
+    return " ".join(f"{key}={value}" for key, value in budget.items() if value is not None)
+
+
+def extend_run(cfg: DictConfig, run_dir: Path, echo: Callable[[str], None]) -> None:
+    """Make a run (finished or not) continue with `cfg`'s budget: its results.json, if any, is kept as
+    results.step-<N>.json, and extended.json records the extension (run_directory finds the run by
+    its new budget through it, e.g. a requeued job's config.yaml)."""
+    change = _budget_change(run_dir, cfg)
+    step = _trained_steps(run_dir)
+    results, kept = run_dir / "results.json", None
+    if results.is_file():
+        finished_at = json.loads(results.read_text()).get("global_step", step)
+        kept = results.with_name(f"results.step-{finished_at}.json")
+        os.replace(results, kept)
+        cut_metrics(run_dir, step)  # the final evaluation's test rows: the new last step gets its own
+    record = run_dir / EXTENDED
+    history = json.loads(record.read_text()) if record.is_file() else []
+    history.append({"from_step": step, "budget": budget_of(cfg), "change": change,
+                    "time": time.strftime("%Y-%m-%d %H:%M:%S")})
+    atomic_write(record, json.dumps(history, indent=2) + "\n")
+    echo(f"--extend: continuing {shown_path(run_dir)} from step {step} ({change})"
+         + (f"; its final evaluation at step {finished_at} is kept in {kept.name}" if kept else ""))
+
+
+def _plan(cfg: DictConfig, run_dir: Path, force: bool, echo: Callable[[str], None],
+          extending: bool = False) -> RunSummary | Path | str | None:
     """What to do with the run directory: a summary (finished), a checkpoint to resume from, None
-    (train from scratch here) or "start over" (the directory was moved aside: train in a new one)."""
+    (train from scratch here) or "start over" (the directory was moved aside: train in a new one).
+    `extending`: the directory is another budget's run, to continue with `cfg`'s (`extend_run`)."""
     results = run_dir / "results.json"
     if rank_zero_only.rank != 0:  # the other processes of a distributed run follow rank 0's choice
         if force:
             return None
-        if results.is_file():
+        if results.is_file() and not extending:  # rank 0 moves it aside when extending
             return _finished(run_dir)
         return resume_checkpoint(run_dir, warn=lambda _: None)
     if not has_attempt(run_dir):
@@ -121,9 +266,22 @@ def _plan(cfg: DictConfig, run_dir: Path, force: bool, echo: Callable[[str], Non
         moved = move_aside(run_dir)
         echo(f"--force: moved {shown_path(run_dir)} aside to {shown_path(moved)}; starting over")
         return "start over"
+    saved = saved_config(run_dir)
+    if not extending and (run_dir / EXTENDED).is_file() and saved is not None and budget_of(saved) != budget_of(cfg):
+        # the run was extended in place: its name is this budget's, its config another's
+        if not results.is_file() and not OmegaConf.select(cfg, "extend", default=None):
+            raise UserError(f"{shown_path(run_dir)} was extended ({EXTENDED}) and now trains with another budget "
+                            f"({_budget_change(run_dir, cfg)}): continue it with its own config "
+                            f"({shown_path(run_dir / 'config.yaml')}), or add --extend to give it this budget. "
+                            "Nothing was trained")
+        extending = not results.is_file()
+    if extending:
+        extend_run(cfg, run_dir, echo)
     if results.is_file():  # written only once training and the final evaluation are done
-        echo(f"{shown_path(run_dir)} is finished (results.json): nothing to train; `relpos-lab eval CHECKPOINT` "
-             "evaluates a checkpoint again, `--force` trains the run again from scratch")
+        extended = (f", extended to {_budget_text(budget_of(saved))}: {EXTENDED}"
+                    if (run_dir / EXTENDED).is_file() and saved is not None else "")
+        echo(f"{shown_path(run_dir)} is finished (results.json{extended}): nothing to train; `relpos-lab eval "
+             "CHECKPOINT` evaluates a checkpoint again, `--force` trains the run again from scratch")
         return _finished(run_dir)
     resume_from = resume_checkpoint(run_dir, warn=lambda line: echo(f"{PROG}: {line}"))
     where = (f"its newest checkpoint is {resume_from.name} at step {global_step_of(resume_from)}"
@@ -174,7 +332,7 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
     final = ValidateLastStep()  # the last step is validated too, before the best is chosen
     # SLURM: checkpoint + requeue on SIGUSR1; Ctrl-C / SIGTERM: checkpoint + stop; every N minutes: checkpoint
     callbacks: list[Callback] = [final, best, last, DeferredRequeue(), guard]
-    loggers = build_loggers(cfg, run_dir, resume_step=resume_step, echo=echo)
+    loggers = build_loggers(cfg, run_dir, resume_step=resume_step, echo=echo, quiet=is_quiet())
     callbacks.append(LearningRateMonitor(logging_interval="step"))
     if cfg.trainer.stop_at is not None:  # train until converged on valid, max_steps the cap
         callbacks.append(EarlyStopping(monitor=f"valid/{task.main_metric}", mode=task.main_metric_mode,

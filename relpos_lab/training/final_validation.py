@@ -34,6 +34,19 @@ class ValidateLastStep(Callback):
 
     def __init__(self) -> None:
         self.validated_step: int | None = None  # global step of the fit's last validation
+        self._counted = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._counted = False
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        # A fit resumed from the checkpoint written after an earlier fit ended (`train --extend`):
+        # Lightning adds one to its count of stepped batches on a restart (a checkpoint taken inside
+        # a step has not counted that step yet), one too many here, and every row would be logged a
+        # step later than in an uninterrupted run. With one optimizer the count is the global step.
+        if not self._counted:
+            trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
+            self._counted = True
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         # global_step counts optimizer steps, so with gradient accumulation this is the batch

@@ -39,6 +39,8 @@ INTERNALS: tuple[Internal, ...] = (
              "training/final_validation.py: a validation after fit (a resumed run's last step) offered to the best checkpoint"),
     Internal("lightning.pytorch.callbacks:ModelCheckpoint", "_monitor_candidates", ("self", "trainer"),
              "training/final_validation.py"),
+    Internal("lightning.pytorch.loops.training_epoch_loop:_TrainingEpochLoop", "_batches_that_stepped", None,
+             "training/final_validation.py: the logging step of a fit resumed from a finished fit's checkpoint"),
     Internal("lightning.pytorch.plugins.io:TorchCheckpointIO", "save_checkpoint",
              ("self", "checkpoint", "path", "storage_options"), "training/checkpoints.py: atomic checkpoint writes"),
 )

@@ -5,20 +5,27 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig
 
 from relpos_lab.api import UserError
 from relpos_lab.training.checkpoints import AtomicCheckpointIO
+from relpos_lab.training.progress import OneLineSummary, is_quiet, progress_bar
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path, *, loggers: list, callbacks: list[Callback]) -> L.Trainer:
-    """A Lightning Trainer from `cfg.trainer`; invalid hardware settings become UserErrors."""
+    """A Lightning Trainer from `cfg.trainer`; invalid hardware settings become UserErrors.
+
+    The progress display depends on where stdout goes (progress.py): a bar over the steps at a
+    terminal, a plain line every `log_every_n_steps` steps in a log file.
+    """
     t = cfg.trainer
     check_hardware(cfg)
     if t.enable_progress_bar:
-        callbacks = [*callbacks, RichProgressBar()]
+        callbacks = [*callbacks, progress_bar(t.log_every_n_steps)]
+    if t.enable_model_summary and is_quiet():
+        callbacks = [*callbacks, OneLineSummary()]
     try:
         return L.Trainer(
             default_root_dir=run_dir, logger=loggers or False, callbacks=callbacks,

@@ -1,0 +1,56 @@
+"""What `relpos-lab train` prints when its stdout is a log file (a SLURM .out), not a terminal."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from relpos_lab.training.progress import ProgressLines, StepProgressBar, progress_bar
+from test_train import TINY, env
+
+PROGRESS = re.compile(r"^step (\d+)/30 \(\d+%\)  loss \d+\.\d{4}  \d+\.\d\d steps/s  ETA \d+:\d\d:\d\d$", re.M)
+VALID = re.compile(r"^step (\d+)/30 valid  exact_match \d\.\d{4}  token_accuracy", re.M)
+# Lightning's and W&B's own lines (the srun hint appears only where srun is installed)
+NOISE = ("GPU available", "litlogger", "wandb: Tracking run", "Total FLOPs", "Epoch 1/-2", "Restoring states")
+
+
+def train(root, *args: str) -> subprocess.CompletedProcess:
+    (root / "tiny.yaml").write_text(TINY)
+    return subprocess.run([sys.executable, "-m", "relpos_lab", "train", "tiny.yaml", "trainer.enable_progress_bar=true",
+                           "trainer.enable_model_summary=true", "trainer.log_every_n_steps=10", *args],
+                          cwd=root, env=env(), capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def quiet_run(tmp_path_factory):
+    out = train(tmp_path_factory.mktemp("quiet"))
+    assert out.returncode == 0, out.stderr[-4000:]
+    return out
+
+
+def test_a_log_file_gets_a_plain_progress_line_every_n_steps(quiet_run):
+    assert [int(s) for s in PROGRESS.findall(quiet_run.stdout)] == [10, 20, 30]
+    assert [int(s) for s in VALID.findall(quiet_run.stdout)] == [15, 30]
+    assert not re.search(r"^(Epoch|Training|Validation|Testing) .*━", quiet_run.stdout, re.M)  # no frame of a live bar
+
+
+def test_the_run_directory_line_comes_first_and_the_chatter_is_left_out(quiet_run):
+    assert quiet_run.stdout.startswith("Run directory: runs/tiny/")
+    assert quiet_run.stdout.splitlines()[1].startswith("Model: ")  # the summary in one line
+    for line in NOISE:
+        assert line not in quiet_run.stdout + quiet_run.stderr, line
+
+
+def test_verbose_shows_lightnings_own_lines(tmp_path):
+    out = train(tmp_path, "-v", "logging.wandb.mode=disabled", "trainer.max_steps=10", "trainer.val_every_n_steps=10")
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "GPU available" in out.stderr and "litlogger" in out.stderr
+    assert "Total params" in out.stdout + out.stderr  # Lightning's model summary table
+    assert re.search(r"^step 10/10 \(100%\)  loss ", out.stdout, re.M)
+
+
+def test_a_terminal_gets_a_bar_over_the_steps():
+    assert isinstance(progress_bar(10, interactive=True), StepProgressBar)
+    assert isinstance(progress_bar(10, interactive=False), ProgressLines)
