@@ -16,10 +16,10 @@ from relpos_lab.core.attention.masks import offset_bias, relative_positions
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
 from relpos_lab.core.positions import builtin_config
 
-pytestmark = pytest.mark.skipif(fused.unsupported(*([torch.zeros(1, 1, 2, 16)] * 3), None, None, None, 0, None,
-                                                  0, 0.0, None) is not None,
-                                reason="triton is not installed, or neither CUDA nor TRITON_INTERPRET=1")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    fused.unsupported(*([torch.zeros(1, 1, 2, 16, device=DEVICE)] * 3), None, None, None, 0, None, 0, 0.0, None)
+    is not None, reason="triton is not installed, or neither CUDA nor TRITON_INTERPRET=1")
 
 
 def definition(q, k, v, rel_k, rel_v, rel_bias, kmax, keep, causal, offset, dropped=None, dropout_p=0.0,
@@ -204,7 +204,7 @@ def test_rel_bias_equals_the_dense_bias_it_stands_for_in_every_impl():
     for impl in ("naive", "batched", "gather", "triton", "auto"):
         got = relative_attention(case["q"], case["k"], case["v"], rel_bias=case["rel_bias"], max_distance=4,
                                  impl=impl)
-        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5, msg=lambda m, impl=impl: f"{impl}: {m}")
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4, msg=lambda m, impl=impl: f"{impl}: {m}")
 
 
 def test_refusals_name_what_is_unsupported():
