@@ -69,33 +69,32 @@ def relative_attention(
         raise ValueError(f"unknown attention impl {impl!r}; choose one of {', '.join(IMPLS)}")
     _check_shapes(q, k, v, rel_k, rel_v, max_distance, rel_bias, attn_mask)
     lq, lk = q.shape[-2], k.shape[-2]
-    if impl == "auto":
-        impl = _pick_impl(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset, dropout_p,
-                          attn_bias)
-    if impl == "triton":
+    if impl == "triton":  # asked for by name: say why not (auto only picks it where it runs)
         why = fused.unsupported(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset,
                                 dropout_p, attn_bias)
         if why:
             raise ValueError(f"impl='triton' does not support {why}; use 'gather'")
-    elif rel_bias is not None:  # the other forms take it as the dense bias it stands for
+    elif impl == "auto":
+        impl = _pick_impl(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset, dropout_p,
+                          attn_bias)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if impl == "triton":  # masks and the bias are built inside the kernel: no (Lq, Lk) tensor here
+        if capture.ACTIVE is not None:
+            _observe(q, k, rel_k, max_distance, visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device),
+                     offset_bias(rel_bias, lq, lk, max_distance, query_offset) if rel_bias is not None else None,
+                     query_offset, scale)
+        return fused.attend(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset,
+                            dropout_p, scale)
+    if rel_bias is not None:  # the other forms take it as the dense bias it stands for
         dense = offset_bias(rel_bias, lq, lk, max_distance, query_offset)
         attn_bias = dense if attn_bias is None else attn_bias + dense
     allowed = visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device)
-    if capture.ACTIVE is not None:  # inspect mode only; the output below is the same either way
-        with torch.no_grad():
-            bias = attn_bias if rel_bias is None or impl != "triton" else offset_bias(
-                rel_bias, lq, lk, max_distance, query_offset)
-            p = gather.probabilities(q, k, rel_k, max_distance, allowed, bias, query_offset,
-                                     1.0 / math.sqrt(q.shape[-1]))
-        capture.ACTIVE.observe(p, query_offset, max_distance)
+    if capture.ACTIVE is not None:
+        _observe(q, k, rel_k, max_distance, allowed, attn_bias, query_offset, scale)
     if impl == "sdpa":
         if attn_mask is None and is_causal and lq == lk and query_offset == 0:  # lets CUDA pick flash
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    if impl == "triton":
-        return fused.attend(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset,
-                            dropout_p, scale)
     if impl == "banded":
         why = banded.unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias)
         if why:
@@ -108,6 +107,13 @@ def relative_attention(
                            query_offset, scale)
     attend = {"naive": reference.naive, "batched": reference.batched, "gather": gather.attend}[impl]
     return attend(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset, dropout_p, scale)
+
+
+def _observe(q, k, rel_k, max_distance, allowed, bias, query_offset, scale):
+    """Show an active inspect probe (capture.py) the probabilities; the output is the same either way."""
+    with torch.no_grad():
+        p = gather.probabilities(q, k, rel_k, max_distance, allowed, bias, query_offset, scale)
+    capture.ACTIVE.observe(p, query_offset, max_distance)
 
 
 def _check_shapes(q, k, v, rel_k, rel_v, max_distance, rel_bias, attn_mask):
