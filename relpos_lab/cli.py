@@ -378,7 +378,8 @@ def sweep(args: argparse.Namespace) -> int:
     if args.dry_run and not args.slurm:  # a user who asks for a dry run must never get a real one
         raise UserError("--dry-run goes with --slurm (it prints the sbatch script); to see the grid without "
                         "running it, use --list")
-    grid = load_sweep(args.sweep_file, args.overrides)
+    one_point = args.point is not None and not (args.reuse or args.slurm)
+    grid = load_sweep(args.sweep_file, args.overrides, only=args.point if one_point else None)
     if args.reuse:
         link_identical_runs(grid, echo=_echo)
     if args.slurm:

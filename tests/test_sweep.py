@@ -54,6 +54,14 @@ def test_grid_is_the_product_of_axes_with_labels_and_overrides(tmp_path):
     assert sweep.directory == tmp_path / "runs" / "tiny_study"
 
 
+def test_a_worker_resolves_only_its_own_point(tmp_path):
+    """`sweep --point N` checks point N alone (a grid of 700 points took each worker a minute)."""
+    path = write_sweep(tmp_path)
+    full, one = load_sweep(path), load_sweep(path, only=2)
+    assert [p.run_dir for p in one.points] == ["", "", full.points[2].run_dir, ""]
+    assert one.overrides_of(2) == full.overrides_of(2) and one.directory == full.directory
+
+
 @pytest.mark.parametrize("text,message", [
     ("experiment: tiny.yaml\ngrid: {seed: [1]}\nseeds: 3\n", "unknown sweep key 'seeds'"),
     ("grid: {seed: [1]}\n", "missing required key 'experiment'"),

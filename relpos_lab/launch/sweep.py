@@ -82,7 +82,7 @@ class Sweep:
     @property
     def directory(self) -> Path:
         """Where the sweep's runs live: the parent of every point's run directory."""
-        return Path(self.points[0].run_dir).parent
+        return Path(next(p.run_dir for p in self.points if p.run_dir)).parent
 
     def write_manifest(self) -> Path:
         path = self.directory / MANIFEST
@@ -99,8 +99,11 @@ def group_label(labels: dict[str, str], over: tuple[str, ...] = ("seed",)) -> st
     return " ".join(label for axis, label in labels.items() if axis not in over)
 
 
-def load_sweep(path: str | Path, overrides: list[str] = ()) -> Sweep:
-    """Parse and validate a sweep file (or a sweep's name); every point's config is checked before anything runs."""
+def load_sweep(path: str | Path, overrides: list[str] = (), only: int | None = None) -> Sweep:
+    """Parse and validate a sweep file (or a sweep's name); every point's config is checked before anything runs.
+
+    `only`: resolve (and check) that point's config alone, as a worker training one point does: on
+    a grid of hundreds of points, checking them all would cost each worker a minute."""
     path = find_config(path, "sweep", what="sweep file")
     spec = yaml.safe_load(path.read_text()) or {}
     if not isinstance(spec, dict):
@@ -129,6 +132,10 @@ def load_sweep(path: str | Path, overrides: list[str] = ()) -> Sweep:
         if unknown:
             raise ConfigError(f"{path}: reference.values names '{unknown[0]}', which is no group of this grid; "
                               f"groups (grid labels without the seed): {', '.join(sorted(groups))}")
+    if only is not None:
+        if 0 <= only < len(sweep.points):
+            sweep.points[only].run_dir = str(run_directory(sweep.config(only)))
+        return sweep
     for point in sweep.points:
         point.run_dir = str(run_directory(sweep.config(point.index)))
     if len({p.run_dir for p in sweep.points}) != len(sweep.points):
