@@ -374,3 +374,50 @@ def test_a_two_axis_sweep_gets_a_leaderboard_of_tasks_by_schemes(tmp_path):
         "name": "one", "sweep_file": "x.yaml", "points": [{"index": 0, "labels": {"scheme": "a", "seed": "1"},
                                                           "overrides": [], "run_dir": one_axis}]}))
     assert "Leaderboard" not in write_report(tmp_path / "runs" / "one", tmp_path / "out1").read_text()
+
+
+def _suite_with_reference(root: Path, reference: dict) -> Path:
+    """Tasks parity × schemes rope, shaw (both run) and reverse × rope (run), shaw (never ran)."""
+    points = []
+    for task, scheme, value in (("parity", "rope", 0.6), ("parity", "shaw", 0.9), ("reverse", "rope", 0.5)):
+        points.append(({"seed": "1", "task": task, "scheme": scheme}, _fake_run(root, f"{task}-{scheme}", value, {}, 1)))
+    points.append(({"seed": "1", "task": "reverse", "scheme": "shaw"}, str(root / "never-ran")))
+    (root / "sweep.json").write_text(json.dumps({
+        "name": "suite", "sweep_file": "x.yaml", "reference": reference,
+        "points": [{"index": i, "labels": l, "overrides": [], "run_dir": d} for i, (l, d) in enumerate(points)]}))
+    return root
+
+
+def test_the_leaderboard_puts_the_published_number_after_ours_and_says_where_there_is_none(tmp_path):
+    root = _suite_with_reference(tmp_path / "runs" / "suite", {
+        "source": "Paper, Table 1, at another scale", "metric": "exact_match", "split": "test",
+        "values": {"parity rope": 0.55, "reverse shaw": 0.7}})
+    text = write_report(root, tmp_path / "out", metrics=("exact_match",)).read_text()
+    board = text.split("## Leaderboard: exact_match")[1].split("##")[0]
+    assert ("After ·: Paper, Table 1, at another scale (published; not computed here; —: no number there for "
+            "that cell).") in board
+    assert "| parity | 0.600 · 0.55 | **0.900** · — |" in board
+    assert "| reverse | **0.500** · — | not run · 0.7 |" in board
+    assert "| parity shaw | 1 | 0.900 | — |" in text  # the summary table says it too
+    assert "(published; not computed here). —: no number there for that group." in text
+
+
+def test_published_numbers_of_another_metric_stay_out_of_the_leaderboard(tmp_path):
+    root = _suite_with_reference(tmp_path / "runs" / "suite", {
+        "source": "Paper", "metric": "accuracy_ood", "split": "test", "values": {"parity rope": 0.55}})
+    board = write_report(root, tmp_path / "out", metrics=("exact_match",)).read_text().split("## Leaderboard")[1]
+    assert "·" not in board.split("## Runs")[0] and "| parity | 0.600 | **0.900** |" in board
+
+
+@pytest.mark.parametrize("name", ["deletang2023_chomsky.yaml", "deletang2023_chomsky_small.yaml"])
+def test_the_suite_sweeps_published_numbers_are_keyed_by_task_and_scheme(tmp_path, name):
+    """Their `reference:` compares with the leaderboard's metric; a number goes under "<task> <scheme>"."""
+    shipped = Path(__file__).parents[1] / "configs" / "sweep" / name
+    reference = load_sweep(shipped, only=0).reference
+    assert reference["metric"] == "accuracy_ood" and reference["split"] == "test"
+    text = shipped.read_text()
+    (tmp_path / name).write_text(text.replace("values: {}", "values: {even_pairs sin_cos: 0.5}"))
+    assert load_sweep(tmp_path / name, only=0).reference["values"] == {"even_pairs sin_cos": 0.5}
+    (tmp_path / name).write_text(text.replace("values: {}", "values: {even_pairs sinusoidal: 0.5}"))
+    with pytest.raises(ConfigError, match="names 'even_pairs sinusoidal', which is no group"):
+        load_sweep(tmp_path / name, only=0)

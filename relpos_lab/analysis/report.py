@@ -156,10 +156,13 @@ def signature_lines(groups: list[Group], split: str) -> list[str]:
     return lines
 
 
-def leaderboard_lines(groups: list[Group], rows: list[dict], metric: str) -> list[str]:
+def leaderboard_lines(groups: list[Group], rows: list[dict], metric: str, reference: dict | None = None) -> list[str]:
     """A grid of two axes (a suite's tasks × schemes) as one table of `metric`, rows by the first
     axis, columns by the second, mean ± std over the averaged-over axes, each row's best (the
-    lowest loss or perplexity) in bold; nothing for another number of axes."""
+    lowest loss or perplexity) in bold; nothing for another number of axes.
+
+    A `reference` (the sweep file's) of this metric puts its published number after each cell, and
+    "—" where it gives none for that cell: a missing number is said, not left out."""
     axes = list(groups[0].labels)
     if len(axes) != 2:
         return []
@@ -169,18 +172,24 @@ def leaderboard_lines(groups: list[Group], rows: list[dict], metric: str) -> lis
     row_labels = list(dict.fromkeys(g.labels[axes[0]] for g in groups))
     columns = list(dict.fromkeys(g.labels[axes[1]] for g in groups))
     n = {tuple(g.labels.values()): len(g.results) for g in groups}
-    lines = ["", f"## Leaderboard: {metric}", "", f"Rows: {axes[0]}; columns: {axes[1]}; the best of each row in bold.", "",
-             f"| {axes[0]} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    published = reference["values"] if reference and reference["metric"] == metric else None
+    lines = ["", f"## Leaderboard: {metric}", "", f"Rows: {axes[0]}; columns: {axes[1]}; the best of each row in bold.", ""]
+    if published is not None:
+        lines += [f"After ·: {reference['source']} (published; not computed here; —: no number there for that cell).", ""]
+    lines += [f"| {axes[0]} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for label in row_labels:
         best = (min if metric.split("_")[0] in ("loss", "ppl") else max)(
             (cells[label, c][0] for c in columns if (label, c) in cells), default=None)
         shown = []
         for c in columns:
-            if (label, c) not in cells:
-                shown.append("")
-                continue
-            text = _cell(*cells[label, c], n[label, c], 3)
-            shown.append(f"**{text}**" if cells[label, c][0] == best else text)
+            text = ""
+            if (label, c) in cells:
+                text = _cell(*cells[label, c], n[label, c], 3)
+                text = f"**{text}**" if cells[label, c][0] == best else text
+            if published is not None:
+                value = published.get(group_label({axes[0]: label, axes[1]: c}, ()))
+                text = f"{text or 'not run'} · {'—' if value is None else f'{value:g}'}"
+            shown.append(text)
         lines.append(f"| {label} | " + " | ".join(shown) + " |")
     return lines
 
@@ -289,7 +298,8 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
              + (f"; training lengths {train[0]}–{train[1]} (`_id`: inside, `_ood`: longer)." if train else "."), ""]
     lines += budget_lines(groups) + signature_lines(groups, split)
     if reference:
-        lines += [f"Column *{paper}*: {reference['source']} (published; not computed here).", ""]
+        lines += [f"Column *{paper}*: {reference['source']} (published; not computed here)."
+                  + ("" if all(r["group"] in reference["values"] for r in rows) else " —: no number there for that group."), ""]
     if unmatched:
         lines += [f"The published numbers ({unmatched['source']}) compare with split `{unmatched['split']}`, "
                   f"not `{split}`: not shown (`--split {unmatched['split']}` shows them).", ""]
@@ -302,12 +312,12 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
         cells = [_cell(*row[m], row["n"], 3) if m in row else "" for m in shown]
         if paper:
             value = reference["values"].get(row["group"])
-            cells.append("" if value is None else f"{value:g}")
+            cells.append("—" if value is None else f"{value:g}")
         lines.append(f"| {row['group']} | {row['n']} | " + " | ".join(cells) + " |")
     if drawn:
         lines += ["", "![every run](groups.png)"]
     for m in metrics:
-        lines += leaderboard_lines(groups, rows, f"{m}_ood" if f"{m}_ood" in names else m)
+        lines += leaderboard_lines(groups, rows, f"{m}_ood" if f"{m}_ood" in names else m, reference)
     lines += ["", "## Runs", "", "| group | seed | " + " | ".join(shown) + " | run |", "|---|---|" + "---|" * (len(shown) + 1)]
     for g in groups:
         for r, run_dir in zip(g.results, g.run_dirs):
