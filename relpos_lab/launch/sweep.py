@@ -12,9 +12,9 @@ A sweep file names a base experiment and its axes::
       seed: [1, 2, 3]                             # plain values of one config key
     reference:                                    # optional: published numbers, shown beside
       source: Shaw et al. 2018, Table 2           # ours by `relpos-lab report`
-      metric: bleu
+      metric: bleu                                # ours they compare with (a leaderboard of it shows them)
       split: valid                                # our split to compare them with (newstest2013)
-      values: {none: 12.5, shaw_k16: 25.8}        # report group label -> number
+      values: {none: 12.5, shaw_k16: 25.8}        # report group label -> number; a missing one shows "—"
 
 Points are the product of the axes, numbered in order (the last axis varies fastest). Every point
 is an ordinary experiment config, so its run directory is the deterministic one of records/rundir.py:
