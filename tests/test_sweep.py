@@ -409,7 +409,7 @@ def test_published_numbers_of_another_metric_stay_out_of_the_leaderboard(tmp_pat
     assert "·" not in board.split("## Runs")[0] and "| parity | 0.600 | **0.900** |" in board
 
 
-@pytest.mark.parametrize("name", ["deletang2023_chomsky.yaml", "deletang2023_chomsky_small.yaml"])
+@pytest.mark.parametrize("name", ["deletang2023_chomsky.yaml"])
 def test_the_suite_sweeps_published_numbers_are_keyed_by_task_and_scheme(tmp_path, name):
     """Their `reference:` compares with the leaderboard's metric; a number goes under "<task> <scheme>"."""
     shipped = Path(__file__).parents[1] / "configs" / "sweep" / name
