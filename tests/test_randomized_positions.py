@@ -8,7 +8,7 @@ import torch
 from relpos_lab.core.positions import (
     BUILTIN, RotaryPositions, ShawConfig, ShawPositions, builtin_config, scheme_of,
 )
-from relpos_lab.core.positions.randomized import sample_positions
+from relpos_lab.core.positions.randomized import sample_positions, spread_mask
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig, MultiHeadAttention
 
 from tests.test_positions import attend_with_loop
@@ -47,6 +47,26 @@ def test_positions_0_to_L_minus_1_are_the_plain_layer(scheme, causal):
     want = layer(x, attn_mask=mask, is_causal=causal)
     got = layer(x, attn_mask=mask, is_causal=causal, positions=torch.arange(6))
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES_WITH_POSITIONS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_at_positions_is_the_layer_on_the_spread_sequence(scheme, causal):
+    """Attention runs over the real tokens only (O(L²)); the definition is the plain layer on a
+    sequence of positions[-1] + 1 slots whose gaps are masked out: the same values and gradients."""
+    torch.manual_seed(0)
+    cfg = config(scheme)
+    layer = MultiHeadAttention(cfg, scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal)).double()
+    p = torch.tensor([1, 2, 6, 7, 13, 20])
+    x = torch.randn(3, 6, 16, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 2 + [0] * 4], dtype=torch.bool)[:, None, None, :]
+    spread_x = torch.zeros(3, 21, 16, dtype=torch.float64).index_copy(1, p, x)
+    want = layer(spread_x, attn_mask=spread_mask(mask, causal, p))[:, p]
+    got = layer(x, attn_mask=mask, is_causal=causal, positions=p)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    grad = torch.randn_like(got)
+    torch.testing.assert_close(torch.autograd.grad(got, x, grad)[0], torch.autograd.grad(want, x, grad)[0],
+                               rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -168,14 +168,24 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(y.transpose(1, 2).flatten(2))
 
     def _at_positions(self, x, attn_mask, is_causal, positions: Tensor) -> Tensor:
-        q, k, v = (spread(self._heads(proj(x)), positions, dim=2) for proj in (self.q_proj, self.k_proj, self.v_proj))
-        q, k = self._rotate(q, k, 0)
+        """The scheme's hooks see the tokens spread over a sequence of positions[-1] + 1 slots (gaps
+        masked), so every scheme places them at `positions` unchanged; attention itself runs over
+        the real tokens only, with the labels of their positions: O(L²), not O(positions[-1]²)."""
+        q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self._rotate(spread(q, positions, dim=2), spread(k, positions, dim=2), 0)
         mask = spread_mask(attn_mask, is_causal, positions)  # gaps: keys no query sees (content schemes skip them)
+        extra = self._scheme_kwargs(q, k, spread(x, positions, dim=1), 0, mask, False, None)
+        if extra.get("attn_bias") is not None:  # a dense bias over the slots: the real tokens' rows and columns
+            bias = extra["attn_bias"]
+            for dim in (-2, -1):
+                bias = bias.index_select(dim, positions) if bias.shape[dim] > 1 else bias
+            extra["attn_bias"] = bias
+        q, k = q.index_select(2, positions), k.index_select(2, positions)
         y = relative_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, impl=self.impl,
-            **self._scheme_kwargs(q, k, spread(x, positions, dim=1), 0, mask, False, None),
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, positions=positions,
+            dropout_p=self.dropout if self.training else 0.0, impl=self.impl, **extra,
         )
-        return self.out_proj(y.index_select(2, positions).transpose(1, 2).flatten(2))
+        return self.out_proj(y.transpose(1, 2).flatten(2))
 
     # The scheme's hooks; what they return is checked on the first call only (positions/contract.py).
 

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from relpos_lab.core.attention import banded, capture, flex, fused, gather, reference
-from relpos_lab.core.attention.masks import offset_bias, visibility_mask
+from relpos_lab.core.attention.masks import offset_bias, relative_positions, visibility_mask
 
 IMPLS = ("naive", "batched", "gather", "flex", "banded", "triton", "auto")
 
@@ -55,6 +55,7 @@ def relative_attention(
     impl: str = "auto",
     attn_bias: Tensor | None = None,
     rel_bias: Tensor | None = None,
+    positions: Tensor | None = None,
 ) -> Tensor:
     """Attention over (B, H, L, D) tensors with Shaw relative position representations.
 
@@ -64,11 +65,19 @@ def relative_attention(
     float tensor broadcastable to (B, H, Lq, Lk) added to the scaled logits; ``rel_bias`` (H,
     2·max_distance+1) adds rel_bias[h, clip(j − i, k) + k] to them, the same as that dense bias.
     Fully masked query rows return zeros.
+
+    ``positions`` (Lk,), increasing: key j sits at positions[j] and query row r at
+    positions[query_offset + r] instead of j and query_offset + r (randomized positions: the
+    tokens of a short sequence placed far apart). Only ``gather`` takes them; an inspect probe
+    does not see such calls.
     """
     if impl not in IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}; choose one of {', '.join(IMPLS)}")
     _check_shapes(q, k, v, rel_k, rel_v, max_distance, rel_bias, attn_mask)
     lq, lk = q.shape[-2], k.shape[-2]
+    if positions is not None and (rel_k is not None or rel_v is not None or rel_bias is not None):
+        return _at_positions(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, query_offset, dropout_p,
+                             impl, attn_bias, rel_bias, positions)
     if impl == "triton":  # asked for by name: say why not (auto only picks it where it runs)
         why = fused.unsupported(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset,
                                 dropout_p, attn_bias)
@@ -107,6 +116,24 @@ def relative_attention(
                            query_offset, scale)
     attend = {"naive": reference.naive, "batched": reference.batched, "gather": gather.attend}[impl]
     return attend(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset, dropout_p, scale)
+
+
+def _at_positions(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, query_offset, dropout_p, impl,
+                  attn_bias, rel_bias, positions):
+    """The tables' labels from the given positions; causality and masks stay in index order, which
+    increasing positions keep."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    if impl not in ("auto", "gather"):
+        raise ValueError(f"impl={impl!r} does not take positions; use 'gather' (or 'auto')")
+    if positions.dim() != 1 or positions.numel() != lk or query_offset + lq > lk:
+        raise ValueError(f"positions must be (Lk,) = ({lk},) with query_offset + Lq <= Lk; got "
+                         f"{tuple(positions.shape)}, query_offset={query_offset}, Lq={lq}")
+    labels = relative_positions(lq, lk, max_distance, query_offset, q.device, positions.to(q.device))
+    if rel_bias is not None:
+        dense = rel_bias[:, labels].unsqueeze(0)
+        attn_bias = dense if attn_bias is None else attn_bias + dense
+    allowed = visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device)
+    return gather.attend_at(q, k, v, rel_k, rel_v, labels, allowed, attn_bias, dropout_p, 1.0 / math.sqrt(q.shape[-1]))
 
 
 def _observe(q, k, rel_k, max_distance, allowed, bias, query_offset, scale):

@@ -108,3 +108,19 @@ def attend(q, k, v, rel_k, rel_v, kmax, allowed, attn_bias, query_offset, dropou
     if rel_v is None:
         return p @ v
     return _ValuesWithEdges.apply(p, v, rel_v.to(p.dtype), kmax, query_offset)
+
+
+def attend_at(q, k, v, rel_k, rel_v, labels, allowed, attn_bias, dropout_p, scale):
+    """`attend` with an explicit (Lq, Lk) label matrix, for tokens at arbitrary increasing
+    positions (randomized positions): torch's gather and scatter_add over the matrix, since the
+    labels have no band structure for the window trick above."""
+    q = q * scale
+    scores = q @ k.transpose(-2, -1)
+    if rel_k is not None:
+        qw = q @ rel_k.to(q.dtype).transpose(-2, -1)  # (B, H, Lq, 2k+1)
+        scores = scores + qw.gather(-1, labels.expand(*qw.shape[:-1], labels.shape[-1]))
+    p = attention_probs(scores, 1.0, allowed, attn_bias, dropout_p, v.dtype)
+    if rel_v is None:
+        return p @ v
+    masses = p.new_zeros(*p.shape[:-1], rel_v.shape[-2]).scatter_add(-1, labels.expand_as(p), p)
+    return p @ v + masses @ rel_v.to(p.dtype)

@@ -9,9 +9,13 @@ from torch import Tensor
 
 
 def relative_positions(
-    lq: int, lk: int, max_distance: int, query_offset: int = 0, device=None
+    lq: int, lk: int, max_distance: int, query_offset: int = 0, device=None, positions: Tensor | None = None
 ) -> Tensor:
-    """(Lq, Lk) long tensor of clipped distances shifted to table rows: clip(j - i, k) + k."""
+    """(Lq, Lk) long tensor of clipped distances shifted to table rows: clip(j - i, k) + k; with
+    `positions` (Lk,), the distances between positions[j] and positions[query_offset + r]."""
+    if positions is not None:
+        return (positions[None, :lk] - positions[query_offset:query_offset + lq, None]).clamp(
+            -max_distance, max_distance) + max_distance
     i = torch.arange(lq, device=device) + query_offset
     j = torch.arange(lk, device=device)
     return (j[None, :] - i[:, None]).clamp(-max_distance, max_distance) + max_distance

@@ -6,9 +6,11 @@ embedding and all its layers), so positions beyond the training lengths are seen
 Evaluation and decoding use 0..L-1, as for any model.
 
 Any scheme works unchanged, because a layer computes exactly what the scheme computes on a
-sequence whose tokens sit at those positions: the tokens are spread into a sequence of length
-max(position) + 1 whose other slots are masked out, the scheme runs there, and the rows are read
-back. The cost is that of attention at that length.
+sequence whose tokens sit at those positions: the scheme's hooks see the tokens spread into a
+sequence of length max(position) + 1 whose other slots are masked out (cheap: q, k and the layer
+input, O(max_random_len·D), plus the dense bias of a scheme that has one), and attention runs over
+the real tokens only, its tables read at the labels of their positions (`relative_attention`'s
+`positions`): O(L²) per layer, not O(max_random_len²) as attention over every slot was.
 """
 from __future__ import annotations
 
