@@ -12,7 +12,9 @@ from relpos_lab.core.positions import (
 from relpos_lab.core.decoding import beam_search, greedy_search
 from relpos_lab.core.positions.randomized import sample_positions
 from relpos_lab.core.prefix_lm import PrefixLM
-from relpos_lab.core.transformer import EncoderDecoder, ModelConfig, MultiHeadAttention, seed_eval_positions
+from relpos_lab.core.transformer import (
+    EncoderDecoder, ModelConfig, MultiHeadAttention, positions_in_order, seed_eval_positions,
+)
 
 from tests.test_positions import attend_with_loop
 
@@ -165,6 +167,17 @@ def test_evaluation_draws_positions_and_repeats_from_the_same_seed(scheme):
     assert not torch.allclose(first, second), "two evaluation passes drew the same positions"
     seed_eval_positions(model, 3)
     torch.testing.assert_close(model(src, tgt), first, rtol=0, atol=0)
+
+
+def test_positions_in_order_evaluate_at_0_to_L_minus_1_within_the_block():
+    torch.manual_seed(0)
+    ruoss = EncoderDecoder(config("rope", positions=RUOSS)).eval()
+    plain = EncoderDecoder(config("rope"))
+    plain.load_state_dict(ruoss.state_dict())
+    src, tgt = torch.randint(1, 11, (2, 9)), torch.randint(1, 11, (2, 7))
+    with positions_in_order(ruoss):
+        torch.testing.assert_close(ruoss(src, tgt), plain.eval()(src, tgt), rtol=0, atol=0)
+    assert not torch.allclose(ruoss(src, tgt), plain(src, tgt))
 
 
 def test_randomize_at_eval_leaves_training_as_it_was():

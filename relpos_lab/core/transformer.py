@@ -9,6 +9,7 @@ multi-token prefill both equal a full pass.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -330,6 +331,20 @@ def seed_eval_positions(model: nn.Module, seed: int) -> None:
     for module in model.modules():
         if isinstance(module, Embedding) and module.eval_draws is not None:
             module.eval_draws = draws
+
+
+@contextmanager
+def positions_in_order(model: nn.Module):
+    """Within the block, evaluation places tokens at 0..L-1 even with randomize_at_eval (`relpos-lab
+    inspect` measures attention by token distance j − i)."""
+    drawing = [m for m in model.modules() if isinstance(m, Embedding) and m.randomize_at_eval]
+    for module in drawing:
+        module.randomize_at_eval = False
+    try:
+        yield
+    finally:
+        for module in drawing:
+            module.randomize_at_eval = True
 
 
 class Encoder(nn.Module):
