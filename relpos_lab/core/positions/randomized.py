@@ -6,17 +6,19 @@ embedding, all its layers and every row of the batch), so positions beyond the t
 are seen in training. Two protocols at evaluation:
 
 - `randomize_at_eval: false` (the default): evaluation and decoding use 0..L-1, as for any model.
-- `randomize_at_eval: true`: Ruoss et al.'s protocol. Their code draws at test time exactly as in
+- `randomize_at_eval: true`: Ruoss et al.'s protocol. Their code (google-deepmind/
+  randomized_positional_encodings, read at commit 57bc5d01) draws at test time exactly as in
   training: `experiments/range_evaluation.py` (`range_evaluation`) applies the model with a fresh
-  key from `hk.PRNGSequence(1)` for every batch, and `models/positional_encodings.py`
-  (`noisy_fixed_positional_encodings`) takes `jrandom.choice(arange(noise_max_length),
-  (sequence_length,), replace=False)`, sorted: one draw per forward pass, shared by the batch, as
-  here. (Their noisy RoPE draws anew in each layer, their noisy relative encodings draw distances;
-  here one draw per stack serves every scheme.) Their models are encoders, read off in one pass;
-  our decoders generate token by token, so a generation's positions are drawn up front, for the
-  most tokens it may feed (`Embedding.decoding_positions`), and step t uses the t-th of them: the
-  KV cache then computes what a full pass at those positions computes. Evaluation draws come from
-  a generator that `seed_eval_positions` restarts from the run's seed at every validation and test
+  key from `hk.PRNGSequence(1)` for every batch (seeded, so repeatable), and
+  `models/positional_encodings.py` (`noisy_fixed_positional_encodings`) takes
+  `jrandom.choice(arange(noise_max_length), (sequence_length,), replace=False)`, sorted: one draw
+  from [0, noise_max_length) per forward pass, shared by the batch, as here. (Their noisy RoPE
+  draws anew in each layer, their noisy relative encodings draw distances; here one draw per stack
+  serves every scheme.) Their `models/transformer.py` has encoders only, read off in one pass; our
+  decoders generate token by token, so a generation's positions are drawn up front, for the most
+  tokens it may feed (`Embedding.decoding_positions`), and step t uses the t-th of them: the KV
+  cache then computes what a full pass at those positions computes. Evaluation draws come from a
+  generator that `seed_eval_positions` restarts from the run's seed at every validation and test
   (RelposModule), so a checkpoint evaluated twice gives the same numbers.
 
 Any scheme works unchanged, because a layer computes exactly what the scheme computes on a
