@@ -112,9 +112,9 @@ class ModelConfig:
                                  f"'{self.positions.scheme}' counts its positions from the tokens alone, so it would "
                                  "change nothing; drop it")
         if self.positions.randomize_at_eval and randomized is None:
-            raise ValueError("model.positions.randomize_at_eval=true draws evaluation positions from [0, max_random_len): "
-                             "set model.positions.max_random_len too (e.g. 256, above the longest evaluated sequence), "
-                             "or drop randomize_at_eval")
+            raise ValueError("model.positions.randomize_at_eval=true draws evaluation positions from "
+                             "[0, max_random_len): set model.positions.max_random_len too (e.g. 256, above the "
+                             "longest evaluated sequence), or drop randomize_at_eval")
 
     @property
     def head_dim(self) -> int:
@@ -387,9 +387,10 @@ class Decoder(nn.Module):
     def forward(self, tgt: Tensor, memory=None, memory_mask=None, cache: "DecoderCache | None" = None,
                 self_mask: Tensor | None = None, causal: bool = True, positions: Tensor | None = None) -> Tensor:
         offset = cache.length if cache is not None else 0
+        n = tgt.shape[1]
         if positions is None:
-            positions = self.embed.random_positions(tgt.shape[1]) if cache is None else cache.positions_with(tgt.shape[1])
-        x = self.embed(tgt, offset, None if positions is None else positions[-tgt.shape[1]:])
+            positions = self.embed.random_positions(n) if cache is None else cache.positions_with(n)
+        x = self.embed(tgt, offset, None if positions is None else positions[-n:])
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, memory_mask, cache.layers[i] if cache is not None else None, positions,
                       self_mask, causal)
@@ -500,7 +501,8 @@ class EncoderDecoder(nn.Module):
         decoder layer's keys and values. max_tokens: the most tokens decode_step will be fed (BOS
         included), for which randomize_at_eval draws the decoder's positions up front."""
         memory, memory_mask = self.encoder(src)
-        return DecoderCache(len(self.decoder.layers), memory, memory_mask, self.decoder.embed.decoding_positions(max_tokens))
+        positions = self.decoder.embed.decoding_positions(max_tokens)
+        return DecoderCache(len(self.decoder.layers), memory, memory_mask, positions)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """Logits (B, N, V) for `tokens` (B, N): one or several new positions (a multi-token prefill)
