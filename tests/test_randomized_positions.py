@@ -9,11 +9,11 @@ import torch
 from relpos_lab.core.positions import (
     BUILTIN, RotaryPositions, ShawConfig, ShawPositions, builtin_config, scheme_of,
 )
-from relpos_lab.core.decoding import beam_search, greedy_search
+from relpos_lab.core.decoding import beam_search, greedy_search, sample
 from relpos_lab.core.positions.randomized import sample_positions
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import (
-    EncoderDecoder, ModelConfig, MultiHeadAttention, positions_in_order, seed_eval_positions,
+    DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention, positions_in_order, seed_eval_positions,
 )
 
 from tests.test_positions import attend_with_loop
@@ -253,6 +253,18 @@ def test_cached_prefix_lm_decoding_at_drawn_positions_equals_a_full_pass_at_them
     out = greedy_search(model, src, bos_id=1, eos_id=NEVER, pad_id=0, max_len_a=0.0, max_len_b=budget)
     _, full = steps_and_full_pass(model, src, bos_and(out), [budget], budget)
     assert torch.equal(full.argmax(-1)[:, :-1], out[:, :-1])
+
+
+def test_cached_sampling_of_a_language_model_at_drawn_positions_equals_a_full_pass_at_them():
+    torch.manual_seed(0)
+    model = DecoderLM(config("shaw", positions=RUOSS)).double().eval()
+    prompt, n = torch.randint(3, 11, (2, 4)), 5
+    seed_eval_positions(model, 5)
+    new, logits = sample(model, prompt, n, temperature=0)
+    seed_eval_positions(model, 5)
+    drawn = model.start_decoding(None, max_tokens=4 + n - 1).positions
+    full = model.decoder(torch.cat([prompt, new[:, :-1]], dim=1), positions=drawn)
+    torch.testing.assert_close(logits, full[:, 3:], rtol=1e-10, atol=1e-10)
 
 
 def test_randomize_at_eval_without_its_range_or_budget_is_a_clear_error():
