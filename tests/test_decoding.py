@@ -76,7 +76,7 @@ class GardenPath:
 
     A, B = 3, 4
 
-    def start_decoding(self, src):
+    def start_decoding(self, src, max_tokens=None):
         return ScriptedCache(src.shape[0])
 
     def decode_step(self, tokens, cache):

@@ -1,5 +1,6 @@
 """Randomized positions (Ruoss et al., 2023): every scheme sees exactly the drawn positions in
-training, and evaluation is the plain model."""
+training; evaluation is the plain model, or with randomize_at_eval draws too, reproducibly, and
+cached decoding equals a full pass at the drawn positions."""
 import math
 
 import pytest
@@ -8,8 +9,12 @@ import torch
 from relpos_lab.core.positions import (
     BUILTIN, RotaryPositions, ShawConfig, ShawPositions, builtin_config, scheme_of,
 )
+from relpos_lab.core.decoding import beam_search, greedy_search, sample
 from relpos_lab.core.positions.randomized import sample_positions, spread_mask
-from relpos_lab.core.transformer import EncoderDecoder, ModelConfig, MultiHeadAttention
+from relpos_lab.core.prefix_lm import PrefixLM
+from relpos_lab.core.transformer import (
+    DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention, positions_in_order, seed_eval_positions,
+)
 
 from tests.test_positions import attend_with_loop
 
@@ -154,3 +159,142 @@ def test_invalid_randomization_is_a_clear_error():
     model = EncoderDecoder(config("rope", positions={"max_random_len": 8})).train()
     with pytest.raises(ValueError, match="12 tokens does not fit model.positions.max_random_len=8"):
         model(torch.randint(1, 11, (1, 12)), torch.randint(1, 11, (1, 3)))
+
+
+# --- randomize_at_eval: Ruoss et al.'s protocol, positions drawn at evaluation and decoding too ---
+
+RUOSS = {"max_random_len": 40, "randomize_at_eval": True}
+NEVER = 99  # an EOS id the model cannot predict: every row decodes the whole budget
+
+
+def test_positions_drawn_at_evaluation_are_sorted_unique_and_in_range():
+    model = EncoderDecoder(config("rope", positions=RUOSS)).eval()
+    for embed in (model.encoder.embed, model.decoder.embed):
+        for _ in range(20):
+            p = embed.random_positions(9)
+            assert p.numel() == 9 and (p.diff() > 0).all() and 0 <= p.min() and p.max() < 40
+    drawn = model.start_decoding(torch.randint(1, 11, (2, 5)), max_tokens=12).positions
+    assert drawn.numel() == 12 and (drawn.diff() > 0).all() and 0 <= drawn.min() and drawn.max() < 40
+
+
+@pytest.mark.parametrize("scheme", SCHEMES_WITH_POSITIONS)
+def test_evaluation_draws_positions_and_repeats_from_the_same_seed(scheme):
+    torch.manual_seed(0)
+    model = EncoderDecoder(config(scheme, positions=RUOSS)).eval()
+    src, tgt = torch.randint(1, 11, (2, 9)), torch.randint(1, 11, (2, 7))
+    seed_eval_positions(model, 3)
+    first, second = model(src, tgt), model(src, tgt)
+    assert not torch.allclose(first, second), "two evaluation passes drew the same positions"
+    seed_eval_positions(model, 3)
+    torch.testing.assert_close(model(src, tgt), first, rtol=0, atol=0)
+
+
+def test_positions_in_order_evaluate_at_0_to_L_minus_1_within_the_block():
+    torch.manual_seed(0)
+    ruoss = EncoderDecoder(config("rope", positions=RUOSS)).eval()
+    plain = EncoderDecoder(config("rope"))
+    plain.load_state_dict(ruoss.state_dict())
+    src, tgt = torch.randint(1, 11, (2, 9)), torch.randint(1, 11, (2, 7))
+    with positions_in_order(ruoss):
+        torch.testing.assert_close(ruoss(src, tgt), plain.eval()(src, tgt), rtol=0, atol=0)
+    assert not torch.allclose(ruoss(src, tgt), plain(src, tgt))
+
+
+def test_randomize_at_eval_leaves_training_as_it_was():
+    torch.manual_seed(0)
+    ruoss = EncoderDecoder(config("rope", positions=RUOSS)).train()
+    trained_only = EncoderDecoder(config("rope", positions={"max_random_len": 40}))
+    trained_only.load_state_dict(ruoss.state_dict())
+    src, tgt = torch.randint(1, 11, (2, 9)), torch.randint(1, 11, (2, 7))
+    torch.manual_seed(1)
+    want = trained_only.train()(src, tgt)
+    torch.manual_seed(1)
+    torch.testing.assert_close(ruoss(src, tgt), want, rtol=0, atol=0)
+
+
+def steps_and_full_pass(model, src, tgt_in, split, budget):
+    """Logits of tgt_in fed to the cache in chunks of `split`, and of one full pass at the
+    positions the cache drew (the same seed: the same draws)."""
+    seed_eval_positions(model, 5)
+    cache = model.start_decoding(src, max_tokens=budget)
+    starts = [0, *torch.tensor(split).cumsum(0).tolist()]
+    steps = torch.cat([model.decode_step(tgt_in[:, i:i + n], cache) for i, n in zip(starts, split)], dim=1)
+    if isinstance(model, PrefixLM):
+        seq, n = torch.cat([src, model.joint(tgt_in)], dim=1), src.shape[1]
+        mask = model._prefix_mask(torch.full((len(src),), n), seq.shape[1]) if model.bidirectional else None
+        full = model.decoder(seq, self_mask=mask, causal=not model.bidirectional, positions=cache.positions)[:, n:]
+    else:
+        full = model.decoder(tgt_in, cache.memory, cache.memory_mask, positions=cache.positions)
+    return steps, full
+
+
+def bos_and(out):
+    return torch.cat([torch.ones(len(out), 1, dtype=torch.long), out[:, :-1]], dim=1)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES_WITH_POSITIONS)
+def test_cached_decoding_at_drawn_positions_equals_a_full_pass_at_them(scheme):
+    """The decoder's positions are drawn once for the whole budget; step t takes the t-th: one token
+    at a time and a multi-token prefill both give the full pass's logits, and greedy (and beam
+    search of width 1) emits its argmax."""
+    torch.manual_seed(0)
+    model = EncoderDecoder(config(scheme, positions=RUOSS)).double().eval()
+    src, budget = torch.randint(3, 11, (2, 6)), 8
+    src[1, 4:] = 0  # padding
+    tgt_in = bos_and(torch.randint(3, 11, (2, budget)))
+    for split in ([1] * budget, [3, 1, 4]):
+        steps, full = steps_and_full_pass(model, src, tgt_in, split, budget)
+        torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-10)
+
+    search = dict(bos_id=1, eos_id=NEVER, pad_id=0, max_len_a=0.0, max_len_b=budget)
+    seed_eval_positions(model, 5)
+    out = greedy_search(model, src, **search)
+    _, full = steps_and_full_pass(model, src, bos_and(out), [budget], budget)
+    assert torch.equal(full.argmax(-1)[:, :-1], out[:, :-1])
+    for_beam = {**search, "eos_id": 2}
+    seed_eval_positions(model, 5)
+    greedy = greedy_search(model, src, **for_beam)
+    seed_eval_positions(model, 5)
+    assert torch.equal(beam_search(model, src, beam_size=1, **for_beam), greedy)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["causal", "bidirectional_prefix"])
+@pytest.mark.parametrize("scheme", ["shaw", "rope", "learned", "alibi"])
+def test_cached_prefix_lm_decoding_at_drawn_positions_equals_a_full_pass_at_them(scheme, bidirectional):
+    """Decoder-only: the source's and the whole output's positions are drawn when decoding starts;
+    the prefill takes the source's, the steps the rest."""
+    torch.manual_seed(0)
+    cfg = config(scheme, architecture="decoder_only", bidirectional_prefix=bidirectional, positions=RUOSS)
+    model = PrefixLM(cfg).double().eval()
+    src, budget = torch.randint(3, 11, (2, 5)), 7
+    steps, full = steps_and_full_pass(model, src, bos_and(torch.randint(3, 11, (2, budget))), [2] + [1] * 5, budget)
+    torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-10)
+    seed_eval_positions(model, 5)
+    out = greedy_search(model, src, bos_id=1, eos_id=NEVER, pad_id=0, max_len_a=0.0, max_len_b=budget)
+    _, full = steps_and_full_pass(model, src, bos_and(out), [budget], budget)
+    assert torch.equal(full.argmax(-1)[:, :-1], out[:, :-1])
+
+
+def test_cached_sampling_of_a_language_model_at_drawn_positions_equals_a_full_pass_at_them():
+    torch.manual_seed(0)
+    model = DecoderLM(config("shaw", positions=RUOSS)).double().eval()
+    prompt, n = torch.randint(3, 11, (2, 4)), 5
+    seed_eval_positions(model, 5)
+    new, logits = sample(model, prompt, n, temperature=0)
+    seed_eval_positions(model, 5)
+    drawn = model.start_decoding(None, max_tokens=4 + n - 1).positions
+    full = model.decoder(torch.cat([prompt, new[:, :-1]], dim=1), positions=drawn)
+    torch.testing.assert_close(logits, full[:, 3:], rtol=1e-10, atol=1e-10)
+
+
+def test_randomize_at_eval_without_its_range_or_budget_is_a_clear_error():
+    with pytest.raises(ValueError, match="randomize_at_eval=true draws evaluation positions from "
+                                         r"\[0, max_random_len\): set model.positions.max_random_len too"):
+        config("rope", positions={"randomize_at_eval": True}).validate()
+    model = EncoderDecoder(config("rope", positions=RUOSS)).eval()
+    with pytest.raises(ValueError, match=r"pass start_decoding\(src, max_tokens=...\)"):
+        model.start_decoding(torch.randint(1, 11, (1, 4)))
+    cache = model.start_decoding(torch.randint(1, 11, (1, 4)), max_tokens=2)
+    model.decode_step(torch.ones(1, 2, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="decoding feeds more than the 2 tokens whose positions were drawn"):
+        model.decode_step(torch.ones(1, 1, dtype=torch.long), cache)

@@ -356,3 +356,25 @@ def test_stop_at_ends_training_at_the_first_validation_past_it_and_randomized_po
     results = json.loads((run_dir / "results.json").read_text())
     assert results["global_step"] == 10
     assert global_step(run_dir / "checkpoints" / "last.ckpt") == 10
+
+
+def test_randomized_positions_at_evaluation_give_the_same_numbers_each_time_a_checkpoint_is_evaluated(tmp_path):
+    """model.positions.randomize_at_eval (Ruoss et al.'s protocol) draws positions at evaluation
+    too, from the run's seed at the start of every evaluation: `eval` reproduces the final test.
+    `inspect` measures attention at token distances, in order."""
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    out = run_cli("train", "tiny.yaml", "trainer.max_steps=20", "trainer.val_every_n_steps=10",
+                  "model.positions.max_random_len=32", "model.positions.randomize_at_eval=true", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    run_dir = run_dir_of(tmp_path)
+    assert "-k4-rand32eval-" in run_dir.name
+    results = json.loads((run_dir / "results.json").read_text())
+    out = run_cli("eval", str(run_dir / results["checkpoint"]), "--split", "test", "--output", "again", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    again = json.loads((tmp_path / "again" / "results.json").read_text())
+    for name in ("exact_match", "token_accuracy", "loss"):
+        assert again["metrics"][f"test/{name}"] == pytest.approx(results["metrics"][f"test/{name}"], abs=1e-6)
+    assert again["by_length"]["test"] == results["by_length"]["test"]
+    out = run_cli("inspect", str(run_dir / results["checkpoint"]), "--out", "inspected", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads((tmp_path / "inspected" / "inspect.json").read_text())["sets"]["valid"]["attention"]

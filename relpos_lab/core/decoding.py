@@ -1,8 +1,10 @@
 """Batched greedy and beam search over any model with a cached decoding interface.
 
 A model decodes through two methods (EncoderDecoder and DecoderLM have them):
-``start_decoding(src) -> cache`` and ``decode_step(tokens, cache) -> logits`` for one or more new
-positions; the cache has ``reorder(index)``. The first step feeds the whole prefix (BOS, or a
+``start_decoding(src, max_tokens) -> cache`` and ``decode_step(tokens, cache) -> logits`` for one or
+more new positions; the cache has ``reorder(index)``. max_tokens is the most tokens the search
+will feed decode_step (the prefix included), for a model that draws its positions up front
+(randomized positions at evaluation, positions/randomized.py). The first step feeds the whole prefix (BOS, or a
 prompt for a decoder-only model) at once: a multi-token prefill. Prompts in one batch must have
 equal lengths: there is no key-padding mask for the decoder, so a padded prompt would be
 continued from its padding.
@@ -53,7 +55,7 @@ def greedy_search(model, src: Tensor | None, *, bos_id: int, eos_id: int, pad_id
     tokens = _prefix(src, prompt, bos_id, device)
     batch = tokens.shape[0]
     limit = max_lengths(src, pad_id, max_len_a, max_len_b, batch, device).clamp_min(1)
-    cache = model.start_decoding(src)
+    cache = model.start_decoding(src, max_tokens=tokens.shape[1] + int(limit.max()) - 1)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     out = []
     for step in range(int(limit.max())):
@@ -88,7 +90,7 @@ def beam_search(model, src: Tensor | None, *, beam_size: int = 4, length_penalty
     max_steps = int(limit.max())
 
     rows = torch.arange(batch, device=device).repeat_interleave(k)
-    cache = model.start_decoding(src)
+    cache = model.start_decoding(src, max_tokens=prefix.shape[1] + max_steps - 1)
     cache.reorder(rows)
     tokens = prefix.index_select(0, rows)
     scores = torch.full((batch, k), float("-inf"), device=device)
@@ -166,7 +168,7 @@ def sample(model, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1
     KV cache, as translation decodes. `cached=False` recomputes the whole sequence every step (the
     baseline the cache must match and beat). Returns (new tokens (B, N), their logits (B, N, V)).
     """
-    cache = model.start_decoding(None) if cached else None
+    cache = model.start_decoding(None, max_tokens=prompt.shape[1] + max_new_tokens - 1) if cached else None
     tokens, step_input, new, logits_seen = prompt, prompt, [], []
     for _ in range(max_new_tokens):
         logits = (model.decode_step(step_input, cache) if cached else model(tokens))[:, -1]

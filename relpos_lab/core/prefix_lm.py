@@ -81,12 +81,15 @@ class PrefixLM(nn.Module):
         reach = torch.maximum(i[None, :], n[:, None] - 1)  # (B, L): the last key query i sees
         return (i[None, None, :] <= reach[:, :, None])[:, None]
 
-    def start_decoding(self, src: Tensor) -> DecoderCache:
-        """Prefill the source in one call (under the prefix mask); steps continue from <sep>."""
+    def start_decoding(self, src: Tensor, max_tokens: int | None = None) -> DecoderCache:
+        """Prefill the source in one call (under the prefix mask); steps continue from <sep>.
+        max_tokens: the most target tokens decode_step will be fed (<sep> included); with
+        randomize_at_eval, the positions of the source and of those are drawn here."""
         if (src == self.pad_id).any():
             raise ValueError("PrefixLM decodes sources of one length per call (padding would shift positions): "
                              "decode through relpos_lab.core.decoding.by_source_length")
-        cache = DecoderCache(len(self.decoder.layers))
+        total = None if max_tokens is None else src.shape[1] + max_tokens
+        cache = DecoderCache(len(self.decoder.layers), positions=self.decoder.embed.decoding_positions(total))
         if src.shape[1]:
             self.decoder(src, cache=cache, causal=not self.bidirectional)
         return cache

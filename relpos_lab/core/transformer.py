@@ -9,6 +9,7 @@ multi-token prefill both equal a full pass.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -110,6 +111,10 @@ class ModelConfig:
                 raise ValueError(f"model.positions.max_random_len randomizes token indices, and scheme "
                                  f"'{self.positions.scheme}' counts its positions from the tokens alone, so it would "
                                  "change nothing; drop it")
+        if self.positions.randomize_at_eval and randomized is None:
+            raise ValueError("model.positions.randomize_at_eval=true draws evaluation positions from "
+                             "[0, max_random_len): set model.positions.max_random_len too (e.g. 256, above the "
+                             "longest evaluated sequence), or drop randomize_at_eval")
 
     @property
     def head_dim(self) -> int:
@@ -142,8 +147,11 @@ class MultiHeadAttention(nn.Module):
         positions, which relative schemes need) and attend to everything cached; cross-attention
         projects the context on its first step only, since the memory never changes.
         `positions` (increasing, one per token) places self-attention's tokens there instead of
-        0..L-1 (randomized positions; see positions/randomized.py).
+        0..L-1 (randomized positions; see positions/randomized.py); with a cache, it holds the
+        positions of every token so far, x's last.
         """
+        if positions is not None and cache is not None:
+            return self._decode_at_positions(x, attn_mask, is_causal, positions, cache)
         if positions is not None:
             return self._at_positions(x, attn_mask, is_causal, positions)
         q = self._heads(self.q_proj(x))
@@ -186,6 +194,21 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0, impl=self.impl, **extra,
         )
         return self.out_proj(y.transpose(1, 2).flatten(2))
+
+    def _decode_at_positions(self, x, attn_mask, is_causal, positions: Tensor, cache: KVCache) -> Tensor:
+        """x's tokens at `positions`: spread over the slots from the cache's end to the last
+        position, gaps masked; the cache keeps the spread keys, so a step sees what a full pass sees."""
+        offset = cache.length
+        new = positions[-x.shape[1]:] - offset  # x's slots in this segment
+        q, k, v = (spread(self._heads(proj(x)), new, dim=2) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self._rotate(q, k, offset)
+        k, v = cache.append(k, v)
+        mask = spread_mask(attn_mask, is_causal, positions)[..., offset:, :]  # gaps: keys no query sees
+        y = relative_attention(
+            q, k, v, attn_mask=mask, query_offset=offset, dropout_p=self.dropout if self.training else 0.0,
+            impl=self.impl, **self._scheme_kwargs(q, k, spread(x, new, dim=1), offset, mask, False, cache),
+        )
+        return self.out_proj(y.index_select(2, new).transpose(1, 2).flatten(2))
 
     # The scheme's hooks; what they return is checked on the first call only (positions/contract.py).
 
@@ -281,12 +304,28 @@ class Embedding(nn.Module):
         self.unchecked = self.positions is not None  # its output is checked on the first call (contract.py)
         self.scale, self.dropout = math.sqrt(cfg.d_model), nn.Dropout(cfg.dropout)
         self.max_random_len = cfg.positions.max_random_len
+        self.randomize_at_eval = cfg.positions.randomize_at_eval
+        # evaluation's draws; the model's embeddings share one (seed_eval_positions)
+        self.eval_draws = torch.Generator().manual_seed(0) if self.randomize_at_eval else None
 
-    def random_positions(self, ids: Tensor) -> Tensor | None:
-        """In training with randomized positions, this forward pass's positions (else None)."""
-        if not self.training or self.max_random_len is None:
+    def random_positions(self, length: int) -> Tensor | None:
+        """This forward pass's positions for `length` tokens with randomized positions: a fresh draw
+        in training, and in evaluation with randomize_at_eval (from `eval_draws`); None: 0..L-1."""
+        if self.max_random_len is None or not (self.training or self.randomize_at_eval):
             return None
-        return sample_positions(ids.shape[1], self.max_random_len, ids.device)
+        draws = None if self.training else self.eval_draws
+        return sample_positions(length, self.max_random_len, self.tokens.weight.device, draws)
+
+    def decoding_positions(self, max_tokens: int | None) -> Tensor | None:
+        """A generation's positions, drawn up front for the most tokens it may feed (randomize_at_eval,
+        in evaluation): step t takes the t-th. None: 0, 1, ... (and while training, as before)."""
+        if self.training or not self.randomize_at_eval:
+            return None
+        if max_tokens is None:
+            raise ValueError("model.positions.randomize_at_eval draws a generation's positions up front: pass "
+                             "start_decoding(src, max_tokens=...) the most tokens decode_step will be fed "
+                             "(relpos_lab.core.decoding does)")
+        return self.random_positions(max_tokens)
 
     def forward(self, ids: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         x = self.tokens(ids) * self.scale
@@ -304,6 +343,30 @@ class Embedding(nn.Module):
         return self.positions(zeros, 0).index_select(1, positions)
 
 
+def seed_eval_positions(model: nn.Module, seed: int) -> None:
+    """Restart evaluation's position draws (randomize_at_eval) from `seed`, one generator for all of
+    `model`'s embeddings (an encoder's and a decoder's draws then differ). RelposModule calls it with
+    the run's seed before every validation and test, so a checkpoint's numbers repeat."""
+    draws = torch.Generator().manual_seed(seed)
+    for module in model.modules():
+        if isinstance(module, Embedding) and module.eval_draws is not None:
+            module.eval_draws = draws
+
+
+@contextmanager
+def positions_in_order(model: nn.Module):
+    """Within the block, evaluation places tokens at 0..L-1 even with randomize_at_eval (`relpos-lab
+    inspect` measures attention by token distance j − i)."""
+    drawing = [m for m in model.modules() if isinstance(m, Embedding) and m.randomize_at_eval]
+    for module in drawing:
+        module.randomize_at_eval = False
+    try:
+        yield
+    finally:
+        for module in drawing:
+            module.randomize_at_eval = True
+
+
 class Encoder(nn.Module):
     def __init__(self, cfg: ModelConfig, embed: Embedding):
         super().__init__()
@@ -314,7 +377,7 @@ class Encoder(nn.Module):
     def forward(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """Returns the memory and its key mask (B, 1, 1, S), True at real tokens."""
         key_mask = (src != self.pad_id)[:, None, None, :]
-        positions = self.embed.random_positions(src)
+        positions = self.embed.random_positions(src.shape[1])
         x = self.embed(src, positions=positions)
         for layer in self.layers:
             x = layer(x, key_mask, positions)
@@ -327,6 +390,9 @@ class Decoder(nn.Module):
     causal=False builds the position schemes for attention that may also look ahead (a prefix LM's
     bidirectional prefix: T5's bidirectional buckets); each call still says how it attends:
     `causal` and `self_mask` (bool, True = may attend) go to every self-attention.
+
+    `positions` (increasing, one per token of tgt) places the tokens there; by default they are
+    drawn as positions/randomized.py says (while decoding, taken from the cache's draw), else 0..L-1.
     """
 
     def __init__(self, cfg: ModelConfig, embed: Embedding, cross_attention: bool = True, causal: bool = True):
@@ -339,10 +405,12 @@ class Decoder(nn.Module):
             self.output.weight = embed.tokens.weight
 
     def forward(self, tgt: Tensor, memory=None, memory_mask=None, cache: "DecoderCache | None" = None,
-                self_mask: Tensor | None = None, causal: bool = True) -> Tensor:
+                self_mask: Tensor | None = None, causal: bool = True, positions: Tensor | None = None) -> Tensor:
         offset = cache.length if cache is not None else 0
-        positions = self.embed.random_positions(tgt) if cache is None else None
-        x = self.embed(tgt, offset, positions)
+        n = tgt.shape[1]
+        if positions is None:
+            positions = self.embed.random_positions(n) if cache is None else cache.positions_with(n)
+        x = self.embed(tgt, offset, None if positions is None else positions[-n:])
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, memory_mask, cache.layers[i] if cache is not None else None, positions,
                       self_mask, causal)
@@ -390,12 +458,24 @@ class LayerCache:
 
 
 class DecoderCache:
-    """What decoding carries from step to step: a LayerCache per decoder layer and the encoder's
-    output, which the cross-attention of a layer's first step projects."""
+    """What decoding carries from step to step: a LayerCache per decoder layer, the encoder's
+    output, which the cross-attention of a layer's first step projects, and the positions drawn for
+    the whole generation (randomize_at_eval; None: 0, 1, ...), the same for every row."""
 
-    def __init__(self, n_layers: int, memory=None, memory_mask=None):
+    def __init__(self, n_layers: int, memory=None, memory_mask=None, positions: Tensor | None = None):
         self.layers = [LayerCache() for _ in range(n_layers)]
         self.memory, self.memory_mask = memory, memory_mask
+        self.positions = positions
+
+    def positions_with(self, n: int) -> Tensor | None:
+        """The drawn positions of every token so far and of `n` new ones (theirs last), or None."""
+        if self.positions is None:
+            return None
+        seen = int((self.positions < self.length).sum())  # the cache ends one slot after its last token
+        if seen + n > self.positions.numel():
+            raise ValueError(f"decoding feeds more than the {self.positions.numel()} tokens whose positions "
+                             "were drawn: start_decoding's max_tokens must cover every token decode_step is fed")
+        return self.positions[:seen + n]
 
     @property
     def length(self) -> int:
@@ -428,6 +508,7 @@ class EncoderDecoder(nn.Module):
         shared = src_embed.tokens if cfg.share_src_tgt_embeddings else None
         self.encoder = Encoder(cfg, src_embed)
         self.decoder = Decoder(cfg, Embedding(cfg, cfg.tgt_vocab_size, shared))
+        seed_eval_positions(self, 0)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher forcing: src (B, S), tgt_in (B, T) (the target shifted right, BOS first) ->
@@ -435,11 +516,13 @@ class EncoderDecoder(nn.Module):
         memory, memory_mask = self.encoder(src)
         return self.decoder(tgt_in, memory, memory_mask)
 
-    def start_decoding(self, src: Tensor) -> DecoderCache:
+    def start_decoding(self, src: Tensor, max_tokens: int | None = None) -> DecoderCache:
         """Encode src (B, S) once; the returned cache holds the memory and, as decoding goes, every
-        decoder layer's keys and values."""
+        decoder layer's keys and values. max_tokens: the most tokens decode_step will be fed (BOS
+        included), for which randomize_at_eval draws the decoder's positions up front."""
         memory, memory_mask = self.encoder(src)
-        return DecoderCache(len(self.decoder.layers), memory, memory_mask)
+        positions = self.decoder.embed.decoding_positions(max_tokens)
+        return DecoderCache(len(self.decoder.layers), memory, memory_mask, positions)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """Logits (B, N, V) for `tokens` (B, N): one or several new positions (a multi-token prefill)
@@ -463,9 +546,10 @@ class DecoderLM(nn.Module):
         """tokens (B, L) -> logits (B, L, V), position t predicting token t + 1."""
         return self.decoder(tokens)
 
-    def start_decoding(self, src: Tensor | None = None) -> DecoderCache:
-        """An empty KV cache (`src` is unused: the signature is the encoder-decoder's, for decoding.py)."""
-        return DecoderCache(len(self.decoder.layers))
+    def start_decoding(self, src: Tensor | None = None, max_tokens: int | None = None) -> DecoderCache:
+        """An empty KV cache (`src` is unused: the signature is the encoder-decoder's, for decoding.py);
+        max_tokens: the most tokens decode_step will be fed (randomize_at_eval draws their positions)."""
+        return DecoderCache(len(self.decoder.layers), positions=self.decoder.embed.decoding_positions(max_tokens))
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """Logits (B, N, V) for `tokens` (B, N) placed after the cache's positions (the first call

@@ -60,6 +60,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.positions.max_distance_left": None,
     "model.positions.max_distance_right": None,
     "model.positions.max_random_len": None,
+    "model.positions.randomize_at_eval": False,
     "trainer.stop_at": None,
     "model.architecture": "encoder_decoder",
     "model.bidirectional_prefix": False,
@@ -181,7 +182,8 @@ def _run_slug(cfg: DictConfig, family: bool = True) -> str:
         parts.append(None if k is None else f"k{k}")
     randomized = OmegaConf.select(cfg, "model.positions.max_random_len", default=None)
     if randomized is not None:
-        parts.append(f"rand{randomized}")
+        at_eval = OmegaConf.select(cfg, "model.positions.randomize_at_eval", default=False)
+        parts.append(f"rand{randomized}" + ("eval" if at_eval else ""))
     architecture = OmegaConf.select(cfg, "model.architecture", default=None)
     if family and architecture not in (None, ADDED_KEYS["model.architecture"]):
         parts.append(architecture)

@@ -34,7 +34,7 @@ from relpos_lab.api.errors import shown_path
 from relpos_lab.api.files import atomic_write
 from relpos_lab.core.attention.capture import AttentionProbe, capturing
 from relpos_lab.core.positions import RelativePositions
-from relpos_lab.core.transformer import Decoder, Encoder, MultiHeadAttention
+from relpos_lab.core.transformer import Decoder, Encoder, MultiHeadAttention, positions_in_order
 from relpos_lab.records import inspect_plots as plots
 from relpos_lab.records.loggers import RunCSVLogger, build_loggers, close_loggers, log_images, log_samples
 from relpos_lab.training.checkpoints import CHECKPOINTS, global_step_of, load_checkpoint, task_from_checkpoint
@@ -115,9 +115,10 @@ def inspect_model(model: torch.nn.Module, task: Task, cfg: DictConfig, out_dir: 
     was_training = model.training
     model.eval()
     try:
-        probes = {name: _measure(model, task, examples, batch_size) for name, (_, examples) in sets.items()}
-        ids: dict = {}  # the example's token ids by side, for the maps' tick labels
-        example = _measure(model, task, [max(sets[split][1], key=task.example_length)], 1, ids)
+        with positions_in_order(model):  # offsets j − i are token distances, also with randomize_at_eval
+            probes = {name: _measure(model, task, examples, batch_size) for name, (_, examples) in sets.items()}
+            ids: dict = {}  # the example's token ids by side, for the maps' tick labels
+            example = _measure(model, task, [max(sets[split][1], key=task.example_length)], 1, ids)
     finally:
         model.train(was_training)
     numbers = {"run": run_name, "scheme": scheme, "split": split,

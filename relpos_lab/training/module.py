@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from relpos_lab.api.contract import Checked, check
 from relpos_lab.api.evaluation import EvalResult
 from relpos_lab.api.task import Task
+from relpos_lab.core.transformer import seed_eval_positions
 from relpos_lab.records.loggers import log_samples
 from relpos_lab.training.data import EMPTY
 from relpos_lab.training.optim import build_optimizer, build_scheduler
@@ -69,6 +70,12 @@ class RelposModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # --- evaluation: one path for validation, test and `eval` -------------------------------
+
+    def on_validation_epoch_start(self) -> None:
+        seed_eval_positions(self.model, self.cfg.seed)  # evaluation's randomized positions repeat (randomize_at_eval)
+
+    def on_test_epoch_start(self) -> None:
+        seed_eval_positions(self.model, self.cfg.seed)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._evaluate("valid", batch, batch_idx)

@@ -60,6 +60,10 @@ class PositionConfig:
     """randomized positions (Ruoss et al., 2023): in training, an ordered random subset of
     [0, max_random_len) instead of 0..L-1; None: off"""
 
+    randomize_at_eval: bool = False
+    """with max_random_len: draw the positions at evaluation and decoding too, as Ruoss et al.'s
+    code does (reproducibly, from the run's seed); false: evaluate at 0..L-1"""
+
     scheme_class: ClassVar[type[PositionScheme] | None] = None  # set when a scheme claims the class
 
     def validate(self) -> None:

@@ -2,8 +2,24 @@
 
 In training, a sequence of length L is given the positions of an ordered random subset of
 [0, max_random_len) instead of 0..L-1 (one draw per forward pass of a stack, shared by its
-embedding and all its layers), so positions beyond the training lengths are seen in training.
-Evaluation and decoding use 0..L-1, as for any model.
+embedding, all its layers and every row of the batch), so positions beyond the training lengths
+are seen in training. Two protocols at evaluation:
+
+- `randomize_at_eval: false` (the default): evaluation and decoding use 0..L-1, as for any model.
+- `randomize_at_eval: true`: Ruoss et al.'s protocol. Their code (google-deepmind/
+  randomized_positional_encodings, read at commit 57bc5d01) draws at test time exactly as in
+  training: `experiments/range_evaluation.py` (`range_evaluation`) applies the model with a fresh
+  key from `hk.PRNGSequence(1)` for every batch (seeded, so repeatable), and
+  `models/positional_encodings.py` (`noisy_fixed_positional_encodings`) takes
+  `jrandom.choice(arange(noise_max_length), (sequence_length,), replace=False)`, sorted: one draw
+  from [0, noise_max_length) per forward pass, shared by the batch, as here. (Their noisy RoPE
+  draws anew in each layer, their noisy relative encodings draw distances; here one draw per stack
+  serves every scheme.) Their `models/transformer.py` has encoders only, read off in one pass; our
+  decoders generate token by token, so a generation's positions are drawn up front, for the most
+  tokens it may feed (`Embedding.decoding_positions`), and step t uses the t-th of them: the KV
+  cache then computes what a full pass at those positions computes. Evaluation draws come from a
+  generator that `seed_eval_positions` restarts from the run's seed at every validation and test
+  (RelposModule), so a checkpoint evaluated twice gives the same numbers.
 
 Any scheme works unchanged, because a layer computes exactly what the scheme computes on a
 sequence whose tokens sit at those positions: the scheme's hooks see the tokens spread into a
@@ -11,6 +27,8 @@ sequence of length max(position) + 1 whose other slots are masked out (cheap: q,
 input, O(max_random_len·D), plus the dense bias of a scheme that has one), and attention runs over
 the real tokens only, its tables read at the labels of their positions (`relative_attention`'s
 `positions`): O(L²) per layer, not O(max_random_len²) as attention over every slot was.
+Decoding (randomize_at_eval) keeps the spread keys in the KV cache, gaps included: each step
+appends the slots up to its token's position and attends over the slots (O(max_random_len) a step).
 """
 from __future__ import annotations
 
@@ -18,12 +36,17 @@ import torch
 from torch import Tensor
 
 
-def sample_positions(length: int, max_random_len: int, device=None) -> Tensor:
-    """An increasing random subset of [0, max_random_len) with `length` elements."""
+def sample_positions(length: int, max_random_len: int, device=None,
+                     generator: torch.Generator | None = None) -> Tensor:
+    """An increasing random subset of [0, max_random_len) with `length` elements, drawn on
+    `device` from the global generator, or from `generator` (a CPU one: the same draws on any device)."""
     if length > max_random_len:
         raise ValueError(f"a sequence of {length} tokens does not fit model.positions.max_random_len="
-                         f"{max_random_len}; raise it above the longest training sequence (with BOS/EOS)")
-    return torch.randperm(max_random_len, device=device)[:length].sort().values
+                         f"{max_random_len}; raise it above the longest sequence placed (with BOS/EOS; with "
+                         f"randomize_at_eval, also the longest evaluated one and a decoder's whole output budget)")
+    if generator is None:
+        return torch.randperm(max_random_len, device=device)[:length].sort().values
+    return torch.randperm(max_random_len, generator=generator)[:length].sort().values.to(device)
 
 
 def spread(x: Tensor, positions: Tensor, dim: int) -> Tensor:
