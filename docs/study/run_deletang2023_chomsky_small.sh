@@ -2,7 +2,7 @@
 # Regenerates docs/study/deletang2023_chomsky_small/ (docs/study/deletang2023_chomsky_small.md):
 # the sweep's points of the seeds in SEEDS and the schemes in SCHEMES (labels of its scheme axis),
 # seed by seed, two runs at a time with one thread each (~50 s per run), then the reports. Finished
-# points are skipped, so the study grows by reruns with other SEEDS/SCHEMES.
+# points are skipped, so the study grows by reruns with other SEEDS/SCHEMES (REPORT=0: no reports).
 #   SEEDS="1 2" SCHEMES="none shaw_k4 alibi" bash docs/study/run_deletang2023_chomsky_small.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,5 +22,6 @@ for seed in seeds:
             print(p["index"])
 PY
 xargs -P 2 -I{} sh -c 'relpos-lab sweep deletang2023_chomsky_small --point {} > logs/chomsky-point-{}.log 2>&1 || echo "point {} failed: logs/chomsky-point-{}.log"' < logs/chomsky_points.txt
+[ "${REPORT:-1}" = 0 ] && exit 0
 relpos-lab report runs/deletang2023_chomsky_small --metric accuracy --out "$out"
 relpos-lab report runs/deletang2023_chomsky_small --metric accuracy --split valid --out "$out/valid"
