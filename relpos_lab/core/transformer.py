@@ -266,7 +266,9 @@ class Embedding(nn.Module):
             nn.init.normal_(self.tokens.weight, std=cfg.d_model**-0.5)
             with torch.no_grad():
                 self.tokens.weight[cfg.pad_id].zero_()
-        self.positions = scheme_of(cfg.positions).embedding(cfg.d_model)
+        scheme = scheme_of(cfg.positions)
+        self.positions = scheme.embedding(cfg.d_model)
+        self.reads_tokens = scheme.reads_tokens  # its module is called with the ids of every position so far
         self.scheme = contract.label(cfg.positions)
         self.unchecked = self.positions is not None  # its output is checked on the first call (contract.py)
         self.scale, self.dropout = math.sqrt(cfg.d_model), nn.Dropout(cfg.dropout)
@@ -278,10 +280,16 @@ class Embedding(nn.Module):
             return None
         return sample_positions(ids.shape[1], self.max_random_len, ids.device)
 
-    def forward(self, ids: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+    def forward(self, ids: Tensor, offset: int = 0, positions: Tensor | None = None,
+                seen: Tensor | None = None) -> Tensor:
+        """`seen`: with a cache, the ids of every position so far (the cached, then `ids`), for a
+        scheme that `reads_tokens`; without one, `ids` are all there is."""
         x = self.tokens(ids) * self.scale
         if self.positions is not None:
-            placed = self.positions(x, offset) if positions is None else x + self._at(positions, x)
+            if self.reads_tokens:
+                placed = self.positions(x, offset, ids if seen is None else seen)
+            else:
+                placed = self.positions(x, offset) if positions is None else x + self._at(positions, x)
             if self.unchecked:
                 contract.check_embedding(self.scheme, self.positions, placed, x)
                 self.unchecked = False
@@ -332,7 +340,8 @@ class Decoder(nn.Module):
                 self_mask: Tensor | None = None, causal: bool = True) -> Tensor:
         offset = cache.length if cache is not None else 0
         positions = self.embed.random_positions(tgt) if cache is None else None
-        x = self.embed(tgt, offset, positions)
+        seen = cache.remember(tgt) if cache is not None and self.embed.reads_tokens else None
+        x = self.embed(tgt, offset, positions, seen)
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, memory_mask, cache.layers[i] if cache is not None else None, positions,
                       self_mask, causal)
@@ -386,6 +395,12 @@ class DecoderCache:
     def __init__(self, n_layers: int, memory=None, memory_mask=None):
         self.layers = [LayerCache() for _ in range(n_layers)]
         self.memory, self.memory_mask = memory, memory_mask
+        self.tokens: Tensor | None = None  # every position's token id, kept for a scheme that reads them
+
+    def remember(self, tokens: Tensor) -> Tensor:
+        """Add the new positions' token ids (B, N); returns every position's so far."""
+        self.tokens = tokens if self.tokens is None else torch.cat((self.tokens, tokens), dim=1)
+        return self.tokens
 
     @property
     def length(self) -> int:
@@ -396,6 +411,8 @@ class DecoderCache:
         """Keep batch rows `index` (beam search picks its surviving hypotheses with this)."""
         for layer in self.layers:
             layer.reorder(index)
+        if self.tokens is not None:
+            self.tokens = self.tokens.index_select(0, index)
         if self.memory is not None:
             self.memory = self.memory.index_select(0, index)
             self.memory_mask = self.memory_mask.index_select(0, index)
