@@ -16,11 +16,13 @@ A digit's significance (0 = units) follows the direction the numbers are written
 
 "123+4567" → significances 2 1 0 · 3 2 1 0 ("·" the "+", no digit); a target "<s> 0 9 6 4" → · 0 1 2 3.
 
-Cached decoding equals the full pass when every number of the source arrives in one call (an
-encoder sees its source whole; PrefixLM prefills its source in one call), since the first digit of
-a source number needs the number's end. Decoding the source itself token by token (a plain
-DecoderLM stream) would place its digits differently, so those schemes declare supports_cache=False;
-the target side is causal and exact.
+With places by significance (position coupling, abacus with `order=significance`), cached
+decoding equals the full pass when every number of the source arrives in one call (an encoder sees
+its source whole; PrefixLM prefills its source in one call, and that is how both families decode),
+since the first digit of a source number needs the number's end. Feeding the source itself token
+by token (a plain DecoderLM stream) would place its digits differently, so they declare
+supports_cache=False; the target side is causal and exact. Abacus's default `order=written` counts
+from each number's first digit only, so it is exact however the tokens arrive.
 
 Checked against the papers' code through the search tool (read, not copied):
 
@@ -34,9 +36,10 @@ Checked against the papers' code through the search tool (read, not copied):
   written most significant digit first.
 - Cho et al. (2024), "Position Coupling", HanseulJo/position-coupling, src/data/addition.py
   (AdditionDatasetWithCoupledPositions) and configs/task/addition_coupled.yaml: learned absolute
-  position embeddings whose ids are start + (max_len + 1 - significance) for digits, the "+" and
-  "=" both get the id one past the units digit, and in training `start` is drawn per example so
-  the example's ids stay below max_position (evaluation: start 1). `position_coupling` mirrors the
+  position embeddings whose ids are start + max_len - significance for digits (max_len: the longer
+  operand's length), the token after each operand ("+", and the one closing the prompt) gets the
+  id one past the units digit, and in training `start` is drawn per example so that the example's
+  ids stay within max_position (evaluation: start 1). `position_coupling` mirrors the
   ids (start + 1 + significance, every non-digit token at `start`, the slot next to the units),
   which couples the same tokens, and draws the start per example the same way.
 
