@@ -260,10 +260,3 @@ def test_a_vocabulary_without_digits_is_a_config_error():
     with pytest.raises(ConfigError, match="vocabulary has no symbol '2'"):
         task.build_model(cfg)
 
-
-def test_the_language_model_task_refuses_them():
-    from relpos_lab_tasks.lm import LMTask
-
-    task = LMTask.__new__(LMTask)  # build_model refuses before it needs the corpus
-    with pytest.raises(ConfigError, match="task 'lm' reads subword pieces"):
-        task.build_model(tiny_model_config(AbacusConfig(), "decoder_only"))
