@@ -84,7 +84,8 @@ def test_random_sequences_match_the_reference():
         text = "".join(alphabet[i] for i in torch.randint(0, len(alphabet), (12,), generator=gen))
         is_digit, written, sig = digit_places(torch.tensor([ids(text)]), DIGITS, BOS)
         want_written, want_sig = reference(text)
-        got = [(w, s) if d else (None, None) for w, s, d in zip(written[0].tolist(), sig[0].tolist(), is_digit[0].tolist())]
+        rows = zip(written[0].tolist(), sig[0].tolist(), is_digit[0].tolist())
+        got = [(w, s) if d else (None, None) for w, s, d in rows]
         assert got == list(zip(want_written, want_sig)), text
 
 
@@ -130,7 +131,8 @@ def test_cached_prefix_lm_decoding_equals_the_full_pass(scheme):
         for row in range(2):
             n = int((src[row] != PAD).sum())
             cache = model.start_decoding(src[row:row + 1, :n])
-            steps = torch.cat([model.decode_step(tgt_in[row:row + 1, a:b], cache) for a, b in ((0, 1), (1, 3), (3, 5))], 1)
+            chunks = ((0, 1), (1, 3), (3, 5))
+            steps = torch.cat([model.decode_step(tgt_in[row:row + 1, a:b], cache) for a, b in chunks], 1)
             torch.testing.assert_close(steps, full[row:row + 1], atol=1e-9, rtol=0)
 
 

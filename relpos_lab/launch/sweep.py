@@ -161,7 +161,7 @@ def _exclusions(path: Path, spec, axes: dict[str, list[tuple[str, list[str]]]]) 
             if axis not in axes:
                 raise ConfigError(f"{path}: exclude names axis '{axis}', which is no axis of the grid "
                                   f"({', '.join(axes)})")
-            labels = {_format(v) if not isinstance(v, str) else v for v in (wanted if isinstance(wanted, list) else [wanted])}
+            labels = {v if isinstance(v, str) else _format(v) for v in (wanted if isinstance(wanted, list) else [wanted])}
             known = [label for label, _ in axes[axis]]
             unknown = sorted(labels - set(known))
             if unknown:

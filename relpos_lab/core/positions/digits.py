@@ -64,9 +64,9 @@ SEPARATOR_ID = 1
 
 
 def digit_places(ids: Tensor, digits: Tensor, separator: int) -> tuple[Tensor, Tensor, Tensor]:
-    """For token ids (B, L): whether each is a digit, its index from the start of its run of digits
-    (0 first), and its significance by the direction rule of the module docstring (both (B, L)
-    long, meaningless at non-digits)."""
+    """For token ids (B, L): whether each is a digit (bool), its index from the start of its run of
+    digits (0 first), and its significance by the direction rule of the module docstring (both
+    long, meaningless at non-digits); all (B, L)."""
     is_digit = torch.isin(ids, digits)
     n = ids.shape[1]
     i = torch.arange(n, device=ids.device).expand_as(ids)
@@ -107,7 +107,8 @@ class DigitRunsConfig(PositionConfig):
 
     def validate(self) -> None:
         if self.digit_ids is not None and (not self.digit_ids or any(i < 0 for i in self.digit_ids)):
-            raise ValueError(f"model.positions.digit_ids={self.digit_ids} must be token ids (>= 0), or None for the task's '0'-'9'")
+            raise ValueError(f"model.positions.digit_ids={self.digit_ids} must be token ids (>= 0), "
+                             "or None for the task's '0'-'9'")
 
 
 class DigitRunsScheme(PositionScheme):
