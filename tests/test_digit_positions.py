@@ -262,3 +262,20 @@ def test_a_vocabulary_without_digits_is_a_config_error():
     with pytest.raises(ConfigError, match="vocabulary has no symbol '2'"):
         task.build_model(cfg)
 
+
+
+def test_a_decoder_only_model_over_two_vocabularies_is_refused():
+    """PrefixLM shifts the target's ids past the source's when the vocabularies differ."""
+    from relpos_lab.api import Vocabulary
+
+    class TwoVocabularies(AdditionTask):
+        @property
+        def tgt_vocab(self):
+            return Vocabulary([*(str(d) for d in range(10)), "+", "="])
+
+    task = TwoVocabularies(AdditionConfig(name="addition", reversed_output=True), seed=0)
+    cfg = dataclasses.replace(tiny_model_config(PositionCouplingConfig(), "decoder_only"), src_vocab_size=0,
+                              tgt_vocab_size=0)
+    with pytest.raises(ConfigError, match="use model.architecture=encoder_decoder"):
+        task.build_model(cfg)
+    task.build_model(dataclasses.replace(cfg, architecture="encoder_decoder"))

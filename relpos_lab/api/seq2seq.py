@@ -133,13 +133,18 @@ class Seq2SeqTask(Task):
         if self.src_vocab.pad_id != self.tgt_vocab.pad_id:
             raise ValueError("source and target vocabularies must share the pad id")
         cfg = dataclasses.replace(cfg, **sizes, pad_id=self.tgt_vocab.pad_id, positions=self._positions(cfg))
+        shared = self.src_vocab.symbols == self.tgt_vocab.symbols
         if self.cfg.loss_on_source and (cfg.architecture != "decoder_only" or cfg.bidirectional_prefix):
             raise ConfigError("task.loss_on_source=true needs model.architecture=decoder_only with a causal prefix "
                               f"(now architecture={cfg.architecture}, bidirectional_prefix={cfg.bidirectional_prefix}): "
                               "an encoder or a bidirectional prefix sees the source tokens it would predict")
         self.one_sequence = cfg.architecture == "decoder_only"
+        if self.one_sequence and not shared and getattr(type(cfg.positions).scheme_class, "reads_tokens", False):
+            raise ConfigError(f"model.positions.scheme={cfg.positions.scheme} reads token ids, which a decoder-only "
+                              "model shifts on the target side when source and target vocabularies differ; use "
+                              "model.architecture=encoder_decoder")
         if self.one_sequence:
-            return PrefixLM(cfg, shared_vocab=self.src_vocab.symbols == self.tgt_vocab.symbols)
+            return PrefixLM(cfg, shared_vocab=shared)
         return EncoderDecoder(cfg)
 
     def _positions(self, cfg: ModelConfig):
