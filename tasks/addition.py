@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relpos_lab.api import Pair, Vocabulary
+from relpos_lab.api import ConfigError, ModelConfig, Pair, Vocabulary
 from relpos_lab_tasks.synthetic import LengthsConfig, LengthsTask, split_seed
 
 
@@ -49,6 +49,21 @@ class AdditionTask(LengthsTask):
 
     config_class = AdditionConfig
     cfg: AdditionConfig
+
+    def build_model(self, cfg: ModelConfig):
+        """Refuses a scheme that places digits by their runs (abacus, position coupling) where the
+        format breaks its rule: index hints split every number into one-digit runs, and a sum written
+        most significant digit first has places unknown until it ends."""
+        if getattr(type(cfg.positions).scheme_class, "reads_tokens", False):
+            name = f"model.positions.scheme={cfg.positions.scheme}"
+            if self.cfg.index_hints:
+                raise ConfigError(f"{name} finds numbers as runs of digits, and task.index_hints=true puts a hint "
+                                  "between every two digits; set task.index_hints=false (the scheme marks the places)")
+            if getattr(cfg.positions, "counts_significance", False) and not self.cfg.reversed_output:
+                raise ConfigError(f"{name} places the sum's digits by significance, which is unknown while the sum "
+                                  "is written most significant digit first; set task.reversed_output=true"
+                                  + (" (or model.positions.order=written)" if cfg.positions.scheme == "abacus" else ""))
+        return super().build_model(cfg)
 
     def build_vocab(self) -> Vocabulary:
         hints = [f"p{i}" for i in range(self.cfg.max_digits + 1)] if self.cfg.index_hints else []

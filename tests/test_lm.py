@@ -264,6 +264,15 @@ def test_the_task_needs_a_decoder_only_model(tmp_path):
         task.build_model(ModelConfig(d_model=16, n_heads=2, d_ff=32))
 
 
+def test_the_task_refuses_a_scheme_that_places_digits(tmp_path):
+    from relpos_lab.core.positions import AbacusConfig
+
+    task = files_task(tmp_path)
+    with pytest.raises(UserError, match="task 'lm' reads subword pieces"):
+        task.build_model(ModelConfig(d_model=16, n_heads=2, d_ff=32, architecture="decoder_only",
+                                     positions=AbacusConfig()))
+
+
 # --- generation -----------------------------------------------------------------------------------
 
 def test_top_k_and_temperature():

@@ -7,7 +7,7 @@ import torch
 from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.attention.masks import offset_bias
 from relpos_lab.core.positions import (
-    BUILTIN, AlibiPositions, FireConfig, FirePositions, LearnedPositions, RelativePositions, RotaryPositions, ShawConfig, ShawPositions,
+    BUILTIN, AbacusPositions, AlibiPositions, CouplingPositions, FireConfig, FirePositions, LearnedPositions, RelativePositions, RotaryPositions, ShawConfig, ShawPositions,
     SinusoidalPositions, T5BiasConfig, T5BiasPositions, TransformerXLPositions, alibi_slopes, builtin_config,
     scheme_of,
 )
@@ -101,6 +101,8 @@ CONTRIBUTIONS = {
     "cope": (None, set(), False),  # content_bias only (tests/test_content_positions.py)
     "fox": (None, set(), False),
     "dape": (None, set(), False),
+    "abacus": (AbacusPositions, set(), False),  # reads the token ids (tests/test_digit_positions.py)
+    "position_coupling": (CouplingPositions, set(), False),
 }
 
 
@@ -114,7 +116,8 @@ def test_every_scheme_contributes_where_it_says(scheme):
     assert (module is None) if absolute is None else isinstance(module, absolute)
     x = torch.randn(2, 5, 16)
     if module is not None:
-        assert module(x).shape == x.shape and not torch.equal(module(x), x)
+        args = (0, torch.tensor([[4, 5, 3, 6, 7]] * 2)) if scheme_of(cfg).reads_tokens else ()
+        assert module(x, *args).shape == x.shape and not torch.equal(module(x, *args), x)
     rel = scheme_of(cfg).attention(8, 2, causal=True) or RelativePositions()
     got = rel.attention_kwargs(*qk(5, 5), 0)
     assert set(got) == kwargs

@@ -54,6 +54,23 @@ def test_grid_is_the_product_of_axes_with_labels_and_overrides(tmp_path):
     assert sweep.directory == tmp_path / "runs" / "tiny_study"
 
 
+def test_excluded_combinations_are_no_points(tmp_path):
+    """A combination that a config refuses (a scheme a format cannot take) is left out of the grid."""
+    text = TINY_SWEEP.replace("grid:", "exclude:\n  - {scheme: shaw_k2, seed: [2]}\ngrid:")
+    sweep = load_sweep(write_sweep(tmp_path, text))
+    assert [p.labels for p in sweep.points] == [
+        {"scheme": "none", "seed": "1"}, {"scheme": "none", "seed": "2"}, {"scheme": "shaw_k2", "seed": "1"}]
+    assert [p.index for p in sweep.points] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("rule,message", [
+    ("{schemes: none}", "no axis of the grid"), ("{scheme: shaw}", "'shaw', which is no label"), ("[scheme]", "mappings"),
+])
+def test_bad_exclusions_are_clear_errors(tmp_path, rule, message):
+    with pytest.raises(ConfigError, match=message):
+        load_sweep(write_sweep(tmp_path, TINY_SWEEP.replace("grid:", f"exclude: [{rule}]\ngrid:")))
+
+
 def test_a_worker_resolves_only_its_own_point(tmp_path):
     """`sweep --point N` checks point N alone (a grid of 700 points took each worker a minute)."""
     path = write_sweep(tmp_path)

@@ -132,15 +132,31 @@ class Seq2SeqTask(Task):
                 )
         if self.src_vocab.pad_id != self.tgt_vocab.pad_id:
             raise ValueError("source and target vocabularies must share the pad id")
-        cfg = dataclasses.replace(cfg, **sizes, pad_id=self.tgt_vocab.pad_id)
+        cfg = dataclasses.replace(cfg, **sizes, pad_id=self.tgt_vocab.pad_id, positions=self._positions(cfg))
+        shared = self.src_vocab.symbols == self.tgt_vocab.symbols
         if self.cfg.loss_on_source and (cfg.architecture != "decoder_only" or cfg.bidirectional_prefix):
             raise ConfigError("task.loss_on_source=true needs model.architecture=decoder_only with a causal prefix "
                               f"(now architecture={cfg.architecture}, bidirectional_prefix={cfg.bidirectional_prefix}): "
                               "an encoder or a bidirectional prefix sees the source tokens it would predict")
         self.one_sequence = cfg.architecture == "decoder_only"
+        if self.one_sequence and not shared and getattr(type(cfg.positions).scheme_class, "reads_tokens", False):
+            raise ConfigError(f"model.positions.scheme={cfg.positions.scheme} reads token ids, which a decoder-only "
+                              "model shifts on the target side when source and target vocabularies differ; use "
+                              "model.architecture=encoder_decoder")
         if self.one_sequence:
-            return PrefixLM(cfg, shared_vocab=self.src_vocab.symbols == self.tgt_vocab.symbols)
+            return PrefixLM(cfg, shared_vocab=shared)
         return EncoderDecoder(cfg)
+
+    def _positions(self, cfg: ModelConfig):
+        """The position config with the task's symbols given to it (a scheme that reads token ids
+        learns its ids there); source and target must agree on them, as one scheme reads both."""
+        try:
+            positions = cfg.positions.with_vocabulary(self.src_vocab.symbols)
+            if positions != cfg.positions.with_vocabulary(self.tgt_vocab.symbols):
+                raise ValueError("the task's source and target vocabularies give it different token ids")
+        except ValueError as err:
+            raise ConfigError(f"model.positions.scheme={cfg.positions.scheme}: {err}") from None
+        return positions
 
     def loss(self, model: nn.Module, batch: Batch, label_smoothing: float) -> LossOutput:
         """The training objective of one batch: label-smoothed cross-entropy under teacher forcing,

@@ -299,7 +299,9 @@ class Embedding(nn.Module):
             nn.init.normal_(self.tokens.weight, std=cfg.d_model**-0.5)
             with torch.no_grad():
                 self.tokens.weight[cfg.pad_id].zero_()
-        self.positions = scheme_of(cfg.positions).embedding(cfg.d_model)
+        scheme = scheme_of(cfg.positions)
+        self.positions = scheme.embedding(cfg.d_model)
+        self.reads_tokens = scheme.reads_tokens  # its module is called with the ids of every position so far
         self.scheme = contract.label(cfg.positions)
         self.unchecked = self.positions is not None  # its output is checked on the first call (contract.py)
         self.scale, self.dropout = math.sqrt(cfg.d_model), nn.Dropout(cfg.dropout)
@@ -327,10 +329,16 @@ class Embedding(nn.Module):
                              "(relpos_lab.core.decoding does)")
         return self.random_positions(max_tokens)
 
-    def forward(self, ids: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+    def forward(self, ids: Tensor, offset: int = 0, positions: Tensor | None = None,
+                seen: Tensor | None = None) -> Tensor:
+        """`seen`: with a cache, the ids of every position so far (the cached, then `ids`), for a
+        scheme that `reads_tokens`; without one, `ids` are all there is."""
         x = self.tokens(ids) * self.scale
         if self.positions is not None:
-            placed = self.positions(x, offset) if positions is None else x + self._at(positions, x)
+            if self.reads_tokens:
+                placed = self.positions(x, offset, ids if seen is None else seen)
+            else:
+                placed = self.positions(x, offset) if positions is None else x + self._at(positions, x)
             if self.unchecked:
                 contract.check_embedding(self.scheme, self.positions, placed, x)
                 self.unchecked = False
@@ -410,7 +418,8 @@ class Decoder(nn.Module):
         n = tgt.shape[1]
         if positions is None:
             positions = self.embed.random_positions(n) if cache is None else cache.positions_with(n)
-        x = self.embed(tgt, offset, None if positions is None else positions[-n:])
+        seen = cache.remember(tgt) if cache is not None and self.embed.reads_tokens else None
+        x = self.embed(tgt, offset, None if positions is None else positions[-n:], seen)
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, memory_mask, cache.layers[i] if cache is not None else None, positions,
                       self_mask, causal)
@@ -466,6 +475,7 @@ class DecoderCache:
         self.layers = [LayerCache() for _ in range(n_layers)]
         self.memory, self.memory_mask = memory, memory_mask
         self.positions = positions
+        self.tokens: Tensor | None = None  # every position's token id, kept for a scheme that reads them
 
     def positions_with(self, n: int) -> Tensor | None:
         """The drawn positions of every token so far and of `n` new ones (theirs last), or None."""
@@ -477,6 +487,11 @@ class DecoderCache:
                              "were drawn: start_decoding's max_tokens must cover every token decode_step is fed")
         return self.positions[:seen + n]
 
+    def remember(self, tokens: Tensor) -> Tensor:
+        """Add the new positions' token ids (B, N); returns every position's so far."""
+        self.tokens = tokens if self.tokens is None else torch.cat((self.tokens, tokens), dim=1)
+        return self.tokens
+
     @property
     def length(self) -> int:
         """Positions decoded so far: where the next tokens' absolute positions start."""
@@ -486,6 +501,8 @@ class DecoderCache:
         """Keep batch rows `index` (beam search picks its surviving hypotheses with this)."""
         for layer in self.layers:
             layer.reorder(index)
+        if self.tokens is not None:
+            self.tokens = self.tokens.index_select(0, index)
         if self.memory is not None:
             self.memory = self.memory.index_select(0, index)
             self.memory_mask = self.memory_mask.index_select(0, index)

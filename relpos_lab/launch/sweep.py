@@ -10,13 +10,16 @@ A sweep file names a base experiment and its axes::
         none: {model.positions.scheme: none}
         shaw_k16: {model.positions.scheme: shaw, model.positions.max_distance: 16}
       seed: [1, 2, 3]                             # plain values of one config key
+    exclude:                                      # optional: combinations that are no points
+      - {scheme: none, seed: [2, 3]}              # (one a config refuses): axis -> label(s)
     reference:                                    # optional: published numbers, shown beside
       source: Shaw et al. 2018, Table 2           # ours by `relpos-lab report`
       metric: bleu                                # ours they compare with (a leaderboard of it shows them)
       split: valid                                # our split to compare them with (newstest2013)
       values: {none: 12.5, shaw_k16: 25.8}        # report group label -> number; a missing one shows "—"
 
-Points are the product of the axes, numbered in order (the last axis varies fastest). Every point
+Points are the product of the axes less the excluded combinations (a point matching every axis of
+an `exclude` entry), numbered in order (the last axis varies fastest). Every point
 is an ordinary experiment config, so its run directory is the deterministic one of records/rundir.py:
 re-running a sweep skips finished points and resumes interrupted ones, locally or as a SLURM job
 array (slurm.py), where array index i trains point i. `sweep.json` beside the runs records the
@@ -41,7 +44,7 @@ from relpos_lab.config.find import find_config, find_extended
 from relpos_lab.api.errors import ConfigError, shown_path
 from relpos_lab.records.rundir import config_hash, run_directory
 
-SWEEP_KEYS = ("experiment", "name", "overrides", "grid", "reference")
+SWEEP_KEYS = ("experiment", "name", "overrides", "grid", "exclude", "reference")
 REFERENCE_KEYS = ("source", "metric", "split", "values")
 MANIFEST = "sweep.json"
 
@@ -123,9 +126,11 @@ def load_sweep(path: str | Path, overrides: list[str] = (), only: int | None = N
     axes = {axis: _axis_values(path, axis, values) for axis, values in grid.items()}
     sweep = Sweep(spec.get("name") or path.stem, path, experiment, [str(o) for o in spec.get("overrides") or []],
                   list(axes), list(overrides), reference=_reference(path, spec.get("reference")))
-    for index, combo in enumerate(itertools.product(*axes.values())):
+    excluded = _exclusions(path, spec.get("exclude"), axes)
+    for combo in itertools.product(*axes.values()):
         labels = {axis: label for axis, (label, _) in zip(axes, combo)}
-        sweep.points.append(SweepPoint(index, labels, [o for _, ovr in combo for o in ovr]))
+        if not any(all(labels[axis] in allowed for axis, allowed in rule.items()) for rule in excluded):
+            sweep.points.append(SweepPoint(len(sweep.points), labels, [o for _, ovr in combo for o in ovr]))
     if sweep.reference:
         groups = {group_label(p.labels) for p in sweep.points}
         unknown = sorted(set(sweep.reference["values"]) - groups)
@@ -141,6 +146,30 @@ def load_sweep(path: str | Path, overrides: list[str] = (), only: int | None = N
     if len({p.run_dir for p in sweep.points}) != len(sweep.points):
         raise ConfigError(f"{path}: two grid points resolve to the same config; every point must differ")
     return sweep
+
+
+def _exclusions(path: Path, spec, axes: dict[str, list[tuple[str, list[str]]]]) -> list[dict[str, set[str]]]:
+    """The `exclude` entries as {axis: labels}; each names grid axes and labels that exist."""
+    if spec is None:
+        return []
+    if not isinstance(spec, list) or not all(isinstance(rule, dict) and rule for rule in spec):
+        raise ConfigError(f"{path}: 'exclude' must be a list of mappings, axis -> label or [labels]")
+    rules = []
+    for rule in spec:
+        parsed = {}
+        for axis, wanted in rule.items():
+            if axis not in axes:
+                raise ConfigError(f"{path}: exclude names axis '{axis}', which is no axis of the grid "
+                                  f"({', '.join(axes)})")
+            labels = {v if isinstance(v, str) else _format(v) for v in (wanted if isinstance(wanted, list) else [wanted])}
+            known = [label for label, _ in axes[axis]]
+            unknown = sorted(labels - set(known))
+            if unknown:
+                raise ConfigError(f"{path}: exclude names {axis} '{unknown[0]}', which is no label of that axis "
+                                  f"({', '.join(known)})")
+            parsed[str(axis)] = labels
+        rules.append(parsed)
+    return rules
 
 
 def _reference(path: Path, spec) -> dict | None:

@@ -217,6 +217,9 @@ class LMTask(Task):
         if cfg.architecture != "decoder_only" or cfg.bidirectional_prefix:
             raise ConfigError(f"task 'lm' trains a causal decoder-only language model: set model.architecture="
                               f"decoder_only (now {cfg.architecture}) and model.bidirectional_prefix=false")
+        if getattr(type(cfg.positions).scheme_class, "reads_tokens", False):
+            raise ConfigError(f"model.positions.scheme={cfg.positions.scheme} places the digits of decimal numbers, "
+                              "and task 'lm' reads subword pieces; pick another scheme (relpos-lab positions)")
         size = len(self.subword)
         for key in ("src_vocab_size", "tgt_vocab_size"):
             if getattr(cfg, key) not in (0, size):

@@ -2,8 +2,8 @@
 
 A scheme contributes where it says (base.py): to the token embeddings (absolute), to q and k (a
 rotation), to the attention call (Shaw's tables, a score bias), or to the logits from the tokens
-themselves (a content bias: CoPE, FoX, DAPE). The built-in schemes are
-registered under the ``relpos_lab.positions`` entry-point group exactly as third-party ones are
+themselves (a content bias: CoPE, FoX, DAPE); abacus and position coupling read the token ids to
+place digits in their numbers (digits.py). The built-in schemes are registered under the ``relpos_lab.positions`` entry-point group exactly as third-party ones are
 (relpos_lab.api.registry finds them; `relpos-lab positions` lists them), and the Transformer
 builds whatever a config names through `scheme_of(cfg)`.
 """
@@ -18,6 +18,9 @@ from relpos_lab.core.positions.bias import (
 )
 from relpos_lab.core.positions.cope import Cope, CopeConfig, CopePositions
 from relpos_lab.core.positions.dape import Dape, DapeConfig, DapePositions
+from relpos_lab.core.positions.digits import (
+    Abacus, AbacusConfig, AbacusPositions, CouplingPositions, PositionCoupling, PositionCouplingConfig,
+)
 from relpos_lab.core.positions.fire import Fire, FireConfig, FirePositions
 from relpos_lab.core.positions.fox import Fox, FoxConfig, FoxPositions
 from relpos_lab.core.positions.polar import PolarPositions, Pope, PopeConfig
@@ -28,7 +31,7 @@ from relpos_lab.core.positions.transformer_xl import TransformerXL, TransformerX
 BUILTIN = {"none": NoPositions, "sinusoidal": Sinusoidal, "learned": Learned, "shaw": Shaw, "rope": Rope,
            "alibi": Alibi, "t5_bias": T5Bias, "transformer_xl": TransformerXL,
            "fire": Fire, "sandwich": Sandwich, "xpos": Xpos, "pope": Pope, "cope": Cope, "fox": Fox,
-           "dape": Dape}
+           "dape": Dape, "abacus": Abacus, "position_coupling": PositionCoupling}
 """The built-in schemes by name, as pyproject.toml registers them (a test checks the two agree)."""
 
 
@@ -47,5 +50,6 @@ __all__ = [
     "SinusoidalPositions", "T5Bias", "T5BiasConfig", "T5BiasPositions", "TransformerXL", "TransformerXLConfig",
     "TransformerXLPositions", "alibi_slopes", "builtin_config", "scheme_of",
     "Sandwich", "SandwichConfig", "SandwichPositions", "Xpos", "XposConfig", "XposPositions", "Pope", "PopeConfig",
-    "PolarPositions",
+    "PolarPositions", "Abacus", "AbacusConfig", "AbacusPositions", "PositionCoupling", "PositionCouplingConfig",
+    "CouplingPositions",
 ]

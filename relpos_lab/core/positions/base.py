@@ -69,6 +69,11 @@ class PositionConfig:
     def validate(self) -> None:
         """Raise ValueError naming a bad field (as model.positions.<field>) and the fix."""
 
+    def with_vocabulary(self, symbols: list[str]) -> PositionConfig:
+        """The config to build with, once the task's symbols (by id) are known: a scheme that reads
+        token ids learns here which ids it looks for (digits.py: the digits'). This one by default."""
+        return self
+
 
 @dataclass
 class KeyState:
@@ -136,6 +141,10 @@ class PositionScheme:
     """True declares a scheme whose positions are counted from the tokens alone (CoPE, FoX): token
     indices never reach it, so randomized positions (max_random_len) would change nothing and are
     refused."""
+    reads_tokens: ClassVar[bool] = False
+    """True declares a scheme whose embedding module is called as forward(x, offset, ids), where ids
+    (B, offset + L) are the token ids of every position so far (the cached ones, then the new), since
+    where a token sits may depend on its neighbours (a digit's place in its number, digits.py)."""
     contributes_nothing: ClassVar[bool] = False
     """True declares a scheme that adds no positions on purpose (NoPE). Any other scheme whose
     embedding() and attention() give nothing (a misnamed hook) is refused when a model is built
@@ -160,7 +169,8 @@ class PositionScheme:
         return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
 
     def embedding(self, d_model: int) -> nn.Module | None:
-        """A module `x, offset -> x + positions`, added to token embeddings; None: no absolute part."""
+        """A module `x, offset -> x + positions` (`x, offset, ids` with `reads_tokens`), added to
+        token embeddings; None: no absolute part."""
         return None
 
     def attention(self, head_dim: int, n_heads: int, causal: bool) -> RelativePositions | None:
