@@ -39,6 +39,14 @@ def test_decoder_only_model_bench_trains_the_lm_and_times_cached_generation(tmp_
     assert results["generate-shaw-recompute"]["ratio"] == 1.0 and results["generate-shaw-cached"]["ratio"] > 0
 
 
+def test_model_bench_trains_shaw_at_randomized_positions_beside_the_plain_model(tmp_path):
+    out = tmp_path / "bench.json"
+    bench.main(["model", *TINY, "--impl", "gather", "--max-random-len", "64", "--json", str(out)])
+    results = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(results) == {"model-sinusoidal", "model-shaw-gather", "model-shaw-gather-random64"}
+    assert results["model-shaw-gather-random64"]["ratio"] > 0
+
+
 def test_attention_bench_measures_peak_memory_in_a_subprocess(tmp_path):
     out = tmp_path / "bench.json"
     bench.main(["attention", *TINY, "--impl", "gather", "--memory", "--json", str(out)])

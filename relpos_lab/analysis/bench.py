@@ -314,10 +314,11 @@ def bench_model(args, device, dtype) -> list[Result]:
                      layers=args.layers, k=args.max_distance, precision=args.precision,
                      **({"architecture": "decoder_only"} if decoder_only else {}))
         fns, n_tokens = {}, batch * length
-        candidates = [("sinusoidal", "auto")] + [("shaw", impl) for impl in args.impl]
-        for scheme, impl in candidates:
+        randomized = [None] + ([args.max_random_len] if getattr(args, "max_random_len", None) else [])
+        candidates = [("sinusoidal", "auto", None)] + [("shaw", impl, n) for impl in args.impl for n in randomized]
+        for scheme, impl, random_len in candidates:
             torch.manual_seed(0)
-            model = _model(args, scheme, impl).to(device=device, dtype=torch.float32 if args.precision else dtype).train()
+            model = _model(args, scheme, impl, random_len=random_len).to(device=device, dtype=torch.float32 if args.precision else dtype).train()
             opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
             src = torch.randint(4, 8000, (batch, length), device=device)
             tgt = torch.randint(4, 8000, (batch, length + 1), device=device)
@@ -330,7 +331,7 @@ def bench_model(args, device, dtype) -> list[Result]:
                 loss.backward()
                 opt.step()
             name = "model-sinusoidal" if scheme == "sinusoidal" else f"model-shaw-{impl}"
-            fns[name] = step
+            fns[name + (f"-random{random_len}" if random_len else "")] = step
         times = interleaved(fns, args.repeats, args.warmup, device)
         base = statistics.median(times["model-sinusoidal"])
         for n, t in times.items():
@@ -345,11 +346,13 @@ def bench_model(args, device, dtype) -> list[Result]:
     return out
 
 
-def _model(args, scheme: str, impl: str, vocab: int = 8000) -> torch.nn.Module:
+def _model(args, scheme: str, impl: str, vocab: int = 8000, random_len: int | None = None) -> torch.nn.Module:
+    positions = _positions(scheme, args.max_distance)
+    if random_len:
+        positions.max_random_len = random_len
     cfg = ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=args.d_model, n_heads=args.heads,
                       d_ff=args.d_ff, n_encoder_layers=args.layers, n_decoder_layers=args.layers,
-                      attention_dropout=args.attention_dropout, attention_impl=impl,
-                      positions=_positions(scheme, args.max_distance))
+                      attention_dropout=args.attention_dropout, attention_impl=impl, positions=positions)
     return DecoderLM(cfg) if getattr(args, "architecture", None) == "decoder_only" else EncoderDecoder(cfg)
 
 
@@ -444,6 +447,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", nargs="*", default=["unfused"],
                         help="attention: peers without Shaw tables (sdpa, flash, unfused; a learned (H, 2k+1) offset "
                              "bias: flex-bias as a FlexAttention score_mod, triton-bias as rel_bias in the fused kernel)")
+    parser.add_argument("--max-random-len", type=int, default=None,
+                        help="model: also train each Shaw candidate at randomized positions drawn from [0, N)")
     parser.add_argument("--tokens", type=int, default=None,
                         help="batch = tokens // length for each length (default: --batch at every length)")
     parser.add_argument("--precision", default=None, choices=["bf16-mixed"],
