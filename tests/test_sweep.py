@@ -137,6 +137,19 @@ def _fake_run(root: Path, name: str, exact: float, by_len: dict, seed: int, **ex
     return str(run)
 
 
+def test_missing_points_collapse_an_axis_missing_whole():
+    from relpos_lab.analysis.report import missing_patterns
+
+    labels = [{"seed": s, "task": t, "scheme": c} for s in "12" for t in ("even", "odd") for c in ("a", "b", "c")]
+    manifest = {"axes": ["seed", "task", "scheme"], "points": [{"labels": l} for l in labels]}
+    done = [{"seed": "1", "task": "even", "scheme": "a"}, {"seed": "1", "task": "odd", "scheme": "a"},
+            {"seed": "1", "task": "even", "scheme": "b"}]
+    missing = [{"labels": l} for l in labels if l not in done]
+    assert missing_patterns(manifest, missing) == [
+        {"seed": "1", "task": "*", "scheme": "c"}, {"seed": "1", "task": "odd", "scheme": "b"},
+        {"seed": "2", "task": "*", "scheme": "*"}]
+
+
 def test_report_numbers_on_hand_made_results(tmp_path):
     root = tmp_path / "runs" / "hand"
     points = [

@@ -84,6 +84,26 @@ def load_groups(sweep_dir: Path, over: tuple[str, ...] | None = None) -> tuple[d
     return manifest, [g for g in groups.values() if g.results], missing, tuple(over)
 
 
+def missing_patterns(manifest: dict, missing: list[dict]) -> list[dict[str, str]]:
+    """The missing points' labels, an axis shown as "*" wherever all its values are missing for the
+    rest of the labels (e.g. "seed=3 task=* scheme=*" for a whole seed not run yet): a long sweep's
+    gaps in a few lines."""
+    axes = manifest.get("axes") or list(manifest["points"][0]["labels"])
+    values = {a: list(dict.fromkeys(p["labels"][a] for p in manifest["points"])) for a in axes}
+    patterns = [dict(p["labels"]) for p in missing]
+    for axis in reversed(axes):  # the innermost axis first: its values sit together
+        rest: dict[tuple, list[str]] = {}
+        for p in patterns:
+            rest.setdefault(tuple((a, v) for a, v in p.items() if a != axis), []).append(p[axis])
+        patterns = []
+        for key, seen in rest.items():
+            whole = set(seen) >= set(values[axis])
+            for v in (["*"] if whole else seen):
+                patterns.append({a: v if a == axis else dict(key)[a] for a in axes})
+    order = {a: {v: i for i, v in enumerate(["*", *values[a]])} for a in axes}
+    return sorted(patterns, key=lambda p: [order[a][p[a]] for a in axes])
+
+
 def summarize(groups: list[Group], split: str) -> tuple[list[str], list[dict]]:
     """Rows of {group, n, <metric>: (mean, std)} for every `split/` metric the runs report."""
     metrics = sorted({k.split("/", 1)[1] for g in groups for r in g.results for k in r["metrics"] if k.startswith(f"{split}/")})
@@ -305,7 +325,7 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
                   f"not `{split}`: not shown (`--split {unmatched['split']}` shows them).", ""]
     if missing:
         lines += [f"**Missing ({len(missing)} points without results):** "
-                  + "; ".join(" ".join(f"{a}={v}" for a, v in p["labels"].items()) for p in missing), ""]
+                  + "; ".join(" ".join(f"{a}={v}" for a, v in p.items()) for p in missing_patterns(manifest, missing)), ""]
     header = shown + ([paper] if paper else [])
     lines += ["| group | runs | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(header)]
     for row in rows:
