@@ -399,6 +399,7 @@ def test_a_two_axis_sweep_gets_a_leaderboard_of_tasks_by_schemes(tmp_path):
     assert "| task | rope | shaw |" in board
     assert "| parity | 0.600 ± 0.141 | **0.900 ± 0.000** |" in board
     assert "| reverse | **0.600 ± 0.000** |  |" in board
+    assert "| mean over tasks | 0.600 | — |" in board  # rope: (0.6 + 0.6) / 2; shaw has no reverse run
     one_axis = _fake_run(tmp_path / "runs" / "one", "a1", 0.5, {1: 0.5}, 1)
     (tmp_path / "runs" / "one" / "sweep.json").write_text(json.dumps({
         "name": "one", "sweep_file": "x.yaml", "points": [{"index": 0, "labels": {"scheme": "a", "seed": "1"},

@@ -211,6 +211,11 @@ def leaderboard_lines(groups: list[Group], rows: list[dict], metric: str, refere
                 text = f"{text or 'not run'} · {'—' if value is None else f'{value:g}'}"
             shown.append(text)
         lines.append(f"| {label} | " + " | ".join(shown) + " |")
+    means = [statistics.fmean(cells[r, c][0] for r in row_labels) if all((r, c) in cells for r in row_labels) else None
+             for c in columns]
+    lines.append(f"| mean over {axes[0]}s | " + " | ".join("—" if m is None else f"{m:.3f}" for m in means) + " |")
+    lines += ["", f"The last row averages each column's means over every {axes[0]} (as Ruoss et al. summarise a "
+              f"scheme over the suite); —: some {axes[0]} has no run yet."]
     return lines
 
 
