@@ -400,6 +400,8 @@ def test_a_two_axis_sweep_gets_a_leaderboard_of_tasks_by_schemes(tmp_path):
     assert "| parity | 0.600 ± 0.141 | **0.900 ± 0.000** |" in board
     assert "| reverse | **0.600 ± 0.000** |  |" in board
     assert "| mean over tasks | 0.600 | — |" in board  # rope: (0.6 + 0.6) / 2; shaw has no reverse run
+    assert (tmp_path / "out" / "exact_match_by_length_per_task.png").stat().st_size > 5000  # a panel per task
+    assert "![exact_match per task](exact_match_by_length_per_task.png)" in text
     one_axis = _fake_run(tmp_path / "runs" / "one", "a1", 0.5, {1: 0.5}, 1)
     (tmp_path / "runs" / "one" / "sweep.json").write_text(json.dumps({
         "name": "one", "sweep_file": "x.yaml", "points": [{"index": 0, "labels": {"scheme": "a", "seed": "1"},

@@ -20,7 +20,7 @@ import yaml
 from relpos_lab.api.errors import UserError
 from relpos_lab.launch.sweep import MANIFEST, group_label
 from relpos_lab.records.inspect_plots import KIND_TITLES, plot_mean_curves
-from relpos_lab.records.plots import plot_curves, plot_groups
+from relpos_lab.records.plots import plot_curves, plot_groups, plot_panels
 
 
 @dataclass
@@ -305,6 +305,19 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
                                      title=f"{manifest['name']}: " + (f"mean over {', '.join(over)}" if over
                                                                           else "one run per grid point")))
 
+    axes = list(groups[0].labels)
+    panels = {}  # a grid of two axes (tasks × schemes): one panel per task, a line per scheme
+    if len(axes) == 2:
+        for m, table in curves.items():
+            by_row: dict[str, dict] = {}
+            for g in groups:
+                if g.label in table:
+                    by_row.setdefault(g.labels[axes[0]], {})[g.labels[axes[1]]] = {n: v[0] for n, v in table[g.label].items()}
+            if by_row:
+                panels[m] = plot_panels(by_row, out / f"{m}_by_length_per_{axes[0]}.png", train,
+                                        ylabel=f"{split} {m.replace('_', ' ')}",
+                                        title=f"{manifest['name']}: {split} {m} by length, one panel per {axes[0]}")
+
     paper = f"paper {reference['metric']}" if reference else None
     spread = {m: {g.label: [r["metrics"][f"{split}/{m}"] for r in g.results if f"{split}/{m}" in r["metrics"]]
                   for g in groups} for m in shown}
@@ -352,7 +365,10 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
         if not table:
             continue
         lengths = sorted({n for pts in table.values() for n in pts})
-        lines += ["", f"## {split} {m} by length", "", f"![{m}]({m}_by_length.png)", "",
+        lines += ["", f"## {split} {m} by length", ""]
+        if m in panels:
+            lines += [f"![{m} per {axes[0]}]({panels[m].name})", ""]
+        lines += [f"![{m}]({m}_by_length.png)", "",
                   "| group | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---|" * len(lengths)]
         for label, pts in table.items():
             lines.append(f"| {label} | " + " | ".join(

@@ -93,6 +93,45 @@ def curves_figure(curves: Curves, train_range: tuple[int, int] | None = None, yl
     return fig
 
 
+def plot_panels(panels: Mapping[str, Curves], path: str | Path, train_range: tuple[int, int] | None = None,
+                ylabel: str = "accuracy", title: str | None = None) -> Path:
+    """One small panel of curves per key (a suite's tasks), the same series in the same style in
+    every panel and one legend for all: the per-task picture a suite's single plot of every
+    task × scheme line cannot give."""
+    if not panels:
+        raise ValueError("plot_panels: no panels to draw")
+    series = list(dict.fromkeys(label for curves in panels.values() for label in curves))
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(3.6 * cols + 2.2, 2.5 * rows + 0.6), dpi=110)
+    FigureCanvasAgg(fig)
+    handles = {}
+    for n, (name, curves) in enumerate(panels.items()):
+        ax = fig.add_subplot(rows, cols, n + 1)
+        if train_range is not None:
+            ax.axvspan(train_range[0] - 0.5, train_range[1] + 0.5, color="0.9", zorder=0)
+        for label, points in curves.items():
+            xs = sorted(points, key=_length)
+            (line,) = ax.plot([_length(x) for x in xs], [float(points[x]) for x in xs], markersize=2, linewidth=1,
+                              label=str(label), **series_style(series.index(label)))
+            handles.setdefault(str(label), line)
+        ax.set_title(str(name), fontsize="small")
+        ax.tick_params(labelsize="x-small")
+        ax.grid(True, alpha=0.3)
+        if n % cols == 0:
+            ax.set_ylabel(ylabel, fontsize="x-small")
+        if n >= len(panels) - cols:
+            ax.set_xlabel("sequence length", fontsize="x-small")
+    fig.legend(list(handles.values()), list(handles), fontsize="x-small", loc="upper right")
+    if title:
+        fig.suptitle(title, fontsize="small")
+    fig.tight_layout(rect=(0, 0, 1 - 2.0 / (3.6 * cols + 2.2), 1))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
 def plot_groups(
     panels: Groups,
     path: str | Path,
