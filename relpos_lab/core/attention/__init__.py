@@ -128,9 +128,10 @@ def _at_positions(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, que
     if positions.dim() != 1 or positions.numel() != lk or query_offset + lq > lk:
         raise ValueError(f"positions must be (Lk,) = ({lk},) with query_offset + Lq <= Lk; got "
                          f"{tuple(positions.shape)}, query_offset={query_offset}, Lq={lq}")
-    labels = relative_positions(lq, lk, max_distance, query_offset, q.device, positions.to(q.device))
+    positions = positions.to(q.device)
+    labels = relative_positions(lq, lk, max_distance, query_offset, q.device, positions)
     if rel_bias is not None:
-        dense = rel_bias[:, labels].unsqueeze(0)
+        dense = offset_bias(rel_bias, lq, lk, max_distance, query_offset, positions)
         attn_bias = dense if attn_bias is None else attn_bias + dense
     allowed = visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device)
     return gather.attend_at(q, k, v, rel_k, rel_v, labels, allowed, attn_bias, dropout_p, 1.0 / math.sqrt(q.shape[-1]))

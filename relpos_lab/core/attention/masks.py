@@ -21,9 +21,11 @@ def relative_positions(
     return (j[None, :] - i[:, None]).clamp(-max_distance, max_distance) + max_distance
 
 
-def offset_bias(rel_bias: Tensor, lq: int, lk: int, max_distance: int, query_offset: int = 0) -> Tensor:
-    """(1, H, Lq, Lk) dense form of a per-head offset bias (H, 2k+1): rel_bias[h, clip(j − i, k) + k]."""
-    return rel_bias[:, relative_positions(lq, lk, max_distance, query_offset, rel_bias.device)].unsqueeze(0)
+def offset_bias(rel_bias: Tensor, lq: int, lk: int, max_distance: int, query_offset: int = 0,
+                positions: Tensor | None = None) -> Tensor:
+    """(1, H, Lq, Lk) dense form of a per-head offset bias (H, 2k+1): rel_bias[h, clip(j − i, k) + k]
+    (with `positions`, the distances between the tokens' positions, as `relative_positions`)."""
+    return rel_bias[:, relative_positions(lq, lk, max_distance, query_offset, rel_bias.device, positions)].unsqueeze(0)
 
 
 def visibility_mask(
