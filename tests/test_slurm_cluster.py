@@ -154,6 +154,36 @@ def test_a_two_task_job_trains_with_ddp_to_completion(workdir, capsys):
     assert "is finished (results.json): nothing to submit" in capsys.readouterr().err
 
 
+def test_a_finished_ddp_run_extended_through_sbatch_continues_one_run(workdir, capsys):
+    """`submit --extend` on a finished two-rank run: the job resumes the run's last.ckpt in its own
+    directory (no second one) and every step, validation and W&B attempt lands in one history."""
+    first = submit(capsys, "submit", "tiny.yaml", *DDP, "trainer.max_steps=20", "trainer.val_every_n_steps=10")
+    (record,) = wait_for(first)
+    run_dir = the_run_dir(workdir)
+    assert record["JobState"] == "COMPLETED", logs(run_dir, first)[-3000:]
+    assert cli.main(["submit", "tiny.yaml", *DDP, "trainer.max_steps=40", "trainer.val_every_n_steps=10"]) == 2
+    assert "add --extend" in capsys.readouterr().err  # another budget is refused, naming the fix
+
+    second = submit(capsys, "submit", "tiny.yaml", *DDP, "trainer.max_steps=40", "trainer.val_every_n_steps=10",
+                    "--extend")
+    (record,) = wait_for(second)
+    text = logs(run_dir, second)
+    assert record["JobState"] == "COMPLETED", text[-3000:]
+    assert the_run_dir(workdir) == run_dir and "(resuming from last.ckpt)" in text
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in text  # the extension trained with both ranks again
+    results = json.loads((run_dir / "results.json").read_text())
+    assert (results["started_at_step"], results["global_step"]) == (20, 40)
+    assert json.loads((run_dir / "results.step-20.json").read_text())["global_step"] == 20
+    assert json.loads((run_dir / "extended.json").read_text())[0]["from_step"] == 20
+    assert global_step(run_dir / "checkpoints" / "last.ckpt") == 40
+    train_steps = logged_steps(run_dir, "train/loss")
+    assert train_steps == sorted(set(train_steps)) and train_steps[-1] >= 35  # one history, in order
+    assert logged_steps(run_dir, "valid/exact_match") == [10, 20, 30, 40]
+    assert logged_steps(run_dir, "test/exact_match") == [40]  # the final evaluation, once
+    (attempts,) = read_runs(run_dir / "wandb").values()  # one W&B run id, one attempt per job
+    assert len(attempts) == 2 and {a.config["provenance"]["slurm"]["job_id"] for a in attempts} == {first, second}
+
+
 def test_a_sweep_runs_as_one_job_array_with_a_run_directory_per_point(workdir, capsys):
     (workdir / "sweep.yaml").write_text("experiment: tiny.yaml\nname: grid\n"
                                         "overrides: [trainer.max_steps=20, cluster.array_parallelism=2]\n"
