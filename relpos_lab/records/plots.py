@@ -56,6 +56,20 @@ def series_style(i: int) -> dict:
     return {"color": f"C{i % 10}", "linestyle": LINE_STYLES[i // 10 % 4], "marker": MARKERS[i // 10 % 4]}
 
 
+def _draw_curves(ax, curves: Curves, train_range: tuple[int, int] | None, series: list, **line) -> dict:
+    """Curves on one axes, the training lengths shaded; a series keeps its style (its index in
+    `series`) wherever it is drawn. Returns each label's line."""
+    if train_range is not None:
+        lo, hi = train_range
+        ax.axvspan(lo - 0.5, hi + 0.5, color="0.9", zorder=0, label=f"train lengths {lo}–{hi}")
+    lines = {}
+    for label, points in curves.items():
+        xs = sorted(points, key=_length)
+        (lines[str(label)],) = ax.plot([_length(x) for x in xs], [float(points[x]) for x in xs], label=str(label),
+                                       **series_style(series.index(label)), **line)
+    return lines
+
+
 def curves_figure(curves: Curves, train_range: tuple[int, int] | None = None, ylabel: str = "accuracy",
                   title: str | None = None) -> Figure:
     """plot_curves' figure, unsaved (tests read its lines). Past 10 series the legend goes beside
@@ -66,17 +80,8 @@ def curves_figure(curves: Curves, train_range: tuple[int, int] | None = None, yl
     fig = Figure(figsize=(8.6 if many else 6.4, 4.0), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    if train_range is not None:
-        lo, hi = train_range
-        ax.axvspan(lo - 0.5, hi + 0.5, color="0.9", zorder=0, label=f"train lengths {lo}–{hi}")
-
-    values: list[float] = []
-    for i, (label, points) in enumerate(curves.items()):
-        xs = sorted(points, key=_length)
-        ys = [float(points[x]) for x in xs]
-        values.extend(ys)
-        ax.plot([_length(x) for x in xs], ys, markersize=3, label=str(label), **series_style(i))
-
+    lines = _draw_curves(ax, curves, train_range, list(curves), markersize=3)
+    values = [float(y) for line in lines.values() for y in line.get_ydata()]
     finite = [v for v in values if math.isfinite(v)]
     if finite and min(finite) >= 0.0 and max(finite) <= 1.0:
         ax.set_ylim(-0.02, 1.02)
@@ -108,13 +113,8 @@ def plot_panels(panels: Mapping[str, Curves], path: str | Path, train_range: tup
     handles = {}
     for n, (name, curves) in enumerate(panels.items()):
         ax = fig.add_subplot(rows, cols, n + 1)
-        if train_range is not None:
-            ax.axvspan(train_range[0] - 0.5, train_range[1] + 0.5, color="0.9", zorder=0)
-        for label, points in curves.items():
-            xs = sorted(points, key=_length)
-            (line,) = ax.plot([_length(x) for x in xs], [float(points[x]) for x in xs], markersize=2, linewidth=1,
-                              label=str(label), **series_style(series.index(label)))
-            handles.setdefault(str(label), line)
+        for label, line in _draw_curves(ax, curves, train_range, series, markersize=2, linewidth=1).items():
+            handles.setdefault(label, line)
         ax.set_title(str(name), fontsize="small")
         ax.tick_params(labelsize="x-small")
         ax.grid(True, alpha=0.3)
