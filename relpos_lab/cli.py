@@ -485,7 +485,7 @@ def tables(args: argparse.Namespace) -> int:
 
 @command("bench", "speed and memory of attention, a layer, a model or decoding, measured side by side "
          "(`relpos-lab bench attention --help`)",
-         arg("bench_args", nargs=argparse.REMAINDER, metavar="attention|layer|model|decode [options]"))
+         arg("bench_args", nargs=argparse.REMAINDER, metavar="attention|layer|model|decode|kernel [options]"))
 def bench(args: argparse.Namespace) -> None:
     from relpos_lab.analysis import bench as benchmarks
 

@@ -535,6 +535,10 @@ def combine_runs(runs: list[list[Result]]) -> list[Result]:
 
 
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["kernel"]:  # the fused kernel compiled for a GPU target: static counts, no timing
+        from relpos_lab.analysis import kernel_static
+        return kernel_static.main(kernel_static.parse(argv[1:]))
     parser = argparse.ArgumentParser(prog="relpos-lab bench", description=__doc__.splitlines()[0])
     add_arguments(parser)
     run(parser.parse_args(argv))

@@ -1,0 +1,350 @@
+"""`relpos-lab bench kernel --static`: the fused kernel compiled for a GPU that is not here.
+
+Triton compiles for any target on the CPU (`triton.compile(..., target=GPUTarget("cuda", 90, 32))`)
+and its wheel ships cuobjdump and nvdisasm, so registers, spills (stack bytes) and the SASS of
+every kernel can be read without a GPU. From the SASS: the instruction count of each tile loop
+(a loop is a backward branch; its body is executed once per tile) and of everything else (once
+per program). With the kernels' own stage bounds (`key_stages` / `query_stages`, evaluated in
+Python) that gives warp-instructions per (batch, head) at a length, against the plain
+FlashAttention-2 control (flash_control.py) compiled the same way.
+
+What the estimate is not: a time. It says nothing of latency, memory traffic, occupancy or how
+well the tensor cores are fed; it counts every instruction alike. It does catch what a GPU cannot
+hide: spills, and work per tile that a plain flash kernel does not do.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+CONTROL = "flash"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call shape: which relative terms, and how the call is masked."""
+    name: str
+    terms: str = "shaw"  # shaw (a^K + a^V), bias (a learned rel_bias (H, 2k+1)), wide (a rel_bias of every offset)
+    max_distance: int = 16
+    head_dim: int = 64
+    dtype: str = "bfloat16"
+    causal: bool = False
+    dropout_p: float = 0.0
+    padding: bool = False
+
+
+@dataclass
+class Record:
+    kernel: str  # forward, dq, dkdv
+    case: str
+    config: str  # BM/BN/warps/stages
+    sm: int
+    registers: int
+    stack_bytes: int
+    shared_bytes: int
+    loops: dict  # stage -> instructions per tile
+    outside: int  # instructions outside the tile loops (once per program)
+    estimate: dict = field(default_factory=dict)  # length -> warp-instructions per (batch, head)
+
+
+def _tools() -> str:
+    import triton
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def compile_for(kernel, args: tuple, constexprs: dict, sm: int, num_warps: int, num_stages: int):
+    """Compile a @triton.jit kernel for CUDA sm_<sm>, specialising the arguments as a launch would."""
+    import triton
+    from triton.backends.compiler import BaseBackend, GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import MockTensor, native_specialize_impl
+
+    signature, attrs, constants = {}, {}, {}
+    for index, name in enumerate(kernel.arg_names):
+        if name in constexprs:
+            signature[name], constants[name] = "constexpr", constexprs[name]
+            continue
+        value = args[index] if index < len(args) else None
+        if isinstance(value, torch.Tensor):
+            value = MockTensor(value.dtype)
+        kind, attr = native_specialize_impl(BaseBackend, value, False, True, True)
+        signature[name] = kind
+        if kind == "constexpr":
+            constants[name] = attr
+        elif attr:
+            attrs[(index,)] = BaseBackend.parse_attr(attr)
+    source = ASTSource(kernel, signature, constants, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", sm, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def _cuobjdump(compiled, *flags: str) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        return subprocess.run([os.path.join(_tools(), "cuobjdump"), *flags, f.name], capture_output=True,
+                              text=True, check=True).stdout
+
+
+def resources(compiled) -> tuple[int, int]:
+    """(registers, stack bytes) per thread, as ptxas allocated them."""
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", _cuobjdump(compiled, "--dump-resource-usage"))
+    return int(usage.group(1)), int(usage.group(2))
+
+
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+
+
+def tile_loops(sass: str) -> tuple[list[int], int]:
+    """([instructions in each loop's body, in code order], instructions in all). A loop is a
+    branch back to an earlier address; its body, target to branch, runs once per iteration."""
+    instructions = [(int(m.group(1), 16), m.group(2)) for m in _INSTRUCTION.finditer(sass)]
+    loops = []
+    for address, text in instructions:
+        target = re.search(r"\bBRA (?:\S+ )?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address:
+            loops.append(sum(1 for a, _ in instructions if int(target.group(1), 16) <= a <= address))
+    return loops, len(instructions)
+
+
+def measure(kernel, name: str, case: Case, args: tuple, constexprs: dict, config, sm: int,
+            stages: list[str]) -> Record:
+    """Compile one kernel in one config and read it back. `stages`: the tile loops' names in
+    code order; a stage whose range the compiler proved empty has no loop and is dropped, from
+    the end (the causal kernels' last stage)."""
+    compiled = compile_for(kernel, args, {**constexprs, **config.kwargs}, sm, config.num_warps, config.num_stages)
+    registers, stack = resources(compiled)
+    loops, total = tile_loops(_cuobjdump(compiled, "-sass"))
+    if len(loops) > len(stages):
+        raise RuntimeError(f"{name}: {len(loops)} tile loops, expected at most {len(stages)} ({stages})")
+    body = dict(zip(stages, loops))
+    label = f"{config.kwargs['BLOCK_M']}/{config.kwargs['BLOCK_N']}/{config.num_warps}/{config.num_stages}"
+    return Record(name, case.name, label, sm, registers, stack, compiled.metadata.shared, body,
+                  total - sum(loops))
+
+
+def _meta_tensors(case: Case, length: int, batch: int = 2, heads: int = 8):
+    dtype = getattr(torch, case.dtype)
+    shape = (batch, heads, length, case.head_dim)
+    q, k, v = (torch.empty(shape, device="meta", dtype=dtype, requires_grad=True) for _ in range(3))
+    n_labels = 2 * case.max_distance + 1
+    rel_k = rel_v = rel_bias = None
+    if case.terms == "shaw":
+        rel_k, rel_v = (torch.empty(n_labels, case.head_dim, device="meta", dtype=dtype, requires_grad=True)
+                        for _ in range(2))
+    else:
+        rel_bias = torch.empty(heads, n_labels, device="meta", dtype=torch.float32, requires_grad=True)
+    mask = torch.empty(batch, 1, 1, length, device="meta", dtype=torch.bool) if case.padding else None
+    return q, k, v, rel_k, rel_v, rel_bias, mask
+
+
+class _Recorder:
+    """Stands in for an autotuned kernel: keeps the launch's arguments instead of running it."""
+
+    def __init__(self, kernel, calls: list):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((self.kernel, args, kwargs))
+
+
+def fused_launches(case: Case, length: int) -> list:
+    """[(kernel, args, constexprs)] of the fused kernel's forward, dq and dk/dv for one call,
+    made by the real launch code (fused.attend) on meta tensors, with the launches recorded."""
+    from relpos_lab.core.attention import fused
+    from relpos_lab.core.attention import fused_kernels as kernels
+
+    calls: list = []
+    saved = fused._kernels
+    fused._kernels = tuple(_Recorder(k, calls) for k in
+                           (kernels.forward_kernel, kernels.backward_dq_kernel, kernels.backward_dkdv_kernel))
+    try:
+        q, k, v, rel_k, rel_v, rel_bias, mask = _meta_tensors(case, length)
+        kmax = case.max_distance if case.terms != "wide" else length - 1
+        if case.terms == "wide":
+            rel_bias = torch.empty(q.shape[1], 2 * kmax + 1, device="meta", requires_grad=True)
+        out = fused.attend(q, k, v, rel_k, rel_v, rel_bias, kmax, mask, case.causal, 0, case.dropout_p,
+                           case.head_dim ** -0.5)
+        out.backward(torch.empty_like(out))
+    finally:
+        fused._kernels = saved
+    return calls
+
+
+def _even(constexprs: dict, scalars: dict, config) -> dict:
+    blocks = config.kwargs
+    return dict(EVEN_M=scalars["LQ"] % blocks["BLOCK_M"] == 0, EVEN_N=scalars["LK"] % blocks["BLOCK_N"] == 0,
+                EVEN_D=scalars["D"] == constexprs["BLOCK_D"])
+
+
+STAGES = {"forward": ["band", "left", "right"], "dq": ["band", "left", "right"],
+          "dkdv": ["band", "left", "right"]}
+CONTROL_STAGES = ["full", "diagonal"]
+
+
+def measure_fused(case: Case, sm: int, length: int = 2048) -> list[Record]:
+    """Every kernel of the fused path in every config the autotuner may try."""
+    from relpos_lab.core.attention import fused
+
+    records = []
+    for (kernel, args, kwargs), name in zip(fused_launches(case, length), ("forward", "dq", "dkdv")):
+        scalars = dict(zip(kernel.arg_names, args))
+        for config in fused._configs(window=name == "dkdv"):
+            constexprs = {**kwargs, **_even(kwargs, scalars, config)}
+            records.append(measure(kernel, name, case, args, constexprs, config, sm, STAGES[name]))
+    return records
+
+
+def measure_control(case: Case, sm: int, length: int = 2048) -> list[Record]:
+    """The plain FlashAttention-2 control, same shapes, every config."""
+    from relpos_lab.analysis import flash_control
+    from relpos_lab.core.attention import fused
+
+    dtype = getattr(torch, case.dtype)
+    q, k, v = (torch.empty(16, length, case.head_dim, device="meta", dtype=dtype) for _ in range(3))
+    records = []
+    for config in fused._configs(window=False):
+        blocks = {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_N": config.kwargs["BLOCK_N"]}
+        for (kernel, _, args, meta), name in zip(flash_control.launches(q, k, v, case.causal, case.dropout_p, blocks),
+                                                 ("forward", "dq", "dkdv")):
+            meta = {key: value for key, value in meta.items() if key not in blocks}
+            record = measure(kernel, name, case, args, meta, config, sm, CONTROL_STAGES)
+            record.case = f"{CONTROL} ({case.name})"
+            records.append(record)
+    return records
+
+
+def _tiles(name: str, stage_fn, length: int, max_distance: int, causal: bool, block_m: int, block_n: int,
+           control: bool) -> list[dict]:
+    """Per program of one (batch, head): how many tiles each stage runs, from the kernels' own bounds."""
+    out = []
+    if name in ("forward", "dq"):
+        for m0 in range(0, length, block_m):
+            if control:
+                diagonal_lo, hi = stage_fn(m0, length, causal, block_m, block_n)
+                out.append({"full": -(-diagonal_lo // block_n), "diagonal": -(-(hi - diagonal_lo) // block_n)})
+            else:
+                band_lo, band_hi, hi = stage_fn(m0, 0, length, max_distance, causal, block_m, block_n)
+                out.append({"band": -(-(band_hi - band_lo) // block_n), "left": -(-band_lo // block_n),
+                            "right": -(-(hi - band_hi) // block_n)})
+    else:
+        for n0 in range(0, length, block_n):
+            if control:
+                lo, diagonal_hi = stage_fn(n0, length, causal, block_m, block_n)
+                out.append({"diagonal": -(-(diagonal_hi - lo) // block_m), "full": -(-(length - diagonal_hi) // block_m)})
+            else:
+                lo, band_lo, band_hi = stage_fn(n0, 0, length, max_distance, causal, block_m, block_n)
+                out.append({"band": -(-(band_hi - band_lo) // block_m), "left": -(-(length - band_hi) // block_m),
+                            "right": -(-(band_lo - lo) // block_m)})
+    return out
+
+
+def estimate(record: Record, length: int, max_distance: int, causal: bool) -> int:
+    """Warp-instructions per (batch, head) at `length`: for each program, everything outside the
+    loops once plus each stage's loop body once per tile, times the warps."""
+    from relpos_lab.analysis import flash_control
+    from relpos_lab.core.attention import fused_kernels as kernels
+
+    control = record.case.startswith(CONTROL)
+    bm, bn, warps, _ = (int(x) for x in record.config.split("/"))
+    module = flash_control if control else kernels
+    stage_fn = (module.key_stages if record.kernel in ("forward", "dq") else module.query_stages).fn
+    total = 0
+    for tiles in _tiles(record.kernel, stage_fn, length, max_distance, causal, bm, bn, control):
+        total += record.outside + sum(record.loops.get(stage, 0) * count for stage, count in tiles.items())
+    return total * warps
+
+
+DEFAULT_CASES = [
+    Case("shaw k=16"),
+    Case("shaw k=16 causal dropout 0.1", causal=True, dropout_p=0.1),
+    Case("t5/alibi bias k=16", terms="bias"),
+    Case("shaw k=16 padding", padding=True),
+]
+FULL_CASES = [
+    *(Case(f"shaw k={k} D={d} {dt}{' causal' if c else ''}{' dropout' if p else ''}", max_distance=k, head_dim=d,
+           dtype=dt, causal=c, dropout_p=p)
+      for k in (4, 16, 32, 63) for d in (64, 128) for dt in ("bfloat16", "float16")
+      for c, p in ((False, 0.0), (True, 0.1))),
+    Case("shaw k=16 padding", padding=True),
+    Case("t5/alibi bias k=16", terms="bias"),
+    Case("wide bias (every offset)", terms="wide"),
+]
+LENGTHS = (512, 2048, 8192)
+
+
+def _offered(records: list[Record], kernel: str) -> list[Record]:
+    """The configs of a kernel the autotuner may choose: those that do not spill (all, if every one does)."""
+    of_kernel = [r for r in records if r.kernel == kernel]
+    return [r for r in of_kernel if r.stack_bytes == 0] or of_kernel
+
+
+def run(cases: list[Case], sms: list[int], lengths=LENGTHS) -> dict:
+    """Records of every case and config, with estimates and ratios to the control's best config."""
+    results = {"records": [], "summary": []}
+    for sm in sms:
+        for case in cases:
+            ours = measure_fused(case, sm)
+            control = measure_control(case, sm)
+            for record in ours + control:
+                record.estimate = {n: estimate(record, n, case.max_distance, case.causal) for n in lengths}
+            results["records"] += [asdict(r) for r in ours + control]
+            summary = {"case": case.name, "sm": sm}
+            for phase, kernels in (("forward", ("forward",)), ("backward", ("dq", "dkdv"))):
+                for n in lengths:
+                    best = {side: sum(min(r.estimate[n] for r in _offered(recs, kname)) for kname in kernels)
+                            for side, recs in (("ours", ours), ("control", control))}
+                    summary[f"{phase} L={n}"] = round(best["ours"] / best["control"], 3)
+            summary["spill-free configs"] = {
+                kname: sum(1 for r in ours if r.kernel == kname and r.stack_bytes == 0) for kname in STAGES}
+            summary["configs"] = len(ours) // 3
+            results["summary"].append(summary)
+    return results
+
+
+def format_table(results: dict) -> str:
+    lines = ["Per kernel and config: registers, stack bytes (spills), instructions per tile by stage, "
+             "and outside the loops (once per program).", ""]
+    header = f"{'sm':>3} {'case':<34} {'kernel':<8} {'config':<12} {'regs':>4} {'stack':>5} {'outside':>7}  loops"
+    lines += [header, "-" * len(header)]
+    for r in results["records"]:
+        loops = " ".join(f"{k}={v}" for k, v in r["loops"].items())
+        lines.append(f"{r['sm']:>3} {r['case'][:34]:<34} {r['kernel']:<8} {r['config']:<12} {r['registers']:>4} "
+                     f"{r['stack_bytes']:>5} {r['outside']:>7}  {loops}")
+    lines += ["", "Estimated warp-instructions per (batch, head), the fused kernel's cheapest spill-free config "
+              "over the flash control's cheapest (forward; backward = dq + dk/dv):", ""]
+    for s in results["summary"]:
+        ratios = "  ".join(f"{k} {v:.2f}x" for k, v in s.items() if " L=" in k)
+        lines.append(f"sm_{s['sm']} {s['case']:<34} {ratios}  spill-free configs {s['spill-free configs']} "
+                     f"of {s['configs']}")
+    return "\n".join(lines)
+
+
+def main(args) -> dict:
+    cases = FULL_CASES if args.all_cases else DEFAULT_CASES
+    results = run(cases, args.sm)
+    print(format_table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+def parse(argv: list[str]):
+    import argparse
+    parser = argparse.ArgumentParser(prog="relpos-lab bench kernel", description=__doc__.splitlines()[0])
+    parser.add_argument("--static", action="store_true", required=True,
+                        help="compile for a GPU target and read the SASS (no GPU needed); timing the kernel on a "
+                             "GPU is `bench attention --impl triton`")
+    parser.add_argument("--sm", type=int, nargs="+", default=[90], help="CUDA compute capabilities (90: H100, 80: A100)")
+    parser.add_argument("--all-cases", action="store_true",
+                        help="every k in 4 16 32 63, D 64 and 128, bf16 and fp16, plain and causal+dropout, padding, "
+                             "bias alone, the wide bias (default: the Shaw default, causal+dropout, bias, padding)")
+    parser.add_argument("--json", default=None, help="also write the records here")
+    return parser.parse_args(argv)

@@ -1,0 +1,667 @@
+"""The fused kernel's Triton programs: forward, backward dq, backward dk/dv (imported only with triton).
+
+One query block's key tiles fall in three stages, by the labels l(i, j) = clip(j − i, k) + k of
+their pairs (a0, a1: the block's first and last absolute row):
+
+    BAND   [band_lo, band_hi)  some pair has |j − i| < k: labels read pair by pair
+    LEFT   [0, band_lo)        every pair has j − i ≤ −k: label 0, one logit term per row
+    RIGHT  [band_hi, hi)       every pair has j − i ≥ k:  label 2k, one logit term per row
+
+Off the band a label's logit term R_il is a scalar per row, folded into the softmax's row offset,
+and its probability mass is the row sum that the softmax takes anyway: those tiles cost what a
+plain FlashAttention-2 tile costs. The band runs first; the causal mask, which only band tiles
+can need, is applied there alone.
+
+Per-pair label work goes through small tables in memory, one row of 2k+1 floats per query row,
+read and written at `row · labels + l(i, j)` (L1-resident, and no register gather):
+
+    LOGITS (R)   R_il · log2 e = (scale · q_i·w^K_l + b_l) · log2 e      written by forward and dq
+    VALUES (DW)  dO_i·w^V_l, the value term's share of dP                 written by dq
+    MASS   (M)   M_il = Σ_{l(i,j)=l} p_ij, normalised, dropout applied    written by forward
+    GRAD   (G)   G_il = Σ_{l(i,j)=l} dS_ij                                written by dq
+
+An interior label l (0 < l < 2k) meets each row at one key only (j = i + l − k), so M and G
+take interior values by plain stores, the edges by row sums. The tables' gradients are small
+matmuls outside the kernels (dw^K = scale·Σ Gᵀq, db = Σ G, dw^V = Σ Mᵀ dO): no atomics.
+
+The softmax runs in base 2 (exp2, log2 e folded into the scale). Dropout is Philox keyed by
+(seed + batch·head, row·Lk + key), so the backward redraws the forward's mask.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+# Stages, as the constexpr each tile loop is specialised on.
+BAND = tl.constexpr(0)
+LEFT = tl.constexpr(1)
+RIGHT = tl.constexpr(2)
+
+
+@triton.jit
+def key_stages(m0, OFFSET, LK, max_distance, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """(band_lo, band_hi, hi): the key-tile bounds of query block [m0, m0 + BM). Plain integer
+    arithmetic, so `bench kernel --static` counts tiles by calling it from Python (`.fn`)."""
+    a0 = m0 + OFFSET
+    a1 = a0 + BLOCK_M - 1
+    hi = LK
+    if CAUSAL:
+        hi = max(min(LK, a1 + 1), 0)
+    band_lo = min(max(a0 - max_distance + 1, 0) // BLOCK_N * BLOCK_N, hi)
+    band_hi = max(min((a1 + max_distance + BLOCK_N - 1) // BLOCK_N * BLOCK_N, hi), band_lo)
+    if CAUSAL:  # the diagonal's tiles need the causal mask: they are band tiles, whatever k
+        band_hi = hi
+    return band_lo, band_hi, hi
+
+
+@triton.jit
+def query_stages(n0, OFFSET, LQ, max_distance, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """(lo, band_lo, band_hi): the query-block bounds of key block [n0, n0 + BN), from the keys'
+    side: [lo, band_lo) every label 2k (queries before the keys), [band_lo, band_hi) the band,
+    [band_hi, LQ) every label 0 (queries after)."""
+    lo = 0
+    if CAUSAL:  # query blocks that end before the first key see none of it
+        lo = min(max(n0 - OFFSET, 0) // BLOCK_M * BLOCK_M, LQ)
+    band_lo = min(max(max(n0 - max_distance - OFFSET + 1, 0) // BLOCK_M * BLOCK_M, lo), LQ)
+    if CAUSAL:
+        band_lo = lo
+    above = (max(n0 + BLOCK_N - 1 + max_distance - OFFSET, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    band_hi = max(min(above, LQ), band_lo)
+    return lo, band_lo, band_hi
+
+
+@triton.jit
+def pair_offsets(rows_abs, cols):
+    """(BM, BN) j − i, from which every label and mask of a band tile follows."""
+    return cols[None, :] - rows_abs[:, None]
+
+
+@triton.jit
+def label_of(offset, max_distance):
+    """clip(j − i, k) + k."""
+    return tl.minimum(tl.maximum(offset, -max_distance), max_distance) + max_distance
+
+
+@triton.jit
+def on_diagonals(table, row_stride, rows, cols, OFFSET, max_distance):
+    """(BM, BN) pointers to a label table's interior entries: row r's label j − (r + offset) + k
+    sits at r·stride + j − r − offset + k, affine in (r, j), so it is a plain strided tile
+    (row stride − 1) and the band needs no per-pair label arithmetic to reach it."""
+    return table + (max_distance - OFFSET) + rows[:, None] * (row_stride - 1) + cols[None, :]
+
+
+@triton.jit
+def load_by_row(ptrs, rows, LQ, EVEN_M: tl.constexpr):
+    if EVEN_M:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=(rows < LQ)[:, None], other=0.0)
+
+
+@triton.jit
+def store_by_row(ptrs, x, rows, LQ, EVEN_M: tl.constexpr):
+    if EVEN_M:
+        tl.store(ptrs, x)
+    else:
+        tl.store(ptrs, x, mask=(rows < LQ)[:, None])
+
+
+@triton.jit
+def by_label(table, row_stride, lo, hi, at_lo, at_hi, rows, cols, OFFSET, max_distance, LQ,
+             EVEN_M: tl.constexpr):
+    """(BM, BN) a label table read pair by pair: the edges from the row vectors lo and hi, the
+    interior from memory."""
+    label = label_of(pair_offsets(rows + OFFSET, cols), max_distance)
+    if EVEN_M:
+        return tl.load(table + rows[:, None] * row_stride + label)
+    return tl.load(table + rows[:, None] * row_stride + label, mask=(rows < LQ)[:, None], other=0.0)
+
+
+@triton.jit
+def load_rows(ptr, rows, stride, dims, n_rows, D, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
+    """A (rows, BLOCK_D) tile; bounds are checked only where the shape needs it."""
+    ptrs = ptr + rows[:, None] * stride + dims[None, :]
+    if EVEN_ROWS and EVEN_D:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=(rows[:, None] < n_rows) & (dims[None, :] < D), other=0.0)
+
+
+@triton.jit
+def visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK: tl.constexpr,
+            CAUSAL: tl.constexpr, EVEN_N: tl.constexpr):
+    """s with −inf where the key may not be seen: beyond Lk (unless Lk fills the tiles), masked
+    out (MASK 1: per key, padding; 2: per (query, key)), or, CAUSAL, in the query's future."""
+    if not EVEN_N:
+        s = tl.where((cols < LK)[None, :], s, float("-inf"))
+    if MASK == 1:
+        s = tl.where((tl.load(mask_ptr + cols * stride_mk, mask=cols < LK, other=0) != 0)[None, :], s,
+                     float("-inf"))
+    elif MASK == 2:
+        attend = tl.load(mask_ptr + rows[:, None] * stride_mq + cols[None, :] * stride_mk,
+                         mask=(rows[:, None] < LQ) & (cols[None, :] < LK), other=0)
+        s = tl.where(attend != 0, s, float("-inf"))
+    if CAUSAL:
+        s = tl.where(cols[None, :] <= rows_abs[:, None], s, float("-inf"))
+    return s
+
+
+@triton.jit
+def dropped(x, seed, rows, cols, LK, dropout_p, HAS_DROPOUT: tl.constexpr):
+    """x under attention dropout: zero where Philox(seed, row·Lk + key) < p, else x / (1 − p)."""
+    if HAS_DROPOUT:
+        kept = tl.rand(seed, rows[:, None] * LK + cols[None, :]) >= dropout_p
+        x = tl.where(kept, x / (1.0 - dropout_p), 0.0)
+    return x
+
+
+@triton.jit
+def edge_labels(offset, max_distance):
+    """(BM, BN) bools: the pair's label is 0, or 2k (k = 0 has one label: it counts as 0)."""
+    at_lo = offset <= -max_distance
+    return at_lo, (offset >= max_distance) & ~at_lo
+
+
+@triton.jit
+def with_edges(x, labels, lo, hi, max_distance):
+    """A (BM, NLP) label-space block with its edge columns set to the row vectors lo and hi."""
+    x = tl.where(labels[None, :] == 2 * max_distance, hi[:, None], x)
+    return tl.where(labels[None, :] == 0, (lo + tl.where(max_distance == 0, hi, 0.0))[:, None], x)
+
+
+@triton.jit
+def reaches_a_key(rows_abs, labels, max_distance, LK, CAUSAL: tl.constexpr):
+    """(BM, NLP) bool: interior label l of row i names a key the band visited (j = i + l − k)."""
+    key = rows_abs[:, None] + labels[None, :] - max_distance
+    ok = (labels[None, :] > 0) & (labels[None, :] < 2 * max_distance) & (key >= 0) & (key < LK)
+    if CAUSAL:
+        ok = ok & (key <= rows_abs[:, None])
+    return ok
+
+
+@triton.jit
+def label_logits(q, WK, stride_wkl, BIAS, labels, dims, n_labels, D, qk_scale,
+                 HAS_RK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """(BM, NLP) R · log2 e for a block of query rows: q·w^Kᵀ scaled, plus the bias."""
+    r = tl.zeros((q.shape[0], labels.shape[0]), dtype=tl.float32)
+    if HAS_RK:
+        wk = tl.load(WK + labels[:, None] * stride_wkl + dims[None, :],
+                     mask=(labels[:, None] < n_labels) & (dims[None, :] < D), other=0.0)
+        r = tl.dot(q, tl.trans(wk), input_precision=PRECISION) * qk_scale
+    if HAS_BIAS:
+        r += tl.load(BIAS + labels, mask=labels < n_labels, other=0.0)[None, :]  # already · log2 e
+    return r
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_table, logit_stride, r_edge, mass_table, K_ptr, V_ptr,
+                   mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, lo, hi,
+                   LQ, LK, D, max_distance, qk_scale, seed, dropout_p,
+                   STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr,
+                   MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
+                   EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """The online softmax over key tiles [lo, hi) of one stage (acc, l_i, m_i: FlashAttention-2's).
+
+    The value term's masses, unnormalised like acc: m_hi sums label 2k; m_lo sums every other
+    label (the band's interior is taken out at the end, from the logits it stores by label)."""
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
+        if STAGE == BAND:
+            # Pair by pair: the logit term by label (log2 units), then every mask.
+            offset = pair_offsets(rows_abs, cols)
+            label = label_of(offset, max_distance)
+            s = qk * qk_scale
+            if HAS_LOGITS:
+                s += load_by_row(logit_table + rows[:, None] * logit_stride + label, rows, LQ, EVEN_M)
+            s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
+            row_max = tl.max(s, 1)
+        else:
+            # One label per side: its logit term r_edge is a row offset.
+            if MASK != 0 or not EVEN_N:
+                qk = visible(qk, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
+            row_max = tl.max(qk, 1) * qk_scale + r_edge
+        # Online softmax: rescale what came before to the new row maximum.
+        m_new = tl.maximum(m_i, row_max)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+        alpha = tl.exp2(m_i - m_safe)
+        if STAGE == BAND:
+            p = tl.exp2(s - m_safe[:, None])
+        else:
+            p = tl.exp2(qk * qk_scale - (m_safe - r_edge)[:, None])
+        row_sum = tl.sum(p, 1)
+        l_i = l_i * alpha + row_sum
+        p = dropped(p, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)  # after the normaliser
+        v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        if HAS_RV:
+            if HAS_DROPOUT:
+                row_sum = tl.sum(p, 1)
+            if STAGE == BAND:
+                hi_part = tl.sum(tl.where(offset >= max_distance, p, 0.0), 1)
+                m_lo = m_lo * alpha + (row_sum - hi_part)
+                m_hi = m_hi * alpha + hi_part
+                # Interior logits by label; the edges' entries are overwritten at the end.
+                store_by_row(mass_table + rows[:, None] * (2 * max_distance + 1) + label, s, rows, LQ, EVEN_M)
+            elif STAGE == LEFT:
+                m_lo = m_lo * alpha + row_sum
+                m_hi = m_hi * alpha
+            else:
+                m_lo = m_lo * alpha
+                m_hi = m_hi * alpha + row_sum
+        m_i = m_new
+    return acc, l_i, m_i, m_lo, m_hi
+
+
+@triton.jit
+def forward_kernel(
+        Q, K, V, WK, WV, BIAS, MASK_PTR, O, LSE, LOGITS, MASS,
+        stride_qb, stride_qh, stride_qm,
+        stride_kb, stride_kh, stride_kn,
+        stride_vb, stride_vh, stride_vn,
+        stride_wkh, stride_wkl,
+        stride_wvh, stride_wvl,
+        stride_bh,
+        stride_mb, stride_mh, stride_mq, stride_mk,
+        stride_ob, stride_oh, stride_om,
+        H, LQ, LK, D, OFFSET, max_distance, sm_scale, seed, dropout_p, L_BUCKET,
+        LABELS: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
+        MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+        EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """One program: query block start_m of one (batch, head). Writes its rows of O, of the
+    log-sum-exp (base 2) and of the mass table; the logit table is its scratch."""
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    n_labels = 2 * max_distance + 1
+    qk_scale = sm_scale * 1.4426950408889634
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows_abs = rows + OFFSET
+    dims = tl.arange(0, BLOCK_D)
+    labels = tl.arange(0, LABELS)
+    in_table = (rows[:, None] < LQ) & (labels[None, :] < n_labels)
+    q = load_rows(Q + b * stride_qb + h * stride_qh, rows, stride_qm, dims, LQ, D, EVEN_M, EVEN_D)
+
+    # The logit table: a row per query with w^K (written here, read per pair), else the bias.
+    HAS_LOGITS: tl.constexpr = HAS_RK or HAS_BIAS
+    table_offset = bh * LQ * n_labels
+    logit_table = BIAS + h * stride_bh
+    logit_stride = 0
+    if HAS_RK:
+        r = label_logits(q, WK + h * stride_wkh, stride_wkl, BIAS + h * stride_bh, labels, dims, n_labels, D,
+                         qk_scale, True, HAS_BIAS, PRECISION)
+        tl.store(LOGITS + table_offset + rows[:, None] * n_labels + labels[None, :], r, mask=in_table)
+        tl.debug_barrier()
+        logit_table = LOGITS + table_offset
+        logit_stride = n_labels
+    r_lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    r_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if HAS_LOGITS:
+        r_lo = tl.load(logit_table + rows * logit_stride, mask=rows < LQ, other=0.0)
+        r_hi = tl.load(logit_table + rows * logit_stride + 2 * max_distance, mask=rows < LQ, other=0.0)
+    mass_table = MASS + table_offset
+    mass_rows = mass_table + rows * n_labels
+
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    m_lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    m_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    band_lo, band_hi, hi = key_stages(start_m * BLOCK_M, OFFSET, LK, max_distance, CAUSAL, BLOCK_M, BLOCK_N)
+    K_ptr = K + b * stride_kb + h * stride_kh
+    V_ptr = V + b * stride_vb + h * stride_vh
+    mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
+    for stage in tl.static_range(3):  # BAND, LEFT, RIGHT
+        acc, l_i, m_i, m_lo, m_hi = _forward_tiles(
+            acc, l_i, m_i, m_lo, m_hi, q, logit_table, logit_stride, r_lo if stage == LEFT else r_hi, mass_table,
+            K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
+            band_lo if stage == BAND else (0 if stage == LEFT else band_hi),
+            band_hi if stage == BAND else (band_lo if stage == LEFT else hi),
+            LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
+            STAGE=stage, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, MASK=MASK, CAUSAL=CAUSAL,
+            HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N,
+            PRECISION=PRECISION)
+
+    seen = l_i > 0.0  # a fully masked row attends to nothing: zeros, and no gradient
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
+    lse = tl.where(seen, m_i + tl.log2(l_safe), float("inf"))
+    if HAS_RV:
+        # The masses, normalised: interior ones from the logits the band stored, edges from row sums.
+        tl.debug_barrier()
+        reach = reaches_a_key(rows_abs, labels, max_distance, LK, CAUSAL)
+        logits = tl.load(mass_rows[:, None] + labels[None, :], mask=reach & in_table, other=float("-inf"))
+        mass = tl.exp2(logits - lse[:, None])
+        if HAS_DROPOUT:
+            keys = rows_abs[:, None] + labels[None, :] - max_distance
+            mass = tl.where(tl.rand(seed + bh, rows[:, None] * LK + keys) >= dropout_p, mass / (1.0 - dropout_p), 0.0)
+        lo_mass = m_lo / l_safe - tl.sum(mass, 1)  # m_lo summed the band's interior too
+        mass = tl.where(seen[:, None], with_edges(mass, labels, lo_mass, m_hi / l_safe, max_distance), 0.0)
+        tl.store(mass_rows[:, None] + labels[None, :], mass, mask=in_table)
+        wv = tl.load(WV + h * stride_wvh + labels[:, None] * stride_wvl + dims[None, :],
+                     mask=(labels[:, None] < n_labels) & (dims[None, :] < D), other=0.0)
+        out += tl.dot(mass.to(wv.dtype), wv, input_precision=PRECISION)
+    O_rows = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :]
+    tl.store(O_rows, out.to(O.dtype.element_ty), mask=(rows[:, None] < LQ) & (dims[None, :] < D))
+    tl.store(LSE + bh * LQ + rows, lse, mask=rows < LQ)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward: dq (one program per query block), then dk and dv (one per key block)
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _dq_tiles(dq, g_lo, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows, dw_edge, grad_rows,
+              K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, lo, hi,
+              LQ, LK, D, max_distance, qk_scale, seed, dropout_p,
+              STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr, NEEDS_G: tl.constexpr,
+              MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_N: tl.constexpr,
+              EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """dq and the label sums G of a query block over key tiles [lo, hi) of one stage."""
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
+        v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
+        # Recompute p from the saved log-sum-exp.
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        if STAGE == BAND:
+            offset = pair_offsets(rows_abs, cols)
+            label = label_of(offset, max_distance)
+            if HAS_LOGITS:
+                s += tl.load(logit_rows[:, None] + label)
+            s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
+            p = tl.exp2(s - lse[:, None])
+        else:
+            if MASK != 0 or not EVEN_N:
+                s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
+            p = tl.exp2(s - (lse - r_edge)[:, None])
+        # dP = dO·(v_j + w^V_l), dropped as p was; dS = p (dP − delta).
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        row_delta = delta
+        if HAS_RV:
+            if STAGE == BAND:
+                dp += tl.load(value_rows[:, None] + label)
+            elif HAS_DROPOUT:
+                dp += dw_edge[:, None]
+            else:
+                row_delta = delta - dw_edge
+        dp = dropped(dp, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
+        ds = p * (dp - row_delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        # G: edges by row sums, interior values stored in the grad table.
+        if NEEDS_G:
+            if STAGE == BAND:
+                at_lo, at_hi = edge_labels(offset, max_distance)
+                g_lo += tl.sum(tl.where(at_lo, ds, 0.0), 1)
+                g_hi += tl.sum(tl.where(at_hi, ds, 0.0), 1)
+                tl.store(grad_rows[:, None] + label, ds, mask=(rows < LQ)[:, None] & ~at_lo & ~at_hi)
+            elif STAGE == LEFT:
+                g_lo += tl.sum(ds, 1)
+            else:
+                g_hi += tl.sum(ds, 1)
+    return dq, g_lo, g_hi
+
+
+@triton.jit
+def backward_dq_kernel(
+        Q, K, V, WK, WV, BIAS, MASK_PTR, O, DO, LSE, DQ, DELTA, LOGITS, VALUES, GRAD,
+        stride_qb, stride_qh, stride_qm,
+        stride_kb, stride_kh, stride_kn,
+        stride_vb, stride_vh, stride_vn,
+        stride_wkh, stride_wkl,
+        stride_wvh, stride_wvl,
+        stride_bh,
+        stride_mb, stride_mh, stride_mq, stride_mk,
+        stride_ob, stride_oh, stride_om,
+        stride_dob, stride_doh, stride_dom,
+        stride_dqb, stride_dqh, stride_dqm,
+        H, LQ, LK, D, OFFSET, max_distance, sm_scale, seed, dropout_p, L_BUCKET,
+        LABELS: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
+        NEEDS_G: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+        EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """One program: query block start_m of one (batch, head). Writes its rows of dQ, delta, and
+    of the logit, value and grad tables, which the dk/dv kernel and the tables' gradients read."""
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    n_labels = 2 * max_distance + 1
+    qk_scale = sm_scale * 1.4426950408889634
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows_abs = rows + OFFSET
+    dims = tl.arange(0, BLOCK_D)
+    labels = tl.arange(0, LABELS)
+    in_table = (rows[:, None] < LQ) & (labels[None, :] < n_labels)
+    q = load_rows(Q + b * stride_qb + h * stride_qh, rows, stride_qm, dims, LQ, D, EVEN_M, EVEN_D)
+    do = load_rows(DO + b * stride_dob + h * stride_doh, rows, stride_dom, dims, LQ, D, EVEN_M, EVEN_D)
+    o = load_rows(O + b * stride_ob + h * stride_oh, rows, stride_om, dims, LQ, D, EVEN_M, EVEN_D)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # Σ_j p_ij dP_ij = dO_i·z_i
+    tl.store(DELTA + bh * LQ + rows, delta, mask=rows < LQ)
+    lse = tl.load(LSE + bh * LQ + rows, mask=rows < LQ, other=float("inf"))
+
+    # The tables the band reads per pair: logits (as the forward's), and dO·w^V.
+    HAS_LOGITS: tl.constexpr = HAS_RK or HAS_BIAS
+    table_offset = bh * LQ * n_labels
+    logit_rows = BIAS + h * stride_bh + rows * 0
+    if HAS_RK:
+        r = label_logits(q, WK + h * stride_wkh, stride_wkl, BIAS + h * stride_bh, labels, dims, n_labels, D,
+                         qk_scale, True, HAS_BIAS, PRECISION)
+        tl.store(LOGITS + table_offset + rows[:, None] * n_labels + labels[None, :], r, mask=in_table)
+        logit_rows = LOGITS + table_offset + rows * n_labels
+    value_rows = VALUES + table_offset + rows * n_labels
+    if HAS_RV:
+        wv = tl.load(WV + h * stride_wvh + labels[:, None] * stride_wvl + dims[None, :],
+                     mask=(labels[:, None] < n_labels) & (dims[None, :] < D), other=0.0)
+        tl.store(value_rows[:, None] + labels[None, :], tl.dot(do, tl.trans(wv), input_precision=PRECISION),
+                 mask=in_table)
+    tl.debug_barrier()
+    r_lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    r_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if HAS_LOGITS:
+        r_lo = tl.load(logit_rows, mask=rows < LQ, other=0.0)
+        r_hi = tl.load(logit_rows + 2 * max_distance, mask=rows < LQ, other=0.0)
+    dw_lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    dw_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if HAS_RV:
+        dw_lo = tl.load(value_rows, mask=rows < LQ, other=0.0)
+        dw_hi = tl.load(value_rows + 2 * max_distance, mask=rows < LQ, other=0.0)
+    grad_rows = GRAD + table_offset + rows * n_labels
+
+    dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    g_lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    g_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    band_lo, band_hi, hi = key_stages(start_m * BLOCK_M, OFFSET, LK, max_distance, CAUSAL, BLOCK_M, BLOCK_N)
+    K_ptr = K + b * stride_kb + h * stride_kh
+    V_ptr = V + b * stride_vb + h * stride_vh
+    mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
+    for stage in tl.static_range(3):  # BAND, LEFT, RIGHT
+        dq, g_lo, g_hi = _dq_tiles(
+            dq, g_lo, g_hi, q, do, lse, delta, logit_rows, r_lo if stage == LEFT else r_hi, value_rows,
+            dw_lo if stage == LEFT else dw_hi, grad_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn,
+            stride_mq, stride_mk, rows, rows_abs, dims,
+            band_lo if stage == BAND else (0 if stage == LEFT else band_hi),
+            band_hi if stage == BAND else (band_lo if stage == LEFT else hi),
+            LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
+            STAGE=stage, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, NEEDS_G=NEEDS_G, MASK=MASK, CAUSAL=CAUSAL,
+            HAS_DROPOUT=HAS_DROPOUT, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
+
+    if NEEDS_G:
+        # The grad table's rows, whole: interior values the band stored, edges, zeros elsewhere.
+        tl.debug_barrier()
+        reach = reaches_a_key(rows_abs, labels, max_distance, LK, CAUSAL)
+        g = tl.load(grad_rows[:, None] + labels[None, :], mask=reach & in_table, other=0.0)
+        g = with_edges(g, labels, g_lo, g_hi, max_distance)
+        tl.store(grad_rows[:, None] + labels[None, :], g, mask=in_table)
+        if HAS_RK:  # Σ_l G_il w^K_l, the key term's share of dq
+            wk = tl.load(WK + h * stride_wkh + labels[:, None] * stride_wkl + dims[None, :],
+                         mask=(labels[:, None] < n_labels) & (dims[None, :] < D), other=0.0)
+            dq += tl.dot(g.to(wk.dtype), wk, input_precision=PRECISION)
+    DQ_rows = DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + dims[None, :]
+    tl.store(DQ_rows, (dq * sm_scale).to(DQ.dtype.element_ty), mask=(rows[:, None] < LQ) & (dims[None, :] < D))
+
+
+@triton.jit
+def add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, max_distance, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  WINDOW: tl.constexpr):
+    """A wide rel_bias's gradient: the tile's dS summed along its BM + BN − 1 diagonals (one
+    offset j − i each), added into this key block's own row of per-label sums. Diagonals
+    beyond ±k share the end labels: they are summed first, so every address is written once
+    per tile. Read-modify-write in order by the one program that owns the row: deterministic."""
+    w = tl.arange(0, WINDOW)
+    rows_local = tl.arange(0, BLOCK_M)
+    key = w[None, :] - (BLOCK_M - 1) + rows_local[:, None]  # the tile column on diagonal w of row i
+    on_tile = (key >= 0) & (key < BLOCK_N)
+    diag = tl.sum(tl.where(on_tile, tl.gather(ds, tl.minimum(tl.maximum(key, 0), BLOCK_N - 1), 1), 0.0), 0)
+    offset = tl.min(cols, 0) - (m0 + OFFSET) - (BLOCK_M - 1) + w  # j − i of diagonal w, absolute positions
+    label = label_of(offset, max_distance)
+    real = w < BLOCK_M + BLOCK_N - 1
+    inside = real & (label > 0) & (label < 2 * max_distance)
+    lo = tl.sum(tl.where(real & (label == 0), diag, 0.0), 0)
+    hi = tl.where(max_distance > 0, tl.sum(tl.where(real & (label == 2 * max_distance), diag, 0.0), 0), 0.0)
+    tl.store(dbias_ptr + label, tl.load(dbias_ptr + label, mask=inside, other=0.0) + diag, mask=inside)
+    tl.store(dbias_ptr, tl.load(dbias_ptr) + lo)
+    tl.store(dbias_ptr + 2 * max_distance, tl.load(dbias_ptr + 2 * max_distance) + hi)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, value_base, dbias_ptr, Q_ptr, DO_ptr, lse_ptr, delta_ptr,
+                stride_qm, stride_dom, cols, mask_ptr, stride_mq, stride_mk, dims, lo, hi,
+                LQ, LK, D, OFFSET, max_distance, qk_scale, seed, dropout_p,
+                STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr, BIAS_GRAD: tl.constexpr,
+                MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
+                EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+    """dk, dv of a key block over query blocks [lo, hi) of one stage. Off the band, each query
+    row's edge logit and dO·w^V come from the tables as scalars, folded into lse and delta."""
+    edge = 0 if STAGE == LEFT else 2 * max_distance
+    for m0 in range(lo, hi, BLOCK_M):
+        rows = m0 + tl.arange(0, BLOCK_M)
+        rows_abs = rows + OFFSET
+        q = load_rows(Q_ptr, rows, stride_qm, dims, LQ, D, EVEN_M, EVEN_D)
+        do = load_rows(DO_ptr, rows, stride_dom, dims, LQ, D, EVEN_M, EVEN_D)
+        if EVEN_M:
+            lse = tl.load(lse_ptr + rows)
+            delta = tl.load(delta_ptr + rows)
+        else:
+            lse = tl.load(lse_ptr + rows, mask=rows < LQ, other=float("inf"))
+            delta = tl.load(delta_ptr + rows, mask=rows < LQ, other=0.0)
+        logit_rows = logit_base + rows * logit_stride
+        value_rows = value_base + rows * (2 * max_distance + 1)
+        # Recompute p from the saved log-sum-exp.
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        if STAGE == BAND:
+            offset = pair_offsets(rows_abs, cols)
+            label = label_of(offset, max_distance)
+            if HAS_LOGITS:
+                s += tl.load(logit_rows[:, None] + label, mask=(rows < LQ)[:, None], other=0.0)
+            s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
+            p = tl.exp2(s - lse[:, None])
+        else:
+            if MASK != 0 or not EVEN_N:
+                s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
+            if HAS_LOGITS:
+                lse -= tl.load(logit_rows + edge, mask=rows < LQ, other=0.0)
+            p = tl.exp2(s - lse[:, None])
+        dv += tl.dot(tl.trans(dropped(p, seed, rows, cols, LK, dropout_p, HAS_DROPOUT).to(do.dtype)), do,
+                     input_precision=PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        if HAS_RV:
+            if STAGE == BAND:
+                dp += tl.load(value_rows[:, None] + label, mask=(rows < LQ)[:, None], other=0.0)
+            elif HAS_DROPOUT:
+                dp += tl.load(value_rows + edge, mask=rows < LQ, other=0.0)[:, None]
+            else:
+                delta -= tl.load(value_rows + edge, mask=rows < LQ, other=0.0)
+        dp = dropped(dp, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
+        ds = p * (dp - delta[:, None])
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        if BIAS_GRAD:  # a wide rel_bias's gradient, into this key block's own row
+            if STAGE == BAND:
+                add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, max_distance, BLOCK_M, BLOCK_N, WINDOW)
+            else:
+                tl.store(dbias_ptr + edge, tl.load(dbias_ptr + edge) + tl.sum(tl.sum(ds, 1), 0))
+                tl.debug_barrier()
+    return dk, dv
+
+
+@triton.jit
+def backward_dkdv_kernel(
+        Q, K, V, BIAS, MASK_PTR, DO, LSE, DELTA, LOGITS, VALUES, DK, DV, DBIAS, DBIAS_ROWS,
+        stride_qb, stride_qh, stride_qm,
+        stride_kb, stride_kh, stride_kn,
+        stride_vb, stride_vh, stride_vn,
+        stride_bh,
+        stride_mb, stride_mh, stride_mq, stride_mk,
+        stride_dob, stride_doh, stride_dom,
+        stride_dkb, stride_dkh, stride_dkn,
+        stride_dvb, stride_dvh, stride_dvn,
+        H, LQ, LK, D, OFFSET, max_distance, sm_scale, seed, dropout_p, L_BUCKET,
+        HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+        MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+        EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, WINDOW: tl.constexpr,
+        PRECISION: tl.constexpr):
+    """One program: key block start_n of one (batch, head). Writes its rows of dK and dV and,
+    for a wide rel_bias that needs a gradient, its own row of per-label sums in DBIAS."""
+    start_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    n_labels = 2 * max_distance + 1
+    qk_scale = sm_scale * 1.4426950408889634
+    n0 = start_n * BLOCK_N
+    cols = n0 + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, BLOCK_D)
+    k = load_rows(K + b * stride_kb + h * stride_kh, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
+    v = load_rows(V + b * stride_vb + h * stride_vh, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
+    HAS_LOGITS: tl.constexpr = HAS_RK or HAS_BIAS
+    table_offset = bh * LQ * n_labels
+    logit_base = BIAS + h * stride_bh
+    logit_stride = 0
+    if HAS_RK:
+        logit_base = LOGITS + table_offset
+        logit_stride = n_labels
+    dbias_ptr = DBIAS + (bh * DBIAS_ROWS + start_n) * n_labels  # this program's own row
+
+    lo, band_lo, band_hi = query_stages(n0, OFFSET, LQ, max_distance, CAUSAL, BLOCK_M, BLOCK_N)
+    dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    for stage in tl.static_range(3):  # BAND, then queries after the keys (label 0), before them (2k)
+        dk, dv = _dkdv_tiles(
+            dk, dv, k, v, logit_base, logit_stride, VALUES + table_offset, dbias_ptr,
+            Q + b * stride_qb + h * stride_qh, DO + b * stride_dob + h * stride_doh, LSE + bh * LQ, DELTA + bh * LQ,
+            stride_qm, stride_dom, cols, MASK_PTR + b * stride_mb + h * stride_mh, stride_mq, stride_mk, dims,
+            band_lo if stage == BAND else (band_hi if stage == LEFT else lo),
+            band_hi if stage == BAND else (LQ if stage == LEFT else band_lo),
+            LQ, LK, D, OFFSET, max_distance, qk_scale, seed + bh, dropout_p,
+            STAGE=stage, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, BIAS_GRAD=BIAS_GRAD, MASK=MASK, CAUSAL=CAUSAL,
+            HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N, WINDOW=WINDOW, PRECISION=PRECISION)
+    col_mask = (cols[:, None] < LK) & (dims[None, :] < D)
+    tl.store(DK + b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :],
+             (dk * sm_scale).to(DK.dtype.element_ty), mask=col_mask)
+    tl.store(DV + b * stride_dvb + h * stride_dvh + cols[:, None] * stride_dvn + dims[None, :],
+             dv.to(DV.dtype.element_ty), mask=col_mask)
+
+
+@triton.jit
+def dropout_keep_kernel(OUT, seed, LQ, LK, dropout_p, BLOCK: tl.constexpr):
+    """The kept entries of one (batch, head)'s dropout draw, for tests that rebuild the mask."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    bh = tl.program_id(2)
+    kept = dropped(tl.full((BLOCK, BLOCK), 1.0, tl.float32), seed + bh, rows, cols, LK, dropout_p, True) != 0.0
+    tl.store(OUT + bh * LQ * LK + rows[:, None] * LK + cols[None, :], kept.to(tl.int8),
+             mask=(rows[:, None] < LQ) & (cols[None, :] < LK))
