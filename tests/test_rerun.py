@@ -168,6 +168,7 @@ def test_sigterm_saves_the_current_step_and_the_run_resumes_from_it_with_what_wa
     wait_for(proc, lambda: current_step(root) >= 20, "logged steps")
     os.kill(proc.pid, signal.SIGTERM)  # the training process only, as `kill` does
     output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, output[-3000:]  # 128 + SIGTERM: not a success (it was 0)
     run_dir = the_run_dir(root)
     saved = global_step(run_dir / "checkpoints" / "last.ckpt")
     assert f"Stopped by SIGTERM at step {saved}. Newest checkpoint:" in output, output[-3000:]
@@ -179,6 +180,37 @@ def test_sigterm_saves_the_current_step_and_the_run_resumes_from_it_with_what_wa
     # from the logged step after the file's last one, or that step itself when it lacks its lr row
     first = int(re.search(r"W&B: the history lacks steps (\d+)-", out).group(1))
     assert first in (last, last + LOG_EVERY), (first, last)
+
+
+def test_sigterm_during_the_final_evaluation_exits_143_and_the_same_command_evaluates_again(root):
+    """Outside training Lightning's own SIGTERM handler stops the evaluation loop; the run still
+    exits 143 with one line saying so, leaves no results.json, and the same command finishes it."""
+    steps = 20
+    args = ["train", "tiny.yaml", f"trainer.max_steps={steps}", "task.test_lengths=[1,40]",
+            "task.eval_size_per_length=300", "logging.wandb.mode=disabled"]  # ~10 s of greedy decoding
+    proc = start(root, *args)
+    wait_for(proc, lambda: checkpoint_step(root) == steps, "a last.ckpt of the last step")
+    time.sleep(1.0)  # past the fit, into the final evaluation
+    os.kill(proc.pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, output[-3000:]
+    run_dir = the_run_dir(root)
+    (line,) = [line for line in output.splitlines() if line.startswith("Stopped by SIGTERM")]
+    assert line.endswith("run the same command again to resume from it. (training is complete; the final "
+                         "evaluation was not run)"), output[-3000:]
+    assert "Traceback" not in output and not (run_dir / "results.json").exists()
+    out = run_cli(*args, cwd=root)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert json.loads((run_dir / "results.json").read_text())["started_at_step"] == steps
+
+
+def checkpoint_step(root: Path) -> int | None:
+    """The step of the run's last.ckpt, None while there is none (or it is being written)."""
+    last = next(root.glob("runs/*/*/checkpoints/last.ckpt"), None)
+    try:
+        return None if last is None else global_step(last)
+    except (OSError, RuntimeError, EOFError):
+        return None
 
 
 def cut_after_rows(path: Path, logged: int) -> int:

@@ -68,7 +68,7 @@ from relpos_lab.training.checkpoints import (
 from relpos_lab.training.data import TaskDataModule
 from relpos_lab.training.final_validation import ValidateLastStep
 from relpos_lab.training.inspect import can_inspect, has_relative_positions, inspect_model
-from relpos_lab.training.interrupt import SIGNAL_NAMES, InterruptCheckpoint
+from relpos_lab.training.interrupt import SIGNAL_NAMES, InterruptCheckpoint, sigterm_exit
 from relpos_lab.training.module import TASK_STATE, RelposModule
 from relpos_lab.training.progress import is_quiet
 from relpos_lab.training.requeue import DeferredRequeue
@@ -330,8 +330,9 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
                            every_n_train_steps=cfg.trainer.checkpoint_every_n_steps or cfg.trainer.val_every_n_steps)
     guard = InterruptCheckpoint(run_dir / CHECKPOINTS / LAST, cfg.trainer.checkpoint_every_minutes)
     final = ValidateLastStep()  # the last step is validated too, before the best is chosen
+    requeue = DeferredRequeue()
     # SLURM: checkpoint + requeue on SIGUSR1; Ctrl-C / SIGTERM: checkpoint + stop; every N minutes: checkpoint
-    callbacks: list[Callback] = [final, best, last, DeferredRequeue(), guard]
+    callbacks: list[Callback] = [final, best, last, requeue, guard]
     loggers = build_loggers(cfg, run_dir, resume_step=resume_step, echo=echo, quiet=is_quiet())
     callbacks.append(LearningRateMonitor(logging_interval="step"))
     if cfg.trainer.stop_at is not None:  # train until converged on valid, max_steps the cap
@@ -349,7 +350,7 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
             _echo(echo, _stopped(run_dir, guard.stopped_by, trainer.global_step))
             if guard.stopped_by == signal.SIGINT:
                 raise KeyboardInterrupt from None
-            raise
+            raise sigterm_exit(requeue.requested) from None
         last_path = run_dir / CHECKPOINTS / LAST
         # After the steps since the last periodic save, or after the last step's validation (a
         # save at that step came before it): last.ckpt records the validation, so a run resumed
@@ -359,7 +360,7 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
         if guard.pending is not None:  # a signal during the last validation: training is complete and saved
             _echo(echo, _stopped(run_dir, guard.pending, trainer.global_step) + " (training is complete; the final "
                   "evaluation was not run)")
-            raise KeyboardInterrupt if guard.pending == signal.SIGINT else SIGTERMException()
+            raise KeyboardInterrupt if guard.pending == signal.SIGINT else sigterm_exit(requeue.requested)
         # resumed from a checkpoint of the last step written before its validation: validate it now
         if final.validate_if_missed(trainer, module, data, best, last_path):
             trainer.save_checkpoint(last_path, weights_only=False)
@@ -367,8 +368,14 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
         checkpoint = Path(best.best_model_path) if choice == "best" else last_path
         checkpoint_step = global_step_of(checkpoint)
         module.unlogged.add("valid")  # logged at its step when it was validated
-        trainer.validate(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
-        trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
+        try:
+            trainer.validate(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
+            trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
+        except SIGTERMException:  # Lightning's evaluation loop stops at the next batch
+            if not requeue.requested:
+                _echo(echo, _stopped(run_dir, signal.SIGTERM, trainer.global_step) + " (training is complete; the "
+                      "final evaluation was not run)")
+            raise sigterm_exit(requeue.requested) from None
         splits = {"valid": module.results["valid"], "test": module.results["test"]}
         started_at = trainer.global_step if module.start_step is None else module.start_step  # None: nothing left to fit
         extra = {"task": task.cfg.name, "checkpoint": _relative(checkpoint, run_dir),
