@@ -300,3 +300,41 @@ def test_an_attempt_killed_before_any_checkpoint_is_moved_aside_and_the_run_star
     assert csv_steps(run_dir, "train/loss") == sorted(set(csv_steps(run_dir, "train/loss")))
     assert csv_steps(old, "train/loss")  # the earlier attempt's rows are kept, aside
     assert (run_dir / ".wandb_id").is_file()  # a W&B run of its own, not the moved attempt's
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` with its bytes (the run lock aside: taking it is not a change)."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+def test_a_checkpoint_that_does_not_fit_the_config_is_refused_before_the_run_directory_changes(
+        root, monkeypatch, capsys, offline_wandb):
+    """Resumed with a checkpoint of a wider model, or evaluated with an override that changes the
+    vocabulary: one line naming the weights and the config key that differ, exit 2, and nothing
+    written (no metrics.csv cut-back, no W&B rows logged again, no eval directory)."""
+    monkeypatch.chdir(root)
+    run = ["train", "tiny.yaml", "trainer.max_steps=20", "trainer.val_every_n_steps=10"]
+    assert cli.main(run) == 0
+    run_dir = the_run_dir(root).relative_to(root)
+    assert cli.main([*run, "model.d_model=32", "trainer.max_steps=5", "trainer.val_every_n_steps=5"]) == 0
+    (wider,) = [p for p in root.glob("runs/*/*") if p.is_dir() and p.name != run_dir.name]
+    (run_dir / "results.json").unlink()  # interrupted before its final evaluation ...
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes((wider / "checkpoints" / "last.ckpt").read_bytes())
+    before = snapshot(run_dir)  # ... with a newest checkpoint of another model
+    capsys.readouterr()
+
+    assert cli.main(run) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"relpos-lab: error: {run_dir}/checkpoints/last.ckpt does not fit "
+                                                   "the model this config builds: model."), err
+    assert "is (14, 32) in the checkpoint, (14, 16) in the model" in err and "(and " in err
+    assert "model.d_model 32 -> 16" in err and "--force" in err
+    assert snapshot(run_dir) == before  # metrics.csv byte-identical, no W&B attempt added
+
+    (best,) = (run_dir / "checkpoints").glob("best-step=*.ckpt")
+    assert cli.main(["eval", str(best), "task.alphabet_size=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.decoder.output.weight is (14, 16) in the checkpoint, (8, 16) in the model" in err
+    assert "task.alphabet_size 10 -> 4" in err and "Drop the overrides" in err
+    assert not (run_dir / "eval").exists() and snapshot(run_dir) == before

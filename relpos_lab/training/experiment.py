@@ -60,6 +60,7 @@ from relpos_lab.records.runlock import LOCK, run_lock
 from relpos_lab.training.checkpoints import (
     CHECKPOINTS,
     LAST,
+    check_weights_fit,
     global_step_of,
     load_checkpoint,
     resume_checkpoint,
@@ -310,17 +311,20 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
            resume_from: Path | None) -> RunSummary:
     resume_step = global_step_of(resume_from) if resume_from is not None else None
     _echo(echo, f"Run directory: {run_dir}" + (f" (resuming from {resume_from.name})" if resume_from else ""))
+
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
+    if resume_from is not None:  # continue with the vocabulary the checkpoint was trained with
+        state = load_checkpoint(resume_from)
+        task.load_state_dict(state.get(TASK_STATE) or {})
+    module = RelposModule(cfg, task)
+    if resume_from is not None:  # before metrics.csv is cut back and W&B logs rows again
+        check_weights_fit(resume_from, state, module, cfg, RESUME_FIX.format(old=f"{run_dir.name}.old-<time>"))
     if resume_step is not None and rank_zero_only.rank == 0:
         cut = cut_metrics(run_dir, resume_step)
         if cut:
             echo(f"metrics.csv: cut back to step {resume_step}, the checkpoint's ({cut} rows the interrupted attempt "
                  "logged after it are trained again)")
-
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
-    if resume_from is not None:  # continue with the vocabulary the checkpoint was trained with
-        task.load_state_dict(load_checkpoint(resume_from).get(TASK_STATE) or {})
-    module = RelposModule(cfg, task)
     data = TaskDataModule(task, cfg.data)
     # best-step=N.ckpt by the task's main metric; last.ckpt every N steps from a second callback
     # (Lightning writes `save_last` of a monitoring callback only when the best improves).
@@ -403,6 +407,12 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
     return summary
 
 
+RESUME_FIX = ("Continue the run with the code and config its checkpoint was trained with, or pass --force to start over (the run "
+              "directory is moved to {old}). Nothing in the run directory was changed")
+EVAL_FIX = ("Drop the overrides that change the model's shape (evaluation overrides may change lengths, sizes "
+            "and decoding, not the model). Nothing was written")
+
+
 def _stopped(run_dir: Path, signum: int, step: int) -> str:
     """Where an interrupted run stands: its newest checkpoint and how to continue."""
     newest = resume_checkpoint(run_dir, warn=lambda _: None)
@@ -428,6 +438,7 @@ def evaluate(checkpoint: str | Path, split: str = "test", overrides: list[str] =
     task.check_split(split)
     out_dir = Path(output) if output else _eval_directory(checkpoint, split, overrides)
     module = RelposModule(cfg, task, test_split=split)
+    check_weights_fit(checkpoint, load_checkpoint(checkpoint), module, cfg, EVAL_FIX)
     data = TaskDataModule(task, cfg.data, test_split=split)
     single = OmegaConf.merge(cfg, {"trainer": {"devices": 1, "num_nodes": 1, "strategy": "auto"}})
     trainer = build_trainer(single, out_dir, loggers=[], callbacks=[])
