@@ -50,6 +50,7 @@ from relpos_lab.records.rundir import (
     EXTENDED,
     budget_of,
     budget_siblings,
+    discard_untrained_attempt,
     has_attempt,
     move_aside,
     run_directory,
@@ -116,20 +117,24 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print, force: bool = Fa
     use_cpu_threads(cfg.trainer.threads, cfg.trainer.devices)
     run_dir, extending = training_directory(cfg, force)
     new = [d for d in (run_dir, *run_dir.parents[:2]) if not d.exists()]  # made by this command
+    fresh = False  # this command trains the run from scratch: whatever its attempt leaves is its own
     try:
         with run_lock(run_dir):
             plan = _plan(cfg, run_dir, force, echo, extending)
             if isinstance(plan, RunSummary):
                 return plan
             if plan != "start over":
+                fresh = plan is None
                 return _train(cfg, run_dir, started, echo, plan)
-        new = [run_dir]
+        new, fresh = [run_dir], True
         with run_lock(run_dir):  # the new, empty directory
             if rank_zero_only.rank == 0:
                 new_wandb_run_id(run_dir)  # the moved attempt keeps its W&B run; this one gets its own
             return _train(cfg, run_dir, started, echo, None)
     except BaseException as err:
         if rank_zero_only.rank == 0:
+            if fresh:  # failed before its first logged step: the next attempt starts here, not beside it
+                discard_untrained_attempt(run_dir)
             _remove_unused(new)
         if isinstance(err, OSError) and _unwritable_run(err, run_dir):
             raise UserError(_unwritable(err, run_dir)) from None
