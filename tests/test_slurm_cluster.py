@@ -338,6 +338,16 @@ def test_more_processes_than_the_node_has_cpus_are_refused_and_nothing_is_writte
     assert f"#SBATCH --ntasks-per-node={cpus + 1}" in capsys.readouterr().out
 
 
+def test_more_nodes_than_the_partition_has_are_refused_naming_trainer_num_nodes(workdir, capsys):
+    nodes = int(subprocess.run(["sinfo", "-h", "-p", "short", "-o", "%D"], capture_output=True, text=True).stdout)
+    assert cli.main(["submit", "tiny.yaml", f"trainer.num_nodes={nodes + 1}", "cluster.partition=short", *DDP[1:]]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "SLURM cannot run this job" in err, err
+    assert f"it asks for {nodes + 1} node(s)" in err and f"lower trainer.num_nodes (the partition has {nodes} node" in err
+    assert "trainer.devices" not in err  # the CPUs per node are not what is short
+    assert not (workdir / "runs").exists()
+
+
 def test_a_time_limit_over_the_partitions_maxtime_is_refused(workdir, capsys):
     """The dev cluster's partition `short` has MaxTime=30 (slurm/dev-cluster-start.sh)."""
     assert cli.main(["submit", "tiny.yaml", "cluster.partition=short", "cluster.time=01:00:00"]) == 2
