@@ -6,7 +6,9 @@ A verb is a function decorated with `@command(name, help, *arguments)`; its argu
 function, so `--help` and input errors answer quickly.
 
 Bad input raises `UserError`: the command prints one line to stderr and exits with status 2, no
-traceback. Anything else is a bug and keeps its traceback.
+traceback; a plugin that breaks its contract (`ContractError`) gets one line and status 1. Either is
+found behind whatever Lightning raised around it, and `-v` adds the traceback. Anything else is a
+bug and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +26,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from relpos_lab.api.errors import PROG, UserError, shown_path
+from relpos_lab.api.errors import PROG, UserError, own_error, shown_path
 from relpos_lab.training.threads import quiet_openmp
 
 def _console() -> Console:
@@ -610,9 +613,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.command.run(args) or 0
-    except UserError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+    except Exception as err:
+        own = own_error(err)
+        if own is None:
+            raise
+        if getattr(args, "verbose", False):
+            traceback.print_exception(err)
+        print(f"{PROG}: error: {own}", file=sys.stderr)
+        return 2 if isinstance(own, UserError) else 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

@@ -168,6 +168,7 @@ def test_sigterm_saves_the_current_step_and_the_run_resumes_from_it_with_what_wa
     wait_for(proc, lambda: current_step(root) >= 20, "logged steps")
     os.kill(proc.pid, signal.SIGTERM)  # the training process only, as `kill` does
     output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, output[-3000:]  # 128 + SIGTERM: not a success (it was 0)
     run_dir = the_run_dir(root)
     saved = global_step(run_dir / "checkpoints" / "last.ckpt")
     assert f"Stopped by SIGTERM at step {saved}. Newest checkpoint:" in output, output[-3000:]
@@ -179,6 +180,37 @@ def test_sigterm_saves_the_current_step_and_the_run_resumes_from_it_with_what_wa
     # from the logged step after the file's last one, or that step itself when it lacks its lr row
     first = int(re.search(r"W&B: the history lacks steps (\d+)-", out).group(1))
     assert first in (last, last + LOG_EVERY), (first, last)
+
+
+def test_sigterm_during_the_final_evaluation_exits_143_and_the_same_command_evaluates_again(root):
+    """Outside training Lightning's own SIGTERM handler stops the evaluation loop; the run still
+    exits 143 with one line saying so, leaves no results.json, and the same command finishes it."""
+    steps = 20
+    args = ["train", "tiny.yaml", f"trainer.max_steps={steps}", "task.test_lengths=[1,40]",
+            "task.eval_size_per_length=300", "logging.wandb.mode=disabled"]  # ~10 s of greedy decoding
+    proc = start(root, *args)
+    wait_for(proc, lambda: checkpoint_step(root) == steps, "a last.ckpt of the last step")
+    time.sleep(1.0)  # past the fit, into the final evaluation
+    os.kill(proc.pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, output[-3000:]
+    run_dir = the_run_dir(root)
+    (line,) = [line for line in output.splitlines() if line.startswith("Stopped by SIGTERM")]
+    assert line.endswith("run the same command again to resume from it. (training is complete; the final "
+                         "evaluation was not run)"), output[-3000:]
+    assert "Traceback" not in output and not (run_dir / "results.json").exists()
+    out = run_cli(*args, cwd=root)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert json.loads((run_dir / "results.json").read_text())["started_at_step"] == steps
+
+
+def checkpoint_step(root: Path) -> int | None:
+    """The step of the run's last.ckpt, None while there is none (or it is being written)."""
+    last = next(root.glob("runs/*/*/checkpoints/last.ckpt"), None)
+    try:
+        return None if last is None else global_step(last)
+    except (OSError, RuntimeError, EOFError):
+        return None
 
 
 def cut_after_rows(path: Path, logged: int) -> int:
@@ -268,3 +300,41 @@ def test_an_attempt_killed_before_any_checkpoint_is_moved_aside_and_the_run_star
     assert csv_steps(run_dir, "train/loss") == sorted(set(csv_steps(run_dir, "train/loss")))
     assert csv_steps(old, "train/loss")  # the earlier attempt's rows are kept, aside
     assert (run_dir / ".wandb_id").is_file()  # a W&B run of its own, not the moved attempt's
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` with its bytes (the run lock aside: taking it is not a change)."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+def test_a_checkpoint_that_does_not_fit_the_config_is_refused_before_the_run_directory_changes(
+        root, monkeypatch, capsys, offline_wandb):
+    """Resumed with a checkpoint of a wider model, or evaluated with an override that changes the
+    vocabulary: one line naming the weights and the config key that differ, exit 2, and nothing
+    written (no metrics.csv cut-back, no W&B rows logged again, no eval directory)."""
+    monkeypatch.chdir(root)
+    run = ["train", "tiny.yaml", "trainer.max_steps=20", "trainer.val_every_n_steps=10"]
+    assert cli.main(run) == 0
+    run_dir = the_run_dir(root).relative_to(root)
+    assert cli.main([*run, "model.d_model=32", "trainer.max_steps=5", "trainer.val_every_n_steps=5"]) == 0
+    (wider,) = [p for p in root.glob("runs/*/*") if p.is_dir() and p.name != run_dir.name]
+    (run_dir / "results.json").unlink()  # interrupted before its final evaluation ...
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes((wider / "checkpoints" / "last.ckpt").read_bytes())
+    before = snapshot(run_dir)  # ... with a newest checkpoint of another model
+    capsys.readouterr()
+
+    assert cli.main(run) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"relpos-lab: error: {run_dir}/checkpoints/last.ckpt does not fit "
+                                                   "the model this config builds: model."), err
+    assert "is (14, 32) in the checkpoint, (14, 16) in the model" in err and "(and " in err
+    assert "model.d_model 32 -> 16" in err and "--force" in err
+    assert snapshot(run_dir) == before  # metrics.csv byte-identical, no W&B attempt added
+
+    (best,) = (run_dir / "checkpoints").glob("best-step=*.ckpt")
+    assert cli.main(["eval", str(best), "task.alphabet_size=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.decoder.output.weight is (14, 16) in the checkpoint, (8, 16) in the model" in err
+    assert "task.alphabet_size 10 -> 4" in err and "Drop the overrides" in err
+    assert not (run_dir / "eval").exists() and snapshot(run_dir) == before

@@ -287,6 +287,23 @@ def test_scancel_mid_training_checkpoints_every_rank_and_a_resubmission_continue
     assert [r["trainer/global_step"] for r in history(attempts) if "train/loss" in r] == list(range(steps))
 
 
+def test_a_job_whose_steps_get_sigterm_without_a_requeue_fails_with_143_instead_of_completing(workdir, capsys):
+    """`scancel -s TERM` signals the job's tasks without cancelling the job: every rank checkpoints
+    and stops, and the job ends FAILED with exit code 143, not COMPLETED with no results."""
+    job_id = submit(capsys, "submit", "tiny.yaml", *DDP, "trainer.max_steps=100000",
+                    "trainer.checkpoint_every_n_steps=20")
+    try:
+        first_periodic_checkpoint(workdir)
+        subprocess.run(["scancel", "-s", "TERM", job_id], check=True, timeout=30)
+        (record,) = wait_for(job_id)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30)
+    run_dir = the_run_dir(workdir)
+    text = logs(run_dir, job_id)
+    assert (record["JobState"], record["ExitCode"]) == ("FAILED", "143:0"), text[-3000:]
+    assert "Stopped by SIGTERM at step " in text and not (run_dir / "results.json").exists()
+
+
 @pytest.mark.slow  # ~25 s; the requeue path itself is checked by the signalled-job test
 def test_a_job_signalled_during_its_final_evaluation_requeues_and_evaluates_again(workdir, capsys):
     # A long test split (reversing up to 40 tokens, greedy) keeps the job in its final evaluation.
@@ -319,6 +336,16 @@ def test_more_processes_than_the_node_has_cpus_are_refused_and_nothing_is_writte
     assert not (workdir / "runs").exists()
     assert cli.main(["submit", "tiny.yaml", "--dry-run", f"trainer.devices={cpus + 1}"]) == 0  # a dry run asks nothing
     assert f"#SBATCH --ntasks-per-node={cpus + 1}" in capsys.readouterr().out
+
+
+def test_more_nodes_than_the_partition_has_are_refused_naming_trainer_num_nodes(workdir, capsys):
+    nodes = int(subprocess.run(["sinfo", "-h", "-p", "short", "-o", "%D"], capture_output=True, text=True).stdout)
+    assert cli.main(["submit", "tiny.yaml", f"trainer.num_nodes={nodes + 1}", "cluster.partition=short", *DDP[1:]]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "SLURM cannot run this job" in err, err
+    assert f"it asks for {nodes + 1} node(s)" in err and f"lower trainer.num_nodes (the partition has {nodes} node" in err
+    assert "trainer.devices" not in err  # the CPUs per node are not what is short
+    assert not (workdir / "runs").exists()
 
 
 def test_a_time_limit_over_the_partitions_maxtime_is_refused(workdir, capsys):

@@ -5,7 +5,7 @@ feed, the models with their config and decoding, errors, and the file helper for
 This is the stable surface: a name exported here keeps working for a release after it moves
 (with a DeprecationWarning naming the new import), and CHANGELOG.md says how to migrate. Every
 name README's examples import from relpos_lab is here (tests/test_api.py)."""
-from relpos_lab.api.errors import ConfigError, UserError
+from relpos_lab.api.errors import ConfigError, ContractError, UserError
 from relpos_lab.api.evaluation import EvalResult, Evaluation
 from relpos_lab.api.files import atomic_write
 from relpos_lab.api.seq2seq import Pair, Seq2SeqTask
@@ -20,8 +20,8 @@ from relpos_lab.core.positions import (
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
 
 __all__ = [
-    "Batch", "ConfigError", "DecoderLM", "DecodingConfig", "Drawing", "EncoderDecoder", "EvalResult", "Evaluation",
-    "KeyState", "LossOutput", "ModelConfig", "Pair", "PositionConfig", "PositionScheme", "RelativePositions",
-    "Seq2SeqTask", "Task", "TaskConfig", "UserError", "Vocabulary", "atomic_write", "beam_search", "builtin_config",
-    "greedy_search", "label_smoothed_loss", "relative_attention", "sample",
+    "Batch", "ConfigError", "ContractError", "DecoderLM", "DecodingConfig", "Drawing", "EncoderDecoder", "EvalResult",
+    "Evaluation", "KeyState", "LossOutput", "ModelConfig", "Pair", "PositionConfig", "PositionScheme",
+    "RelativePositions", "Seq2SeqTask", "Task", "TaskConfig", "UserError", "Vocabulary", "atomic_write", "beam_search",
+    "builtin_config", "greedy_search", "label_smoothed_loss", "relative_attention", "sample",
 ]

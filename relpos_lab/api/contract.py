@@ -4,8 +4,8 @@ A task plugin that returns the wrong thing (a bare loss tensor from `loss`, a li
 would otherwise fail several frames deep inside Lightning or the metrics with a message that names
 neither the task nor the verb. The framework (training/) checks each verb's first result with
 `check` — `Checked` wraps a verb that runs every step, so only its first call pays — and every
-error is one TypeError line naming the task's class, the verb, what it returned and what the
-contract expects.
+error is one ContractError line (a TypeError) naming the task's class, the verb, what it returned
+and what the contract expects.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from relpos_lab.api.task import Task
+from relpos_lab.core.errors import ContractError
 
 
 def _model(out: Any) -> str | None:
@@ -54,13 +55,13 @@ EXPECTED: dict[str, Callable[[Any], str | None]] = {
 
 
 def check(task: Task, verb: str, out: Any) -> Any:
-    """`out`, if it is what `task.<verb>` must return; a one-line TypeError otherwise."""
+    """`out`, if it is what `task.<verb>` must return; a one-line ContractError otherwise."""
     expected = EXPECTED[verb](out)
     if expected is not None:
         cls = type(task)
         name = getattr(task.cfg, "name", "?")
-        raise TypeError(f"task '{name}' ({cls.__module__}.{cls.__qualname__}): {cls.__qualname__}.{verb}() "
-                        f"returned {_describe(out)}; expected {expected}")
+        raise ContractError(f"task '{name}' ({cls.__module__}.{cls.__qualname__}): {cls.__qualname__}.{verb}() "
+                            f"returned {_describe(out)}; expected {expected}")
     return out
 
 

@@ -1,7 +1,9 @@
 """The one exception type for mistakes in what the user gave us, and how its messages are phrased.
 
-The CLI prints a `UserError` as a single line and exits with status 2; anything else is a bug and
-keeps its traceback. Raising this type is how a module says "the input is wrong, not the code".
+The CLI prints a `UserError` as a single line and exits with status 2, and a `ContractError` (a
+plugin broke its contract, core/errors.py) as a single line with status 1, wherever Lightning
+raised them; anything else is a bug and keeps its traceback (`-v` shows it for these two as well).
+Raising this type is how a module says "the input is wrong, not the code".
 Messages name paths as the user sees them (`shown_path`), suggest the spelling they likely meant
 (`did_you_mean`) and the command to run (`PROG`).
 """
@@ -9,6 +11,8 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
+
+from relpos_lab.core.errors import ContractError
 
 PROG = "relpos-lab"
 
@@ -19,6 +23,18 @@ class UserError(Exception):
 
 class ConfigError(UserError):
     """A config file or override that does not fit the schema; the message names key and source."""
+
+
+def own_error(err: BaseException) -> UserError | ContractError | None:
+    """The project's own error behind `err`: `err` itself, or the one it was raised from or while
+    handling (Lightning's teardown, a logger's finalize failing after the real error)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, UserError | ContractError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def did_you_mean(word: str, candidates: list[str] | tuple[str, ...]) -> str | None:

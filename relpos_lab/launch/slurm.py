@@ -303,9 +303,12 @@ def check_request(job: Job, cfg: DictConfig) -> None:
                             "the partitions you may use")
         asks = (f"{cfg.trainer.num_nodes} node(s) x {cfg.trainer.devices} task(s) x {cfg.cluster.cpus_per_task} CPUs"
                 + (f" + {cfg.trainer.devices} GPUs per node" if cfg.trainer.accelerator in GPU_ACCELERATORS else ""))
+        nodes = partition_node_count(partition)
+        lower = (f"trainer.num_nodes (the partition has {nodes} node{'s' if nodes != 1 else ''})"
+                 if nodes and cfg.trainer.num_nodes > nodes else "trainer.devices / cluster.cpus_per_task")
         raise UserError(f"SLURM cannot run this job ({reason.removeprefix('sbatch: error: ')}): it asks for {asks}, "
                         f"and partition {partition or '(default)'} has {partition_nodes(partition)}; lower "
-                        "trainer.devices / cluster.cpus_per_task or choose another partition (cluster.partition)")
+                        f"{lower} or choose another partition (cluster.partition)")
 
 
 def partition_time_limit(partition: str | None) -> float | None:
@@ -319,6 +322,11 @@ def partition_nodes(partition: str | None) -> str:
     rows = _sinfo(partition, "%N %c %G", per_node=True)
     nodes = [f"{n}: {c} CPUs" + (f", {g}" if g not in ("(null)", "") else "") for n, c, g in (r.split(" ", 2) for r in rows)]
     return "; ".join(sorted(set(nodes))) or "no nodes"
+
+
+def partition_node_count(partition: str | None) -> int:
+    """How many nodes the partition has (0: unknown): more than that in trainer.num_nodes is what to lower."""
+    return sum(int(row) for row in _sinfo(partition, "%D") if row.isdigit())
 
 
 def _sinfo(partition: str | None, fmt: str, per_node: bool = False) -> list[str]:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,19 @@ def has_attempt(run_dir: str | Path) -> bool:
     """Whether training already ran in `run_dir` (finished or not)."""
     run_dir = Path(run_dir)
     return any(any(run_dir.glob(pattern)) for pattern in ATTEMPT_FILES)
+
+
+def discard_untrained_attempt(run_dir: str | Path) -> bool:
+    """Remove the W&B run of a fresh attempt that failed before it logged or saved a step (a plugin
+    that breaks its contract at the first step), and say whether there was nothing else. It holds
+    nothing to resume or compare, and left in place it made every retry move the directory aside
+    to an ``.old-<time>`` directory. Only for an attempt that started the directory from scratch:
+    its wandb/ is then its own."""
+    run_dir = Path(run_dir)
+    if any(any(run_dir.glob(pattern)) for pattern in ATTEMPT_FILES if pattern != "wandb"):
+        return False
+    shutil.rmtree(run_dir / "wandb", ignore_errors=True)
+    return True
 
 
 def move_aside(run_dir: str | Path) -> Path:

@@ -1,5 +1,6 @@
 """Checkpoints: where a run keeps them, how they are written (atomically), which one a run resumes
-from, and how a checkpoint alone rebuilds its config and task (for `relpos-lab eval` and `translate`)."""
+from, how a checkpoint alone rebuilds its config and task (for `relpos-lab eval` and `translate`),
+and whether its weights fit the model a config builds (checked before anything is loaded or written)."""
 from __future__ import annotations
 
 import warnings
@@ -11,6 +12,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
 from relpos_lab.api import Task, UserError, registry
 from relpos_lab.api.files import atomic_write_with
@@ -38,6 +40,50 @@ def task_from_checkpoint(checkpoint: str | Path, overrides: list[str] = ()) -> t
     task.load_state_dict(state.get(TASK_STATE) or {})
     return cfg, task
 
+
+
+def check_weights_fit(checkpoint: Path, state: dict, module: nn.Module, cfg: DictConfig, fix: str) -> None:
+    """Refuse in one line a checkpoint whose weights do not fit `module` (another width, vocabulary,
+    scheme), naming the first weights that differ, the config keys behind them and `fix`.
+
+    Lightning would find out only inside `fit` / `test`, with a size-mismatch traceback, after a
+    resume had already cut metrics.csv back and logged W&B rows again: the check comes first.
+    """
+    saved, built = state.get("state_dict") or {}, module.state_dict()
+    differences = [f"{key} is {_shape(saved[key])} in the checkpoint, {_shape(built[key])} in the model"
+                   for key in built if key in saved and saved[key].shape != built[key].shape]
+    differences += [f"{key} is only in the model" for key in built if key not in saved]
+    differences += [f"{key} is only in the checkpoint" for key in saved if key not in built]
+    if not differences:
+        return
+    shown = "; ".join(differences[:FIT_SHOWN]) + (f" (and {len(differences) - FIT_SHOWN} more)"
+                                                 if len(differences) > FIT_SHOWN else "")
+    changed = _changed_keys(_config_of(state, checkpoint), OmegaConf.to_container(cfg, resolve=True))
+    keys = (" The config differs from the checkpoint's in " + ", ".join(changed[:FIT_SHOWN])
+            + (f" (and {len(changed) - FIT_SHOWN} more)" if len(changed) > FIT_SHOWN else "") + ".") if changed else ""
+    raise UserError(f"{shown_path(checkpoint)} does not fit the model this config builds: {shown}.{keys} {fix}")
+
+
+FIT_SHOWN = 3  # weights (and config keys) a refused checkpoint names; the rest are counted
+
+
+def _shape(tensor: torch.Tensor) -> str:
+    return str(tuple(tensor.shape))
+
+
+def _changed_keys(saved: dict, current: dict, sections: tuple[str, ...] = ("model", "task")) -> list[str]:
+    """`model.d_model 48 -> 16`: the keys of the sections that shape a model whose values differ."""
+    def leaves(node, prefix: str) -> dict[str, Any]:
+        if not isinstance(node, dict):
+            return {prefix: node}
+        return {k: v for key, child in node.items() for k, v in leaves(child, f"{prefix}.{key}").items()}
+
+    changed = []
+    for section in sections:
+        before, after = leaves(saved.get(section, {}), section), leaves(current.get(section, {}), section)
+        changed += [f"{key} {before.get(key)!r} -> {after.get(key)!r}" for key in dict.fromkeys([*before, *after])
+                    if before.get(key) != after.get(key)]
+    return changed
 
 
 def load_checkpoint(checkpoint: Path) -> dict:

@@ -50,6 +50,7 @@ from relpos_lab.records.rundir import (
     EXTENDED,
     budget_of,
     budget_siblings,
+    discard_untrained_attempt,
     has_attempt,
     move_aside,
     run_directory,
@@ -60,6 +61,7 @@ from relpos_lab.records.runlock import LOCK, run_lock
 from relpos_lab.training.checkpoints import (
     CHECKPOINTS,
     LAST,
+    check_weights_fit,
     global_step_of,
     load_checkpoint,
     resume_checkpoint,
@@ -68,7 +70,7 @@ from relpos_lab.training.checkpoints import (
 from relpos_lab.training.data import TaskDataModule
 from relpos_lab.training.final_validation import ValidateLastStep
 from relpos_lab.training.inspect import can_inspect, has_relative_positions, inspect_model
-from relpos_lab.training.interrupt import SIGNAL_NAMES, InterruptCheckpoint
+from relpos_lab.training.interrupt import SIGNAL_NAMES, InterruptCheckpoint, sigterm_exit
 from relpos_lab.training.module import TASK_STATE, RelposModule
 from relpos_lab.training.progress import is_quiet
 from relpos_lab.training.requeue import DeferredRequeue
@@ -115,20 +117,24 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print, force: bool = Fa
     use_cpu_threads(cfg.trainer.threads, cfg.trainer.devices)
     run_dir, extending = training_directory(cfg, force)
     new = [d for d in (run_dir, *run_dir.parents[:2]) if not d.exists()]  # made by this command
+    fresh = False  # this command trains the run from scratch: whatever its attempt leaves is its own
     try:
         with run_lock(run_dir):
             plan = _plan(cfg, run_dir, force, echo, extending)
             if isinstance(plan, RunSummary):
                 return plan
             if plan != "start over":
+                fresh = plan is None
                 return _train(cfg, run_dir, started, echo, plan)
-        new = [run_dir]
+        new, fresh = [run_dir], True
         with run_lock(run_dir):  # the new, empty directory
             if rank_zero_only.rank == 0:
                 new_wandb_run_id(run_dir)  # the moved attempt keeps its W&B run; this one gets its own
             return _train(cfg, run_dir, started, echo, None)
     except BaseException as err:
         if rank_zero_only.rank == 0:
+            if fresh:  # failed before its first logged step: the next attempt starts here, not beside it
+                discard_untrained_attempt(run_dir)
             _remove_unused(new)
         if isinstance(err, OSError) and _unwritable_run(err, run_dir):
             raise UserError(_unwritable(err, run_dir)) from None
@@ -310,17 +316,20 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
            resume_from: Path | None) -> RunSummary:
     resume_step = global_step_of(resume_from) if resume_from is not None else None
     _echo(echo, f"Run directory: {run_dir}" + (f" (resuming from {resume_from.name})" if resume_from else ""))
+
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
+    if resume_from is not None:  # continue with the vocabulary the checkpoint was trained with
+        state = load_checkpoint(resume_from)
+        task.load_state_dict(state.get(TASK_STATE) or {})
+    module = RelposModule(cfg, task)
+    if resume_from is not None:  # before metrics.csv is cut back and W&B logs rows again
+        check_weights_fit(resume_from, state, module, cfg, RESUME_FIX.format(old=f"{run_dir.name}.old-<time>"))
     if resume_step is not None and rank_zero_only.rank == 0:
         cut = cut_metrics(run_dir, resume_step)
         if cut:
             echo(f"metrics.csv: cut back to step {resume_step}, the checkpoint's ({cut} rows the interrupted attempt "
                  "logged after it are trained again)")
-
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
-    if resume_from is not None:  # continue with the vocabulary the checkpoint was trained with
-        task.load_state_dict(load_checkpoint(resume_from).get(TASK_STATE) or {})
-    module = RelposModule(cfg, task)
     data = TaskDataModule(task, cfg.data)
     # best-step=N.ckpt by the task's main metric; last.ckpt every N steps from a second callback
     # (Lightning writes `save_last` of a monitoring callback only when the best improves).
@@ -330,8 +339,9 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
                            every_n_train_steps=cfg.trainer.checkpoint_every_n_steps or cfg.trainer.val_every_n_steps)
     guard = InterruptCheckpoint(run_dir / CHECKPOINTS / LAST, cfg.trainer.checkpoint_every_minutes)
     final = ValidateLastStep()  # the last step is validated too, before the best is chosen
+    requeue = DeferredRequeue()
     # SLURM: checkpoint + requeue on SIGUSR1; Ctrl-C / SIGTERM: checkpoint + stop; every N minutes: checkpoint
-    callbacks: list[Callback] = [final, best, last, DeferredRequeue(), guard]
+    callbacks: list[Callback] = [final, best, last, requeue, guard]
     loggers = build_loggers(cfg, run_dir, resume_step=resume_step, echo=echo, quiet=is_quiet())
     callbacks.append(LearningRateMonitor(logging_interval="step"))
     if cfg.trainer.stop_at is not None:  # train until converged on valid, max_steps the cap
@@ -349,7 +359,7 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
             _echo(echo, _stopped(run_dir, guard.stopped_by, trainer.global_step))
             if guard.stopped_by == signal.SIGINT:
                 raise KeyboardInterrupt from None
-            raise
+            raise sigterm_exit(requeue.requested) from None
         last_path = run_dir / CHECKPOINTS / LAST
         # After the steps since the last periodic save, or after the last step's validation (a
         # save at that step came before it): last.ckpt records the validation, so a run resumed
@@ -359,7 +369,7 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
         if guard.pending is not None:  # a signal during the last validation: training is complete and saved
             _echo(echo, _stopped(run_dir, guard.pending, trainer.global_step) + " (training is complete; the final "
                   "evaluation was not run)")
-            raise KeyboardInterrupt if guard.pending == signal.SIGINT else SIGTERMException()
+            raise KeyboardInterrupt if guard.pending == signal.SIGINT else sigterm_exit(requeue.requested)
         # resumed from a checkpoint of the last step written before its validation: validate it now
         if final.validate_if_missed(trainer, module, data, best, last_path):
             trainer.save_checkpoint(last_path, weights_only=False)
@@ -367,8 +377,14 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
         checkpoint = Path(best.best_model_path) if choice == "best" else last_path
         checkpoint_step = global_step_of(checkpoint)
         module.unlogged.add("valid")  # logged at its step when it was validated
-        trainer.validate(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
-        trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
+        try:
+            trainer.validate(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
+            trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
+        except SIGTERMException:  # Lightning's evaluation loop stops at the next batch
+            if not requeue.requested:
+                _echo(echo, _stopped(run_dir, signal.SIGTERM, trainer.global_step) + " (training is complete; the "
+                      "final evaluation was not run)")
+            raise sigterm_exit(requeue.requested) from None
         splits = {"valid": module.results["valid"], "test": module.results["test"]}
         started_at = trainer.global_step if module.start_step is None else module.start_step  # None: nothing left to fit
         extra = {"task": task.cfg.name, "checkpoint": _relative(checkpoint, run_dir),
@@ -396,6 +412,12 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
     return summary
 
 
+RESUME_FIX = ("Continue the run with the code and config its checkpoint was trained with, or pass --force to start over (the run "
+              "directory is moved to {old}). Nothing in the run directory was changed")
+EVAL_FIX = ("Drop the overrides that change the model's shape (evaluation overrides may change lengths, sizes "
+            "and decoding, not the model). Nothing was written")
+
+
 def _stopped(run_dir: Path, signum: int, step: int) -> str:
     """Where an interrupted run stands: its newest checkpoint and how to continue."""
     newest = resume_checkpoint(run_dir, warn=lambda _: None)
@@ -421,6 +443,7 @@ def evaluate(checkpoint: str | Path, split: str = "test", overrides: list[str] =
     task.check_split(split)
     out_dir = Path(output) if output else _eval_directory(checkpoint, split, overrides)
     module = RelposModule(cfg, task, test_split=split)
+    check_weights_fit(checkpoint, load_checkpoint(checkpoint), module, cfg, EVAL_FIX)
     data = TaskDataModule(task, cfg.data, test_split=split)
     single = OmegaConf.merge(cfg, {"trainer": {"devices": 1, "num_nodes": 1, "strategy": "auto"}})
     trainer = build_trainer(single, out_dir, loggers=[], callbacks=[])

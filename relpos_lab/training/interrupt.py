@@ -20,6 +20,7 @@ says where the checkpoint is and how to resume.
   (the final validate/test) Lightning's handler is back.
 - Several processes (DDP) agree on both decisions with one boolean all-reduce each, so every rank
   saves at the same step.
+- A run stopped by SIGTERM exits with `sigterm_exit`'s status, 143, unless SLURM is requeueing it.
 """
 from __future__ import annotations
 
@@ -37,6 +38,15 @@ from relpos_lab.records.loggers import RunCSVLogger
 
 SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
 _sigterm = threading.Event()  # SIGTERM noted by InterruptCheckpoint's handler in this process
+
+
+def sigterm_exit(requeued: bool = False) -> SIGTERMException:
+    """How a run stopped by SIGTERM ends: with 143 (128 + 15, what a shell reports for a process
+    SIGTERM killed), so neither a shell's `&&` nor SLURM (a scancel'ed job, a time limit without a
+    requeue) takes the unfinished run for a finished one. Lightning's bare SIGTERMException exits 0.
+    An attempt that SLURM is requeueing (`requeued`) still exits 0, as Lightning's own requeue
+    does: the job goes on in its next attempt."""
+    return SIGTERMException() if requeued else SIGTERMException(128 + signal.SIGTERM)
 
 
 def sigterm_received(trainer: L.Trainer) -> bool:

@@ -26,6 +26,9 @@ Four Lightning internals are used (the cluster environment, the requeue handler,
 accumulation test, the logger connector's step update); tests/test_slurm_cluster.py's requeue
 test breaks if a Lightning release changes them.
 
+`requested` tells the caller that this attempt stops because SLURM requeues it (it then exits 0,
+interrupt.sigterm_exit), not because it was cancelled.
+
 Outside SLURM, or with Lightning's auto-requeue switched off, the callback does nothing.
 """
 from __future__ import annotations
@@ -59,6 +62,7 @@ class DeferredRequeue(Callback):
         self._active = False
         self._evaluating = False  # a validate/test stage: no training step will come to act at
         self._global_zero = False
+        self.requested = False  # this attempt asked SLURM for its requeue: the SIGTERM that follows is SLURM's
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # setup runs before the Trainer registers its signal handlers, and Lightning does not
@@ -72,12 +76,13 @@ class DeferredRequeue(Callback):
         self._evaluating, self._global_zero = stage != "fit", trainer.is_global_zero
         signal.signal(env.requeue_signal, self._note_signal)
         if self._evaluating and self._signum is not None:  # came after fit's last training step
-            self._signum = None
+            self._signum, self.requested = None, True
             if self._global_zero:
                 _requeue_now()
 
     def _note_signal(self, signum: int, _frame) -> None:
         if self._evaluating:  # nothing to checkpoint: ask for the requeue; SLURM's SIGTERM stops us
+            self.requested = True
             if self._global_zero:
                 _requeue_now()
             return
@@ -92,7 +97,7 @@ class DeferredRequeue(Callback):
         signum = self._signum or signal.SIGUSR1  # a rank the signal has not reached (yet)
         trainer._logger_connector.update_train_step_metrics()  # this step's row, before the loggers finish
         trainer._signal_connector._slurm_sigusr_handler_fn(signum, None)  # Lightning's requeue
-        self._signum = None
+        self._signum, self.requested = None, True
         self._stop_when_slurm_terminates(trainer)
 
     def _stop_when_slurm_terminates(self, trainer: L.Trainer) -> None:
@@ -103,6 +108,7 @@ class DeferredRequeue(Callback):
                 rank_zero_info("SLURM is requeueing the job; it resumes from the hpc checkpoint")
                 raise SIGTERMException()
             time.sleep(0.05)
+        self.requested = False  # no requeue came: a later SIGTERM (the time limit) ends the run unfinished
         rank_zero_warn(f"no SIGTERM within {self.sigterm_wait_s:.0f}s of the requeue request: training "
                        "continues (was the job submitted with --requeue?)")
 

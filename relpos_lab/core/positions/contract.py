@@ -11,8 +11,8 @@ a traceback naming neither the plugin nor the argument. So:
   first call (the core then stops asking, so training pays nothing): what the hook returned,
   against what `relative_attention` accepts.
 
-Every error is one line naming the scheme, its class, the hook and, for a bad value, the argument,
-the expected and the actual shape.
+Every error is a ContractError of one line naming the scheme, its class, the hook and, for a bad
+value, the argument, the expected and the actual shape.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from relpos_lab.core.attention import relative_attention
+from relpos_lab.core.errors import ContractError
 from relpos_lab.core.positions.base import KeyState, PositionConfig, PositionScheme, RelativePositions
 
 CORE_KEYS = ("attn_mask", "is_causal", "query_offset", "dropout_p", "impl")
@@ -57,23 +58,23 @@ def check_scheme(scheme: PositionScheme, d_model: int, n_heads: int) -> None:
         modules = [scheme.attention(d_model // n_heads, n_heads, causal) for causal in (False, True)]
     if embedding is not None and (not isinstance(embedding, nn.Module)
                                   or type(embedding).forward is nn.Module.forward):
-        raise ValueError(f"{name}: embedding() returned {type(embedding).__qualname__}, which is not a module "
-                         "with forward(x, offset) -> x + positions")
+        raise ContractError(f"{name}: embedding() returned {type(embedding).__qualname__}, which is not a module "
+                            "with forward(x, offset) -> x + positions")
     for module in modules:
         if module is None:
             continue
         if not isinstance(module, RelativePositions):
-            raise ValueError(f"{name}: attention() returned {type(module).__qualname__}; it must return a "
-                             "relpos_lab.api.RelativePositions (or None)")
+            raise ContractError(f"{name}: attention() returned {type(module).__qualname__}; it must return a "
+                                "relpos_lab.api.RelativePositions (or None)")
         if not _overrides(type(module), RelativePositions, ATTENTION_HOOKS):
-            raise ValueError(f"{name}: attention() returned {type(module).__qualname__}, which overrides none of "
-                             f"{', '.join(ATTENTION_HOOKS)}, so it adds no positions"
-                             f"{_near_misses(type(module), RelativePositions, ATTENTION_HOOKS)}")
+            raise ContractError(f"{name}: attention() returned {type(module).__qualname__}, which overrides none of "
+                                f"{', '.join(ATTENTION_HOOKS)}, so it adds no positions"
+                                f"{_near_misses(type(module), RelativePositions, ATTENTION_HOOKS)}")
     if embedding is None and all(module is None for module in modules):
-        raise ValueError(f"{name} adds no positions: embedding() and attention() return None"
-                         f"{_near_misses(type(scheme), PositionScheme, SCHEME_HOOKS)}; define embedding(d_model) "
-                         "or attention(head_dim, n_heads, causal), or set contributes_nothing = True on the "
-                         "class if it means to (as 'none' does)")
+        raise ContractError(f"{name} adds no positions: embedding() and attention() return None"
+                            f"{_near_misses(type(scheme), PositionScheme, SCHEME_HOOKS)}; define embedding(d_model) "
+                            "or attention(head_dim, n_heads, causal), or set contributes_nothing = True on the "
+                            "class if it means to (as 'none' does)")
 
 
 def check_rotate(name: str, module: RelativePositions, out, q: Tensor, k: Tensor) -> None:
@@ -81,31 +82,31 @@ def check_rotate(name: str, module: RelativePositions, out, q: Tensor, k: Tensor
     last dimension together (PoPE's real form of D complex numbers is 2D wide)."""
     hook = f"{type(module).__qualname__}.rotate"
     if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, Tensor) for t in out)):
-        raise TypeError(f"{name}: {hook} returned {_kind(out)}; expected a tuple (q, k) of tensors")
+        raise ContractError(f"{name}: {hook} returned {_kind(out)}; expected a tuple (q, k) of tensors")
     widths_agree = out[0].shape[-1] == out[1].shape[-1]
     for arg, got, given in (("q", out[0], q), ("k", out[1], k)):
         if got.shape != given.shape and not (widths_agree and got.shape[:-1] == given.shape[:-1]):
-            raise ValueError(f"{name}: {hook} returned {arg} of shape {tuple(got.shape)}; "
-                             f"expected the shape it was given, {tuple(given.shape)} (q and k may only change "
-                             "their last dimension, together)")
+            raise ContractError(f"{name}: {hook} returned {arg} of shape {tuple(got.shape)}; "
+                                f"expected the shape it was given, {tuple(given.shape)} (q and k may only change "
+                                "their last dimension, together)")
 
 
 def check_attention_kwargs(name: str, module: RelativePositions, kwargs, q: Tensor, k: Tensor) -> None:
     """`attention_kwargs` must return keywords of relative_attention, each of its documented shape."""
     hook, keys = f"{type(module).__qualname__}.attention_kwargs", scheme_keys()
     if not isinstance(kwargs, dict):
-        raise TypeError(f"{name}: {hook} returned {_kind(kwargs)}; expected a dict of relative_attention "
-                        f"keywords ({', '.join(keys)})")
+        raise ContractError(f"{name}: {hook} returned {_kind(kwargs)}; expected a dict of relative_attention "
+                            f"keywords ({', '.join(keys)})")
     for key in kwargs:
         if key not in keys:
             close = difflib.get_close_matches(str(key), keys, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
             owner = "the core sets it itself; " if key in CORE_KEYS else ""
-            raise TypeError(f"{name}: {hook} returned unknown key {key!r}; {owner}{hint}"
-                            f"relative_attention takes {', '.join(keys)}")
+            raise ContractError(f"{name}: {hook} returned unknown key {key!r}; {owner}{hint}"
+                                f"relative_attention takes {', '.join(keys)}")
     max_distance = kwargs.get("max_distance", 0)
     if not isinstance(max_distance, int) or isinstance(max_distance, bool) or max_distance < 0:
-        raise TypeError(f"{name}: {hook} returned max_distance={max_distance!r}; expected an int >= 0")
+        raise ContractError(f"{name}: {hook} returned max_distance={max_distance!r}; expected an int >= 0")
     (b, h, lq, d), lk, rows = q.shape, k.shape[-2], 2 * max_distance + 1
     expected = {
         "rel_k": [(rows, d), (h, rows, d)],
@@ -116,18 +117,19 @@ def check_attention_kwargs(name: str, module: RelativePositions, kwargs, q: Tens
         if key == "max_distance" or value is None:
             continue
         if not isinstance(value, Tensor):
-            raise TypeError(f"{name}: {hook} returned {key} as {_kind(value)}; expected a tensor or None")
+            raise ContractError(f"{name}: {hook} returned {key} as {_kind(value)}; expected a tensor or None")
         shape = tuple(value.shape)
         if key == "attn_bias":
             if not _broadcasts(shape, (b, h, lq, lk)):
-                raise ValueError(f"{name}: {hook} returned attn_bias of shape {shape}; expected a shape "
-                                 f"broadcastable to (B, H, Lq, Lk) = {(b, h, lq, lk)}")
+                raise ContractError(f"{name}: {hook} returned attn_bias of shape {shape}; expected a shape "
+                                    f"broadcastable to (B, H, Lq, Lk) = {(b, h, lq, lk)}")
             if not value.is_floating_point():
-                raise TypeError(f"{name}: {hook} returned attn_bias of dtype {value.dtype}; expected a float tensor")
+                raise ContractError(f"{name}: {hook} returned attn_bias of dtype {value.dtype}; "
+                                    "expected a float tensor")
         elif key in expected and shape not in expected[key]:
             wanted = " or ".join(str(s) for s in expected[key])
-            raise ValueError(f"{name}: {hook} returned {key} of shape {shape}; expected {wanted} "
-                             f"for max_distance={max_distance} (head dim {d}, {h} heads)")
+            raise ContractError(f"{name}: {hook} returned {key} of shape {shape}; expected {wanted} "
+                                f"for max_distance={max_distance} (head dim {d}, {h} heads)")
 
 
 def has_content_bias(module: RelativePositions) -> bool:
@@ -140,17 +142,17 @@ def check_content_bias(name: str, module: RelativePositions, bias, q: Tensor, k:
     KeyState is one entry per key, (B, H, Lk, ...)."""
     hook, (b, h, lq, _), lk = f"{type(module).__qualname__}.content_bias", q.shape, k.shape[-2]
     if not isinstance(bias, Tensor):
-        raise TypeError(f"{name}: {hook} returned {_kind(bias)}; expected a float tensor broadcastable to "
-                        f"(B, H, Lq, Lk) = {(b, h, lq, lk)}")
+        raise ContractError(f"{name}: {hook} returned {_kind(bias)}; expected a float tensor broadcastable to "
+                            f"(B, H, Lq, Lk) = {(b, h, lq, lk)}")
     if not _broadcasts(tuple(bias.shape), (b, h, lq, lk)):
-        raise ValueError(f"{name}: {hook} returned a bias of shape {tuple(bias.shape)}; expected a shape "
-                         f"broadcastable to (B, H, Lq, Lk) = {(b, h, lq, lk)}")
+        raise ContractError(f"{name}: {hook} returned a bias of shape {tuple(bias.shape)}; expected a shape "
+                            f"broadcastable to (B, H, Lq, Lk) = {(b, h, lq, lk)}")
     if not bias.is_floating_point():
-        raise TypeError(f"{name}: {hook} returned a bias of dtype {bias.dtype}; expected a float tensor")
+        raise ContractError(f"{name}: {hook} returned a bias of dtype {bias.dtype}; expected a float tensor")
     kept = state.value
     if kept is not None and (kept.dim() < 3 or kept.shape[0] != b or kept.shape[2] != lk):
-        raise ValueError(f"{name}: {hook} left a KeyState of shape {tuple(kept.shape)}; expected one entry per "
-                         f"key, (B, H, Lk, ...) with B = {b}, Lk = {lk}: append the new positions' part only")
+        raise ContractError(f"{name}: {hook} left a KeyState of shape {tuple(kept.shape)}; expected one entry per "
+                            f"key, (B, H, Lk, ...) with B = {b}, Lk = {lk}: append the new positions' part only")
 
 
 def check_embedding(name: str, module: nn.Module, out, x: Tensor) -> None:
@@ -158,8 +160,8 @@ def check_embedding(name: str, module: nn.Module, out, x: Tensor) -> None:
     hook = f"{type(module).__qualname__}.forward"
     if not isinstance(out, Tensor) or out.shape != x.shape:
         got = f"shape {tuple(out.shape)}" if isinstance(out, Tensor) else _kind(out)
-        raise ValueError(f"{name}: {hook} (the embedding) returned {got}; expected x + positions, "
-                         f"of x's shape (B, L, d_model) = {tuple(x.shape)}")
+        raise ContractError(f"{name}: {hook} (the embedding) returned {got}; expected x + positions, "
+                            f"of x's shape (B, L, d_model) = {tuple(x.shape)}")
 
 
 def _overrides(cls: type, base: type, hooks: tuple[str, ...]) -> bool:

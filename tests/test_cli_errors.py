@@ -1,0 +1,105 @@
+"""An error a user (or a plugin they installed) causes is one `relpos-lab: error:` line, wherever it
+is raised, also deep inside Lightning's training step; `-v` adds the traceback (issue 38, item 4).
+
+The plugin here is a real distribution on the subprocess's path (a .dist-info with its entry
+point, as pip would leave it), found through the `relpos_lab.positions` entry points like any other.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relpos_lab.api import ContractError, UserError
+from relpos_lab.api.errors import own_error
+
+TINY = """
+extends: [reverse_shaw.yaml, overlay/debug.yaml]
+task: {train_lengths: [1, 4], valid_lengths: [1, 4], test_lengths: [1, 6], train_size: 256, eval_size_per_length: 2}
+logging: {root: runs}
+"""
+WIDE_BIAS = '''
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from relpos_lab.api import PositionConfig, PositionScheme, RelativePositions
+
+
+@dataclass
+class WideBiasConfig(PositionConfig):
+    scheme: str = "wide_bias"
+    max_distance: int = 4
+
+
+class WideBias(RelativePositions):
+    def __init__(self, max_distance, n_heads):
+        super().__init__()
+        self.max_distance = max_distance
+        self.bias = nn.Parameter(torch.zeros(n_heads, 2 * max_distance + 3))  # 2k+3 wide, not 2k+1
+
+    def attention_kwargs(self, q, k, query_offset):
+        return {"rel_bias": self.bias, "max_distance": self.max_distance}
+
+
+class WideBiasScheme(PositionScheme):
+    config_class = WideBiasConfig
+
+    def attention(self, head_dim, n_heads, causal):
+        return WideBias(self.cfg.max_distance, n_heads)
+'''
+MESSAGE = ("relpos-lab: error: position scheme 'wide_bias' (wide_bias.WideBiasScheme): WideBias.attention_kwargs "
+           "returned rel_bias of shape (2, 11); expected (2, 9) for max_distance=4 (head dim 8, 2 heads)")
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    plugin = tmp_path / "site"
+    (plugin / "wide_bias-0.1.dist-info").mkdir(parents=True)
+    (plugin / "wide_bias.py").write_text(WIDE_BIAS)
+    (plugin / "wide_bias-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: wide-bias\nVersion: 0.1\n")
+    (plugin / "wide_bias-0.1.dist-info" / "entry_points.txt").write_text(
+        "[relpos_lab.positions]\nwide_bias = wide_bias:WideBiasScheme\n")
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    return tmp_path
+
+
+def run_cli(root: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "250", "PYTHONPATH": str(root / "site")}
+    return subprocess.run([sys.executable, "-m", "relpos_lab", *args], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_scheme_that_breaks_its_contract_in_the_first_step_is_one_line_and_leaves_nothing_behind(root):
+    train = ["train", "tiny.yaml", "model.positions.scheme=wide_bias"]
+    for attempt in range(2):  # a retry finds nothing to move aside
+        out = run_cli(root, *train)
+        assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+        assert out.stderr == MESSAGE + "\n", out.stderr[-3000:]
+        assert out.stdout.startswith("Run directory: ") and out.stdout.count("\n") == 1, out.stdout
+        assert not (root / "runs").exists(), list((root / "runs").rglob("*"))  # no W&B run, no .old-<time>
+
+    out = run_cli(root, *train, "-v")
+    assert out.returncode == 1
+    assert "Traceback (most recent call last)" in out.stderr and "contract.py" in out.stderr
+    assert out.stderr.endswith("\n" + MESSAGE + "\n")
+
+
+def test_the_projects_own_error_is_found_behind_the_exception_raised_while_handling_it():
+    """Lightning's teardown or a logger's finalize failing after the real error must not hide it."""
+    try:
+        try:
+            raise ContractError("position scheme 'x': the real error")
+        except ContractError:
+            raise RuntimeError("teardown failed too")
+    except RuntimeError as err:
+        assert str(own_error(err)) == "position scheme 'x': the real error"
+    try:
+        raise RuntimeError("wrapped") from UserError("bad input")
+    except RuntimeError as err:
+        assert isinstance(own_error(err), UserError)
+    assert own_error(RuntimeError("a bug")) is None
