@@ -348,3 +348,30 @@ def parse(argv: list[str]):
                              "bias alone, the wide bias (default: the Shaw default, causal+dropout, bias, padding)")
     parser.add_argument("--json", default=None, help="also write the records here")
     return parser.parse_args(argv)
+
+
+def default_config_records(sm: int = 90, length: int = 2048) -> dict:
+    """The Shaw default's forward, dq and dk/dv and the flash control's, each in the first config
+    of `_configs` (the one the kernels use most), with estimates: the CI test's measurement."""
+    from relpos_lab.analysis import flash_control
+    from relpos_lab.core.attention import fused
+
+    case = Case("shaw k=16")
+    out = {}
+    for (kernel, args, kwargs), name in zip(fused_launches(case, length), ("forward", "dq", "dkdv")):
+        config = fused._configs(window=name == "dkdv")[0]
+        scalars = dict(zip(kernel.arg_names, args))
+        out[name] = measure(kernel, name, case, args, {**kwargs, **_even(kwargs, scalars, config)}, config, sm,
+                            STAGES[name])
+    config = fused._configs(window=False)[0]
+    blocks = {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_N": config.kwargs["BLOCK_N"]}
+    q = torch.empty(16, length, case.head_dim, device="meta", dtype=torch.bfloat16)
+    for (kernel, _, args, meta), name in zip(flash_control.launches(q, q, q, False, 0.0, blocks),
+                                             ("forward", "dq", "dkdv")):
+        record = measure(kernel, name, case, args, {k: v for k, v in meta.items() if k not in blocks}, config, sm,
+                         CONTROL_STAGES)
+        record.case = f"{CONTROL} ({case.name})"
+        out[f"control {name}"] = record
+    for record in out.values():
+        record.estimate = {n: estimate(record, n, case.max_distance, case.causal) for n in LENGTHS}
+    return {name: asdict(record) for name, record in out.items()}

@@ -1,0 +1,111 @@
+"""`bench kernel --static`: the fused kernel compiled for Hopper on this CPU, read back from SASS.
+
+The flash control is checked to compute attention (in Triton's interpreter) so the ratios are
+against a real FlashAttention-2. The static checks compile the Shaw default (k = 16, D = 64,
+bf16) for sm_90 in the config the kernels use most (128/64, 8 warps, 3 stages) and hold what
+issue 37 asks of it; the whole table is `relpos-lab bench kernel --static --sm 90 80`.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length", [32, 37])
+def test_the_flash_control_computes_attention_and_its_gradients(causal, length):
+    from relpos_lab.analysis import flash_control
+    from relpos_lab.core.attention import fused
+    if not fused.INTERPRETED:
+        pytest.skip("runs in Triton's interpreter (TRITON_INTERPRET=1, as tests/conftest.py sets) or on a GPU")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, length, 24, generator=g) for _ in range(3))
+    out, dq, dk, dv = flash_control.attention(q, k, v, causal=causal)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    want.backward(torch.ones_like(want))
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+    for got, leaf in zip((dq, dk, dv), leaves):
+        torch.testing.assert_close(got, leaf.grad, atol=2e-5, rtol=1e-4)
+
+
+def test_tile_loops_are_the_backward_branches_of_the_sass():
+    from relpos_lab.analysis.kernel_static import tile_loops
+    sass = """
+        /*0000*/                   MOV R1, R2 ;
+        /*0010*/                   IADD R1, R1, 1 ;
+        /*0020*/               @P0 BRA 0x10 ;
+        /*0030*/                   BRA 0x50 ;
+        /*0040*/                   NOP ;
+        /*0050*/                   FADD R3, R3, R4 ;
+        /*0060*/                   FMUL R3, R3, R4 ;
+        /*0070*/               @P1 BRA 0x50 ;
+        /*0080*/                   EXIT ;
+    """
+    assert tile_loops(sass) == ([2, 3], 9)
+
+
+@pytest.fixture(scope="module")
+def shaw_default():
+    """The Shaw default's three kernels and the flash control's, compiled for sm_90 in the first
+    config (~1 min). In a subprocess: this session's triton runs interpreted (conftest.py)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import json; from relpos_lab.analysis.kernel_static import default_config_records as r; "
+            "print(json.dumps(r(90)))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_shaw_default_compiles_for_hopper_with_every_stage_a_loop(shaw_default):
+    for name in ("forward", "dq", "dkdv"):
+        assert set(shaw_default[name]["loops"]) == {"band", "left", "right"}, name
+    assert shaw_default["forward"]["config"] == "128/64/8/3"
+
+
+def test_off_the_band_a_tile_costs_what_a_flash_tile_costs(shaw_default):
+    """The edge labels are row offsets and row sums there: within 5% of the control's loop."""
+    full = shaw_default["control forward"]["loops"]["full"]
+    assert shaw_default["forward"]["loops"]["left"] <= 1.05 * full
+    assert shaw_default["forward"]["loops"]["right"] <= 1.05 * full
+
+
+def test_the_forward_and_dkdv_kernels_do_not_spill(shaw_default):
+    assert shaw_default["forward"]["stack_bytes"] == 0
+    assert shaw_default["dkdv"]["stack_bytes"] == 0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 37: the dq kernel's prologue (R and dO·w^V, 64 labels each, with q, "
+                                       "dO and o) spills; not yet split")
+def test_the_dq_kernel_does_not_spill(shaw_default):
+    assert shaw_default["dq"]["stack_bytes"] == 0
+
+
+def ratio(records, length, kernels):
+    return (sum(records[k]["estimate"][str(length)] for k in kernels)
+            / sum(records[f"control {k}"]["estimate"][str(length)] for k in kernels))
+
+
+def test_the_estimate_is_at_most_where_this_kernel_stands(shaw_default):
+    """A guard against regressions, at the levels measured when it was written (issue 37's
+    targets, below, are not met yet): forward 1.6x and backward 1.7x at L = 2048 (measured: 1.53x, 1.61x)."""
+    assert ratio(shaw_default, 2048, ["forward"]) <= 1.6
+    assert ratio(shaw_default, 2048, ["dq", "dkdv"]) <= 1.7
+
+
+@pytest.mark.xfail(strict=True, reason="issue 37: band tiles still cost ~3.5x a flash tile (forward) and the "
+                                       "prologues run label-space dots; targets not met yet")
+def test_issue_37_targets(shaw_default):
+    assert ratio(shaw_default, 2048, ["forward"]) <= 1.15
+    assert ratio(shaw_default, 2048, ["dq", "dkdv"]) <= 1.25
+    assert ratio(shaw_default, 8192, ["forward"]) <= 1.05
+    assert ratio(shaw_default, 8192, ["dq", "dkdv"]) <= 1.1
