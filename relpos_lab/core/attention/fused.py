@@ -203,8 +203,7 @@ class _FusedRelativeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rel_k, rel_v, rel_bias, keep, launch: _Launch):
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-        b, h, lq, d = q.shape
-        lk = k.shape[-2]
+        b, h, lq, _ = q.shape
         nl = 2 * launch.kmax + 1
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty(b * h * lq, device=q.device, dtype=torch.float32)
