@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from relpos_lab.core.attention.fused_kernels import dropped, load_rows, visible
+from relpos_lab.core.attention.fused_kernels import dropped, load_row_stats, load_rows, visible
 
 FULL = tl.constexpr(0)
 DIAGONAL = tl.constexpr(1)
@@ -146,12 +146,7 @@ def _dkdv_tiles(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qm, stri
         rows = m0 + tl.arange(0, BLOCK_M)
         q = load_rows(Q_ptr, rows, stride_qm, dims, LQ, D, EVEN_M, EVEN_D)
         do = load_rows(DO_ptr, rows, stride_om, dims, LQ, D, EVEN_M, EVEN_D)
-        if EVEN_M:
-            lse = tl.load(LSE_ptr + rows)
-            delta = tl.load(DELTA_ptr + rows)
-        else:
-            lse = tl.load(LSE_ptr + rows, mask=rows < LQ, other=float("inf"))
-            delta = tl.load(DELTA_ptr + rows, mask=rows < LQ, other=0.0)
+        lse, delta = load_row_stats(LSE_ptr, DELTA_ptr, rows, LQ, EVEN_M)
         qk = tl.dot(q, tl.trans(k))
         if STAGE == DIAGONAL or not EVEN_N:
             qk = visible(qk, rows, rows, cols, Q_ptr, 0, 0, LQ, LK, 0, CAUSAL and STAGE == DIAGONAL, EVEN_N)

@@ -87,14 +87,6 @@ def label_of(offset, max_distance):
 
 
 @triton.jit
-def on_diagonals(table, row_stride, rows, cols, OFFSET, max_distance):
-    """(BM, BN) pointers to a label table's interior entries: row r's label j − (r + offset) + k
-    sits at r·stride + j − r − offset + k, affine in (r, j), so it is a plain strided tile
-    (row stride − 1) and the band needs no per-pair label arithmetic to reach it."""
-    return table + (max_distance - OFFSET) + rows[:, None] * (row_stride - 1) + cols[None, :]
-
-
-@triton.jit
 def load_by_row(ptrs, rows, LQ, EVEN_M: tl.constexpr):
     if EVEN_M:
         return tl.load(ptrs)
@@ -107,17 +99,6 @@ def store_by_row(ptrs, x, rows, LQ, EVEN_M: tl.constexpr):
         tl.store(ptrs, x)
     else:
         tl.store(ptrs, x, mask=(rows < LQ)[:, None])
-
-
-@triton.jit
-def by_label(table, row_stride, lo, hi, at_lo, at_hi, rows, cols, OFFSET, max_distance, LQ,
-             EVEN_M: tl.constexpr):
-    """(BM, BN) a label table read pair by pair: the edges from the row vectors lo and hi, the
-    interior from memory."""
-    label = label_of(pair_offsets(rows + OFFSET, cols), max_distance)
-    if EVEN_M:
-        return tl.load(table + rows[:, None] * row_stride + label)
-    return tl.load(table + rows[:, None] * row_stride + label, mask=(rows < LQ)[:, None], other=0.0)
 
 
 @triton.jit
@@ -182,17 +163,41 @@ def reaches_a_key(rows_abs, labels, max_distance, LK, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def label_logits(q, WK, stride_wkl, BIAS, labels, dims, n_labels, D, qk_scale,
-                 HAS_RK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
-    """(BM, NLP) R · log2 e for a block of query rows: q·w^Kᵀ scaled, plus the bias."""
-    r = tl.zeros((q.shape[0], labels.shape[0]), dtype=tl.float32)
+def logit_rows_of(q, WK, stride_wkl, BIAS, LOGITS, rows, labels, dims, n_labels, LQ, D, qk_scale,
+                  HAS_RK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """(BM,) pointers to the logit table's rows, which the band reads by label. With w^K: this
+    block's R · log2 e = (scale · q·w^Kᵀ + b) · log2 e, written here (the caller's barrier makes
+    it visible to the block); without: the bias row itself (already · log2 e), for every query."""
+    logit_rows = BIAS + rows * 0
     if HAS_RK:
         wk = tl.load(WK + labels[:, None] * stride_wkl + dims[None, :],
                      mask=(labels[:, None] < n_labels) & (dims[None, :] < D), other=0.0)
         r = tl.dot(q, tl.trans(wk), input_precision=PRECISION) * qk_scale
-    if HAS_BIAS:
-        r += tl.load(BIAS + labels, mask=labels < n_labels, other=0.0)[None, :]  # already · log2 e
-    return r
+        if HAS_BIAS:
+            r += tl.load(BIAS + labels, mask=labels < n_labels, other=0.0)[None, :]
+        logit_rows = LOGITS + rows * n_labels
+        tl.store(logit_rows[:, None] + labels[None, :], r, mask=(rows[:, None] < LQ) & (labels[None, :] < n_labels))
+    return logit_rows
+
+
+@triton.jit
+def edge_columns(table_rows, rows, LQ, max_distance, PRESENT: tl.constexpr):
+    """(BM,) × 2: each row's entries for labels 0 and 2k of a label table (zeros without one)."""
+    lo = tl.zeros(rows.shape, dtype=tl.float32)
+    hi = tl.zeros(rows.shape, dtype=tl.float32)
+    if PRESENT:
+        lo = tl.load(table_rows, mask=rows < LQ, other=0.0)
+        hi = tl.load(table_rows + 2 * max_distance, mask=rows < LQ, other=0.0)
+    return lo, hi
+
+
+@triton.jit
+def load_row_stats(lse_ptr, delta_ptr, rows, LQ, EVEN_M: tl.constexpr):
+    """The saved log-sum-exp and delta of query rows (+inf and 0 beyond Lq: no probability)."""
+    if EVEN_M:
+        return tl.load(lse_ptr + rows), tl.load(delta_ptr + rows)
+    return (tl.load(lse_ptr + rows, mask=rows < LQ, other=float("inf")),
+            tl.load(delta_ptr + rows, mask=rows < LQ, other=0.0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,7 +205,7 @@ def label_logits(q, WK, stride_wkl, BIAS, labels, dims, n_labels, D, qk_scale,
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_table, logit_stride, r_edge, mass_table, K_ptr, V_ptr,
+def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, K_ptr, V_ptr,
                    mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, lo, hi,
                    LQ, LK, D, max_distance, qk_scale, seed, dropout_p,
                    STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr,
@@ -221,7 +226,7 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_table, logit_stride, r_ed
             label = label_of(offset, max_distance)
             s = qk * qk_scale
             if HAS_LOGITS:
-                s += load_by_row(logit_table + rows[:, None] * logit_stride + label, rows, LQ, EVEN_M)
+                s += load_by_row(logit_rows[:, None] + label, rows, LQ, EVEN_M)
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
             row_max = tl.max(s, 1)
         else:
@@ -250,7 +255,7 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_table, logit_stride, r_ed
                 m_lo = m_lo * alpha + (row_sum - hi_part)
                 m_hi = m_hi * alpha + hi_part
                 # Interior logits by label; the edges' entries are overwritten at the end.
-                store_by_row(mass_table + rows[:, None] * (2 * max_distance + 1) + label, s, rows, LQ, EVEN_M)
+                store_by_row(mass_rows[:, None] + label, s, rows, LQ, EVEN_M)
             elif STAGE == LEFT:
                 m_lo = m_lo * alpha + row_sum
                 m_hi = m_hi * alpha
@@ -292,25 +297,15 @@ def forward_kernel(
     in_table = (rows[:, None] < LQ) & (labels[None, :] < n_labels)
     q = load_rows(Q + b * stride_qb + h * stride_qh, rows, stride_qm, dims, LQ, D, EVEN_M, EVEN_D)
 
-    # The logit table: a row per query with w^K (written here, read per pair), else the bias.
+    # The label tables: logits (scratch, with w^K), masses (interior logits until the end).
     HAS_LOGITS: tl.constexpr = HAS_RK or HAS_BIAS
     table_offset = bh * LQ * n_labels
-    logit_table = BIAS + h * stride_bh
-    logit_stride = 0
+    logit_rows = logit_rows_of(q, WK + h * stride_wkh, stride_wkl, BIAS + h * stride_bh, LOGITS + table_offset,
+                               rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, PRECISION)
     if HAS_RK:
-        r = label_logits(q, WK + h * stride_wkh, stride_wkl, BIAS + h * stride_bh, labels, dims, n_labels, D,
-                         qk_scale, True, HAS_BIAS, PRECISION)
-        tl.store(LOGITS + table_offset + rows[:, None] * n_labels + labels[None, :], r, mask=in_table)
         tl.debug_barrier()
-        logit_table = LOGITS + table_offset
-        logit_stride = n_labels
-    r_lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    r_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if HAS_LOGITS:
-        r_lo = tl.load(logit_table + rows * logit_stride, mask=rows < LQ, other=0.0)
-        r_hi = tl.load(logit_table + rows * logit_stride + 2 * max_distance, mask=rows < LQ, other=0.0)
-    mass_table = MASS + table_offset
-    mass_rows = mass_table + rows * n_labels
+    r_lo, r_hi = edge_columns(logit_rows, rows, LQ, max_distance, HAS_LOGITS)
+    mass_rows = MASS + table_offset + rows * n_labels
 
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -323,8 +318,7 @@ def forward_kernel(
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
     for stage in tl.static_range(3):  # BAND, LEFT, RIGHT
         acc, l_i, m_i, m_lo, m_hi = _forward_tiles(
-            acc, l_i, m_i, m_lo, m_hi, q, logit_table, logit_stride, r_lo if stage == LEFT else r_hi, mass_table,
-            K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
+            acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_lo if stage == LEFT else r_hi, mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
             band_lo if stage == BAND else (0 if stage == LEFT else band_hi),
             band_hi if stage == BAND else (band_lo if stage == LEFT else hi),
             LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
@@ -365,8 +359,8 @@ def _dq_tiles(dq, g_lo, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows,
               K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, lo, hi,
               LQ, LK, D, max_distance, qk_scale, seed, dropout_p,
               STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr, NEEDS_G: tl.constexpr,
-              MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_N: tl.constexpr,
-              EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+              MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
+              EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """dq and the label sums G of a query block over key tiles [lo, hi) of one stage."""
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
@@ -378,7 +372,7 @@ def _dq_tiles(dq, g_lo, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows,
             offset = pair_offsets(rows_abs, cols)
             label = label_of(offset, max_distance)
             if HAS_LOGITS:
-                s += tl.load(logit_rows[:, None] + label)
+                s += load_by_row(logit_rows[:, None] + label, rows, LQ, EVEN_M)
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
             p = tl.exp2(s - lse[:, None])
         else:
@@ -390,7 +384,7 @@ def _dq_tiles(dq, g_lo, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows,
         row_delta = delta
         if HAS_RV:
             if STAGE == BAND:
-                dp += tl.load(value_rows[:, None] + label)
+                dp += load_by_row(value_rows[:, None] + label, rows, LQ, EVEN_M)
             elif HAS_DROPOUT:
                 dp += dw_edge[:, None]
             else:
@@ -453,12 +447,8 @@ def backward_dq_kernel(
     # The tables the band reads per pair: logits (as the forward's), and dO·w^V.
     HAS_LOGITS: tl.constexpr = HAS_RK or HAS_BIAS
     table_offset = bh * LQ * n_labels
-    logit_rows = BIAS + h * stride_bh + rows * 0
-    if HAS_RK:
-        r = label_logits(q, WK + h * stride_wkh, stride_wkl, BIAS + h * stride_bh, labels, dims, n_labels, D,
-                         qk_scale, True, HAS_BIAS, PRECISION)
-        tl.store(LOGITS + table_offset + rows[:, None] * n_labels + labels[None, :], r, mask=in_table)
-        logit_rows = LOGITS + table_offset + rows * n_labels
+    logit_rows = logit_rows_of(q, WK + h * stride_wkh, stride_wkl, BIAS + h * stride_bh, LOGITS + table_offset,
+                               rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, PRECISION)
     value_rows = VALUES + table_offset + rows * n_labels
     if HAS_RV:
         wv = tl.load(WV + h * stride_wvh + labels[:, None] * stride_wvl + dims[None, :],
@@ -466,16 +456,8 @@ def backward_dq_kernel(
         tl.store(value_rows[:, None] + labels[None, :], tl.dot(do, tl.trans(wv), input_precision=PRECISION),
                  mask=in_table)
     tl.debug_barrier()
-    r_lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    r_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if HAS_LOGITS:
-        r_lo = tl.load(logit_rows, mask=rows < LQ, other=0.0)
-        r_hi = tl.load(logit_rows + 2 * max_distance, mask=rows < LQ, other=0.0)
-    dw_lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    dw_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if HAS_RV:
-        dw_lo = tl.load(value_rows, mask=rows < LQ, other=0.0)
-        dw_hi = tl.load(value_rows + 2 * max_distance, mask=rows < LQ, other=0.0)
+    r_lo, r_hi = edge_columns(logit_rows, rows, LQ, max_distance, HAS_LOGITS)
+    dw_lo, dw_hi = edge_columns(value_rows, rows, LQ, max_distance, HAS_RV)
     grad_rows = GRAD + table_offset + rows * n_labels
 
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -494,7 +476,7 @@ def backward_dq_kernel(
             band_hi if stage == BAND else (band_lo if stage == LEFT else hi),
             LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
             STAGE=stage, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, NEEDS_G=NEEDS_G, MASK=MASK, CAUSAL=CAUSAL,
-            HAS_DROPOUT=HAS_DROPOUT, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
+            HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
 
     if NEEDS_G:
         # The grad table's rows, whole: interior values the band stored, edges, zeros elsewhere.
@@ -551,12 +533,7 @@ def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, value_base, dbias_ptr, Q
         rows_abs = rows + OFFSET
         q = load_rows(Q_ptr, rows, stride_qm, dims, LQ, D, EVEN_M, EVEN_D)
         do = load_rows(DO_ptr, rows, stride_dom, dims, LQ, D, EVEN_M, EVEN_D)
-        if EVEN_M:
-            lse = tl.load(lse_ptr + rows)
-            delta = tl.load(delta_ptr + rows)
-        else:
-            lse = tl.load(lse_ptr + rows, mask=rows < LQ, other=float("inf"))
-            delta = tl.load(delta_ptr + rows, mask=rows < LQ, other=0.0)
+        lse, delta = load_row_stats(lse_ptr, delta_ptr, rows, LQ, EVEN_M)
         logit_rows = logit_base + rows * logit_stride
         value_rows = value_base + rows * (2 * max_distance + 1)
         # Recompute p from the saved log-sum-exp.
@@ -565,7 +542,7 @@ def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, value_base, dbias_ptr, Q
             offset = pair_offsets(rows_abs, cols)
             label = label_of(offset, max_distance)
             if HAS_LOGITS:
-                s += tl.load(logit_rows[:, None] + label, mask=(rows < LQ)[:, None], other=0.0)
+                s += load_by_row(logit_rows[:, None] + label, rows, LQ, EVEN_M)
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
             p = tl.exp2(s - lse[:, None])
         else:
@@ -579,7 +556,7 @@ def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, value_base, dbias_ptr, Q
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if HAS_RV:
             if STAGE == BAND:
-                dp += tl.load(value_rows[:, None] + label, mask=(rows < LQ)[:, None], other=0.0)
+                dp += load_by_row(value_rows[:, None] + label, rows, LQ, EVEN_M)
             elif HAS_DROPOUT:
                 dp += tl.load(value_rows + edge, mask=rows < LQ, other=0.0)[:, None]
             else:
