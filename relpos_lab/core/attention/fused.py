@@ -6,28 +6,22 @@ Shaw's terms live in the (2k+1)-wide label space of each query row, as in ``gath
     e_ij = scale · q_i·k_j + R_i,l(i,j)          l(i,j) = clip(j − i, k) + k
     z_i  = Σ_j p_ij v_j + Σ_l M_il w^V_l        M_il = Σ_{j: l(i,j)=l} p_ij, the value term's masses
 
-A key tile entirely left of the band (every j − i ≤ −k) has label 0 for all its pairs: its key
-term is one scalar per row, R_i0, and its probability mass goes to M_i0 (right of the band:
-label 2k). Only the tiles that cross the band gather R by label and gather p back into masses
-(a row meets an interior label at most once per tile), so the tile loop runs in three stages —
-left, band, right — and the common tiles do no label work at all.
-
-The backward recomputes p from the saved log-sum-exp (FlashAttention-2, Algorithm 2): one kernel
-per query block writes dq and the per-row label sums G_il = Σ_{l(i,j)=l} dS_ij and M_il; one per
-key block writes dk and dv. The tables' gradients are then small matmuls outside the kernels,
-dw^K = scale·Σ Gᵀq, db = Σ G, dw^V = Σ Mᵀ dO: no atomics, deterministic. Attention dropout
-is drawn inside the kernels (Philox, keyed by a seed per call and head, counted by row and key),
-so the backward redraws the very mask the forward used and nothing of size Lq·Lk is stored.
+This module is the host side: what the kernels take, the launches, the autograd Function and
+the tables' gradients, dw^K = scale·Σ Gᵀq, db = Σ G, dw^V = Σ Mᵀ dO, as small matmuls outside
+the kernels (no atomics, deterministic). The kernels themselves, and how a tile off the band
+|j − i| < k costs no more than a plain flash tile, are in fused_kernels.py.
 
 Runs on CUDA, and on CPU through Triton's interpreter (TRITON_INTERPRET=1 set before triton is
 first imported): the very kernel code, exact but slow, which is how the tests prove it. What it
 does not take (`unsupported` says why) goes to ``gather``: a dense ``attn_bias``, head dimensions
-above 128, and a^K / a^V label spaces wider than 128 (max_distance > 63 where the sequence
-reaches that far). A ``rel_bias`` alone may be as wide as the sequences (every offset): it is then
-read per tile from memory and its gradient summed along each tile's diagonals into per-label rows
-of each key block (`_add_diagonals`; none of this when the table needs no gradient, as ALiBi's).
-Masks are read inside the kernel: a key-padding mask (B, 1, 1, Lk) as one vector per sequence, any other boolean mask tile by tile through its broadcast strides; causality is built
-from indices.
+above 128, and a^K / a^V label tiles wider than 128 (max_distance > 64 where the sequence
+reaches that far). A ``rel_bias`` alone may be as wide as the sequences (every offset): it is read
+by label from memory like any bias, and its gradient summed along each tile's diagonals into
+per-label rows of each key block (`add_diagonals`; none of this when the table needs no gradient,
+as ALiBi's). Masks are read inside the kernel: a key-padding mask (B, 1, 1, Lk) as one vector per
+sequence, any other boolean mask tile by tile through its broadcast strides; causality is built
+from indices. Attention dropout is drawn inside the kernels (Philox, keyed by a seed per call and
+head, counted by row and key), so the backward redraws the very mask the forward used.
 """
 from __future__ import annotations
 
@@ -40,7 +34,7 @@ from torch import Tensor
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 MAX_LABELS = 128
-"""Label-space width held in registers per query row (2k+1 rounded up to a power of two)."""
+"""Label tile width per query row in the kernels (labels 1..2k, 2k rounded up to a power of two)."""
 MAX_HEAD_DIM = 128
 
 if HAS_TRITON:
@@ -125,7 +119,8 @@ def _reach(lq: int, lk: int, kmax: int, query_offset: int) -> int:
 
 
 def _label_space(kmax: int) -> int:
-    return max(16, triton.next_power_of_2(2 * kmax + 1)) if HAS_TRITON else 2 * kmax + 1
+    """Columns of the kernels' label tiles: labels 1..2k (label 0 is a row vector of its own)."""
+    return max(16, triton.next_power_of_2(2 * kmax)) if HAS_TRITON else 2 * kmax
 
 
 def _bias_is_wide(rel_k, rel_v, rel_bias, kmax: int) -> bool:

@@ -10,7 +10,9 @@ their pairs (a0, a1: the block's first and last absolute row):
 Off the band a label's logit term R_il is a scalar per row, folded into the softmax's row offset,
 and its probability mass is the row sum that the softmax takes anyway: those tiles cost what a
 plain FlashAttention-2 tile costs. The band runs first; the causal mask, which only band tiles
-can need, is applied there alone.
+can need, is applied there alone. The band's loop is not software-pipelined: it is a few tiles
+long (4 at k = 16 with 128 × 64 tiles), a pipeline's prologue would cost more than it hides, and
+its label loads would be copied through shared memory (`bench kernel --static` measures both).
 
 Per-pair label work goes through small tables in memory, one row of 2k+1 floats per query row,
 read and written at `row · labels + l(i, j)` (L1-resident, and no register gather):
@@ -139,27 +141,51 @@ def dropped(x, seed, rows, cols, LK, dropout_p, HAS_DROPOUT: tl.constexpr):
 
 
 @triton.jit
-def edge_labels(offset, max_distance):
-    """(BM, BN) bools: the pair's label is 0, or 2k (k = 0 has one label: it counts as 0)."""
-    at_lo = offset <= -max_distance
-    return at_lo, (offset >= max_distance) & ~at_lo
+def table_product(x, W, stride_wl, labels, dims, n_labels, D, PRECISION: tl.constexpr):
+    """x · w_lᵀ for every label of a (2k+1, D) table and a block of rows: labels 1..2k as a
+    (BM, LABELS) tile (column c is label c + 1) by one dot, label 0 as a row vector. Label 0
+    stays out of the tile so that k = 16 fits 32 columns, not 64."""
+    w = tl.load(W + (labels[:, None] + 1) * stride_wl + dims[None, :],
+                mask=(labels[:, None] + 1 < n_labels) & (dims[None, :] < D), other=0.0)
+    w0 = tl.load(W + dims, mask=dims < D, other=0.0).to(tl.float32)
+    return tl.dot(x, tl.trans(w), input_precision=PRECISION), tl.sum(x.to(tl.float32) * w0[None, :], 1)
 
 
 @triton.jit
-def with_edges(x, labels, lo, hi, max_distance):
-    """A (BM, NLP) label-space block with its edge columns set to the row vectors lo and hi."""
-    x = tl.where(labels[None, :] == 2 * max_distance, hi[:, None], x)
-    return tl.where(labels[None, :] == 0, (lo + tl.where(max_distance == 0, hi, 0.0))[:, None], x)
+def table_combination(tile, column0, W, stride_wl, labels, dims, n_labels, D, PRECISION: tl.constexpr):
+    """(BM, D) Σ_l m_il w_l, the tile's labels 1..2k by one dot and label 0 by a rank-one update."""
+    w = tl.load(W + (labels[:, None] + 1) * stride_wl + dims[None, :],
+                mask=(labels[:, None] + 1 < n_labels) & (dims[None, :] < D), other=0.0)
+    w0 = tl.load(W + dims, mask=dims < D, other=0.0).to(tl.float32)
+    return tl.dot(tile.to(w.dtype), w, input_precision=PRECISION) + column0[:, None] * w0[None, :]
 
 
 @triton.jit
-def reaches_a_key(rows_abs, labels, max_distance, LK, CAUSAL: tl.constexpr):
-    """(BM, NLP) bool: interior label l of row i names a key the band visited (j = i + l − k)."""
-    key = rows_abs[:, None] + labels[None, :] - max_distance
-    ok = (labels[None, :] > 0) & (labels[None, :] < 2 * max_distance) & (key >= 0) & (key < LK)
+def store_label_rows(table_rows, tile, column0, rows, labels, n_labels, LQ):
+    """A block's rows of a label table, from a tile (labels 1..2k) and the label-0 column."""
+    tl.store(table_rows[:, None] + 1 + labels[None, :], tile,
+             mask=(rows[:, None] < LQ) & (labels[None, :] + 1 < n_labels))
+    tl.store(table_rows, column0, mask=rows < LQ)
+
+
+@triton.jit
+def interior_of(table_rows, rows, rows_abs, labels, max_distance, LQ, LK, other, CAUSAL: tl.constexpr):
+    """(BM, LABELS) the values the band stored by label, for interior labels that name a key the
+    band visited (j = i + l − k); `other` for the rest, whose entries may be stale."""
+    label = labels[None, :] + 1
+    key = rows_abs[:, None] + label - max_distance
+    ok = (label < 2 * max_distance) & (key >= 0) & (key < LK) & (rows < LQ)[:, None]
     if CAUSAL:
-        ok = ok & (key <= rows_abs[:, None])
-    return ok
+        ok = ok & (label <= max_distance)
+    return tl.load(table_rows[:, None] + label, mask=ok, other=other)
+
+
+@triton.jit
+def with_edges(tile, lo, hi, labels, max_distance):
+    """(tile, label-0 column) with the edges set: label 2k (column 2k − 1) to hi, label 0 to lo
+    (k = 0 has one label: lo + hi)."""
+    tile = tl.where(labels[None, :] + 1 == 2 * max_distance, hi[:, None], tile)
+    return tile, lo + tl.where(max_distance == 0, hi, 0.0)
 
 
 @triton.jit
@@ -170,13 +196,14 @@ def logit_rows_of(q, WK, stride_wkl, BIAS, LOGITS, rows, labels, dims, n_labels,
     it visible to the block); without: the bias row itself (already · log2 e), for every query."""
     logit_rows = BIAS + rows * 0
     if HAS_RK:
-        wk = tl.load(WK + labels[:, None] * stride_wkl + dims[None, :],
-                     mask=(labels[:, None] < n_labels) & (dims[None, :] < D), other=0.0)
-        r = tl.dot(q, tl.trans(wk), input_precision=PRECISION) * qk_scale
+        r, r0 = table_product(q, WK, stride_wkl, labels, dims, n_labels, D, PRECISION)
+        r *= qk_scale
+        r0 *= qk_scale
         if HAS_BIAS:
-            r += tl.load(BIAS + labels, mask=labels < n_labels, other=0.0)[None, :]
+            r += tl.load(BIAS + 1 + labels, mask=labels + 1 < n_labels, other=0.0)[None, :]
+            r0 += tl.load(BIAS)
         logit_rows = LOGITS + rows * n_labels
-        tl.store(logit_rows[:, None] + labels[None, :], r, mask=(rows[:, None] < LQ) & (labels[None, :] < n_labels))
+        store_label_rows(logit_rows, r, r0, rows, labels, n_labels, LQ)
     return logit_rows
 
 
@@ -216,7 +243,7 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
 
     The value term's masses, unnormalised like acc: m_hi sums label 2k; m_lo sums every other
     label (the band's interior is taken out at the end, from the logits it stores by label)."""
-    for n0 in range(lo, hi, BLOCK_N):
+    for n0 in tl.range(lo, hi, BLOCK_N, num_stages=1 if STAGE == BAND else None):
         cols = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
@@ -294,7 +321,6 @@ def forward_kernel(
     rows_abs = rows + OFFSET
     dims = tl.arange(0, BLOCK_D)
     labels = tl.arange(0, LABELS)
-    in_table = (rows[:, None] < LQ) & (labels[None, :] < n_labels)
     q = load_rows(Q + b * stride_qb + h * stride_qh, rows, stride_qm, dims, LQ, D, EVEN_M, EVEN_D)
 
     # The label tables: logits (scratch, with w^K), masses (interior logits until the end).
@@ -333,18 +359,17 @@ def forward_kernel(
     if HAS_RV:
         # The masses, normalised: interior ones from the logits the band stored, edges from row sums.
         tl.debug_barrier()
-        reach = reaches_a_key(rows_abs, labels, max_distance, LK, CAUSAL)
-        logits = tl.load(mass_rows[:, None] + labels[None, :], mask=reach & in_table, other=float("-inf"))
-        mass = tl.exp2(logits - lse[:, None])
+        mass = tl.exp2(interior_of(mass_rows, rows, rows_abs, labels, max_distance, LQ, LK, float("-inf"), CAUSAL)
+                       - lse[:, None])
         if HAS_DROPOUT:
-            keys = rows_abs[:, None] + labels[None, :] - max_distance
+            keys = rows_abs[:, None] + labels[None, :] + 1 - max_distance
             mass = tl.where(tl.rand(seed + bh, rows[:, None] * LK + keys) >= dropout_p, mass / (1.0 - dropout_p), 0.0)
-        lo_mass = m_lo / l_safe - tl.sum(mass, 1)  # m_lo summed the band's interior too
-        mass = tl.where(seen[:, None], with_edges(mass, labels, lo_mass, m_hi / l_safe, max_distance), 0.0)
-        tl.store(mass_rows[:, None] + labels[None, :], mass, mask=in_table)
-        wv = tl.load(WV + h * stride_wvh + labels[:, None] * stride_wvl + dims[None, :],
-                     mask=(labels[:, None] < n_labels) & (dims[None, :] < D), other=0.0)
-        out += tl.dot(mass.to(wv.dtype), wv, input_precision=PRECISION)
+        # m_lo summed the band's interior too
+        mass, mass0 = with_edges(mass, m_lo / l_safe - tl.sum(mass, 1), m_hi / l_safe, labels, max_distance)
+        mass = tl.where(seen[:, None], mass, 0.0)
+        mass0 = tl.where(seen, mass0, 0.0)
+        store_label_rows(mass_rows, mass, mass0, rows, labels, n_labels, LQ)
+        out += table_combination(mass, mass0, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D, PRECISION)
     O_rows = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :]
     tl.store(O_rows, out.to(O.dtype.element_ty), mask=(rows[:, None] < LQ) & (dims[None, :] < D))
     tl.store(LSE + bh * LQ + rows, lse, mask=rows < LQ)
@@ -361,8 +386,9 @@ def _dq_tiles(dq, g_lo, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows,
               STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr, NEEDS_G: tl.constexpr,
               MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
               EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """dq and the label sums G of a query block over key tiles [lo, hi) of one stage."""
-    for n0 in range(lo, hi, BLOCK_N):
+    """dq and the label sums G of a query block over key tiles [lo, hi) of one stage: g_hi sums
+    label 2k, g_lo every other label; the band's interior values go to the grad table."""
+    for n0 in tl.range(lo, hi, BLOCK_N, num_stages=1 if STAGE == BAND else None):
         cols = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
         v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
@@ -394,11 +420,11 @@ def _dq_tiles(dq, g_lo, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows,
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         # G: edges by row sums, interior values stored in the grad table.
         if NEEDS_G:
-            if STAGE == BAND:
-                at_lo, at_hi = edge_labels(offset, max_distance)
-                g_lo += tl.sum(tl.where(at_lo, ds, 0.0), 1)
-                g_hi += tl.sum(tl.where(at_hi, ds, 0.0), 1)
-                tl.store(grad_rows[:, None] + label, ds, mask=(rows < LQ)[:, None] & ~at_lo & ~at_hi)
+            if STAGE == BAND:  # g_lo takes the interior too, taken out at the end
+                hi_part = tl.sum(tl.where(offset >= max_distance, ds, 0.0), 1)
+                g_lo += tl.sum(ds, 1) - hi_part
+                g_hi += hi_part
+                store_by_row(grad_rows[:, None] + label, ds, rows, LQ, EVEN_M)  # edges overwritten at the end
             elif STAGE == LEFT:
                 g_lo += tl.sum(ds, 1)
             else:
@@ -436,7 +462,6 @@ def backward_dq_kernel(
     rows_abs = rows + OFFSET
     dims = tl.arange(0, BLOCK_D)
     labels = tl.arange(0, LABELS)
-    in_table = (rows[:, None] < LQ) & (labels[None, :] < n_labels)
     q = load_rows(Q + b * stride_qb + h * stride_qh, rows, stride_qm, dims, LQ, D, EVEN_M, EVEN_D)
     do = load_rows(DO + b * stride_dob + h * stride_doh, rows, stride_dom, dims, LQ, D, EVEN_M, EVEN_D)
     o = load_rows(O + b * stride_ob + h * stride_oh, rows, stride_om, dims, LQ, D, EVEN_M, EVEN_D)
@@ -451,10 +476,8 @@ def backward_dq_kernel(
                                rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, PRECISION)
     value_rows = VALUES + table_offset + rows * n_labels
     if HAS_RV:
-        wv = tl.load(WV + h * stride_wvh + labels[:, None] * stride_wvl + dims[None, :],
-                     mask=(labels[:, None] < n_labels) & (dims[None, :] < D), other=0.0)
-        tl.store(value_rows[:, None] + labels[None, :], tl.dot(do, tl.trans(wv), input_precision=PRECISION),
-                 mask=in_table)
+        dw, dw0 = table_product(do, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D, PRECISION)
+        store_label_rows(value_rows, dw, dw0, rows, labels, n_labels, LQ)
     tl.debug_barrier()
     r_lo, r_hi = edge_columns(logit_rows, rows, LQ, max_distance, HAS_LOGITS)
     dw_lo, dw_hi = edge_columns(value_rows, rows, LQ, max_distance, HAS_RV)
@@ -479,16 +502,13 @@ def backward_dq_kernel(
             HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
 
     if NEEDS_G:
-        # The grad table's rows, whole: interior values the band stored, edges, zeros elsewhere.
+        # The grad table's rows, whole: interior values the band stored, edges from row sums.
         tl.debug_barrier()
-        reach = reaches_a_key(rows_abs, labels, max_distance, LK, CAUSAL)
-        g = tl.load(grad_rows[:, None] + labels[None, :], mask=reach & in_table, other=0.0)
-        g = with_edges(g, labels, g_lo, g_hi, max_distance)
-        tl.store(grad_rows[:, None] + labels[None, :], g, mask=in_table)
+        g = interior_of(grad_rows, rows, rows_abs, labels, max_distance, LQ, LK, 0.0, CAUSAL)
+        g, g0 = with_edges(g, g_lo - tl.sum(g, 1), g_hi, labels, max_distance)
+        store_label_rows(grad_rows, g, g0, rows, labels, n_labels, LQ)
         if HAS_RK:  # Σ_l G_il w^K_l, the key term's share of dq
-            wk = tl.load(WK + h * stride_wkh + labels[:, None] * stride_wkl + dims[None, :],
-                         mask=(labels[:, None] < n_labels) & (dims[None, :] < D), other=0.0)
-            dq += tl.dot(g.to(wk.dtype), wk, input_precision=PRECISION)
+            dq += table_combination(g, g0, WK + h * stride_wkh, stride_wkl, labels, dims, n_labels, D, PRECISION)
     DQ_rows = DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + dims[None, :]
     tl.store(DQ_rows, (dq * sm_scale).to(DQ.dtype.element_ty), mask=(rows[:, None] < LQ) & (dims[None, :] < D))
 
@@ -528,7 +548,7 @@ def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, value_base, dbias_ptr, Q
     """dk, dv of a key block over query blocks [lo, hi) of one stage. Off the band, each query
     row's edge logit and dO·w^V come from the tables as scalars, folded into lse and delta."""
     edge = 0 if STAGE == LEFT else 2 * max_distance
-    for m0 in range(lo, hi, BLOCK_M):
+    for m0 in tl.range(lo, hi, BLOCK_M, num_stages=1 if STAGE == BAND else None):
         rows = m0 + tl.arange(0, BLOCK_M)
         rows_abs = rows + OFFSET
         q = load_rows(Q_ptr, rows, stride_qm, dims, LQ, D, EVEN_M, EVEN_D)
