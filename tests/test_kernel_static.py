@@ -20,18 +20,26 @@ import torch.nn.functional as F
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 
+@pytest.mark.parametrize("padding", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("length", [32, 37])
-def test_the_flash_control_computes_attention_and_its_gradients(causal, length):
+def test_the_flash_control_computes_attention_and_its_gradients(causal, length, padding):
     from relpos_lab.analysis import flash_control
     from relpos_lab.core.attention import fused
     if not fused.INTERPRETED:
         pytest.skip("runs in Triton's interpreter (TRITON_INTERPRET=1, as tests/conftest.py sets) or on a GPU")
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, length, 24, generator=g) for _ in range(3))
-    out, dq, dk, dv = flash_control.attention(q, k, v, causal=causal)
+    keep = torch.ones(3, length, dtype=torch.bool)
+    if padding:
+        keep[1, length // 2:] = False
+        keep[2, 1::3] = False
+    out, dq, dk, dv = flash_control.attention(q, k, v, causal=causal, keep=keep.to(torch.uint8) if padding else None)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    want = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    allowed = keep[:, None, :].expand(3, length, length)
+    if causal:
+        allowed = allowed & torch.ones(length, length, dtype=torch.bool).tril()
+    want = F.scaled_dot_product_attention(*leaves, attn_mask=allowed)
     want.backward(torch.ones_like(want))
     torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
     for got, leaf in zip((dq, dk, dv), leaves):

@@ -41,16 +41,16 @@ def query_stages(n0, LQ, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: t
 
 
 @triton.jit
-def _forward_tiles(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kn, stride_vn, rows, dims, lo, hi, LQ, LK, D,
-                   qk_scale, seed, dropout_p, STAGE: tl.constexpr, CAUSAL: tl.constexpr,
+def _forward_tiles(acc, l_i, m_i, q, K_ptr, V_ptr, keep_ptr, stride_kn, stride_vn, rows, dims, lo, hi, LQ, LK, D,
+                   qk_scale, seed, dropout_p, STAGE: tl.constexpr, CAUSAL: tl.constexpr, PADDING: tl.constexpr,
                    HAS_DROPOUT: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
                    BLOCK_N: tl.constexpr):
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
         qk = tl.dot(q, tl.trans(k))
-        if STAGE == DIAGONAL or not EVEN_N:
-            qk = visible(qk, rows, rows, cols, K_ptr, 0, 0, LQ, LK, 0, CAUSAL and STAGE == DIAGONAL, EVEN_N)
+        if STAGE == DIAGONAL or not EVEN_N or PADDING:
+            qk = visible(qk, rows, rows, cols, keep_ptr, 0, 1, LQ, LK, PADDING, CAUSAL and STAGE == DIAGONAL, EVEN_N)
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
@@ -64,8 +64,8 @@ def _forward_tiles(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kn, stride_vn, rows, d
 
 
 @triton.jit
-def forward_kernel(Q, K, V, O, LSE, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D, sm_scale, seed,
-                   dropout_p, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
+def forward_kernel(Q, K, V, O, LSE, KEEP, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D, sm_scale, seed,
+                   dropout_p, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
                    EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr):
     """One program: query block start_m of one (batch, head); (B·H, L, D) contiguous tensors."""
@@ -81,9 +81,9 @@ def forward_kernel(Q, K, V, O, LSE, stride_qm, stride_kn, stride_vn, stride_om, 
     diagonal_lo, hi = key_stages(start_m * BLOCK_M, LK, CAUSAL, BLOCK_M, BLOCK_N)
     for stage in tl.static_range(2):  # FULL, DIAGONAL
         acc, l_i, m_i = _forward_tiles(
-            acc, l_i, m_i, q, K + bh * LK * stride_kn, V + bh * LK * stride_vn, stride_kn, stride_vn, rows, dims,
+            acc, l_i, m_i, q, K + bh * LK * stride_kn, V + bh * LK * stride_vn, KEEP + bh * LK, stride_kn, stride_vn, rows, dims,
             0 if stage == FULL else diagonal_lo, diagonal_lo if stage == FULL else hi, LQ, LK, D, qk_scale,
-            seed + bh, dropout_p, STAGE=stage, CAUSAL=CAUSAL, HAS_DROPOUT=HAS_DROPOUT, EVEN_N=EVEN_N,
+            seed + bh, dropout_p, STAGE=stage, CAUSAL=CAUSAL, PADDING=PADDING, HAS_DROPOUT=HAS_DROPOUT, EVEN_N=EVEN_N,
             EVEN_D=EVEN_D, BLOCK_N=BLOCK_N)
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
@@ -94,16 +94,16 @@ def forward_kernel(Q, K, V, O, LSE, stride_qm, stride_kn, stride_vn, stride_om, 
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse, delta, K_ptr, V_ptr, stride_kn, stride_vn, rows, dims, lo, hi, LQ, LK, D, qk_scale,
-              seed, dropout_p, STAGE: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+def _dq_tiles(dq, q, do, lse, delta, K_ptr, V_ptr, keep_ptr, stride_kn, stride_vn, rows, dims, lo, hi, LQ, LK, D, qk_scale,
+              seed, dropout_p, STAGE: tl.constexpr, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr,
               EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr):
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
         v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
         qk = tl.dot(q, tl.trans(k))
-        if STAGE == DIAGONAL or not EVEN_N:
-            qk = visible(qk, rows, rows, cols, K_ptr, 0, 0, LQ, LK, 0, CAUSAL and STAGE == DIAGONAL, EVEN_N)
+        if STAGE == DIAGONAL or not EVEN_N or PADDING:
+            qk = visible(qk, rows, rows, cols, keep_ptr, 0, 1, LQ, LK, PADDING, CAUSAL and STAGE == DIAGONAL, EVEN_N)
         p = tl.exp2(qk * qk_scale - lse[:, None])
         dp = dropped(tl.dot(do, tl.trans(v)), seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
         ds = p * (dp - delta[:, None])
@@ -112,8 +112,8 @@ def _dq_tiles(dq, q, do, lse, delta, K_ptr, V_ptr, stride_kn, stride_vn, rows, d
 
 
 @triton.jit
-def backward_dq_kernel(Q, K, V, O, DO, LSE, DQ, DELTA, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D,
-                       sm_scale, seed, dropout_p, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+def backward_dq_kernel(Q, K, V, O, DO, LSE, DQ, DELTA, KEEP, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D,
+                       sm_scale, seed, dropout_p, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                        EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     start_m = tl.program_id(0)
@@ -130,17 +130,17 @@ def backward_dq_kernel(Q, K, V, O, DO, LSE, DQ, DELTA, stride_qm, stride_kn, str
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     diagonal_lo, hi = key_stages(start_m * BLOCK_M, LK, CAUSAL, BLOCK_M, BLOCK_N)
     for stage in tl.static_range(2):
-        dq = _dq_tiles(dq, q, do, lse, delta, K + bh * LK * stride_kn, V + bh * LK * stride_vn, stride_kn,
+        dq = _dq_tiles(dq, q, do, lse, delta, K + bh * LK * stride_kn, V + bh * LK * stride_vn, KEEP + bh * LK, stride_kn,
                        stride_vn, rows, dims, 0 if stage == FULL else diagonal_lo, diagonal_lo if stage == FULL else hi,
-                       LQ, LK, D, qk_scale, seed + bh, dropout_p, STAGE=stage, CAUSAL=CAUSAL,
+                       LQ, LK, D, qk_scale, seed + bh, dropout_p, STAGE=stage, CAUSAL=CAUSAL, PADDING=PADDING,
                        HAS_DROPOUT=HAS_DROPOUT, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N)
     tl.store(DQ + bh * LQ * stride_qm + rows[:, None] * stride_qm + dims[None, :],
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=(rows[:, None] < LQ) & (dims[None, :] < D))
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qm, stride_om, cols, dims, lo, hi, LQ, LK, D,
-                qk_scale, seed, dropout_p, STAGE: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+def _dkdv_tiles(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, keep_ptr, stride_qm, stride_om, cols, dims, lo, hi, LQ, LK, D,
+                qk_scale, seed, dropout_p, STAGE: tl.constexpr, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                 EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr):
     for m0 in range(lo, hi, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
@@ -148,8 +148,8 @@ def _dkdv_tiles(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qm, stri
         do = load_rows(DO_ptr, rows, stride_om, dims, LQ, D, EVEN_M, EVEN_D)
         lse, delta = load_row_stats(LSE_ptr, DELTA_ptr, rows, LQ, EVEN_M)
         qk = tl.dot(q, tl.trans(k))
-        if STAGE == DIAGONAL or not EVEN_N:
-            qk = visible(qk, rows, rows, cols, Q_ptr, 0, 0, LQ, LK, 0, CAUSAL and STAGE == DIAGONAL, EVEN_N)
+        if STAGE == DIAGONAL or not EVEN_N or PADDING:
+            qk = visible(qk, rows, rows, cols, keep_ptr, 0, 1, LQ, LK, PADDING, CAUSAL and STAGE == DIAGONAL, EVEN_N)
         p = tl.exp2(qk * qk_scale - lse[:, None])
         dv += tl.dot(tl.trans(dropped(p, seed, rows, cols, LK, dropout_p, HAS_DROPOUT).to(do.dtype)), do)
         dp = dropped(tl.dot(do, tl.trans(v)), seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
@@ -159,8 +159,8 @@ def _dkdv_tiles(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qm, stri
 
 
 @triton.jit
-def backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D,
-                         sm_scale, seed, dropout_p, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+def backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, KEEP, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D,
+                         sm_scale, seed, dropout_p, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                          EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     start_n = tl.program_id(0)
@@ -176,9 +176,9 @@ def backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, stride_qm, stride_kn, 
     lo, diagonal_hi = query_stages(n0, LQ, CAUSAL, BLOCK_M, BLOCK_N)
     for stage in tl.static_range(2):
         dk, dv = _dkdv_tiles(dk, dv, k, v, Q + bh * LQ * stride_qm, DO + bh * LQ * stride_om, LSE + bh * LQ,
-                             DELTA + bh * LQ, stride_qm, stride_om, cols, dims,
+                             DELTA + bh * LQ, KEEP + bh * LK, stride_qm, stride_om, cols, dims,
                              diagonal_hi if stage == FULL else lo, LQ if stage == FULL else diagonal_hi,
-                             LQ, LK, D, qk_scale, seed + bh, dropout_p, STAGE=stage, CAUSAL=CAUSAL,
+                             LQ, LK, D, qk_scale, seed + bh, dropout_p, STAGE=stage, CAUSAL=CAUSAL, PADDING=PADDING,
                              HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M)
     mask = (cols[:, None] < LK) & (dims[None, :] < D)
     tl.store(DK + bh * LK * stride_kn + cols[:, None] * stride_kn + dims[None, :],
@@ -187,29 +187,33 @@ def backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, stride_qm, stride_kn, 
              mask=mask)
 
 
-def launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dropout_p: float, blocks: dict):
+def launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dropout_p: float, blocks: dict,
+             keep: torch.Tensor | None = None):
     """[(kernel, grid, args, constexprs)] of one forward and backward over contiguous (B·H, L, D)
-    tensors: what `attention` runs, and what `bench kernel --static` compiles."""
+    tensors, keep (B·H, Lk) uint8 the keys that may be seen (padding) or None: what `attention`
+    runs, and what `bench kernel --static` compiles."""
     bh, lq, d = q.shape
     lk = k.shape[1]
     block_d = max(16, triton.next_power_of_2(d))
     even = dict(EVEN_M=lq % blocks["BLOCK_M"] == 0, EVEN_N=lk % blocks["BLOCK_N"] == 0, EVEN_D=d == block_d)
-    meta = dict(CAUSAL=causal, HAS_DROPOUT=dropout_p > 0, **even, **blocks, BLOCK_D=block_d)
+    meta = dict(CAUSAL=causal, PADDING=keep is not None, HAS_DROPOUT=dropout_p > 0, **even, **blocks,
+                BLOCK_D=block_d)
+    keep = keep if keep is not None else q
     o, do, dq, dk, dv = (torch.empty_like(t) for t in (q, q, q, k, v))
     lse, delta = (torch.empty(bh * lq, device=q.device, dtype=torch.float32) for _ in range(2))
     scalars = (lq, lk, d, d ** -0.5, 0, dropout_p)
     rows = triton.cdiv(lq, blocks["BLOCK_M"])
-    return [(forward_kernel, (rows, bh), (q, k, v, o, lse, d, d, d, d) + scalars, meta),
-            (backward_dq_kernel, (rows, bh), (q, k, v, o, do, lse, dq, delta, d, d, d, d) + scalars, meta),
+    return [(forward_kernel, (rows, bh), (q, k, v, o, lse, keep, d, d, d, d) + scalars, meta),
+            (backward_dq_kernel, (rows, bh), (q, k, v, o, do, lse, dq, delta, keep, d, d, d, d) + scalars, meta),
             (backward_dkdv_kernel, (triton.cdiv(lk, blocks["BLOCK_N"]), bh),
-             (q, k, v, do, lse, delta, dk, dv, d, d, d, d) + scalars, meta)]
+             (q, k, v, do, lse, delta, dk, dv, keep, d, d, d, d) + scalars, meta)]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, dropout_p: float = 0.0,
-              blocks: dict | None = None):
+              blocks: dict | None = None, keep: torch.Tensor | None = None):
     """(out, dq, dk, dv) for grad_out = ones: the control run for real, to show it computes attention."""
     blocks = blocks or {"BLOCK_M": 16, "BLOCK_N": 16}
-    runs = launches(q, k, v, causal, dropout_p, blocks)
+    runs = launches(q, k, v, causal, dropout_p, blocks, keep)
     for kernel, grid, args, meta in runs:
         if kernel is backward_dq_kernel:
             args[4].fill_(1.0)  # dO
