@@ -81,7 +81,8 @@ def forward_kernel(Q, K, V, O, LSE, KEEP, stride_qm, stride_kn, stride_vn, strid
     diagonal_lo, hi = key_stages(start_m * BLOCK_M, LK, CAUSAL, BLOCK_M, BLOCK_N)
     for stage in tl.static_range(2):  # FULL, DIAGONAL
         acc, l_i, m_i = _forward_tiles(
-            acc, l_i, m_i, q, K + bh * LK * stride_kn, V + bh * LK * stride_vn, KEEP + bh * LK, stride_kn, stride_vn, rows, dims,
+            acc, l_i, m_i, q, K + bh * LK * stride_kn, V + bh * LK * stride_vn, KEEP + bh * LK, stride_kn, stride_vn,
+            rows, dims,
             0 if stage == FULL else diagonal_lo, diagonal_lo if stage == FULL else hi, LQ, LK, D, qk_scale,
             seed + bh, dropout_p, STAGE=stage, CAUSAL=CAUSAL, PADDING=PADDING, HAS_DROPOUT=HAS_DROPOUT, EVEN_N=EVEN_N,
             EVEN_D=EVEN_D, BLOCK_N=BLOCK_N)
@@ -139,8 +140,9 @@ def backward_dq_kernel(Q, K, V, O, DO, LSE, DQ, DELTA, KEEP, stride_qm, stride_k
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, keep_ptr, stride_qm, stride_om, cols, dims, lo, hi, LQ, LK, D,
-                qk_scale, seed, dropout_p, STAGE: tl.constexpr, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+def _dkdv_tiles(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, keep_ptr, stride_qm, stride_om, cols, dims, lo, hi,
+                LQ, LK, D, qk_scale, seed, dropout_p, STAGE: tl.constexpr, CAUSAL: tl.constexpr,
+                PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                 EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr):
     for m0 in range(lo, hi, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)

@@ -256,6 +256,9 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
                 s += load_by_row(logit_rows[:, None] + label, rows, LQ, EVEN_M)
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
             row_max = tl.max(s, 1)
+            if HAS_RV:  # interior logits by label (the edges' entries are overwritten at the end)
+                store_by_row(mass_rows[:, None] + label, s, rows, LQ, EVEN_M)
+                at_hi = offset >= max_distance
         else:
             # One label per side: its logit term r_edge is a row offset.
             if MASK != 0 or not EVEN_N:
@@ -278,11 +281,9 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
             if HAS_DROPOUT:
                 row_sum = tl.sum(p, 1)
             if STAGE == BAND:
-                hi_part = tl.sum(tl.where(offset >= max_distance, p, 0.0), 1)
+                hi_part = tl.sum(tl.where(at_hi, p, 0.0), 1)
                 m_lo = m_lo * alpha + (row_sum - hi_part)
                 m_hi = m_hi * alpha + hi_part
-                # Interior logits by label; the edges' entries are overwritten at the end.
-                store_by_row(mass_rows[:, None] + label, s, rows, LQ, EVEN_M)
             elif STAGE == LEFT:
                 m_lo = m_lo * alpha + row_sum
                 m_hi = m_hi * alpha
@@ -344,7 +345,8 @@ def forward_kernel(
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
     for stage in tl.static_range(3):  # BAND, LEFT, RIGHT
         acc, l_i, m_i, m_lo, m_hi = _forward_tiles(
-            acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_lo if stage == LEFT else r_hi, mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
+            acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_lo if stage == LEFT else r_hi, mass_rows, K_ptr, V_ptr,
+            mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
             band_lo if stage == BAND else (0 if stage == LEFT else band_hi),
             band_hi if stage == BAND else (band_lo if stage == LEFT else hi),
             LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
