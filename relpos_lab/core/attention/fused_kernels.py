@@ -31,10 +31,14 @@ The softmax runs in base 2 (exp2, log2 e folded into the scale). Dropout is Phil
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+INLINE_PTX = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+"""Compiled for a GPU (not interpreted): per-pair label loads and stores are inline PTX."""
 
 # Stages, as the constexpr each tile loop is specialised on.
 BAND = tl.constexpr(0)
@@ -90,14 +94,28 @@ def label_of(offset, max_distance):
 
 @triton.jit
 def load_by_row(ptrs, rows, LQ, EVEN_M: tl.constexpr):
-    if EVEN_M:
+    """A (BM, BN) load at a per-pair address, where every row is a query row (beyond Lq: 0).
+
+    Compiled, it is one PTX ld per element, in the layout the tile already has: `tl.load` would
+    give it a coalesced layout and move the tile through shared memory and back (about 40
+    barriers per band tile, `bench kernel --static`). Not pure: it must stay after the barrier
+    that publishes the table. The interpreter runs `tl.load`."""
+    if EVEN_M and INLINE_PTX:
+        return tl.inline_asm_elementwise("ld.global.f32 $0, [$1];", "=f,l", [ptrs.to(tl.int64)], dtype=tl.float32,
+                                         is_pure=False, pack=1)
+    elif EVEN_M:
         return tl.load(ptrs)
-    return tl.load(ptrs, mask=(rows < LQ)[:, None], other=0.0)
+    else:
+        return tl.load(ptrs, mask=(rows < LQ)[:, None], other=0.0)
 
 
 @triton.jit
 def store_by_row(ptrs, x, rows, LQ, EVEN_M: tl.constexpr):
-    if EVEN_M:
+    """The store that goes with `load_by_row`: one PTX st per element, compiled."""
+    if EVEN_M and INLINE_PTX:
+        tl.inline_asm_elementwise("st.global.f32 [$1], $2; mov.u32 $0, 0;", "=r,l,f", [ptrs.to(tl.int64), x],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    elif EVEN_M:
         tl.store(ptrs, x)
     else:
         tl.store(ptrs, x, mask=(rows < LQ)[:, None])
@@ -208,14 +226,13 @@ def logit_rows_of(q, WK, stride_wkl, BIAS, LOGITS, rows, labels, dims, n_labels,
 
 
 @triton.jit
-def edge_columns(table_rows, rows, LQ, max_distance, PRESENT: tl.constexpr):
-    """(BM,) × 2: each row's entries for labels 0 and 2k of a label table (zeros without one)."""
-    lo = tl.zeros(rows.shape, dtype=tl.float32)
-    hi = tl.zeros(rows.shape, dtype=tl.float32)
+def edge_column(table_rows, rows, LQ, label, PRESENT: tl.constexpr):
+    """(BM,) each row's entry for one label of a label table (zeros without one): the logit term
+    or dO·w^V of a stage off the band, loaded as that stage starts."""
+    column = tl.zeros(rows.shape, dtype=tl.float32)
     if PRESENT:
-        lo = tl.load(table_rows, mask=rows < LQ, other=0.0)
-        hi = tl.load(table_rows + 2 * max_distance, mask=rows < LQ, other=0.0)
-    return lo, hi
+        column = tl.load(table_rows + label, mask=rows < LQ, other=0.0)
+    return column
 
 
 @triton.jit
@@ -331,7 +348,6 @@ def forward_kernel(
                                rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, PRECISION)
     if HAS_RK:
         tl.debug_barrier()
-    r_lo, r_hi = edge_columns(logit_rows, rows, LQ, max_distance, HAS_LOGITS)
     mass_rows = MASS + table_offset + rows * n_labels
 
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -345,7 +361,9 @@ def forward_kernel(
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
     for stage in tl.static_range(3):  # BAND, LEFT, RIGHT
         acc, l_i, m_i, m_lo, m_hi = _forward_tiles(
-            acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_lo if stage == LEFT else r_hi, mass_rows, K_ptr, V_ptr,
+            acc, l_i, m_i, m_lo, m_hi, q, logit_rows,
+            edge_column(logit_rows, rows, LQ, 0 if stage == LEFT else 2 * max_distance, HAS_LOGITS), mass_rows,
+            K_ptr, V_ptr,
             mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
             band_lo if stage == BAND else (0 if stage == LEFT else band_hi),
             band_hi if stage == BAND else (band_lo if stage == LEFT else hi),
@@ -481,8 +499,6 @@ def backward_dq_kernel(
         dw, dw0 = table_product(do, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D, PRECISION)
         store_label_rows(value_rows, dw, dw0, rows, labels, n_labels, LQ)
     tl.debug_barrier()
-    r_lo, r_hi = edge_columns(logit_rows, rows, LQ, max_distance, HAS_LOGITS)
-    dw_lo, dw_hi = edge_columns(value_rows, rows, LQ, max_distance, HAS_RV)
     grad_rows = GRAD + table_offset + rows * n_labels
 
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -494,8 +510,10 @@ def backward_dq_kernel(
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
     for stage in tl.static_range(3):  # BAND, LEFT, RIGHT
         dq, g_lo, g_hi = _dq_tiles(
-            dq, g_lo, g_hi, q, do, lse, delta, logit_rows, r_lo if stage == LEFT else r_hi, value_rows,
-            dw_lo if stage == LEFT else dw_hi, grad_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn,
+            dq, g_lo, g_hi, q, do, lse, delta, logit_rows,
+            edge_column(logit_rows, rows, LQ, 0 if stage == LEFT else 2 * max_distance, HAS_LOGITS), value_rows,
+            edge_column(value_rows, rows, LQ, 0 if stage == LEFT else 2 * max_distance, HAS_RV), grad_rows,
+            K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn,
             stride_mq, stride_mk, rows, rows_abs, dims,
             band_lo if stage == BAND else (0 if stage == LEFT else band_hi),
             band_hi if stage == BAND else (band_lo if stage == LEFT else hi),
