@@ -372,9 +372,11 @@ def forward_kernel(
             HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N,
             PRECISION=PRECISION)
 
-    seen = l_i > 0.0  # a fully masked row attends to nothing: zeros, and no gradient
+    # A fully masked row attends to nothing: its acc, masses and l are 0, its output zeros, and
+    # its log-sum-exp +inf, so the backward gives it no gradient.
+    seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
-    out = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
+    out = acc / l_safe[:, None]
     lse = tl.where(seen, m_i + tl.log2(l_safe), float("inf"))
     if HAS_RV:
         # The masses, normalised: interior ones from the logits the band stored, edges from row sums.
@@ -386,8 +388,6 @@ def forward_kernel(
             mass = tl.where(tl.rand(seed + bh, rows[:, None] * LK + keys) >= dropout_p, mass / (1.0 - dropout_p), 0.0)
         # m_lo summed the band's interior too
         mass, mass0 = with_edges(mass, m_lo / l_safe - tl.sum(mass, 1), m_hi / l_safe, labels, max_distance)
-        mass = tl.where(seen[:, None], mass, 0.0)
-        mass0 = tl.where(seen, mass0, 0.0)
         store_label_rows(mass_rows, mass, mass0, rows, labels, n_labels, LQ)
         out += table_combination(mass, mass0, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D, PRECISION)
     O_rows = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :]
