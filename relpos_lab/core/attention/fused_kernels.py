@@ -122,6 +122,18 @@ def store_by_row(ptrs, x, rows, LQ, EVEN_M: tl.constexpr):
 
 
 @triton.jit
+def store_where(ptrs, x, mask):
+    """A masked store at per-element addresses; compiled, one predicated PTX st per element in
+    the tile's own layout (see `load_by_row`)."""
+    if INLINE_PTX:
+        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.f32 [$1], $2; }"
+                                  " mov.u32 $0, 0;", "=r,l,f,r", [ptrs.to(tl.int64), x, mask.to(tl.int32)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.store(ptrs, x, mask=mask)
+
+
+@triton.jit
 def load_rows(ptr, rows, stride, dims, n_rows, D, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
     """A (rows, BLOCK_D) tile; bounds are checked only where the shape needs it."""
     ptrs = ptr + rows[:, None] * stride + dims[None, :]
@@ -181,21 +193,28 @@ def table_combination(tile, column0, W, stride_wl, labels, dims, n_labels, D, PR
 @triton.jit
 def store_label_rows(table_rows, tile, column0, rows, labels, n_labels, LQ):
     """A block's rows of a label table, from a tile (labels 1..2k) and the label-0 column."""
-    tl.store(table_rows[:, None] + 1 + labels[None, :], tile,
-             mask=(rows[:, None] < LQ) & (labels[None, :] + 1 < n_labels))
+    store_where(table_rows[:, None] + 1 + labels[None, :], tile,
+                (rows[:, None] < LQ) & (labels[None, :] + 1 < n_labels))
     tl.store(table_rows, column0, mask=rows < LQ)
 
 
 @triton.jit
 def interior_of(table_rows, rows, rows_abs, labels, max_distance, LQ, LK, other, CAUSAL: tl.constexpr):
     """(BM, LABELS) the values the band stored by label, for interior labels that name a key the
-    band visited (j = i + l − k); `other` for the rest, whose entries may be stale."""
+    band visited (j = i + l − k); `other` for the rest, whose entries may be stale. Every
+    address stays in the row (labels past 2k read label 2k), so the load needs no mask."""
     label = labels[None, :] + 1
     key = rows_abs[:, None] + label - max_distance
     ok = (label < 2 * max_distance) & (key >= 0) & (key < LK) & (rows < LQ)[:, None]
     if CAUSAL:
         ok = ok & (label <= max_distance)
-    return tl.load(table_rows[:, None] + label, mask=ok, other=other)
+    inside = tl.minimum(label, 2 * max_distance)
+    if INLINE_PTX:
+        values = tl.inline_asm_elementwise("ld.global.f32 $0, [$1];", "=f,l",
+                                           [(table_rows[:, None] + inside).to(tl.int64)], dtype=tl.float32,
+                                           is_pure=False, pack=1)
+        return tl.where(ok, values, other)
+    return tl.load(table_rows[:, None] + inside, mask=ok, other=other)
 
 
 @triton.jit
