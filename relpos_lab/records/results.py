@@ -23,12 +23,27 @@ def write_results(
     by_length: Mapping[str, Mapping[Any, Mapping[str, Any]]] | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``run_dir/results.json``: ``{"metrics": ..., "by_length": ..., **extra}``.
+    """Write ``run_dir/results.json``: ``{"metrics": ..., "by_length": ..., **extra}`` (`results_text`).
+
+    Written atomically, so a reader never sees half a file and a kill mid-write leaves the previous
+    results intact.
+    """
+    path = Path(run_dir) / "results.json"
+    atomic_write(path, results_text(metrics, by_length, extra))
+    return path
+
+
+def results_text(
+    metrics: Mapping[str, Any],
+    by_length: Mapping[str, Mapping[Any, Mapping[str, Any]]] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> str:
+    """results.json's text, checked: a run's finishing checks it first and writes it last (its
+    existence marks the run finished: training/finishing.py).
 
     The file is what sweeps and users' scripts read, so bad numbers are refused here rather than
     found later: every metric must be a finite real (0-d tensors from torchmetrics are accepted and
-    converted). Lengths become JSON's string keys. Written atomically, so a reader never sees half a
-    file and a kill mid-write leaves the previous results intact.
+    converted). Lengths become JSON's string keys.
     """
     results: dict[str, Any] = {"metrics": _numbers(metrics, "metrics")}
     if by_length is not None:
@@ -48,9 +63,7 @@ def write_results(
         text = json.dumps(results, indent=2, allow_nan=False)
     except (TypeError, ValueError) as err:
         raise ValueError(f"write_results: extra is not strict JSON ({err})") from None
-    path = Path(run_dir) / "results.json"
-    atomic_write(path, text + "\n")
-    return path
+    return text + "\n"
 
 
 

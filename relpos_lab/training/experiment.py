@@ -8,10 +8,11 @@ place from ``checkpoints/last.ckpt``.
 The last training step is always validated (final_validation.py), so the best checkpoint (by the
 task's main metric on "valid") is the best of every validated step, the last one included. After
 training, that checkpoint (or last.ckpt, with ``trainer.evaluate=last``) is evaluated on valid and
-test with the same `Task.evaluate` as validation, and the result is written to results.json (which
-names the checkpoint and its step) with per-length numbers and plots; then, for a model with a
-relative scheme and unless ``logging.inspect=false``, inspect.py draws its attention by offset and
-its scheme.
+test with the same `Task.evaluate` as validation; per-length plots are drawn, then, for a model
+with a relative scheme and unless ``logging.inspect=false``, inspect.py draws its attention by
+offset and its scheme; the W&B run is closed, and last of all results.json is written (it names the
+checkpoint and its step, with per-length numbers). results.json marks the run finished, so it comes
+last: a signal before it leaves the run resumable, and the next attempt finishes it (finishing.py).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import signal
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import lightning as L
@@ -44,7 +45,7 @@ from relpos_lab.records.loggers import (
     log_summary,
     new_wandb_run_id,
 )
-from relpos_lab.records.results import plot_by_length, write_results
+from relpos_lab.records.results import plot_by_length, results_text
 from relpos_lab.records.rundir import (
     BUDGET_KEYS,
     EXTENDED,
@@ -69,11 +70,12 @@ from relpos_lab.training.checkpoints import (
 )
 from relpos_lab.training.data import TaskDataModule
 from relpos_lab.training.final_validation import ValidateLastStep
+from relpos_lab.training.finishing import Finishing, deliver_test_signal
 from relpos_lab.training.inspect import can_inspect, has_relative_positions, inspect_model
-from relpos_lab.training.interrupt import SIGNAL_NAMES, InterruptCheckpoint, sigterm_exit
+from relpos_lab.training.interrupt import SIGNAL_NAMES, InterruptCheckpoint, sigterm_exit, sigterm_received
 from relpos_lab.training.module import TASK_STATE, RelposModule
 from relpos_lab.training.progress import is_quiet
-from relpos_lab.training.requeue import DeferredRequeue
+from relpos_lab.training.requeue import DeferredRequeue, requeue_now
 from relpos_lab.training.threads import use_cpu_threads
 from relpos_lab.training.trainer import build_trainer, check_hardware
 
@@ -264,7 +266,7 @@ def _plan(cfg: DictConfig, run_dir: Path, force: bool, echo: Callable[[str], Non
         if force:
             return None
         if results.is_file() and not extending:  # rank 0 moves it aside when extending
-            return _finished(run_dir)
+            return replace(_finished(run_dir), metrics={})  # rank 0 alone reports it
         return resume_checkpoint(run_dir, warn=lambda _: None)
     if not has_attempt(run_dir):
         return None
@@ -356,7 +358,7 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
         except (KeyboardInterrupt, SystemExit):  # Lightning ends a Ctrl-C with sys.exit(1)
             if guard.stopped_by is None:
                 raise
-            _echo(echo, _stopped(run_dir, guard.stopped_by, trainer.global_step))
+            _echo(echo, _stopped(run_dir, guard.stopped_by, trainer.global_step, requeue.requested))
             if guard.stopped_by == signal.SIGINT:
                 raise KeyboardInterrupt from None
             raise sigterm_exit(requeue.requested) from None
@@ -367,8 +369,8 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
         if global_step_of(last_path) != trainer.global_step or final.validated_step == trainer.global_step:
             trainer.save_checkpoint(last_path, weights_only=False)
         if guard.pending is not None:  # a signal during the last validation: training is complete and saved
-            _echo(echo, _stopped(run_dir, guard.pending, trainer.global_step) + " (training is complete; the final "
-                  "evaluation was not run)")
+            _echo(echo, _stopped(run_dir, guard.pending, trainer.global_step, requeue.requested)
+                  + " (training is complete; the final evaluation was not run)")
             raise KeyboardInterrupt if guard.pending == signal.SIGINT else sigterm_exit(requeue.requested)
         # resumed from a checkpoint of the last step written before its validation: validate it now
         if final.validate_if_missed(trainer, module, data, best, last_path):
@@ -377,6 +379,7 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
         checkpoint = Path(best.best_model_path) if choice == "best" else last_path
         checkpoint_step = global_step_of(checkpoint)
         module.unlogged.add("valid")  # logged at its step when it was validated
+        deliver_test_signal("evaluate", lambda: requeue.requested or sigterm_received(trainer))
         try:
             trainer.validate(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
             trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
@@ -394,21 +397,29 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
                  "train_lengths": list(task.train_length_range() or []) or None,
                  "parameters": sum(p.numel() for p in module.model.parameters()),
                  "wall_seconds": round(time.time() - started, 1)}  # this attempt, data to results
-        summary = _write(run_dir, splits, task, loggers, extra) if trainer.is_global_zero else None
-        if summary is not None:  # W&B's run table: the evaluated checkpoint's numbers, as results.json
+        # results.json last: a signal before it leaves the run unfinished and resumable (finishing.py)
+        with Finishing(requeue.signum, requeue_now, requeue.requested, echo=echo) as finishing:
+            if not trainer.is_global_zero:  # other ranks of a distributed run write nothing
+                return RunSummary(run_dir, run_dir / "results.json", {}, checkpoint=checkpoint,
+                                  checkpoint_step=checkpoint_step, checkpoint_choice=choice)
+            finishing.step("outputs")
+            summary, results = _write(run_dir, splits, task, loggers, extra)
+            finishing.step("summary")  # W&B's run table: the evaluated checkpoint's numbers, as results.json
             log_summary(loggers, {**summary.metrics, "checkpoint_step": checkpoint_step})
-        if (summary is not None and OmegaConf.select(cfg, "logging.inspect", default=True)
-                and has_relative_positions(module.model) and can_inspect(task)):  # after every metric: they cannot change
-            inspect_model(module.model, task, cfg, run_dir, loggers=loggers, echo=echo, step=trainer.global_step)
+            finishing.step("inspect")
+            if (OmegaConf.select(cfg, "logging.inspect", default=True) and has_relative_positions(module.model)
+                    and can_inspect(task)):  # after every metric: they cannot change
+                inspect_model(module.model, task, cfg, run_dir, loggers=loggers, echo=echo, step=trainer.global_step)
+            finishing.step("wandb")
+            close_loggers(loggers)  # the W&B run's file complete: its last steps and test rows
+            finishing.step("results")
+            for requeue_checkpoint in run_dir.glob("hpc_ckpt_*.ckpt"):  # a finished run is carried by last/best
+                requeue_checkpoint.unlink(missing_ok=True)
+            atomic_write(summary.results, results)
     finally:
         close_loggers(loggers)
-    if summary is None:  # other ranks of a distributed run
-        return RunSummary(run_dir, run_dir / "results.json", {}, checkpoint=checkpoint,
-                          checkpoint_step=checkpoint_step, checkpoint_choice=choice)
     summary.checkpoint, summary.resumed_from, summary.seconds = checkpoint, resume_from, time.time() - started
     summary.checkpoint_step, summary.checkpoint_choice = checkpoint_step, choice
-    for requeue_checkpoint in run_dir.glob("hpc_ckpt_*.ckpt"):  # a finished run is carried by last/best
-        requeue_checkpoint.unlink(missing_ok=True)
     return summary
 
 
@@ -418,9 +429,13 @@ EVAL_FIX = ("Drop the overrides that change the model's shape (evaluation overri
             "and decoding, not the model). Nothing was written")
 
 
-def _stopped(run_dir: Path, signum: int, step: int) -> str:
-    """Where an interrupted run stands: its newest checkpoint and how to continue."""
+def _stopped(run_dir: Path, signum: int, step: int, requeued: bool = False) -> str:
+    """Where an interrupted run stands: its newest checkpoint and how it continues (`requeued`: SLURM
+    runs its next attempt; nothing for the user to do)."""
     newest = resume_checkpoint(run_dir, warn=lambda _: None)
+    if requeued:
+        return (f"SLURM requeues the job at step {step}: its next attempt resumes from "
+                + (f"{shown_path(newest)} (step {global_step_of(newest)})." if newest else "the start."))
     if newest is None:
         return (f"Stopped by {SIGNAL_NAMES.get(signum, signum)} at step {step}, before the first checkpoint: "
                 "nothing to resume from; the same command starts over.")
@@ -450,9 +465,10 @@ def evaluate(checkpoint: str | Path, split: str = "test", overrides: list[str] =
     trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
     save_resolved_config(cfg, out_dir)
     step = global_step_of(checkpoint)
-    summary = _write(out_dir, {split: module.results[split]}, task, [],
-                     {"task": task.cfg.name, "checkpoint": str(checkpoint), "checkpoint_step": step, "split": split,
-                      "overrides": list(overrides)})
+    summary, results = _write(out_dir, {split: module.results[split]}, task, [],
+                              {"task": task.cfg.name, "checkpoint": str(checkpoint), "checkpoint_step": step,
+                               "split": split, "overrides": list(overrides)})
+    atomic_write(summary.results, results)
     summary.checkpoint, summary.checkpoint_step, summary.seconds = checkpoint, step, time.time() - started
     return summary
 
@@ -467,7 +483,9 @@ def _eval_directory(checkpoint: Path, split: str, overrides: list[str]) -> Path:
     return run_dir / "eval" / name
 
 
-def _write(out_dir: Path, splits: dict[str, EvalResult], task, loggers, extra: dict) -> RunSummary:
+def _write(out_dir: Path, splits: dict[str, EvalResult], task, loggers, extra: dict) -> tuple[RunSummary, str]:
+    """Write an evaluation's outputs/ and plots/; return its summary and results.json's text (checked
+    first, written by the caller last: a results.json marks the evaluation complete)."""
     metrics = {f"{split}/{k}": v for split, r in splits.items() for k, v in r.metrics.items()}
     by_length = {split: r.by_length for split, r in splits.items() if r.by_length}
     for split, rows in by_length.items():
@@ -476,13 +494,13 @@ def _write(out_dir: Path, splits: dict[str, EvalResult], task, loggers, extra: d
     details = {split: r.details for split, r in splits.items() if r.details}
     if details:
         extra = {**extra, "details": details}
-    results = write_results(out_dir, metrics, by_length or None, extra)
+    results = results_text(metrics, by_length or None, extra)
     outputs = [_write_lines(out_dir / OUTPUTS / f"{split}.{name}", lines)
                for split, r in splits.items() for name, lines in (r.outputs or {}).items()]
     curves = {split: {n: {k: v for k, v in row.items() if k != "n"} for n, row in rows.items()}
               for split, rows in by_length.items()}  # example counts are not worth a plot
     plots = plot_by_length(out_dir, curves, task.train_length_range(), loggers) if by_length else []
-    return RunSummary(out_dir, results, metrics, plots, outputs)
+    return RunSummary(out_dir, out_dir / "results.json", metrics, plots, outputs), results
 
 
 def _write_lines(path: Path, lines: list[str]) -> Path:

@@ -20,7 +20,8 @@ would be missing from metrics.csv and W&B (the resumed attempt starts after it).
 
 A signal during the final validate/test (after fitting, when no step boundary comes) requeues the
 job at once, without a checkpoint: `last.ckpt` already holds the finished training, so the next
-attempt's fit ends immediately and it evaluates again.
+attempt's fit ends immediately and it evaluates again. After the evaluation finishing.py holds the
+signal until results.json is written, and ignores it after that (the run is finished).
 
 Four Lightning internals are used (the cluster environment, the requeue handler, the
 accumulation test, the logger connector's step update); tests/test_slurm_cluster.py's requeue
@@ -60,8 +61,10 @@ class DeferredRequeue(Callback):
         self.sigterm_wait_s = sigterm_wait_s
         self._signum: int | None = None  # the requeue signal, once received
         self._active = False
+        self._requeue_at_start = False  # a requeue signal came between fit and this evaluation
         self._evaluating = False  # a validate/test stage: no training step will come to act at
         self._global_zero = False
+        self.signum: int | None = None  # the requeue signal while auto-requeue is on (finishing.py holds it then)
         self.requested = False  # this attempt asked SLURM for its requeue: the SIGTERM that follows is SLURM's
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -72,19 +75,31 @@ class DeferredRequeue(Callback):
             return
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be installed from the main thread
-        self._active = True
+        self._active, self.signum = True, env.requeue_signal
         self._evaluating, self._global_zero = stage != "fit", trainer.is_global_zero
         signal.signal(env.requeue_signal, self._note_signal)
-        if self._evaluating and self._signum is not None:  # came after fit's last training step
-            self._signum, self.requested = None, True
+        self._requeue_at_start = self._evaluating and self._signum is not None  # came after fit's last step
+
+    def _requeue_if_noted(self) -> None:
+        # At the evaluation's start, not in setup: Lightning registers its SIGTERM handler between
+        # the two, and SLURM's SIGTERM follows the requeue at once (before it, SIGTERM killed the process).
+        if self._requeue_at_start:
+            self._requeue_at_start, self._signum, self.requested = False, None, True
             if self._global_zero:
-                _requeue_now()
+                requeue_now()
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._evaluating:
+            self._requeue_if_noted()
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._requeue_if_noted()
 
     def _note_signal(self, signum: int, _frame) -> None:
         if self._evaluating:  # nothing to checkpoint: ask for the requeue; SLURM's SIGTERM stops us
             self.requested = True
             if self._global_zero:
-                _requeue_now()
+                requeue_now()
             return
         self._signum = signum  # nothing else: the rank may be anywhere, even inside a collective
 
@@ -113,12 +128,11 @@ class DeferredRequeue(Callback):
                        "continues (was the job submitted with --requeue?)")
 
 
-def _requeue_now() -> None:
+def requeue_now(why: str = "requeue signal during the final evaluation") -> None:
     """`scontrol requeue` this job (this array task), as Lightning's handler does."""
     array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
     job_id = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ["SLURM_JOB_ID"]
-    rank_zero_info(f"requeue signal during the final evaluation: requeueing SLURM job {job_id} "
-                   "(the next attempt evaluates again from last.ckpt)")
+    rank_zero_info(f"{why}: requeueing SLURM job {job_id} (the next attempt evaluates again from last.ckpt)")
     result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     if result.returncode != 0:
         rank_zero_warn(f"scontrol requeue {job_id} failed: {result.stderr.strip()}")
