@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,7 +135,7 @@ def test_the_job_resumes_the_run_directorys_config_from_the_submission_directory
     assert run_dir.parent == (workdir / "runs" / "tiny").resolve()
     assert option(script, "output") == f"{run_dir}/slurm/%j.out"
     assert option(script, "error") == f"{run_dir}/slurm/%j.err"
-    assert script.rstrip().endswith(f"srun --kill-on-bad-exit=1 relpos-lab train {run_dir}/config.yaml resume=true")
+    assert f"\nsrun --kill-on-bad-exit=1 relpos-lab train {run_dir}/config.yaml resume=true &\n" in script
     assert not run_dir.exists()  # a dry run writes nothing
 
 
@@ -201,9 +203,9 @@ def test_a_sweep_is_one_array_with_an_index_per_point_and_a_throttle(workdir, ca
     assert option(script, "ntasks-per-node") == "2" and option(script, "job-name") == "grid"
     sweep_dir = (workdir / "runs" / "grid").resolve()
     assert option(script, "output") == f"{sweep_dir}/slurm/%A_%a.out"
-    command = script.rstrip().splitlines()[-1]
+    (command,) = [line for line in script.splitlines() if line.startswith("srun ")]
     assert re.fullmatch(rf"srun --kill-on-bad-exit=1 relpos-lab train {sweep_dir}/slurm/array-[0-9-]+"
-                        r"/\$SLURM_ARRAY_TASK_ID/config.yaml resume=true", command), command
+                        r"/\$SLURM_ARRAY_TASK_ID/config.yaml resume=true &", command), command
 
 
 def test_an_unthrottled_array_has_no_percent(workdir, capsys):
@@ -245,3 +247,42 @@ def test_points_needing_different_resources_cannot_share_an_array(workdir, capsy
                                            ([3, 9], "3,9")])
 def test_array_indices_are_written_as_ranges(indices, spec):
     assert _index_ranges(indices) == spec
+
+
+FAKE_SRUN = """#!/bin/bash
+# Stands in for srun: records the signals it gets, exits as a requeued attempt does (0) on SIGUSR1.
+trap 'echo USR1 >> "$SIGNALS"; exit 0' USR1
+echo running > "$SIGNALS.ready"
+while :; do sleep 0.05; done
+"""
+
+
+@pytest.mark.parametrize("send", ["USR1", None])
+def test_the_batch_script_passes_sigusr1_on_to_the_job_step_and_exits_as_it_does(workdir, capsys, send):
+    """`scancel --signal=USR1 --batch` and `--signal=B:USR1@<s>` signal the batch shell only: the
+    script forwards it to srun (which signals the tasks) and waits until srun exits, with its status;
+    untrapped, the signal killed the script and failed the job (JobLaunchFailure)."""
+    script = dry_run(capsys, "submit", "tiny.yaml", 'cluster.setup=["true"]')
+    (workdir / "fake").mkdir()
+    srun = workdir / "fake" / "srun"
+    srun.write_text(FAKE_SRUN if send else "#!/bin/sh\nexit 3\n")
+    srun.chmod(0o755)
+    (workdir / "job.sh").write_text(script)
+    signals = workdir / "signals"
+    env = {**os.environ, "PATH": f"{srun.parent}:{os.environ['PATH']}", "SIGNALS": str(signals),
+           "SLURM_JOB_ID": "7"}
+    job = subprocess.Popen(["bash", str(workdir / "job.sh")], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    if send:
+        deadline = time.monotonic() + 30
+        while not signals.with_name("signals.ready").exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.02)
+        job.send_signal(signal.SIGUSR1)
+    out, err = job.communicate(timeout=30)
+    if send:
+        assert job.returncode == 0, out + err
+        assert signals.read_text() == "USR1\n"
+        assert "SIGUSR1 reached the batch script: passing it on to the job step" in err
+    else:
+        assert job.returncode == 3, out + err  # srun's status is the job's
