@@ -240,6 +240,26 @@ def test_a_signalled_job_checkpoints_requeues_and_finishes_from_its_checkpoint(w
     assert [r["trainer/global_step"] for r in history(attempts) if "train/loss" in r] == list(range(steps))
 
 
+def test_sigusr1_to_the_batch_shell_is_passed_on_to_the_step_and_requeues_the_job(workdir, capsys):
+    """`scancel -s USR1 --batch` (as `--signal=B:USR1@<s>`) reaches the batch shell only: job.sbatch
+    traps it and passes it on to srun's tasks, which checkpoint and requeue; untrapped, it killed
+    the shell and failed the job. One task: the step's handling of the signal is the test above's."""
+    job_id = submit(capsys, "submit", "tiny.yaml", "trainer.max_steps=400", "trainer.checkpoint_every_n_steps=20")
+    try:
+        first_periodic_checkpoint(workdir)
+        subprocess.run(["scancel", "-s", "USR1", "--batch", job_id], check=True, timeout=30)
+        (record,) = wait_for(job_id)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30)
+    run_dir = the_run_dir(workdir)
+    text = logs(run_dir, job_id)
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", text[-3000:]
+    assert "SIGUSR1 reached the batch script: passing it on to the job step" in text
+    assert "resuming from hpc_ckpt_1.ckpt" in text and "run the same command again" not in text
+    results = json.loads((run_dir / "results.json").read_text())
+    assert 0 < results["started_at_step"] < 400 and results["global_step"] == 400
+
+
 def test_scancel_mid_training_checkpoints_every_rank_and_a_resubmission_continues_one_history(workdir, capsys):
     """Plain scancel (SIGTERM to every task, SIGKILL after KillWait): both DDP ranks save at the same
     step boundary and exit before KillWait (Lightning's own SIGTERM handler, which broadcasts inside
