@@ -4,7 +4,7 @@ On CPU the very kernel code runs in Triton's interpreter (tests/conftest.py sets
 before triton is imported), so these prove exactness without a GPU: outputs and the gradients of
 q, k, v, rel_k, rel_v and rel_bias, over lengths that are not multiples of the block (16 here),
 cross lengths with a query offset, per-head tables, each term alone, k = 0, 1, 16 and k ≥ L,
-padding, causality and rows that see nothing. On a GPU the same tests run compiled (-m cuda).
+padding, causality and rows that see nothing; the band in tiles of 8 and of 16. On a GPU the same tests run compiled (-m cuda).
 """
 from __future__ import annotations
 
@@ -122,6 +122,15 @@ CASES = {
 
 @pytest.mark.parametrize("name", CASES)
 def test_matches_the_float64_definition_with_gradients(name):
+    make_kwargs, check_kwargs = CASES[name]
+    check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
+
+
+@pytest.mark.parametrize("name", ["odd length, shared tables and bias", "padding and causal", "cross lengths"])
+def test_a_band_in_whole_blocks_matches_too(name, monkeypatch):
+    """The interpreter cuts the band's 16-blocks in two (as 128-key blocks are cut on a GPU);
+    configs of at most 64 keys keep them whole: that path, here with the band uncut."""
+    monkeypatch.setattr(fused, "BAND_CAP", 16)
     make_kwargs, check_kwargs = CASES[name]
     check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
 

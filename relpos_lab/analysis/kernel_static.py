@@ -177,10 +177,12 @@ def fused_launches(case: Case, length: int) -> list:
     return calls
 
 
-def _even(constexprs: dict, scalars: dict, config) -> dict:
-    blocks = config.kwargs
-    return dict(EVEN_M=scalars["LQ"] % blocks["BLOCK_M"] == 0, EVEN_N=scalars["LK"] % blocks["BLOCK_N"] == 0,
-                EVEN_D=scalars["D"] == constexprs["BLOCK_D"])
+def _derived(kernel, args: tuple, constexprs: dict, config) -> dict:
+    """The launch's constexprs with what the kernel's heuristics derive from them and the config."""
+    from relpos_lab.core.attention import fused
+
+    known = {**dict(zip(kernel.arg_names, args)), **constexprs, **config.kwargs}
+    return {**constexprs, **{name: rule(known) for name, rule in fused._heuristics(kernel).items()}}
 
 
 STAGES = {"forward": ["band", "left", "right"], "dq": ["band", "left", "right"],
@@ -194,10 +196,9 @@ def measure_fused(case: Case, sm: int, length: int = 2048) -> list[Record]:
 
     records = []
     for (kernel, args, kwargs), name in zip(fused_launches(case, length), ("forward", "dq", "dkdv")):
-        scalars = dict(zip(kernel.arg_names, args))
         for config in fused._configs(window=name == "dkdv"):
-            constexprs = {**kwargs, **_even(kwargs, scalars, config)}
-            records.append(measure(kernel, name, case, args, constexprs, config, sm, STAGES[name]))
+            records.append(measure(kernel, name, case, args, _derived(kernel, args, kwargs, config), config, sm,
+                                   STAGES[name]))
     return records
 
 
@@ -225,6 +226,8 @@ def measure_control(case: Case, sm: int, length: int = 2048) -> list[Record]:
 def _tiles(name: str, stage_fn, length: int, max_distance: int, causal: bool, block_m: int, block_n: int,
            control: bool) -> list[dict]:
     """Per program of one (batch, head): how many tiles each stage runs, from the kernels' own bounds."""
+    from relpos_lab.core.attention.fused import band_block
+
     out = []
     if name in ("forward", "dq"):
         for m0 in range(0, length, block_m):
@@ -233,8 +236,8 @@ def _tiles(name: str, stage_fn, length: int, max_distance: int, causal: bool, bl
                 out.append({"full": -(-diagonal_lo // block_n), "diagonal": -(-(hi - diagonal_lo) // block_n)})
             else:
                 band_lo, band_hi, hi = stage_fn(m0, 0, length, max_distance, causal, block_m, block_n)
-                out.append({"band": -(-(band_hi - band_lo) // block_n), "left": -(-band_lo // block_n),
-                            "right": -(-(hi - band_hi) // block_n)})
+                out.append({"band": -(-(band_hi - band_lo) // band_block(block_n)),  # cut in band tiles
+                            "left": -(-band_lo // block_n), "right": -(-(hi - band_hi) // block_n)})
     else:
         for n0 in range(0, length, block_n):
             if control:
@@ -352,24 +355,27 @@ def parse(argv: list[str]):
     return parser.parse_args(argv)
 
 
-def default_config_records(sm: int = 90, length: int = 2048) -> dict:
-    """The Shaw default's forward, dq and dk/dv and the flash control's, each in the first config
-    of `_configs` (the one the kernels use most), with estimates: the CI test's measurement."""
+def default_config_records(sm: int = 90, length: int = 2048, config_index: int = 0,
+                           kernels=("forward", "dq", "dkdv")) -> dict:
+    """The Shaw default's `kernels` and the flash control's, each in one config of `_configs`
+    (by default the first, the one the kernels use most), with estimates: the CI test's measurement."""
     from relpos_lab.analysis import flash_control
     from relpos_lab.core.attention import fused
 
     case = Case("shaw k=16")
     out = {}
     for (kernel, args, kwargs), name in zip(fused_launches(case, length), ("forward", "dq", "dkdv")):
-        config = fused._configs(window=name == "dkdv")[0]
-        scalars = dict(zip(kernel.arg_names, args))
-        out[name] = measure(kernel, name, case, args, {**kwargs, **_even(kwargs, scalars, config)}, config, sm,
-                            STAGES[name])
-    config = fused._configs(window=False)[0]
+        if name in kernels:
+            config = fused._configs(window=name == "dkdv")[config_index]
+            out[name] = measure(kernel, name, case, args, _derived(kernel, args, kwargs, config), config, sm,
+                                STAGES[name])
+    config = fused._configs(window=False)[config_index]
     blocks = {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_N": config.kwargs["BLOCK_N"]}
     q = torch.empty(16, length, case.head_dim, device="meta", dtype=torch.bfloat16)
     for (kernel, _, args, meta), name in zip(flash_control.launches(q, q, q, False, 0.0, blocks),
                                              ("forward", "dq", "dkdv")):
+        if name not in kernels:
+            continue
         record = measure(kernel, name, case, args, {k: v for k, v in meta.items() if k not in blocks}, config, sm,
                          CONTROL_STAGES)
         record.case = f"{CONTROL} ({case.name})"

@@ -68,6 +68,21 @@ _INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
 _EVEN = {"EVEN_M": lambda a: a["LQ"] % a["BLOCK_M"] == 0, "EVEN_N": lambda a: a["LK"] % a["BLOCK_N"] == 0,
          "EVEN_D": lambda a: a["D"] == a["BLOCK_D"]}
 """Tiles that the lengths fill need no bounds checks: decided per launch, after the config."""
+BAND_CAP = 8 if HAS_TRITON and INTERPRETED else 64
+"""The forward's and dq's band tiles are at most this many keys, within bounds aligned to BN:
+their per-pair label work needs registers that a 128-key tile spills (`bench kernel --static`).
+The interpreter cuts its 16-key blocks in two, so the tests run the cut."""
+
+
+def band_block(block_n: int) -> int:
+    return min(block_n, BAND_CAP)
+
+
+def _heuristics(kernel) -> dict:
+    """EVEN_* from the lengths and the config; the forward's and dq's band tile length."""
+    if kernel is kernels.backward_dkdv_kernel:
+        return _EVEN
+    return {**_EVEN, "BAND_BLOCK": lambda a: band_block(a["BLOCK_N"])}
 _kernels = None
 
 
@@ -78,14 +93,14 @@ def _get_kernels():
     if _kernels is None:
         plain = (kernels.forward_kernel, kernels.backward_dq_kernel, kernels.backward_dkdv_kernel)
         if INTERPRETED:
-            _kernels = tuple(triton.heuristics(_EVEN)(kernel) for kernel in plain)
+            _kernels = tuple(triton.heuristics(_heuristics(kernel))(kernel) for kernel in plain)
         else:
             # The wide bias's gradient rows are read-modify-written: zeroed again before each
             # configuration the autotuner tries, or its trial runs would add up in them.
             _kernels = tuple(
                 triton.autotune(configs=_configs(window=kernel is kernels.backward_dkdv_kernel), key=_TUNE_KEY,
                                 reset_to_zero=["DBIAS"] if kernel is kernels.backward_dkdv_kernel else None)(
-                    triton.heuristics(_EVEN)(kernel))
+                    triton.heuristics(_heuristics(kernel))(kernel))
                 for kernel in plain)
     return _kernels
 

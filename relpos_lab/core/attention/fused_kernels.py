@@ -11,8 +11,11 @@ Off the band a label's logit term R_il is a scalar per row, folded into the soft
 and its probability mass is the row sum that the softmax takes anyway: those tiles cost what a
 plain FlashAttention-2 tile costs. The band runs first; the causal mask, which only band tiles
 can need, is applied there alone. The band's loop is not software-pipelined: it is a few tiles
-long (4 at k = 16 with 128 × 64 tiles), a pipeline's prologue would cost more than it hides, and
-its label loads would be copied through shared memory (`bench kernel --static` measures both).
+long (4 at k = 16), a pipeline's prologue would cost more than it hides, and its label loads
+would be copied through shared memory (`bench kernel --static` measures both). In the forward
+and dq its tiles are BAND_BLOCK keys long (at most 64, `fused.band_block`) within bounds aligned
+to BN: a 128-key band tile spills, a 128-key tile off the band does not. (Cutting dk/dv's band
+in queries made it dearer with 8 warps and spared no spill.)
 
 Per-pair label work goes through small tables in memory, one row of 2k+1 floats per query row,
 read and written at `row · labels + l(i, j)` (L1-resident, and no register gather):
@@ -23,8 +26,9 @@ read and written at `row · labels + l(i, j)` (L1-resident, and no register gath
     GRAD   (G)   G_il = Σ_{l(i,j)=l} dS_ij                                written by dq
 
 An interior label l (0 < l < 2k) meets each row at one key only (j = i + l − k), so M and G
-take interior values by plain stores, the edges by row sums. The tables' gradients are small
-matmuls outside the kernels (dw^K = scale·Σ Gᵀq, db = Σ G, dw^V = Σ Mᵀ dO): no atomics.
+take interior values by plain stores, the edges by row sums (G's label 0 not even that: a row
+of dS sums to zero). The tables' gradients are small matmuls outside the kernels
+(dw^K = scale·Σ Gᵀq, db = Σ G, dw^V = Σ Mᵀ dO): no atomics.
 
 The softmax runs in base 2 (exp2, log2 e folded into the scale). Dropout is Philox keyed by
 (seed + batch·head, row·Lk + key), so the backward redraws the forward's mask.
@@ -345,7 +349,8 @@ def forward_kernel(
         LABELS: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
         MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+        PRECISION: tl.constexpr):
     """One program: query block start_m of one (batch, head). Writes its rows of O, of the
     log-sum-exp (base 2) and of the mass table; the logit table is its scratch."""
     start_m = tl.program_id(0)
@@ -388,8 +393,8 @@ def forward_kernel(
             band_hi if stage == BAND else (band_lo if stage == LEFT else hi),
             LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
             STAGE=stage, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, MASK=MASK, CAUSAL=CAUSAL,
-            HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N,
-            PRECISION=PRECISION)
+            HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+            BLOCK_N=BAND_BLOCK if stage == BAND else BLOCK_N, PRECISION=PRECISION)
 
     # A fully masked row attends to nothing: its acc, masses and l are 0, its output zeros, and
     # its log-sum-exp +inf, so the backward gives it no gradient.
@@ -419,14 +424,15 @@ def forward_kernel(
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _dq_tiles(dq, g_lo, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows, dw_edge, grad_rows,
+def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows, dw_edge, grad_rows,
               K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, lo, hi,
               LQ, LK, D, max_distance, qk_scale, seed, dropout_p,
               STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr, NEEDS_G: tl.constexpr,
               MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
               EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """dq and the label sums G of a query block over key tiles [lo, hi) of one stage: g_hi sums
-    label 2k, g_lo every other label; the band's interior values go to the grad table."""
+    label 2k, the band's interior values go to the grad table. Label 0 needs no sum: a row of dS
+    sums to zero (Σ_j p_ij dP_ij = delta_i), so G_i0 = −(G_i,2k + the interior)."""
     for n0 in tl.range(lo, hi, BLOCK_N, num_stages=1 if STAGE == BAND else None):
         cols = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
@@ -457,18 +463,14 @@ def _dq_tiles(dq, g_lo, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows,
         dp = dropped(dp, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
         ds = p * (dp - row_delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-        # G: edges by row sums, interior values stored in the grad table.
+        # G: label 2k by row sums, interior values stored in the grad table (label 0: at the end).
         if NEEDS_G:
-            if STAGE == BAND:  # g_lo takes the interior too, taken out at the end
-                hi_part = tl.sum(tl.where(offset >= max_distance, ds, 0.0), 1)
-                g_lo += tl.sum(ds, 1) - hi_part
-                g_hi += hi_part
+            if STAGE == BAND:
+                g_hi += tl.sum(tl.where(offset >= max_distance, ds, 0.0), 1)
                 store_by_row(grad_rows[:, None] + label, ds, rows, LQ, EVEN_M)  # edges overwritten at the end
-            elif STAGE == LEFT:
-                g_lo += tl.sum(ds, 1)
-            else:
+            elif STAGE == RIGHT:
                 g_hi += tl.sum(ds, 1)
-    return dq, g_lo, g_hi
+    return dq, g_hi
 
 
 @triton.jit
@@ -488,7 +490,8 @@ def backward_dq_kernel(
         LABELS: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
         NEEDS_G: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+        PRECISION: tl.constexpr):
     """One program: query block start_m of one (batch, head). Writes its rows of dQ, delta, and
     of the logit, value and grad tables, which the dk/dv kernel and the tables' gradients read."""
     start_m = tl.program_id(0)
@@ -521,15 +524,14 @@ def backward_dq_kernel(
     grad_rows = GRAD + table_offset + rows * n_labels
 
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    g_lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
     g_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
     band_lo, band_hi, hi = key_stages(start_m * BLOCK_M, OFFSET, LK, max_distance, CAUSAL, BLOCK_M, BLOCK_N)
     K_ptr = K + b * stride_kb + h * stride_kh
     V_ptr = V + b * stride_vb + h * stride_vh
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
     for stage in tl.static_range(3):  # BAND, LEFT, RIGHT
-        dq, g_lo, g_hi = _dq_tiles(
-            dq, g_lo, g_hi, q, do, lse, delta, logit_rows,
+        dq, g_hi = _dq_tiles(
+            dq, g_hi, q, do, lse, delta, logit_rows,
             edge_column(logit_rows, rows, LQ, 0 if stage == LEFT else 2 * max_distance, HAS_LOGITS), value_rows,
             edge_column(value_rows, rows, LQ, 0 if stage == LEFT else 2 * max_distance, HAS_RV), grad_rows,
             K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn,
@@ -538,13 +540,15 @@ def backward_dq_kernel(
             band_hi if stage == BAND else (band_lo if stage == LEFT else hi),
             LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
             STAGE=stage, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, NEEDS_G=NEEDS_G, MASK=MASK, CAUSAL=CAUSAL,
-            HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
+            HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+            BLOCK_N=BAND_BLOCK if stage == BAND else BLOCK_N, PRECISION=PRECISION)
 
     if NEEDS_G:
-        # The grad table's rows, whole: interior values the band stored, edges from row sums.
+        # The grad table's rows, whole: interior values the band stored, label 2k from row sums,
+        # label 0 what makes the row sum zero.
         tl.debug_barrier()
         g = interior_of(grad_rows, rows, rows_abs, labels, max_distance, LQ, LK, 0.0, CAUSAL)
-        g, g0 = with_edges(g, g_lo - tl.sum(g, 1), g_hi, labels, max_distance)
+        g, g0 = with_edges(g, -(g_hi + tl.sum(g, 1)), g_hi, labels, max_distance)
         store_label_rows(grad_rows, g, g0, rows, labels, n_labels, LQ)
         if HAS_RK:  # Σ_l G_il w^K_l, the key term's share of dq
             dq += table_combination(g, g0, WK + h * stride_wkh, stride_wkl, labels, dims, n_labels, D, PRECISION)
