@@ -66,9 +66,14 @@ def test_tile_loops_are_the_backward_branches_of_the_sass():
 def shaw_default():
     """The Shaw default's three kernels and the flash control's, compiled for sm_90 in the first
     config (~1 min). In a subprocess: this session's triton runs interpreted (conftest.py)."""
+    return compiled_records("90")
+
+
+def compiled_records(arguments: str) -> dict:
+    """default_config_records(arguments), compiled in a subprocess without TRITON_INTERPRET."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = ("import json; from relpos_lab.analysis.kernel_static import default_config_records as r; "
-            "print(json.dumps(r(90)))")
+            f"print(json.dumps(r({arguments})))")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -80,13 +85,8 @@ def shaw_wide_keys():
     the band is cut in 64-key tiles (fused.band_block); compiled as above."""
     from relpos_lab.core.attention import fused
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     index = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps) for c in fused._configs(False)].index((64, 128, 4))
-    code = ("import json; from relpos_lab.analysis.kernel_static import default_config_records as r; "
-            f"print(json.dumps(r(90, config_index={index}, kernels=('forward', 'dq'))))")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return compiled_records(f"90, config_index={index}, kernels=('forward', 'dq')")
 
 
 def test_a_band_cut_in_64_key_tiles_lets_128_key_tiles_run_without_spills(shaw_wide_keys):
