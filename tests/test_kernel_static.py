@@ -3,7 +3,8 @@
 The flash control is checked to compute attention (in Triton's interpreter) so the ratios are
 against a real FlashAttention-2. The static checks compile the Shaw default (k = 16, D = 64,
 bf16) for sm_90 in the config the kernels use most (128/64, 8 warps, 3 stages) and hold what
-issue 37 asks of it, and the forward and dq in 64/128 (where the band is cut); the whole table is `relpos-lab bench kernel --static --sm 90 80`.
+issue 37 asks of it, and the forward and dq in 64/128 (where the band is cut); the whole table
+is `relpos-lab bench kernel --static --sm 90 80`.
 """
 from __future__ import annotations
 
@@ -82,14 +83,15 @@ def compiled_records(arguments: str) -> dict:
 @pytest.fixture(scope="module")
 def shaw_wide_keys():
     """The forward and dq in 64/128 (4 warps), the config the plain stages are cheapest in, where
-    the band is cut in 64-key tiles (fused.band_block); compiled as above."""
+    the band is cut in 64-key tiles in the forward, 32-key ones in dq (fused.band_block);
+    compiled as above."""
     from relpos_lab.core.attention import fused
 
     index = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps) for c in fused._configs(False)].index((64, 128, 4))
     return compiled_records(f"90, config_index={index}, kernels=('forward', 'dq')")
 
 
-def test_a_band_cut_in_64_key_tiles_lets_128_key_tiles_run_without_spills(shaw_wide_keys):
+def test_a_band_cut_in_narrow_tiles_lets_128_key_tiles_run_without_spills(shaw_wide_keys):
     for name in ("forward", "dq"):
         assert shaw_wide_keys[name]["stack_bytes"] == 0, name
     # the band's tiles are half as long: it costs about what it costs in 64-key configs
@@ -98,8 +100,10 @@ def test_a_band_cut_in_64_key_tiles_lets_128_key_tiles_run_without_spills(shaw_w
 
 
 def test_the_shaw_default_compiles_for_hopper_with_every_stage_a_loop(shaw_default):
-    for name in ("forward", "dq", "dkdv"):
+    """dq's band is cut in 32-key tiles within 64-key ones: fringes of plain 32-key tiles join them."""
+    for name in ("forward", "dkdv"):
         assert set(shaw_default[name]["loops"]) == {"band", "left", "right"}, name
+    assert set(shaw_default["dq"]["loops"]) == {"band", "left fringe", "left", "right fringe", "right"}
     assert shaw_default["forward"]["config"] == "128/64/8/3"
 
 
@@ -121,16 +125,20 @@ def ratio(records, length, kernels):
 
 
 def test_the_estimate_is_at_most_where_this_kernel_stands(shaw_default):
-    """A guard against regressions, at the levels measured when it was written (issue 37's
-    targets, below, are not met yet): forward 1.4x and backward 1.5x at L = 2048 (measured: 1.25x, 1.32x)."""
-    assert ratio(shaw_default, 2048, ["forward"]) <= 1.4
-    assert ratio(shaw_default, 2048, ["dq", "dkdv"]) <= 1.5
+    """A guard against regressions of the forward, at the level measured when it was written
+    (issue 37's forward targets, below, are not met yet): 1.3x at L = 2048 (measured: 1.24x)."""
+    assert ratio(shaw_default, 2048, ["forward"]) <= 1.3
 
 
-@pytest.mark.xfail(strict=True, reason="issue 37: band tiles still cost ~3x a flash tile and each program's "
-                                       "label-table prologue and epilogue ~3x a flash program's; targets not met yet")
-def test_issue_37_targets(shaw_default):
-    assert ratio(shaw_default, 2048, ["forward"]) <= 1.15
+def test_issue_37_backward_targets(shaw_default):
+    """dq + dk/dv at most 1.25x the control's warp-instructions at L = 2048 and 1.1x at 8192
+    (measured: 1.19x, 1.03x)."""
     assert ratio(shaw_default, 2048, ["dq", "dkdv"]) <= 1.25
-    assert ratio(shaw_default, 8192, ["forward"]) <= 1.05
     assert ratio(shaw_default, 8192, ["dq", "dkdv"]) <= 1.1
+
+
+@pytest.mark.xfail(strict=True, reason="issue 37: the forward's band tiles still cost ~2.3x a flash tile per key "
+                                       "and its label-table prologue and epilogue ~2.5x a flash program's")
+def test_issue_37_forward_targets(shaw_default):
+    assert ratio(shaw_default, 2048, ["forward"]) <= 1.15
+    assert ratio(shaw_default, 8192, ["forward"]) <= 1.05

@@ -185,8 +185,8 @@ def _derived(kernel, args: tuple, constexprs: dict, config) -> dict:
     return {**constexprs, **{name: rule(known) for name, rule in fused._heuristics(kernel).items()}}
 
 
-STAGES = {"forward": ["band", "left", "right"], "dq": ["band", "left", "right"],
-          "dkdv": ["band", "left", "right"]}
+KEY_PARTS = ["band", "left fringe", "left", "right fringe", "right"]
+"""The forward's and dq's key loops in code order (fused_kernels.PART_*)."""
 CONTROL_STAGES = ["full", "diagonal"]
 
 
@@ -197,9 +197,19 @@ def measure_fused(case: Case, sm: int, length: int = 2048) -> list[Record]:
     records = []
     for (kernel, args, kwargs), name in zip(fused_launches(case, length), ("forward", "dq", "dkdv")):
         for config in fused._configs(window=name == "dkdv"):
-            records.append(measure(kernel, name, case, args, _derived(kernel, args, kwargs, config), config, sm,
-                                   STAGES[name]))
+            records.append(_measure_fused_kernel(kernel, name, case, args, kwargs, config, sm))
     return records
+
+
+def _measure_fused_kernel(kernel, name: str, case: Case, args: tuple, kwargs: dict, config, sm: int) -> Record:
+    from relpos_lab.core.attention import fused_kernels as kernels
+
+    constexprs = _derived(kernel, args, kwargs, config)
+    stages = ["band", "left", "right"]
+    if name != "dkdv":  # the key loops that are compiled at all, in code order
+        stages = [part for index, part in enumerate(KEY_PARTS)
+                  if kernels.runs.fn(index, case.causal, config.kwargs["BLOCK_N"], constexprs["BAND_BLOCK"])]
+    return measure(kernel, name, case, args, constexprs, config, sm, stages)
 
 
 def measure_control(case: Case, sm: int, length: int = 2048) -> list[Record]:
@@ -235,9 +245,12 @@ def _tiles(name: str, stage_fn, length: int, max_distance: int, causal: bool, bl
                 diagonal_lo, hi = stage_fn(m0, length, causal, block_m, block_n)
                 out.append({"full": -(-diagonal_lo // block_n), "diagonal": -(-(hi - diagonal_lo) // block_n)})
             else:
-                band_lo, band_hi, hi = stage_fn(m0, 0, length, max_distance, causal, block_m, block_n)
-                out.append({"band": -(-(band_hi - band_lo) // band_block(block_n)),  # cut in band tiles
-                            "left": -(-band_lo // block_n), "right": -(-(hi - band_hi) // block_n)})
+                bb = band_block(block_n, name)
+                _, left_hi, band_lo, band_hi, right_lo, hi = stage_fn(m0, 0, length, max_distance, causal, block_m,
+                                                                      block_n, bb)
+                out.append({"band": -(-(band_hi - band_lo) // bb), "left fringe": -(-(band_lo - left_hi) // bb),
+                            "left": -(-left_hi // block_n), "right fringe": -(-(right_lo - band_hi) // bb),
+                            "right": -(-(hi - right_lo) // block_n)})
     else:
         for n0 in range(0, length, block_n):
             if control:
@@ -307,7 +320,8 @@ def run(cases: list[Case], sms: list[int], lengths=LENGTHS) -> dict:
                             for side, recs in (("ours", ours), ("control", control))}
                     summary[f"{phase} L={n}"] = round(best["ours"] / best["control"], 3)
             summary["spill-free configs"] = {
-                kname: sum(1 for r in ours if r.kernel == kname and r.stack_bytes == 0) for kname in STAGES}
+                kname: sum(1 for r in ours if r.kernel == kname and r.stack_bytes == 0)
+                for kname in ("forward", "dq", "dkdv")}
             summary["configs"] = len(ours) // 3
             results["summary"].append(summary)
     return results
@@ -367,8 +381,7 @@ def default_config_records(sm: int = 90, length: int = 2048, config_index: int =
     for (kernel, args, kwargs), name in zip(fused_launches(case, length), ("forward", "dq", "dkdv")):
         if name in kernels:
             config = fused._configs(window=name == "dkdv")[config_index]
-            out[name] = measure(kernel, name, case, args, _derived(kernel, args, kwargs, config), config, sm,
-                                STAGES[name])
+            out[name] = _measure_fused_kernel(kernel, name, case, args, kwargs, config, sm)
     config = fused._configs(window=False)[config_index]
     blocks = {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_N": config.kwargs["BLOCK_N"]}
     q = torch.empty(16, length, case.head_dim, device="meta", dtype=torch.bfloat16)

@@ -68,21 +68,25 @@ _INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
 _EVEN = {"EVEN_M": lambda a: a["LQ"] % a["BLOCK_M"] == 0, "EVEN_N": lambda a: a["LK"] % a["BLOCK_N"] == 0,
          "EVEN_D": lambda a: a["D"] == a["BLOCK_D"]}
 """Tiles that the lengths fill need no bounds checks: decided per launch, after the config."""
-BAND_CAP = 8 if HAS_TRITON and INTERPRETED else 64
-"""The forward's and dq's band tiles are at most this many keys, within bounds aligned to BN:
-their per-pair label work needs registers that a 128-key tile spills (`bench kernel --static`).
-The interpreter cuts its 16-key blocks in two, so the tests run the cut."""
+BAND_CAP = {"forward": 8, "dq": 8} if HAS_TRITON and INTERPRETED else {"forward": 64, "dq": 32}
+"""The forward's and dq's band tiles are at most this many keys (fringes of plain tiles as wide
+join them to the BN tiles): the fewer keys the band holds, the less per-pair label work, but a
+narrow tile pays the online softmax's per-tile cost on fewer keys. These minimise the estimate
+of `bench kernel --static`. The interpreter cuts its 16-key blocks in two, so the tests run the
+band, the fringes and the plain tiles."""
 
 
-def band_block(block_n: int) -> int:
-    return min(block_n, BAND_CAP)
+def band_block(block_n: int, kernel: str) -> int:
+    """BAND_BLOCK of the "forward" or "dq" kernel in a config with `block_n`."""
+    return min(block_n, BAND_CAP[kernel])
 
 
 def _heuristics(kernel) -> dict:
     """EVEN_* from the lengths and the config; the forward's and dq's band tile length."""
     if kernel is kernels.backward_dkdv_kernel:
         return _EVEN
-    return {**_EVEN, "BAND_BLOCK": lambda a: band_block(a["BLOCK_N"])}
+    name = "forward" if kernel is kernels.forward_kernel else "dq"
+    return {**_EVEN, "BAND_BLOCK": lambda a: band_block(a["BLOCK_N"], name)}
 _kernels = None
 
 
@@ -245,6 +249,7 @@ class _FusedRelativeAttention(torch.autograd.Function):
         dk = torch.empty_like(k, memory_format=torch.contiguous_format)
         dv = torch.empty_like(v, memory_format=torch.contiguous_format)
         delta = torch.empty(b * h * lq, device=q.device, dtype=torch.float32)
+        edges = torch.empty(b * h * kernels.EDGE_STATS.value * lq, device=q.device, dtype=torch.float32)
         logits = _label_table(b, h, lq, nl, q, needed=rel_k is not None)
         values = _label_table(b, h, lq, nl, q, needed=rel_v is not None)
         grad = _label_table(b, h, lq, nl, q, needed=needs_g)
@@ -252,14 +257,15 @@ class _FusedRelativeAttention(torch.autograd.Function):
         rows = triton.cdiv(lk, _INTERPRETER_BLOCKS["BLOCK_N"] if INTERPRETED else MIN_BLOCK_N) if wide_grad else 1
         dbias_rows = torch.zeros((b * h, rows, nl) if wide_grad else (1,), device=q.device, dtype=torch.float32)
         _, bwd_dq, bwd_dkdv = _get_kernels()
-        # dq's kernel writes delta and the logit and value tables, which the dk/dv kernel reads: it runs first.
+        # dq's kernel writes delta, the edge statistics and the logit and value tables, which the dk/dv
+        # kernel reads: it runs first.
         bwd_dq[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)](
-            q, k, v, *args["tables"], args["keep"], o, do, lse, dq, delta, logits, values, grad,
+            q, k, v, *args["tables"], args["keep"], o, do, lse, dq, delta, edges, logits, values, grad,
             *_strides(q, k, v), *args["strides"], *_strides(o, do, dq), *args["scalars"], **args["meta"],
             NEEDS_G=needs_g)
         meta = {key: value for key, value in args["meta"].items() if key != "LABELS"}
         bwd_dkdv[lambda meta: (triton.cdiv(lk, meta["BLOCK_N"]), b * h)](
-            q, k, v, args["tables"][2], args["keep"], do, lse, delta, logits, values, dk, dv, dbias_rows, rows,
+            q, k, v, args["tables"][2], args["keep"], do, lse, delta, edges, logits, values, dk, dv, dbias_rows, rows,
             *_strides(q, k, v), args["strides"][4], *args["strides"][5:], *_strides(do, dk, dv), *args["scalars"],
             **meta, BIAS_GRAD=wide_grad,
             **({"WINDOW": _window(*_INTERPRETER_BLOCKS.values())} if INTERPRETED else {}))

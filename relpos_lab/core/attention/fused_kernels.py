@@ -11,11 +11,11 @@ Off the band a label's logit term R_il is a scalar per row, folded into the soft
 and its probability mass is the row sum that the softmax takes anyway: those tiles cost what a
 plain FlashAttention-2 tile costs. The band runs first; the causal mask, which only band tiles
 can need, is applied there alone. The band's loop is not software-pipelined: it is a few tiles
-long (4 at k = 16), a pipeline's prologue would cost more than it hides, and its label loads
-would be copied through shared memory (`bench kernel --static` measures both). In the forward
-and dq its tiles are BAND_BLOCK keys long (at most 64, `fused.band_block`) within bounds aligned
-to BN: a 128-key band tile spills, a 128-key tile off the band does not. (Cutting dk/dv's band
-in queries made it dearer with 8 warps and spared no spill.)
+long, a pipeline's prologue would cost more than it hides, and its label loads would be copied
+through shared memory (`bench kernel --static` measures both). In the forward and dq the band's
+tiles are BAND_BLOCK keys (`fused.band_block`: 64 and 32), narrower than BN: a 128-key band tile
+spills, and a narrow band holds fewer pairs that need no label. Fringes of plain BAND_BLOCK
+tiles join it to the BN-aligned plain stages (`key_stages`).
 
 Per-pair label work goes through small tables in memory, one row of 2k+1 floats per query row,
 read and written at `row · labels + l(i, j)` (L1-resident, and no register gather):
@@ -27,8 +27,10 @@ read and written at `row · labels + l(i, j)` (L1-resident, and no register gath
 
 An interior label l (0 < l < 2k) meets each row at one key only (j = i + l − k), so M and G
 take interior values by plain stores, the edges by row sums (G's label 0 not even that: a row
-of dS sums to zero). The tables' gradients are small matmuls outside the kernels
-(dw^K = scale·Σ Gᵀq, db = Σ G, dw^V = Σ Mᵀ dO): no atomics.
+of dS sums to zero; its label 2k, off the band, by the tensor cores, dS times a column of ones).
+The tables' gradients are small matmuls outside the kernels (dw^K = scale·Σ Gᵀq, db = Σ G,
+dw^V = Σ Mᵀ dO): no atomics. dq also writes each row's edge terms beside lse and delta
+(EDGE_STATS), so that the dk/dv kernel's plain tiles read them as a flash kernel reads lse.
 
 The softmax runs in base 2 (exp2, log2 e folded into the scale). Dropout is Philox keyed by
 (seed + batch·head, row·Lk + key), so the backward redraws the forward's mask.
@@ -50,21 +52,41 @@ LEFT = tl.constexpr(1)
 RIGHT = tl.constexpr(2)
 
 
+# A query block's key loops in code order: the band, LEFT's fringe and BN tiles, RIGHT's fringe
+# and BN tiles. Each runs [bounds[PART_FROM], bounds[PART_FROM + 1]) of `key_stages`.
+PART_STAGE = tl.constexpr((0, 1, 1, 2, 2))
+PART_FRINGE = tl.constexpr((False, True, False, True, False))
+PART_FROM = tl.constexpr((2, 1, 0, 3, 4))
+
+
+@triton.jit
+def runs(part: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr):
+    """Whether a key loop is compiled at all: fringes only where the band's tiles are narrower
+    than BN, RIGHT's loops only without causality (its keys are the future)."""
+    return (not PART_FRINGE[part] or BAND_BLOCK < BLOCK_N) and not (CAUSAL and PART_STAGE[part] == RIGHT)
+
+
 @triton.jit
 def key_stages(m0, OFFSET, LK, max_distance, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr):
-    """(band_lo, band_hi, hi): the key-tile bounds of query block [m0, m0 + BM). Plain integer
+               BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr):
+    """(0, left_hi, band_lo, band_hi, right_lo, hi): the key bounds of query block [m0, m0 + BM).
+    The band [band_lo, band_hi) is aligned to BAND_BLOCK, the plain stages' BN tiles to BN, and a
+    fringe of BAND_BLOCK tiles joins them: LEFT is [0, left_hi) + [left_hi, band_lo), RIGHT
+    [band_hi, right_lo) + [right_lo, hi). A fringe tile costs what a plain tile costs per key, a
+    band tile about twice: the band holds only the tiles that have labels to read. Plain integer
     arithmetic, so `bench kernel --static` counts tiles by calling it from Python (`.fn`)."""
     a0 = m0 + OFFSET
     a1 = a0 + BLOCK_M - 1
     hi = LK
     if CAUSAL:
         hi = max(min(LK, a1 + 1), 0)
-    band_lo = min(max(a0 - max_distance + 1, 0) // BLOCK_N * BLOCK_N, hi)
-    band_hi = max(min((a1 + max_distance + BLOCK_N - 1) // BLOCK_N * BLOCK_N, hi), band_lo)
+    band_lo = min(max(a0 - max_distance + 1, 0) // BAND_BLOCK * BAND_BLOCK, hi)
+    band_hi = max(min((a1 + max_distance + BAND_BLOCK - 1) // BAND_BLOCK * BAND_BLOCK, hi), band_lo)
     if CAUSAL:  # the diagonal's tiles need the causal mask: they are band tiles, whatever k
         band_hi = hi
-    return band_lo, band_hi, hi
+    left_hi = band_lo // BLOCK_N * BLOCK_N
+    right_lo = min((band_hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N, hi)
+    return 0, left_hi, band_lo, band_hi, right_lo, hi
 
 
 @triton.jit
@@ -93,7 +115,14 @@ def pair_offsets(rows_abs, cols):
 @triton.jit
 def label_of(offset, max_distance):
     """clip(j − i, k) + k."""
-    return tl.minimum(tl.maximum(offset, -max_distance), max_distance) + max_distance
+    return clipped(offset, max_distance) + max_distance
+
+
+@triton.jit
+def clipped(offset, max_distance):
+    """clip(j − i, k): a label less k, to index table rows whose pointers already point at label k
+    (one add per row, not one per pair)."""
+    return tl.minimum(tl.maximum(offset, -max_distance), max_distance)
 
 
 @triton.jit
@@ -258,6 +287,23 @@ def edge_column(table_rows, rows, LQ, label, PRESENT: tl.constexpr):
     return column
 
 
+EDGE_STATS = tl.constexpr(6)
+"""Rows of the edge statistics per (batch, head), each Lq long: lse − R_i0, lse − R_i,2k,
+delta − dO_i·w^V_0, delta − dO_i·w^V_2k, dO_i·w^V_0, dO_i·w^V_2k (the last two with dropout,
+where dO·w^V is dropped with dO·v and delta cannot take it)."""
+
+
+@triton.jit
+def store_edge_stats(ptr, rows, LQ, lse_lo, lse_hi, delta_lo, delta_hi, dw_lo, dw_hi):
+    inside = rows < LQ
+    tl.store(ptr + rows, lse_lo, mask=inside)
+    tl.store(ptr + LQ + rows, lse_hi, mask=inside)
+    tl.store(ptr + 2 * LQ + rows, delta_lo, mask=inside)
+    tl.store(ptr + 3 * LQ + rows, delta_hi, mask=inside)
+    tl.store(ptr + 4 * LQ + rows, dw_lo, mask=inside)
+    tl.store(ptr + 5 * LQ + rows, dw_hi, mask=inside)
+
+
 @triton.jit
 def load_row_stats(lse_ptr, delta_ptr, rows, LQ, EVEN_M: tl.constexpr):
     """The saved log-sum-exp and delta of query rows (+inf and 0 beyond Lq: no probability)."""
@@ -277,27 +323,27 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
                    LQ, LK, D, max_distance, qk_scale, seed, dropout_p,
                    STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr,
                    MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
-                   EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, PIPELINED: tl.constexpr,
                    PRECISION: tl.constexpr):
     """The online softmax over key tiles [lo, hi) of one stage (acc, l_i, m_i: FlashAttention-2's).
 
     The value term's masses, unnormalised like acc: m_hi sums label 2k; m_lo sums every other
     label (the band's interior is taken out at the end, from the logits it stores by label)."""
-    for n0 in tl.range(lo, hi, BLOCK_N, num_stages=1 if STAGE == BAND else None):
+    for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
         cols = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
         if STAGE == BAND:
             # Pair by pair: the logit term by label (log2 units), then every mask.
             offset = pair_offsets(rows_abs, cols)
-            label = label_of(offset, max_distance)
+            distance = clipped(offset, max_distance)
             s = qk * qk_scale
             if HAS_LOGITS:
-                s += load_by_row(logit_rows[:, None] + label, rows, LQ, EVEN_M)
+                s += load_by_row((logit_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M)
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
             row_max = tl.max(s, 1)
             if HAS_RV:  # interior logits by label (the edges' entries are overwritten at the end)
-                store_by_row(mass_rows[:, None] + label, s, rows, LQ, EVEN_M)
+                store_by_row((mass_rows + max_distance)[:, None] + distance, s, rows, LQ, EVEN_M)
                 at_hi = offset >= max_distance
         else:
             # One label per side: its logit term r_edge is a row offset.
@@ -379,22 +425,22 @@ def forward_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     m_lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    band_lo, band_hi, hi = key_stages(start_m * BLOCK_M, OFFSET, LK, max_distance, CAUSAL, BLOCK_M, BLOCK_N)
+    bounds = key_stages(start_m * BLOCK_M, OFFSET, LK, max_distance, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK)
     K_ptr = K + b * stride_kb + h * stride_kh
     V_ptr = V + b * stride_vb + h * stride_vh
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
-    for stage in tl.static_range(3):  # BAND, LEFT, RIGHT
-        acc, l_i, m_i, m_lo, m_hi = _forward_tiles(
-            acc, l_i, m_i, m_lo, m_hi, q, logit_rows,
-            edge_column(logit_rows, rows, LQ, 0 if stage == LEFT else 2 * max_distance, HAS_LOGITS), mass_rows,
-            K_ptr, V_ptr,
-            mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
-            band_lo if stage == BAND else (0 if stage == LEFT else band_hi),
-            band_hi if stage == BAND else (band_lo if stage == LEFT else hi),
-            LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
-            STAGE=stage, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, MASK=MASK, CAUSAL=CAUSAL,
-            HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
-            BLOCK_N=BAND_BLOCK if stage == BAND else BLOCK_N, PRECISION=PRECISION)
+    for part in tl.static_range(5):  # the band, then LEFT's fringe and tiles, RIGHT's
+        if runs(part, CAUSAL, BLOCK_N, BAND_BLOCK):
+            acc, l_i, m_i, m_lo, m_hi = _forward_tiles(
+                acc, l_i, m_i, m_lo, m_hi, q, logit_rows,
+                edge_column(logit_rows, rows, LQ, 0 if PART_STAGE[part] == LEFT else 2 * max_distance, HAS_LOGITS),
+                mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
+                bounds[PART_FROM[part]], bounds[PART_FROM[part] + 1],
+                LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
+                STAGE=PART_STAGE[part], HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, MASK=MASK, CAUSAL=CAUSAL,
+                HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+                BLOCK_N=BLOCK_N if PART_STAGE[part] != BAND and not PART_FRINGE[part] else BAND_BLOCK,
+                PIPELINED=PART_STAGE[part] != BAND and not PART_FRINGE[part], PRECISION=PRECISION)
 
     # A fully masked row attends to nothing: its acc, masses and l are 0, its output zeros, and
     # its log-sum-exp +inf, so the backward gives it no gradient.
@@ -429,11 +475,13 @@ def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows, dw_ed
               LQ, LK, D, max_distance, qk_scale, seed, dropout_p,
               STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr, NEEDS_G: tl.constexpr,
               MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
-              EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+              EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, PIPELINED: tl.constexpr,
+              PRECISION: tl.constexpr):
     """dq and the label sums G of a query block over key tiles [lo, hi) of one stage: g_hi sums
     label 2k, the band's interior values go to the grad table. Label 0 needs no sum: a row of dS
     sums to zero (Σ_j p_ij dP_ij = delta_i), so G_i0 = −(G_i,2k + the interior)."""
-    for n0 in tl.range(lo, hi, BLOCK_N, num_stages=1 if STAGE == BAND else None):
+    g_right = tl.zeros((rows.shape[0], 16), dtype=tl.float32)  # RIGHT's row sums of dS, 16 times over
+    for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
         cols = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
         v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
@@ -441,9 +489,9 @@ def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows, dw_ed
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if STAGE == BAND:
             offset = pair_offsets(rows_abs, cols)
-            label = label_of(offset, max_distance)
+            distance = clipped(offset, max_distance)
             if HAS_LOGITS:
-                s += load_by_row(logit_rows[:, None] + label, rows, LQ, EVEN_M)
+                s += load_by_row((logit_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M)
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
             p = tl.exp2(s - lse[:, None])
         else:
@@ -455,7 +503,7 @@ def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows, dw_ed
         row_delta = delta
         if HAS_RV:
             if STAGE == BAND:
-                dp += load_by_row(value_rows[:, None] + label, rows, LQ, EVEN_M)
+                dp += load_by_row((value_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M)
             elif HAS_DROPOUT:
                 dp += dw_edge[:, None]
             else:
@@ -465,17 +513,20 @@ def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows, dw_ed
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         # G: label 2k by row sums, interior values stored in the grad table (label 0: at the end).
         if NEEDS_G:
-            if STAGE == BAND:
+            if STAGE == BAND:  # (the edges' entries are overwritten at the end)
                 g_hi += tl.sum(tl.where(offset >= max_distance, ds, 0.0), 1)
-                store_by_row(grad_rows[:, None] + label, ds, rows, LQ, EVEN_M)  # edges overwritten at the end
-            elif STAGE == RIGHT:
-                g_hi += tl.sum(ds, 1)
+                store_by_row((grad_rows + max_distance)[:, None] + distance, ds, rows, LQ, EVEN_M)
+            elif STAGE == RIGHT:  # by the tensor cores, in the precision dq takes dS in
+                g_right = tl.dot(ds.to(k.dtype), tl.full((BLOCK_N, 16), 1.0, k.dtype), g_right,
+                                 input_precision=PRECISION)
+    if NEEDS_G and STAGE == RIGHT:
+        g_hi += tl.sum(g_right, 1) / 16  # 16 equal columns (their mean: a max would spill in 64/128)
     return dq, g_hi
 
 
 @triton.jit
 def backward_dq_kernel(
-        Q, K, V, WK, WV, BIAS, MASK_PTR, O, DO, LSE, DQ, DELTA, LOGITS, VALUES, GRAD,
+        Q, K, V, WK, WV, BIAS, MASK_PTR, O, DO, LSE, DQ, DELTA, EDGES, LOGITS, VALUES, GRAD,
         stride_qb, stride_qh, stride_qm,
         stride_kb, stride_kh, stride_kn,
         stride_vb, stride_vh, stride_vn,
@@ -492,8 +543,9 @@ def backward_dq_kernel(
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
         PRECISION: tl.constexpr):
-    """One program: query block start_m of one (batch, head). Writes its rows of dQ, delta, and
-    of the logit, value and grad tables, which the dk/dv kernel and the tables' gradients read."""
+    """One program: query block start_m of one (batch, head). Writes its rows of dQ, delta, the
+    edge statistics, and the logit, value and grad tables, which the dk/dv kernel and the tables'
+    gradients read."""
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -522,26 +574,32 @@ def backward_dq_kernel(
         store_label_rows(value_rows, dw, dw0, rows, labels, n_labels, LQ)
     tl.debug_barrier()
     grad_rows = GRAD + table_offset + rows * n_labels
+    # Each edge label's terms, per row: off the band the dk/dv kernel reads them like lse and delta.
+    r_lo = edge_column(logit_rows, rows, LQ, 0, HAS_LOGITS)
+    r_hi = edge_column(logit_rows, rows, LQ, 2 * max_distance, HAS_LOGITS)
+    dw_lo = edge_column(value_rows, rows, LQ, 0, HAS_RV)
+    dw_hi = edge_column(value_rows, rows, LQ, 2 * max_distance, HAS_RV)
+    store_edge_stats(EDGES + bh * EDGE_STATS * LQ, rows, LQ, lse - r_lo, lse - r_hi, delta - dw_lo, delta - dw_hi,
+                     dw_lo, dw_hi)
 
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     g_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    band_lo, band_hi, hi = key_stages(start_m * BLOCK_M, OFFSET, LK, max_distance, CAUSAL, BLOCK_M, BLOCK_N)
+    bounds = key_stages(start_m * BLOCK_M, OFFSET, LK, max_distance, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK)
     K_ptr = K + b * stride_kb + h * stride_kh
     V_ptr = V + b * stride_vb + h * stride_vh
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
-    for stage in tl.static_range(3):  # BAND, LEFT, RIGHT
-        dq, g_hi = _dq_tiles(
-            dq, g_hi, q, do, lse, delta, logit_rows,
-            edge_column(logit_rows, rows, LQ, 0 if stage == LEFT else 2 * max_distance, HAS_LOGITS), value_rows,
-            edge_column(value_rows, rows, LQ, 0 if stage == LEFT else 2 * max_distance, HAS_RV), grad_rows,
-            K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn,
-            stride_mq, stride_mk, rows, rows_abs, dims,
-            band_lo if stage == BAND else (0 if stage == LEFT else band_hi),
-            band_hi if stage == BAND else (band_lo if stage == LEFT else hi),
-            LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
-            STAGE=stage, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, NEEDS_G=NEEDS_G, MASK=MASK, CAUSAL=CAUSAL,
-            HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
-            BLOCK_N=BAND_BLOCK if stage == BAND else BLOCK_N, PRECISION=PRECISION)
+    for part in tl.static_range(5):  # the band, then LEFT's fringe and tiles, RIGHT's
+        if runs(part, CAUSAL, BLOCK_N, BAND_BLOCK):
+            dq, g_hi = _dq_tiles(
+                dq, g_hi, q, do, lse, delta, logit_rows, r_lo if PART_STAGE[part] == LEFT else r_hi,
+                value_rows, dw_lo if PART_STAGE[part] == LEFT else dw_hi, grad_rows,
+                K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
+                bounds[PART_FROM[part]], bounds[PART_FROM[part] + 1],
+                LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
+                STAGE=PART_STAGE[part], HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, NEEDS_G=NEEDS_G, MASK=MASK,
+                CAUSAL=CAUSAL, HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+                BLOCK_N=BLOCK_N if PART_STAGE[part] != BAND and not PART_FRINGE[part] else BAND_BLOCK,
+                PIPELINED=PART_STAGE[part] != BAND and not PART_FRINGE[part], PRECISION=PRECISION)
 
     if NEEDS_G:
         # The grad table's rows, whole: interior values the band stored, label 2k from row sums,
@@ -582,14 +640,16 @@ def add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, max_distance, BLOCK_M: tl.con
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, value_base, dbias_ptr, Q_ptr, DO_ptr, lse_ptr, delta_ptr,
+                dw_ptr,
                 stride_qm, stride_dom, cols, mask_ptr, stride_mq, stride_mk, dims, lo, hi,
                 LQ, LK, D, OFFSET, max_distance, qk_scale, seed, dropout_p,
                 STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr, BIAS_GRAD: tl.constexpr,
                 MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
                 EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 WINDOW: tl.constexpr, PRECISION: tl.constexpr):
-    """dk, dv of a key block over query blocks [lo, hi) of one stage. Off the band, each query
-    row's edge logit and dO·w^V come from the tables as scalars, folded into lse and delta."""
+    """dk, dv of a key block over query blocks [lo, hi) of one stage. Off the band, lse_ptr and
+    delta_ptr point at the stage's edge statistics: its logit term and dO·w^V are already in them
+    (with dropout, dw_ptr holds dO·w^V, added to dP before it is dropped)."""
     edge = 0 if STAGE == LEFT else 2 * max_distance
     for m0 in tl.range(lo, hi, BLOCK_M, num_stages=1 if STAGE == BAND else None):
         rows = m0 + tl.arange(0, BLOCK_M)
@@ -603,27 +663,23 @@ def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, value_base, dbias_ptr, Q
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if STAGE == BAND:
             offset = pair_offsets(rows_abs, cols)
-            label = label_of(offset, max_distance)
+            distance = clipped(offset, max_distance)
             if HAS_LOGITS:
-                s += load_by_row(logit_rows[:, None] + label, rows, LQ, EVEN_M)
+                s += load_by_row((logit_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M)
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
             p = tl.exp2(s - lse[:, None])
         else:
             if MASK != 0 or not EVEN_N:
                 s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
-            if HAS_LOGITS:
-                lse -= tl.load(logit_rows + edge, mask=rows < LQ, other=0.0)
             p = tl.exp2(s - lse[:, None])
         dv += tl.dot(tl.trans(dropped(p, seed, rows, cols, LK, dropout_p, HAS_DROPOUT).to(do.dtype)), do,
                      input_precision=PRECISION)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if HAS_RV:
             if STAGE == BAND:
-                dp += load_by_row(value_rows[:, None] + label, rows, LQ, EVEN_M)
+                dp += load_by_row((value_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M)
             elif HAS_DROPOUT:
-                dp += tl.load(value_rows + edge, mask=rows < LQ, other=0.0)[:, None]
-            else:
-                delta -= tl.load(value_rows + edge, mask=rows < LQ, other=0.0)
+                dp += tl.load(dw_ptr + rows, mask=rows < LQ, other=0.0)[:, None]
         dp = dropped(dp, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
         ds = p * (dp - delta[:, None])
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
@@ -638,7 +694,7 @@ def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, value_base, dbias_ptr, Q
 
 @triton.jit
 def backward_dkdv_kernel(
-        Q, K, V, BIAS, MASK_PTR, DO, LSE, DELTA, LOGITS, VALUES, DK, DV, DBIAS, DBIAS_ROWS,
+        Q, K, V, BIAS, MASK_PTR, DO, LSE, DELTA, EDGES, LOGITS, VALUES, DK, DV, DBIAS, DBIAS_ROWS,
         stride_qb, stride_qh, stride_qm,
         stride_kb, stride_kh, stride_kn,
         stride_vb, stride_vh, stride_vn,
@@ -678,10 +734,14 @@ def backward_dkdv_kernel(
     lo, band_lo, band_hi = query_stages(n0, OFFSET, LQ, max_distance, CAUSAL, BLOCK_M, BLOCK_N)
     dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    edges = EDGES + bh * EDGE_STATS * LQ
     for stage in tl.static_range(3):  # BAND, then queries after the keys (label 0), before them (2k)
+        side = 0 if stage == LEFT else 1
         dk, dv = _dkdv_tiles(
             dk, dv, k, v, logit_base, logit_stride, VALUES + table_offset, dbias_ptr,
-            Q + b * stride_qb + h * stride_qh, DO + b * stride_dob + h * stride_doh, LSE + bh * LQ, DELTA + bh * LQ,
+            Q + b * stride_qb + h * stride_qh, DO + b * stride_dob + h * stride_doh,
+            LSE + bh * LQ if stage == BAND else edges + side * LQ,
+            DELTA + bh * LQ if stage == BAND or HAS_DROPOUT else edges + (2 + side) * LQ, edges + (4 + side) * LQ,
             stride_qm, stride_dom, cols, MASK_PTR + b * stride_mb + h * stride_mh, stride_mq, stride_mk, dims,
             band_lo if stage == BAND else (band_hi if stage == LEFT else lo),
             band_hi if stage == BAND else (LQ if stage == LEFT else band_lo),
