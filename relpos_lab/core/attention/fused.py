@@ -206,9 +206,16 @@ def _strides(*tensors: Tensor) -> list[int]:
     return [stride for t in tensors for stride in t.stride()[:3]]
 
 
-def _label_table(b: int, h: int, lq: int, n_labels: int, like: Tensor, needed: bool = True) -> Tensor:
-    """(B·H·Lq, 2k+1) float32 rows, one per query row (a placeholder when not needed)."""
-    return torch.empty((b * h * lq, n_labels) if needed else (1,), device=like.device, dtype=torch.float32)
+def _label_table(b: int, h: int, lq: int, args: dict, like: Tensor, needed: bool = True) -> Tensor:
+    """(B·H·Lq, LABELS + 1) float32 rows, one per query row, label l in column l (a placeholder
+    when not needed). Columns past 2k pad the row to the kernels' constexpr width."""
+    width = args["meta"]["LABELS"] + 1
+    return torch.empty((b * h * lq, width) if needed else (1,), device=like.device, dtype=torch.float32)
+
+
+def _by_label(table: Tensor, b: int, h: int, lq: int, n_labels: int) -> Tensor:
+    """(B, H, Lq, 2k+1): a label table without its padding."""
+    return table.view(b, h, lq, -1)[..., :n_labels]
 
 
 class _FusedRelativeAttention(torch.autograd.Function):
@@ -222,9 +229,9 @@ class _FusedRelativeAttention(torch.autograd.Function):
         nl = 2 * launch.kmax + 1
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty(b * h * lq, device=q.device, dtype=torch.float32)
-        logits = _label_table(b, h, lq, nl, q, needed=rel_k is not None)
-        mass = _label_table(b, h, lq, nl, q, needed=rel_v is not None)
         args = _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, launch)
+        logits = _label_table(b, h, lq, args, q, needed=rel_k is not None)
+        mass = _label_table(b, h, lq, args, q, needed=rel_v is not None)
         fwd, _, _ = _get_kernels()
         fwd[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)](
             q, k, v, *args["tables"], args["keep"], o, lse, logits, mass,
@@ -250,9 +257,9 @@ class _FusedRelativeAttention(torch.autograd.Function):
         dv = torch.empty_like(v, memory_format=torch.contiguous_format)
         delta = torch.empty(b * h * lq, device=q.device, dtype=torch.float32)
         edges = torch.empty(b * h * kernels.EDGE_STATS.value * lq, device=q.device, dtype=torch.float32)
-        logits = _label_table(b, h, lq, nl, q, needed=rel_k is not None)
-        values = _label_table(b, h, lq, nl, q, needed=rel_v is not None)
-        grad = _label_table(b, h, lq, nl, q, needed=needs_g)
+        logits = _label_table(b, h, lq, args, q, needed=rel_k is not None)
+        values = _label_table(b, h, lq, args, q, needed=rel_v is not None)
+        grad = _label_table(b, h, lq, args, q, needed=needs_g)
         wide_grad = wide and ctx.needs_input_grad[5]  # ALiBi's fixed table needs none
         rows = triton.cdiv(lk, _INTERPRETER_BLOCKS["BLOCK_N"] if INTERPRETED else MIN_BLOCK_N) if wide_grad else 1
         dbias_rows = torch.zeros((b * h, rows, nl) if wide_grad else (1,), device=q.device, dtype=torch.float32)
@@ -263,7 +270,7 @@ class _FusedRelativeAttention(torch.autograd.Function):
             q, k, v, *args["tables"], args["keep"], o, do, lse, dq, delta, edges, logits, values, grad,
             *_strides(q, k, v), *args["strides"], *_strides(o, do, dq), *args["scalars"], **args["meta"],
             NEEDS_G=needs_g)
-        meta = {key: value for key, value in args["meta"].items() if key != "LABELS"}
+        meta = args["meta"]
         bwd_dkdv[lambda meta: (triton.cdiv(lk, meta["BLOCK_N"]), b * h)](
             q, k, v, args["tables"][2], args["keep"], do, lse, delta, edges, logits, values, dk, dv, dbias_rows, rows,
             *_strides(q, k, v), args["strides"][4], *args["strides"][5:], *_strides(do, dk, dv), *args["scalars"],
@@ -271,14 +278,14 @@ class _FusedRelativeAttention(torch.autograd.Function):
             **({"WINDOW": _window(*_INTERPRETER_BLOCKS.values())} if INTERPRETED else {}))
         d_rel_k = d_rel_v = d_rel_bias = None
         if rel_k is not None and ctx.needs_input_grad[3]:  # dw^K_l = scale · Σ_i G_il q_i
-            d_rel_k = _per_table(torch.einsum("bhil,bhid->hld", grad.view(b, h, lq, nl), q.float()) * launch.scale,
+            d_rel_k = _per_table(torch.einsum("bhil,bhid->hld", _by_label(grad, b, h, lq, nl), q.float()) * launch.scale,
                                  rel_k)
         if rel_v is not None and ctx.needs_input_grad[4]:  # dw^V_l = Σ_i M_il dO_i
-            d_rel_v = _per_table(torch.einsum("bhil,bhid->hld", mass.view(b, h, lq, nl), do.float()), rel_v)
+            d_rel_v = _per_table(torch.einsum("bhil,bhid->hld", _by_label(mass, b, h, lq, nl), do.float()), rel_v)
         if wide_grad:  # per key block and label, summed in a fixed order
             d_rel_bias = dbias_rows.view(b, h, rows, nl).sum((0, 2))
         elif rel_bias is not None and ctx.needs_input_grad[5]:  # db_l = Σ_i G_il
-            d_rel_bias = grad.view(b, h, lq, nl).sum((0, 2)).to(rel_bias.dtype)
+            d_rel_bias = _by_label(grad, b, h, lq, nl).sum((0, 2)).to(rel_bias.dtype)
         return dq, dk, dv, d_rel_k, d_rel_v, d_rel_bias, None, None
 
 

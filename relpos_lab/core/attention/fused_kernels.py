@@ -17,8 +17,9 @@ tiles are BAND_BLOCK keys (`fused.band_block`: 64 and 32), narrower than BN: a 1
 spills, and a narrow band holds fewer pairs that need no label. Fringes of plain BAND_BLOCK
 tiles join it to the BN-aligned plain stages (`key_stages`).
 
-Per-pair label work goes through small tables in memory, one row of 2k+1 floats per query row,
-read and written at `row · labels + l(i, j)` (L1-resident, and no register gather):
+Per-pair label work goes through small tables in memory, one row per query row, read and written
+at `row · (LABELS + 1) + l(i, j)` (L1-resident, and no register gather; LABELS + 1 ≥ 2k + 1, a
+constexpr, so that a tile of labels is stored and loaded without bounds checks):
 
     LOGITS (R)   R_il · log2 e = (scale · q_i·w^K_l + b_l) · log2 e      written by forward and dq
     VALUES (DW)  dO_i·w^V_l, the value term's share of dP                 written by dq
@@ -224,30 +225,30 @@ def table_combination(tile, column0, W, stride_wl, labels, dims, n_labels, D, PR
 
 
 @triton.jit
-def store_label_rows(table_rows, tile, column0, rows, labels, n_labels, LQ):
-    """A block's rows of a label table, from a tile (labels 1..2k) and the label-0 column."""
-    store_where(table_rows[:, None] + 1 + labels[None, :], tile,
-                (rows[:, None] < LQ) & (labels[None, :] + 1 < n_labels))
-    tl.store(table_rows, column0, mask=rows < LQ)
+def store_label_rows(table_rows, tile, column0, rows, labels, LQ, EVEN_M: tl.constexpr):
+    """A block's rows of a label table, from a tile (labels 1..LABELS: past 2k, the row's
+    padding) and the label-0 column."""
+    store_by_row(table_rows[:, None] + 1 + labels[None, :], tile, rows, LQ, EVEN_M)
+    if EVEN_M:
+        tl.store(table_rows, column0)
+    else:
+        tl.store(table_rows, column0, mask=rows < LQ)
 
 
 @triton.jit
-def interior_of(table_rows, rows, rows_abs, labels, max_distance, LQ, LK, other, CAUSAL: tl.constexpr):
+def interior_of(table_rows, rows, rows_abs, labels, max_distance, LQ, LK, other, CAUSAL: tl.constexpr,
+                EVEN_M: tl.constexpr):
     """(BM, LABELS) the values the band stored by label, for interior labels that name a key the
     band visited (j = i + l − k); `other` for the rest, whose entries may be stale. Every
-    address stays in the row (labels past 2k read label 2k), so the load needs no mask."""
+    address stays in the (padded) row."""
     label = labels[None, :] + 1
     key = rows_abs[:, None] + label - max_distance
-    ok = (label < 2 * max_distance) & (key >= 0) & (key < LK) & (rows < LQ)[:, None]
+    ok = (label < 2 * max_distance) & (key >= 0) & (key < LK)
+    if not EVEN_M:
+        ok = ok & (rows < LQ)[:, None]
     if CAUSAL:
         ok = ok & (label <= max_distance)
-    inside = tl.minimum(label, 2 * max_distance)
-    if INLINE_PTX:
-        values = tl.inline_asm_elementwise("ld.global.f32 $0, [$1];", "=f,l",
-                                           [(table_rows[:, None] + inside).to(tl.int64)], dtype=tl.float32,
-                                           is_pure=False, pack=1)
-        return tl.where(ok, values, other)
-    return tl.load(table_rows[:, None] + inside, mask=ok, other=other)
+    return tl.where(ok, load_by_row(table_rows[:, None] + label, rows, LQ, EVEN_M), other)
 
 
 @triton.jit
@@ -260,7 +261,7 @@ def with_edges(tile, lo, hi, labels, max_distance):
 
 @triton.jit
 def logit_rows_of(q, WK, stride_wkl, BIAS, LOGITS, rows, labels, dims, n_labels, LQ, D, qk_scale,
-                  HAS_RK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+                  HAS_RK: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr, PRECISION: tl.constexpr):
     """(BM,) pointers to the logit table's rows, which the band reads by label. With w^K: this
     block's R · log2 e = (scale · q·w^Kᵀ + b) · log2 e, written here (the caller's barrier makes
     it visible to the block); without: the bias row itself (already · log2 e), for every query."""
@@ -272,8 +273,8 @@ def logit_rows_of(q, WK, stride_wkl, BIAS, LOGITS, rows, labels, dims, n_labels,
         if HAS_BIAS:
             r += tl.load(BIAS + 1 + labels, mask=labels + 1 < n_labels, other=0.0)[None, :]
             r0 += tl.load(BIAS)
-        logit_rows = LOGITS + rows * n_labels
-        store_label_rows(logit_rows, r, r0, rows, labels, n_labels, LQ)
+        logit_rows = LOGITS + rows * (labels.shape[0] + 1)
+        store_label_rows(logit_rows, r, r0, rows, labels, LQ, EVEN_M)
     return logit_rows
 
 
@@ -328,7 +329,10 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
     """The online softmax over key tiles [lo, hi) of one stage (acc, l_i, m_i: FlashAttention-2's).
 
     The value term's masses, unnormalised like acc: m_hi sums label 2k; m_lo sums every other
-    label (the band's interior is taken out at the end, from the logits it stores by label)."""
+    label (the band's interior is taken out at the end, from the logits it stores by label).
+    With dropout, off the band, the kept mass is summed by the tensor cores with P·V: p times a
+    column of ones, in `kept`, rescaled like acc."""
+    kept = tl.zeros((rows.shape[0], 16), dtype=tl.float32)  # the stage's kept mass, 16 times over
     for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
         cols = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
@@ -364,12 +368,17 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
         v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         if HAS_RV:
-            if HAS_DROPOUT:
-                row_sum = tl.sum(p, 1)
             if STAGE == BAND:
+                if HAS_DROPOUT:
+                    row_sum = tl.sum(p, 1)
                 hi_part = tl.sum(tl.where(at_hi, p, 0.0), 1)
                 m_lo = m_lo * alpha + (row_sum - hi_part)
                 m_hi = m_hi * alpha + hi_part
+            elif HAS_DROPOUT:
+                kept = tl.dot(p.to(v.dtype), tl.full((BLOCK_N, 16), 1.0, v.dtype), kept * alpha[:, None],
+                              input_precision=PRECISION)
+                m_lo = m_lo * alpha
+                m_hi = m_hi * alpha
             elif STAGE == LEFT:
                 m_lo = m_lo * alpha + row_sum
                 m_hi = m_hi * alpha
@@ -377,6 +386,10 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
                 m_lo = m_lo * alpha
                 m_hi = m_hi * alpha + row_sum
         m_i = m_new
+    if HAS_RV and HAS_DROPOUT and STAGE == LEFT:
+        m_lo += tl.sum(kept, 1) / 16
+    elif HAS_RV and HAS_DROPOUT and STAGE == RIGHT:
+        m_hi += tl.sum(kept, 1) / 16
     return acc, l_i, m_i, m_lo, m_hi
 
 
@@ -413,12 +426,12 @@ def forward_kernel(
 
     # The label tables: logits (scratch, with w^K), masses (interior logits until the end).
     HAS_LOGITS: tl.constexpr = HAS_RK or HAS_BIAS
-    table_offset = bh * LQ * n_labels
+    table_offset = bh * LQ * (LABELS + 1)
     logit_rows = logit_rows_of(q, WK + h * stride_wkh, stride_wkl, BIAS + h * stride_bh, LOGITS + table_offset,
-                               rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, PRECISION)
+                               rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, EVEN_M, PRECISION)
     if HAS_RK:
         tl.debug_barrier()
-    mass_rows = MASS + table_offset + rows * n_labels
+    mass_rows = MASS + table_offset + rows * (LABELS + 1)
 
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -451,14 +464,14 @@ def forward_kernel(
     if HAS_RV:
         # The masses, normalised: interior ones from the logits the band stored, edges from row sums.
         tl.debug_barrier()
-        mass = tl.exp2(interior_of(mass_rows, rows, rows_abs, labels, max_distance, LQ, LK, float("-inf"), CAUSAL)
-                       - lse[:, None])
+        mass = tl.exp2(interior_of(mass_rows, rows, rows_abs, labels, max_distance, LQ, LK, float("-inf"), CAUSAL,
+                                   EVEN_M) - lse[:, None])
         if HAS_DROPOUT:
             keys = rows_abs[:, None] + labels[None, :] + 1 - max_distance
             mass = tl.where(tl.rand(seed + bh, rows[:, None] * LK + keys) >= dropout_p, mass / (1.0 - dropout_p), 0.0)
         # m_lo summed the band's interior too
         mass, mass0 = with_edges(mass, m_lo / l_safe - tl.sum(mass, 1), m_hi / l_safe, labels, max_distance)
-        store_label_rows(mass_rows, mass, mass0, rows, labels, n_labels, LQ)
+        store_label_rows(mass_rows, mass, mass0, rows, labels, LQ, EVEN_M)
         out += table_combination(mass, mass0, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D, PRECISION)
     O_rows = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :]
     tl.store(O_rows, out.to(O.dtype.element_ty), mask=(rows[:, None] < LQ) & (dims[None, :] < D))
@@ -565,15 +578,15 @@ def backward_dq_kernel(
 
     # The tables the band reads per pair: logits (as the forward's), and dO·w^V.
     HAS_LOGITS: tl.constexpr = HAS_RK or HAS_BIAS
-    table_offset = bh * LQ * n_labels
+    table_offset = bh * LQ * (LABELS + 1)
     logit_rows = logit_rows_of(q, WK + h * stride_wkh, stride_wkl, BIAS + h * stride_bh, LOGITS + table_offset,
-                               rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, PRECISION)
-    value_rows = VALUES + table_offset + rows * n_labels
+                               rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, EVEN_M, PRECISION)
+    value_rows = VALUES + table_offset + rows * (LABELS + 1)
     if HAS_RV:
         dw, dw0 = table_product(do, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D, PRECISION)
-        store_label_rows(value_rows, dw, dw0, rows, labels, n_labels, LQ)
+        store_label_rows(value_rows, dw, dw0, rows, labels, LQ, EVEN_M)
     tl.debug_barrier()
-    grad_rows = GRAD + table_offset + rows * n_labels
+    grad_rows = GRAD + table_offset + rows * (LABELS + 1)
     # Each edge label's terms, per row: off the band the dk/dv kernel reads them like lse and delta.
     r_lo = edge_column(logit_rows, rows, LQ, 0, HAS_LOGITS)
     r_hi = edge_column(logit_rows, rows, LQ, 2 * max_distance, HAS_LOGITS)
@@ -605,9 +618,9 @@ def backward_dq_kernel(
         # The grad table's rows, whole: interior values the band stored, label 2k from row sums,
         # label 0 what makes the row sum zero.
         tl.debug_barrier()
-        g = interior_of(grad_rows, rows, rows_abs, labels, max_distance, LQ, LK, 0.0, CAUSAL)
+        g = interior_of(grad_rows, rows, rows_abs, labels, max_distance, LQ, LK, 0.0, CAUSAL, EVEN_M)
         g, g0 = with_edges(g, -(g_hi + tl.sum(g, 1)), g_hi, labels, max_distance)
-        store_label_rows(grad_rows, g, g0, rows, labels, n_labels, LQ)
+        store_label_rows(grad_rows, g, g0, rows, labels, LQ, EVEN_M)
         if HAS_RK:  # Σ_l G_il w^K_l, the key term's share of dq
             dq += table_combination(g, g0, WK + h * stride_wkh, stride_wkl, labels, dims, n_labels, D, PRECISION)
     DQ_rows = DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + dims[None, :]
@@ -643,8 +656,8 @@ def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, value_base, dbias_ptr, Q
                 dw_ptr,
                 stride_qm, stride_dom, cols, mask_ptr, stride_mq, stride_mk, dims, lo, hi,
                 LQ, LK, D, OFFSET, max_distance, qk_scale, seed, dropout_p,
-                STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr, BIAS_GRAD: tl.constexpr,
-                MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
+                TABLE_ROW: tl.constexpr, STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr,
+                BIAS_GRAD: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
                 EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 WINDOW: tl.constexpr, PRECISION: tl.constexpr):
     """dk, dv of a key block over query blocks [lo, hi) of one stage. Off the band, lse_ptr and
@@ -658,7 +671,7 @@ def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, value_base, dbias_ptr, Q
         do = load_rows(DO_ptr, rows, stride_dom, dims, LQ, D, EVEN_M, EVEN_D)
         lse, delta = load_row_stats(lse_ptr, delta_ptr, rows, LQ, EVEN_M)
         logit_rows = logit_base + rows * logit_stride
-        value_rows = value_base + rows * (2 * max_distance + 1)
+        value_rows = value_base + rows * TABLE_ROW
         # Recompute p from the saved log-sum-exp.
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if STAGE == BAND:
@@ -704,8 +717,8 @@ def backward_dkdv_kernel(
         stride_dkb, stride_dkh, stride_dkn,
         stride_dvb, stride_dvh, stride_dvn,
         H, LQ, LK, D, OFFSET, max_distance, sm_scale, seed, dropout_p, L_BUCKET,
-        HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
-        MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+        LABELS: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
+        BIAS_GRAD: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, WINDOW: tl.constexpr,
         PRECISION: tl.constexpr):
@@ -723,12 +736,12 @@ def backward_dkdv_kernel(
     k = load_rows(K + b * stride_kb + h * stride_kh, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
     v = load_rows(V + b * stride_vb + h * stride_vh, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
     HAS_LOGITS: tl.constexpr = HAS_RK or HAS_BIAS
-    table_offset = bh * LQ * n_labels
+    table_offset = bh * LQ * (LABELS + 1)
     logit_base = BIAS + h * stride_bh
     logit_stride = 0
     if HAS_RK:
         logit_base = LOGITS + table_offset
-        logit_stride = n_labels
+        logit_stride = LABELS + 1
     dbias_ptr = DBIAS + (bh * DBIAS_ROWS + start_n) * n_labels  # this program's own row
 
     lo, band_lo, band_hi = query_stages(n0, OFFSET, LQ, max_distance, CAUSAL, BLOCK_M, BLOCK_N)
@@ -746,7 +759,8 @@ def backward_dkdv_kernel(
             band_lo if stage == BAND else (band_hi if stage == LEFT else lo),
             band_hi if stage == BAND else (LQ if stage == LEFT else band_lo),
             LQ, LK, D, OFFSET, max_distance, qk_scale, seed + bh, dropout_p,
-            STAGE=stage, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, BIAS_GRAD=BIAS_GRAD, MASK=MASK, CAUSAL=CAUSAL,
+            TABLE_ROW=LABELS + 1, STAGE=stage, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, BIAS_GRAD=BIAS_GRAD, MASK=MASK,
+            CAUSAL=CAUSAL,
             HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M,
             BLOCK_N=BLOCK_N, WINDOW=WINDOW, PRECISION=PRECISION)
     col_mask = (cols[:, None] < LK) & (dims[None, :] < D)
