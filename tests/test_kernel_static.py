@@ -72,9 +72,13 @@ def shaw_default():
 
 def compiled_records(arguments: str) -> dict:
     """default_config_records(arguments), compiled in a subprocess without TRITON_INTERPRET."""
+    return compiled_subprocess("import json; from relpos_lab.analysis.kernel_static import default_config_records "
+                               f"as r; print(json.dumps(r({arguments})))")
+
+
+def compiled_subprocess(code: str) -> dict:
+    """The JSON that `code` prints last, run where triton compiles (not interprets)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("import json; from relpos_lab.analysis.kernel_static import default_config_records as r; "
-            f"print(json.dumps(r({arguments})))")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -97,6 +101,26 @@ def test_a_band_cut_in_narrow_tiles_lets_128_key_tiles_run_without_spills(shaw_w
     # the band's tiles are half as long: it costs about what it costs in 64-key configs
     assert shaw_wide_keys["forward"]["loops"]["band"] < 1.6 * shaw_wide_keys["control forward"]["loops"]["full"]
     assert shaw_wide_keys["forward"]["loops"]["left"] <= 1.05 * shaw_wide_keys["control forward"]["loops"]["full"]
+
+
+def test_the_autotuner_times_only_configs_that_do_not_spill():
+    """fused._spill_free, the autotuner's early_config_prune, on dq of the Shaw default for sm_80
+    (where some configs spill): it keeps exactly those that `bench kernel --static` finds spill-free."""
+    code = """if True:
+        import json
+        from relpos_lab.analysis import kernel_static as ks
+        from relpos_lab.core.attention import fused
+        case = ks.Case("shaw k=16")
+        kernel, args, kwargs = ks.fused_launches(case, 2048)[1]
+        configs = fused._configs(window=False)
+        kept = fused._spill_free(kernel, capability=(8, 0))(configs, dict(zip(kernel.arg_names, args)), **kwargs)
+        stacks = [ks._measure_fused_kernel(kernel, "dq", case, args, kwargs, c, 80).stack_bytes for c in configs]
+        print(json.dumps({"kept": [configs.index(c) for c in kept], "stacks": stacks}))
+    """
+    out = compiled_subprocess(code)
+    spill_free = [i for i, stack in enumerate(out["stacks"]) if stack == 0]
+    assert 0 < len(spill_free) < len(out["stacks"]), out  # the case still tells the two apart
+    assert out["kept"] == spill_free
 
 
 def test_the_shaw_default_compiles_for_hopper_with_every_stage_a_loop(shaw_default):

@@ -15,13 +15,12 @@ hide: spills, and work per tile that a plain flash kernel does not do.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import tempfile
 from dataclasses import asdict, dataclass, field
 
 import torch
+
+from relpos_lab.core.attention.compiled import compile_for, cuobjdump, resources
 
 CONTROL = "flash"
 
@@ -53,51 +52,6 @@ class Record:
     estimate: dict = field(default_factory=dict)  # length -> warp-instructions per (batch, head)
 
 
-def _tools() -> str:
-    import triton
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-
-
-def compile_for(kernel, args: tuple, constexprs: dict, sm: int, num_warps: int, num_stages: int):
-    """Compile a @triton.jit kernel for CUDA sm_<sm>, specialising the arguments as a launch would."""
-    import triton
-    from triton.backends.compiler import BaseBackend, GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import MockTensor, native_specialize_impl
-
-    signature, attrs, constants = {}, {}, {}
-    for index, name in enumerate(kernel.arg_names):
-        if name in constexprs:
-            signature[name], constants[name] = "constexpr", constexprs[name]
-            continue
-        value = args[index] if index < len(args) else None
-        if isinstance(value, torch.Tensor):
-            value = MockTensor(value.dtype)
-        kind, attr = native_specialize_impl(BaseBackend, value, False, True, True)
-        signature[name] = kind
-        if kind == "constexpr":
-            constants[name] = attr
-        elif attr:
-            attrs[(index,)] = BaseBackend.parse_attr(attr)
-    source = ASTSource(kernel, signature, constants, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", sm, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
-
-
-def _cuobjdump(compiled, *flags: str) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        return subprocess.run([os.path.join(_tools(), "cuobjdump"), *flags, f.name], capture_output=True,
-                              text=True, check=True).stdout
-
-
-def resources(compiled) -> tuple[int, int]:
-    """(registers, stack bytes) per thread, as ptxas allocated them."""
-    usage = re.search(r"REG:(\d+) STACK:(\d+)", _cuobjdump(compiled, "--dump-resource-usage"))
-    return int(usage.group(1)), int(usage.group(2))
-
-
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
 
 
@@ -120,7 +74,7 @@ def measure(kernel, name: str, case: Case, args: tuple, constexprs: dict, config
     the end (the causal kernels' last stage)."""
     compiled = compile_for(kernel, args, {**constexprs, **config.kwargs}, sm, config.num_warps, config.num_stages)
     registers, stack = resources(compiled)
-    loops, total = tile_loops(_cuobjdump(compiled, "-sass"))
+    loops, total = tile_loops(cuobjdump(compiled, "-sass"))
     if len(loops) > len(stages):
         raise RuntimeError(f"{name}: {len(loops)} tile loops, expected at most {len(stages)} ({stages})")
     body = dict(zip(stages, loops))

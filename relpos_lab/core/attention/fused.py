@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -103,10 +104,40 @@ def _get_kernels():
             # configuration the autotuner tries, or its trial runs would add up in them.
             _kernels = tuple(
                 triton.autotune(configs=_configs(window=kernel is kernels.backward_dkdv_kernel), key=_TUNE_KEY,
+                                prune_configs_by={"early_config_prune": _spill_free(kernel)},
                                 reset_to_zero=["DBIAS"] if kernel is kernels.backward_dkdv_kernel else None)(
                     triton.heuristics(_heuristics(kernel))(kernel))
                 for kernel in plain)
     return _kernels
+
+
+def _spill_free(kernel, capability: tuple[int, int] | None = None):
+    """The autotuner's early_config_prune for `kernel`: of the configs, those whose compiled
+    kernel spills nothing to the stack on this GPU (`capability`: another one's), so that a
+    config the autotuner times can never be one that spills; all of them if every one does, or
+    if the check cannot run. It compiles each config once more, statically (`compiled.py`),
+    once per autotuning key and then from Triton's cache."""
+    def prune(configs: list, nargs: dict, **kwargs) -> list:
+        from relpos_lab.core.attention import compiled
+
+        try:
+            major, minor = capability or torch.cuda.get_device_capability()
+            free = []
+            for config in configs:
+                known = {**nargs, **kwargs, **config.kwargs}
+                constexprs = {**kwargs, **{name: rule(known) for name, rule in _heuristics(kernel).items()},
+                              **config.kwargs}
+                binary = compiled.compile_for(kernel, tuple(nargs.values()), constexprs, 10 * major + minor,
+                                              config.num_warps, config.num_stages)
+                if compiled.resources(binary)[1] == 0:
+                    free.append(config)
+        except Exception as error:  # the check must never keep the kernel from running
+            warnings.warn(f"impl='triton': could not check the autotune configs for spills ({error!r}); "
+                          "all of them are timed", RuntimeWarning, stacklevel=2)
+            return configs
+        return free or configs
+
+    return prune
 
 
 def unsupported(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset, dropout_p,
