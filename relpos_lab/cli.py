@@ -154,10 +154,12 @@ def evaluate(args: argparse.Namespace) -> None:
              "side (default: the longest training length and the longest test length, for tasks with lengths)"),
          arg("--out", default=None, help="directory for inspect.json and plots/inspect/ instead of the run "
              "directory (nothing is then logged to W&B)"),
-         OVERRIDES)
+         VERBOSE, OVERRIDES)
 def inspect(args: argparse.Namespace) -> None:
     from relpos_lab.training.inspect import inspect_checkpoint
+    from relpos_lab.training.progress import quiet
 
+    quiet(args.verbose)
     summary = inspect_checkpoint(args.checkpoint, args.split, args.lengths, args.out, args.overrides)
     _echo(f"inspect: {len(summary.plots)} figures in {shown_path(summary.out_dir / 'plots' / 'inspect')}, "
           f"numbers in {shown_path(summary.json)}")

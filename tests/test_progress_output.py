@@ -24,10 +24,16 @@ def train(root, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def quiet_run(tmp_path_factory):
-    out = train(tmp_path_factory.mktemp("quiet"))
+def quiet_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("quiet")
+    out = train(root)
     assert out.returncode == 0, out.stderr[-4000:]
-    return out
+    return root, out
+
+
+@pytest.fixture(scope="module")
+def quiet_run(quiet_root):
+    return quiet_root[1]
 
 
 def test_a_log_file_gets_a_plain_progress_line_every_n_steps(quiet_run):
@@ -41,6 +47,29 @@ def test_the_run_directory_line_comes_first_and_the_chatter_is_left_out(quiet_ru
     assert quiet_run.stdout.splitlines()[1].startswith("Model: ")  # the summary in one line
     for line in NOISE:
         assert line not in quiet_run.stdout + quiet_run.stderr, line
+
+
+def run_cli(root, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "relpos_lab", *args], cwd=root, env=env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_eval_and_inspect_print_their_own_lines_only(quiet_root):
+    """No Lightning warning that eval's Trainer lacks the training callbacks whose states the
+    checkpoint holds (on purpose: it evaluates), no W&B banner and closing history from inspect;
+    -v shows them (issue 38, item 5)."""
+    root, _ = quiet_root
+    (checkpoint,) = root.glob("runs/*/*/checkpoints/best-step=*.ckpt")
+    out = run_cli(root, "eval", str(checkpoint))
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert out.stderr == "" and "test" in out.stdout
+    out = run_cli(root, "eval", str(checkpoint), "--split", "valid", "-v")
+    assert out.returncode == 0 and "when using `ckpt_path`, callbacks used to create the checkpoint" in out.stderr
+
+    out = run_cli(root, "inspect", str(checkpoint))
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert out.stderr == "" and out.stdout.startswith("inspect: ") and out.stdout.count("\n") == 1, out.stdout
+    assert (checkpoint.parent.parent / "inspect.json").is_file()
 
 
 def test_verbose_shows_lightnings_own_lines(tmp_path):

@@ -38,6 +38,7 @@ from relpos_lab.core.transformer import Decoder, Encoder, MultiHeadAttention, po
 from relpos_lab.records import inspect_plots as plots
 from relpos_lab.records.loggers import RunCSVLogger, build_loggers, close_loggers, log_images, log_samples
 from relpos_lab.training.checkpoints import CHECKPOINTS, global_step_of, load_checkpoint, task_from_checkpoint
+from relpos_lab.training.progress import is_quiet
 from relpos_lab.training.threads import use_cpu_threads
 
 INSPECT_JSON = "inspect.json"
@@ -85,7 +86,7 @@ def inspect_checkpoint(checkpoint: str | Path, split: str = "valid", lengths: Se
     run_dir = checkpoint.resolve().parent.parent if checkpoint.parent.name == CHECKPOINTS else checkpoint.resolve().parent
     # The run's W&B run continues after its last row (a rewind to it, as a resumed fit does): a
     # plain resume would start the attempt's rows again at step 0 and cut the training history.
-    loggers = [lg for lg in build_loggers(cfg, run_dir, resume_step=sys.maxsize)
+    loggers = [lg for lg in build_loggers(cfg, run_dir, resume_step=sys.maxsize, quiet=is_quiet())
                if not isinstance(lg, RunCSVLogger)] if out is None else []
     try:
         return inspect_model(model, task, cfg, Path(out) if out else run_dir, split, lengths, loggers,

@@ -12,7 +12,7 @@ plain line every ``trainer.log_every_n_steps`` steps and after each validation:
 `quiet` keeps the rest of the console for the run's own lines (the run directory first): the
 messages of Lightning and W&B that say nothing about this run (accelerators available, the
 litlogger tip, the srun hint, W&B's banner and closing history, Lightning's model summary table
-with its zero FLOPs) are left out unless the user asks for them (`relpos-lab train -v`).
+with its zero FLOPs, the callbacks `eval` does not restore, "Detected KeyboardInterrupt") are left out unless the user asks for them (`relpos-lab train -v`).
 """
 from __future__ import annotations
 
@@ -39,9 +39,13 @@ NOISE = re.compile("|".join((
     r"^LOCAL_RANK: \d+ - CUDA_VISIBLE_DEVICES",
     r"^You are using a CUDA device .* Tensor Cores",
     r"^Trainer already configured with model summary callbacks",
+    r"^\s*Detected KeyboardInterrupt, attempting graceful shutdown",  # Ctrl-C: the run says what it does
 )))
 SRUN_HINT = r"The `srun` command is available on your system but is not used"
 RESUMED = r"Checkpoint directory .* exists and is not empty"  # every resumed run's
+# Every `eval`'s: it restores a checkpoint's weights into a Trainer without the training callbacks
+# (checkpointing, ValidateLastStep) whose states the checkpoint holds, on purpose.
+EVAL_CALLBACKS = r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided"
 
 
 def progress_bar(every_n_steps: int, interactive: bool | None = None) -> ProgressBar:
@@ -167,6 +171,7 @@ def quiet(verbose: bool = False) -> None:
         return
     warnings.filterwarnings("ignore", message=SRUN_HINT)
     warnings.filterwarnings("ignore", message=RESUMED)
+    warnings.filterwarnings("ignore", message=EVAL_CALLBACKS)
     noise = _Noise()
     for name in ("lightning.pytorch", "lightning.fabric", ""):
         for handler in logging.getLogger(name).handlers:
