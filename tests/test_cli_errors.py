@@ -6,7 +6,10 @@ point, as pip would leave it), found through the `relpos_lab.positions` entry po
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +106,83 @@ def test_the_projects_own_error_is_found_behind_the_exception_raised_while_handl
     except RuntimeError as err:
         assert isinstance(own_error(err), UserError)
     assert own_error(RuntimeError("a bug")) is None
+
+
+# --- a trained checkpoint used by eval, inspect, translate, generate ----------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny run trained once: its root (the working directory) and its best checkpoint."""
+    root = tmp_path_factory.mktemp("trained")
+    (root / "tiny.yaml").write_text(TINY)
+    out = run_cli(root, "train", "tiny.yaml", "trainer.max_steps=10", "trainer.val_every_n_steps=10")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (checkpoint,) = root.glob("runs/*/*/checkpoints/best-step=*.ckpt")
+    return root, checkpoint.relative_to(root)
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("verb", ["inspect", "translate", "generate"])
+def test_a_checkpoint_that_does_not_fit_the_overrides_is_one_line_before_anything_is_written(trained, verb):
+    """As `eval CKPT task.alphabet_size=4` (tests/test_rerun.py): the weights that differ, the
+    config key behind them and the fix, not torch's size-mismatch traceback."""
+    root, checkpoint = trained
+    run_dir = root / checkpoint.parent.parent
+    before = snapshot(run_dir)
+    out = run_cli(root, verb, str(checkpoint), "task.alphabet_size=4")
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(
+        f"relpos-lab: error: {checkpoint} does not fit the model this config builds: "), out.stderr[-3000:]
+    assert "model.decoder.output.weight is (14, 16) in the checkpoint, (8, 16) in the model" in out.stderr
+    assert "task.alphabet_size 10 -> 4" in out.stderr and "Drop the overrides that change the model's shape" in out.stderr
+    assert out.stdout == "" and snapshot(run_dir) == before  # inspect: no inspect.json, no W&B rows
+
+
+def unprivileged() -> list[str]:
+    """The prefix that runs a command without root's right to write through any mode bits: a user
+    namespace of its own with no mapping, where root's files are checked by their owner bits."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-U", "true"], capture_output=True).returncode:
+        pytest.skip("running as root, and no user namespace (unshare -U) to drop its privilege")
+    return ["unshare", "-U"]
+
+
+@contextlib.contextmanager
+def read_only(directory: Path):
+    modes = {p: p.stat().st_mode for p in [directory, *directory.rglob("*")]}
+    for path, mode in modes.items():
+        path.chmod(mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    try:
+        yield
+    finally:
+        for path, mode in modes.items():
+            path.chmod(mode)
+
+
+def test_eval_and_inspect_into_a_read_only_run_directory_are_one_line_naming_it_and_the_way_out(trained, tmp_path):
+    root, checkpoint = trained
+    run_dir = checkpoint.parent.parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "250"}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*unprivileged(), sys.executable, "-m", "relpos_lab", *args], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    with read_only(root / run_dir):
+        out = run("eval", str(checkpoint))
+        assert out.returncode == 2, out.stderr[-3000:]
+        assert out.stderr == (f"relpos-lab: error: cannot write {run_dir}/eval: Permission denied; give another "
+                              "directory for the results with --output DIR. Nothing was evaluated\n")
+        out = run("inspect", str(checkpoint))
+        assert out.returncode == 2, out.stderr[-3000:]
+        assert out.stderr == (f"relpos-lab: error: cannot write {run_dir}: Permission denied; write the figures and "
+                              "inspect.json to another directory with --out DIR (nothing is then logged to W&B). "
+                              "Nothing was written\n")
+        out = run("eval", str(checkpoint), "--output", str(tmp_path / "eval"))  # the way out the line names
+        assert out.returncode == 0 and out.stderr == "", out.stderr[-3000:]
+        assert (tmp_path / "eval" / "results.json").is_file()

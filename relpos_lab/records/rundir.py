@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from relpos_lab.api.errors import UserError, shown_path
 from relpos_lab.api.files import atomic_write
 
 # Keys that do not change what a run computes, left out of the run directory's hash so that
@@ -204,6 +206,24 @@ def save_resolved_config(cfg: DictConfig, run_dir: str | Path) -> Path:
     atomic_write(path, OmegaConf.to_yaml(cfg, resolve=True))
     return path
 
+
+
+def writable_directory(directory: str | Path, elsewhere: str) -> Path:
+    """`directory`, made if it is missing, or a one-line UserError if nothing can be written there
+    (a read-only run directory or file system, permissions, a file in the way), naming the directory
+    and `elsewhere`: the option that writes to another. For commands that write into a finished
+    run (`eval`, `inspect`), before they compute anything."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # names the directory that could not be made (or the file in the way)
+        raise UserError(f"cannot write {shown_path(err.filename or directory)}: {err.strerror or err}; "
+                        f"{elsewhere}") from None
+    try:
+        tempfile.TemporaryFile(dir=directory).close()
+    except OSError as err:  # names a temporary file: name the directory
+        raise UserError(f"cannot write {shown_path(directory)}: {err.strerror or err}; {elsewhere}") from None
+    return directory
 
 
 # What an attempt at training leaves in a run directory. config.yaml and slurm/ are not among them:

@@ -65,6 +65,9 @@ def check_weights_fit(checkpoint: Path, state: dict, module: nn.Module, cfg: Dic
 
 
 FIT_SHOWN = 3  # weights (and config keys) a refused checkpoint names; the rest are counted
+OVERRIDES_FIX = ("Drop the overrides that change the model's shape (overrides of a trained checkpoint may change "
+                 "lengths, sizes and decoding, not the model)")
+"""The fix for `eval`, `inspect`, `translate` and `generate`: they rebuild a checkpoint's own model."""
 
 
 def _shape(tensor: torch.Tensor) -> str:

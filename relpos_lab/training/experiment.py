@@ -57,11 +57,13 @@ from relpos_lab.records.rundir import (
     run_directory,
     save_resolved_config,
     saved_config,
+    writable_directory,
 )
 from relpos_lab.records.runlock import LOCK, run_lock
 from relpos_lab.training.checkpoints import (
     CHECKPOINTS,
     LAST,
+    OVERRIDES_FIX,
     check_weights_fit,
     global_step_of,
     load_checkpoint,
@@ -425,8 +427,7 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
 
 RESUME_FIX = ("Continue the run with the code and config its checkpoint was trained with, or pass --force to start over (the run "
               "directory is moved to {old}). Nothing in the run directory was changed")
-EVAL_FIX = ("Drop the overrides that change the model's shape (evaluation overrides may change lengths, sizes "
-            "and decoding, not the model). Nothing was written")
+EVAL_FIX = OVERRIDES_FIX + ". Nothing was written"
 
 
 def _stopped(run_dir: Path, signum: int, step: int, requeued: bool = False) -> str:
@@ -459,6 +460,7 @@ def evaluate(checkpoint: str | Path, split: str = "test", overrides: list[str] =
     out_dir = Path(output) if output else _eval_directory(checkpoint, split, overrides)
     module = RelposModule(cfg, task, test_split=split)
     check_weights_fit(checkpoint, load_checkpoint(checkpoint), module, cfg, EVAL_FIX)
+    writable_directory(out_dir, "give another directory for the results with --output DIR. Nothing was evaluated")
     data = TaskDataModule(task, cfg.data, test_split=split)
     single = OmegaConf.merge(cfg, {"trainer": {"devices": 1, "num_nodes": 1, "strategy": "auto"}})
     trainer = build_trainer(single, out_dir, loggers=[], callbacks=[])

@@ -30,7 +30,7 @@ from relpos_lab.api.task import Task
 from relpos_lab.core.decoding import sample
 from relpos_lab.core.transformer import DecoderLM
 from relpos_lab.training.batching import TokenBatchSampler
-from relpos_lab.training.checkpoints import load_checkpoint, task_from_checkpoint
+from relpos_lab.training.checkpoints import OVERRIDES_FIX, check_weights_fit, load_checkpoint, task_from_checkpoint
 from relpos_lab.training.module import RelposModule
 
 
@@ -39,7 +39,9 @@ def load_for_inference(checkpoint: str | Path, overrides: Sequence[str] = (),
     """The task and the trained model (in eval mode, on `device`) of a checkpoint."""
     cfg, task = task_from_checkpoint(checkpoint, list(overrides))
     module = RelposModule(cfg, task)
-    module.load_state_dict(load_checkpoint(Path(checkpoint))["state_dict"])
+    state = load_checkpoint(Path(checkpoint))
+    check_weights_fit(Path(checkpoint), state, module, cfg, OVERRIDES_FIX)  # one line, not a size-mismatch traceback
+    module.load_state_dict(state["state_dict"])
     return task, module.model.to(device).eval()
 
 

@@ -37,7 +37,16 @@ from relpos_lab.core.positions import RelativePositions
 from relpos_lab.core.transformer import Decoder, Encoder, MultiHeadAttention, positions_in_order
 from relpos_lab.records import inspect_plots as plots
 from relpos_lab.records.loggers import RunCSVLogger, build_loggers, close_loggers, log_images, log_samples
-from relpos_lab.training.checkpoints import CHECKPOINTS, global_step_of, load_checkpoint, task_from_checkpoint
+from relpos_lab.records.rundir import writable_directory
+from relpos_lab.training.checkpoints import (
+    CHECKPOINTS,
+    OVERRIDES_FIX,
+    check_weights_fit,
+    global_step_of,
+    load_checkpoint,
+    task_from_checkpoint,
+)
+from relpos_lab.training.module import RelposModule
 from relpos_lab.training.progress import is_quiet
 from relpos_lab.training.threads import use_cpu_threads
 
@@ -80,10 +89,15 @@ def inspect_checkpoint(checkpoint: str | Path, split: str = "valid", lengths: Se
                         f"task {cfg.task.name!r} has none")
     use_cpu_threads(cfg.trainer.threads)
     task.check_split(split)
-    model = task.build_model(OmegaConf.to_object(cfg.model))
-    state = load_checkpoint(checkpoint)["state_dict"]
-    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+    module = RelposModule(cfg, task)
+    state = load_checkpoint(checkpoint)
+    check_weights_fit(checkpoint, state, module, cfg, OVERRIDES_FIX + ". Nothing was written")
+    module.load_state_dict(state["state_dict"])
+    model = module.model
     run_dir = checkpoint.resolve().parent.parent if checkpoint.parent.name == CHECKPOINTS else checkpoint.resolve().parent
+    for directory in (Path(out) if out else run_dir, (Path(out) if out else run_dir) / PLOTS):
+        writable_directory(directory, "write the figures and inspect.json to another directory with --out DIR "
+                           "(nothing is then logged to W&B). Nothing was written")
     # The run's W&B run continues after its last row (a rewind to it, as a resumed fit does): a
     # plain resume would start the attempt's rows again at step 0 and cut the training history.
     loggers = [lg for lg in build_loggers(cfg, run_dir, resume_step=sys.maxsize, quiet=is_quiet())
