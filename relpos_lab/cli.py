@@ -200,7 +200,10 @@ def translate(args: argparse.Namespace) -> None:
     if args.output is None:
         sys.stdout.write(text)
     else:
-        Path(args.output).write_text(text, encoding="utf-8")
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as err:
+            raise UserError(f"cannot write --output {args.output}: {err.strerror}") from None
 
 
 @command("generate", "continue a prompt with a language-model checkpoint (task lm), sampling on the KV cache",

@@ -186,3 +186,13 @@ def test_eval_and_inspect_into_a_read_only_run_directory_are_one_line_naming_it_
         out = run("eval", str(checkpoint), "--output", str(tmp_path / "eval"))  # the way out the line names
         assert out.returncode == 0 and out.stderr == "", out.stderr[-3000:]
         assert (tmp_path / "eval" / "results.json").is_file()
+
+
+def test_translate_into_a_file_it_cannot_write_is_one_line(trained):
+    root, checkpoint = trained
+    (root / "a_file").write_text("")
+    out = subprocess.run([sys.executable, "-m", "relpos_lab", "translate", str(checkpoint), "--output", "a_file/out.txt"],
+                         cwd=root, input="1 2 3\n", capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 2
+    assert out.stderr == "relpos-lab: error: cannot write --output a_file/out.txt: Not a directory\n", out.stderr[-3000:]
