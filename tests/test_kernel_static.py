@@ -35,7 +35,7 @@ def test_the_flash_control_computes_attention_and_its_gradients(causal, length, 
     if padding:
         keep[1, length // 2:] = False
         keep[2, 1::3] = False
-    out, dq, dk, dv = flash_control.attention(q, k, v, causal=causal, keep=keep.to(torch.uint8) if padding else None)
+    out, dq, dk, dv = flash_control.attention(q, k, v, causal=causal, mask=keep.to(torch.uint8) if padding else None)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     allowed = keep[:, None, :].expand(3, length, length)
     if causal:

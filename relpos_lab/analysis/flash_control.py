@@ -41,7 +41,7 @@ def query_stages(n0, LQ, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: t
 
 
 @triton.jit
-def _forward_tiles(acc, l_i, m_i, q, K_ptr, V_ptr, keep_ptr, stride_kn, stride_vn, rows, dims, lo, hi, LQ, LK, D,
+def _forward_tiles(acc, l_i, m_i, q, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, rows, dims, lo, hi, LQ, LK, D,
                    qk_scale, seed, dropout_p, STAGE: tl.constexpr, CAUSAL: tl.constexpr, PADDING: tl.constexpr,
                    HAS_DROPOUT: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
                    BLOCK_N: tl.constexpr):
@@ -50,7 +50,7 @@ def _forward_tiles(acc, l_i, m_i, q, K_ptr, V_ptr, keep_ptr, stride_kn, stride_v
         k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
         qk = tl.dot(q, tl.trans(k))
         if STAGE == DIAGONAL or not EVEN_N or PADDING:
-            qk = visible(qk, rows, rows, cols, keep_ptr, 0, 1, LQ, LK, PADDING, CAUSAL and STAGE == DIAGONAL, EVEN_N)
+            qk = visible(qk, rows, rows, cols, mask_ptr, 0, 1, LQ, LK, PADDING, CAUSAL and STAGE == DIAGONAL, EVEN_N)
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
@@ -64,7 +64,7 @@ def _forward_tiles(acc, l_i, m_i, q, K_ptr, V_ptr, keep_ptr, stride_kn, stride_v
 
 
 @triton.jit
-def forward_kernel(Q, K, V, O, LSE, KEEP, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D, sm_scale, seed,
+def forward_kernel(Q, K, V, O, LSE, MASK_PTR, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D, sm_scale, seed,
                    dropout_p, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
                    EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr):
@@ -81,7 +81,7 @@ def forward_kernel(Q, K, V, O, LSE, KEEP, stride_qm, stride_kn, stride_vn, strid
     diagonal_lo, hi = key_stages(start_m * BLOCK_M, LK, CAUSAL, BLOCK_M, BLOCK_N)
     for stage in tl.static_range(2):  # FULL, DIAGONAL
         acc, l_i, m_i = _forward_tiles(
-            acc, l_i, m_i, q, K + bh * LK * stride_kn, V + bh * LK * stride_vn, KEEP + bh * LK, stride_kn, stride_vn,
+            acc, l_i, m_i, q, K + bh * LK * stride_kn, V + bh * LK * stride_vn, MASK_PTR + bh * LK, stride_kn, stride_vn,
             rows, dims,
             0 if stage == FULL else diagonal_lo, diagonal_lo if stage == FULL else hi, LQ, LK, D, qk_scale,
             seed + bh, dropout_p, STAGE=stage, CAUSAL=CAUSAL, PADDING=PADDING, HAS_DROPOUT=HAS_DROPOUT, EVEN_N=EVEN_N,
@@ -95,7 +95,7 @@ def forward_kernel(Q, K, V, O, LSE, KEEP, stride_qm, stride_kn, stride_vn, strid
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse, delta, K_ptr, V_ptr, keep_ptr, stride_kn, stride_vn, rows, dims, lo, hi, LQ, LK, D, qk_scale,
+def _dq_tiles(dq, q, do, lse, delta, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, rows, dims, lo, hi, LQ, LK, D, qk_scale,
               seed, dropout_p, STAGE: tl.constexpr, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr,
               EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr):
     for n0 in range(lo, hi, BLOCK_N):
@@ -104,7 +104,7 @@ def _dq_tiles(dq, q, do, lse, delta, K_ptr, V_ptr, keep_ptr, stride_kn, stride_v
         v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
         qk = tl.dot(q, tl.trans(k))
         if STAGE == DIAGONAL or not EVEN_N or PADDING:
-            qk = visible(qk, rows, rows, cols, keep_ptr, 0, 1, LQ, LK, PADDING, CAUSAL and STAGE == DIAGONAL, EVEN_N)
+            qk = visible(qk, rows, rows, cols, mask_ptr, 0, 1, LQ, LK, PADDING, CAUSAL and STAGE == DIAGONAL, EVEN_N)
         p = tl.exp2(qk * qk_scale - lse[:, None])
         dp = dropped(tl.dot(do, tl.trans(v)), seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
         ds = p * (dp - delta[:, None])
@@ -113,7 +113,7 @@ def _dq_tiles(dq, q, do, lse, delta, K_ptr, V_ptr, keep_ptr, stride_kn, stride_v
 
 
 @triton.jit
-def backward_dq_kernel(Q, K, V, O, DO, LSE, DQ, DELTA, KEEP, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D,
+def backward_dq_kernel(Q, K, V, O, DO, LSE, DQ, DELTA, MASK_PTR, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D,
                        sm_scale, seed, dropout_p, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                        EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -131,7 +131,7 @@ def backward_dq_kernel(Q, K, V, O, DO, LSE, DQ, DELTA, KEEP, stride_qm, stride_k
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     diagonal_lo, hi = key_stages(start_m * BLOCK_M, LK, CAUSAL, BLOCK_M, BLOCK_N)
     for stage in tl.static_range(2):
-        dq = _dq_tiles(dq, q, do, lse, delta, K + bh * LK * stride_kn, V + bh * LK * stride_vn, KEEP + bh * LK, stride_kn,
+        dq = _dq_tiles(dq, q, do, lse, delta, K + bh * LK * stride_kn, V + bh * LK * stride_vn, MASK_PTR + bh * LK, stride_kn,
                        stride_vn, rows, dims, 0 if stage == FULL else diagonal_lo, diagonal_lo if stage == FULL else hi,
                        LQ, LK, D, qk_scale, seed + bh, dropout_p, STAGE=stage, CAUSAL=CAUSAL, PADDING=PADDING,
                        HAS_DROPOUT=HAS_DROPOUT, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N)
@@ -140,7 +140,7 @@ def backward_dq_kernel(Q, K, V, O, DO, LSE, DQ, DELTA, KEEP, stride_qm, stride_k
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, keep_ptr, stride_qm, stride_om, cols, dims, lo, hi,
+def _dkdv_tiles(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, mask_ptr, stride_qm, stride_om, cols, dims, lo, hi,
                 LQ, LK, D, qk_scale, seed, dropout_p, STAGE: tl.constexpr, CAUSAL: tl.constexpr,
                 PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                 EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -151,7 +151,7 @@ def _dkdv_tiles(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, keep_ptr, strid
         lse, delta = load_row_stats(LSE_ptr, DELTA_ptr, rows, LQ, EVEN_M)
         qk = tl.dot(q, tl.trans(k))
         if STAGE == DIAGONAL or not EVEN_N or PADDING:
-            qk = visible(qk, rows, rows, cols, keep_ptr, 0, 1, LQ, LK, PADDING, CAUSAL and STAGE == DIAGONAL, EVEN_N)
+            qk = visible(qk, rows, rows, cols, mask_ptr, 0, 1, LQ, LK, PADDING, CAUSAL and STAGE == DIAGONAL, EVEN_N)
         p = tl.exp2(qk * qk_scale - lse[:, None])
         dv += tl.dot(tl.trans(dropped(p, seed, rows, cols, LK, dropout_p, HAS_DROPOUT).to(do.dtype)), do)
         dp = dropped(tl.dot(do, tl.trans(v)), seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
@@ -161,7 +161,7 @@ def _dkdv_tiles(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, keep_ptr, strid
 
 
 @triton.jit
-def backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, KEEP, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D,
+def backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, MASK_PTR, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D,
                          sm_scale, seed, dropout_p, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                          EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -178,7 +178,7 @@ def backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, KEEP, stride_qm, strid
     lo, diagonal_hi = query_stages(n0, LQ, CAUSAL, BLOCK_M, BLOCK_N)
     for stage in tl.static_range(2):
         dk, dv = _dkdv_tiles(dk, dv, k, v, Q + bh * LQ * stride_qm, DO + bh * LQ * stride_om, LSE + bh * LQ,
-                             DELTA + bh * LQ, KEEP + bh * LK, stride_qm, stride_om, cols, dims,
+                             DELTA + bh * LQ, MASK_PTR + bh * LK, stride_qm, stride_om, cols, dims,
                              diagonal_hi if stage == FULL else lo, LQ if stage == FULL else diagonal_hi,
                              LQ, LK, D, qk_scale, seed + bh, dropout_p, STAGE=stage, CAUSAL=CAUSAL, PADDING=PADDING,
                              HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M)
@@ -190,32 +190,32 @@ def backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, KEEP, stride_qm, strid
 
 
 def launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dropout_p: float, blocks: dict,
-             keep: torch.Tensor | None = None):
+             mask: torch.Tensor | None = None):
     """[(kernel, grid, args, constexprs)] of one forward and backward over contiguous (B·H, L, D)
-    tensors, keep (B·H, Lk) uint8 the keys that may be seen (padding) or None: what `attention`
+    tensors, mask (B·H, Lk) uint8 the keys that may be seen (padding) or None: what `attention`
     runs, and what `bench kernel --static` compiles."""
     bh, lq, d = q.shape
     lk = k.shape[1]
     block_d = max(16, triton.next_power_of_2(d))
     even = dict(EVEN_M=lq % blocks["BLOCK_M"] == 0, EVEN_N=lk % blocks["BLOCK_N"] == 0, EVEN_D=d == block_d)
-    meta = dict(CAUSAL=causal, PADDING=keep is not None, HAS_DROPOUT=dropout_p > 0, **even, **blocks,
+    meta = dict(CAUSAL=causal, PADDING=mask is not None, HAS_DROPOUT=dropout_p > 0, **even, **blocks,
                 BLOCK_D=block_d)
-    keep = keep if keep is not None else q
+    mask = mask if mask is not None else q
     o, do, dq, dk, dv = (torch.empty_like(t) for t in (q, q, q, k, v))
     lse, delta = (torch.empty(bh * lq, device=q.device, dtype=torch.float32) for _ in range(2))
     scalars = (lq, lk, d, d ** -0.5, 0, dropout_p)
     rows = triton.cdiv(lq, blocks["BLOCK_M"])
-    return [(forward_kernel, (rows, bh), (q, k, v, o, lse, keep, d, d, d, d) + scalars, meta),
-            (backward_dq_kernel, (rows, bh), (q, k, v, o, do, lse, dq, delta, keep, d, d, d, d) + scalars, meta),
+    return [(forward_kernel, (rows, bh), (q, k, v, o, lse, mask, d, d, d, d) + scalars, meta),
+            (backward_dq_kernel, (rows, bh), (q, k, v, o, do, lse, dq, delta, mask, d, d, d, d) + scalars, meta),
             (backward_dkdv_kernel, (triton.cdiv(lk, blocks["BLOCK_N"]), bh),
-             (q, k, v, do, lse, delta, dk, dv, keep, d, d, d, d) + scalars, meta)]
+             (q, k, v, do, lse, delta, dk, dv, mask, d, d, d, d) + scalars, meta)]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, dropout_p: float = 0.0,
-              blocks: dict | None = None, keep: torch.Tensor | None = None):
+              blocks: dict | None = None, mask: torch.Tensor | None = None):
     """(out, dq, dk, dv) for grad_out = ones: the control run for real, to show it computes attention."""
     blocks = blocks or {"BLOCK_M": 16, "BLOCK_N": 16}
-    runs = launches(q, k, v, causal, dropout_p, blocks, keep)
+    runs = launches(q, k, v, causal, dropout_p, blocks, mask)
     for kernel, grid, args, meta in runs:
         if kernel is backward_dq_kernel:
             args[4].fill_(1.0)  # dO

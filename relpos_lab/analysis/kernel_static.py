@@ -173,12 +173,12 @@ def measure_control(case: Case, sm: int, length: int = 2048) -> list[Record]:
 
     dtype = getattr(torch, case.dtype)
     q, k, v = (torch.empty(16, length, case.head_dim, device="meta", dtype=dtype) for _ in range(3))
-    keep = torch.empty(16, length, device="meta", dtype=torch.uint8) if case.padding else None
+    mask = torch.empty(16, length, device="meta", dtype=torch.uint8) if case.padding else None
     records = []
     for config in fused._configs(window=False):
         blocks = {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_N": config.kwargs["BLOCK_N"]}
         for (kernel, _, args, meta), name in zip(flash_control.launches(q, k, v, case.causal, case.dropout_p, blocks,
-                                                                        keep),
+                                                                        mask),
                                                  ("forward", "dq", "dkdv")):
             meta = {key: value for key, value in meta.items() if key not in blocks}
             record = measure(kernel, name, case, args, meta, config, sm, CONTROL_STAGES)

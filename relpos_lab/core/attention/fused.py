@@ -254,32 +254,32 @@ class _FusedRelativeAttention(torch.autograd.Function):
     the mass table (the value term's probabilities by label, which dw^V needs)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rel_k, rel_v, rel_bias, keep, launch: _Launch):
+    def forward(ctx, q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch):
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
         b, h, lq, _ = q.shape
         nl = 2 * launch.kmax + 1
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty(b * h * lq, device=q.device, dtype=torch.float32)
-        args = _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, launch)
+        args = _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
         logits = _label_table(b, h, lq, args, q, needed=rel_k is not None)
         mass = _label_table(b, h, lq, args, q, needed=rel_v is not None)
         fwd, _, _ = _get_kernels()
-        fwd[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), h, b)](
-            q, k, v, *args["tables"], args["keep"], o, lse, logits, mass,
+        fwd[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)](
+            q, k, v, *args["tables"], args["mask"], o, lse, logits, mass,
             *_strides(q, k, v), *args["strides"], *_strides(o), *args["scalars"], **args["meta"])
-        ctx.save_for_backward(q, k, v, rel_k, rel_v, rel_bias, keep, o, lse, mass)
+        ctx.save_for_backward(q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass)
         ctx.launch = launch
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, rel_k, rel_v, rel_bias, keep, o, lse, mass = ctx.saved_tensors
+        q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass = ctx.saved_tensors
         launch = ctx.launch
         do = _last_dim_contiguous(do)
         b, h, lq, d = q.shape
         lk = k.shape[-2]
         nl = 2 * launch.kmax + 1
-        args = _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, launch)
+        args = _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
         wide = _bias_is_wide(rel_k, rel_v, rel_bias, launch.kmax)
         needs_g = (rel_k is not None and ctx.needs_input_grad[3]) or (
             rel_bias is not None and not wide and ctx.needs_input_grad[5])
@@ -297,13 +297,13 @@ class _FusedRelativeAttention(torch.autograd.Function):
         _, bwd_dq, bwd_dkdv = _get_kernels()
         # dq's kernel writes delta, the edge statistics and the logit and value tables, which the dk/dv
         # kernel reads: it runs first.
-        bwd_dq[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), h, b)](
-            q, k, v, *args["tables"], args["keep"], o, do, lse, dq, delta, edges, logits, values, grad,
+        bwd_dq[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)](
+            q, k, v, *args["tables"], args["mask"], o, do, lse, dq, delta, edges, logits, values, grad,
             *_strides(q, k, v), *args["strides"], *_strides(o, do, dq), *args["scalars"], **args["meta"],
             NEEDS_G=needs_g)
         meta = args["meta"]
-        bwd_dkdv[lambda meta: (triton.cdiv(lk, meta["BLOCK_N"]), h, b)](
-            q, k, v, args["tables"][2], args["keep"], do, lse, delta, edges, logits, values, dk, dv, dbias_rows, rows,
+        bwd_dkdv[lambda meta: (triton.cdiv(lk, meta["BLOCK_N"]), b * h)](
+            q, k, v, args["tables"][2], args["mask"], do, lse, delta, edges, logits, values, dk, dv, dbias_rows, rows,
             *_strides(q, k, v), args["strides"][4], *args["strides"][5:], *_strides(do, dk, dv), *args["scalars"],
             **meta, BIAS_GRAD=wide_grad,
             **({"WINDOW": _window(*_INTERPRETER_BLOCKS.values())} if INTERPRETED else {}))
@@ -329,7 +329,7 @@ def _per_table(grad_per_head: Tensor, table: Tensor) -> Tensor:
     return (grad_per_head if table.dim() == 3 else grad_per_head.sum(0)).to(table.dtype)
 
 
-def _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, launch: _Launch) -> dict:
+def _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> dict:
     """The kernels' shared arguments: tables with their strides, the mask, scalars, constexprs.
     The bias goes in as rel_bias · log2 e: the kernels' logits are in base 2."""
     wk, swkh, swkl = _table(rel_k, q)
@@ -338,14 +338,14 @@ def _common_args(q, k, v, rel_k, rel_v, rel_bias, keep, launch: _Launch) -> dict
     sbh = bias.stride(0) if rel_bias is not None else 0
     meta = dict(LABELS=_label_space(launch.kmax) if not _bias_is_wide(rel_k, rel_v, rel_bias, launch.kmax) else 16,
                 HAS_RK=rel_k is not None, HAS_RV=rel_v is not None, HAS_BIAS=rel_bias is not None,
-                MASK=_mask_kind(keep), CAUSAL=launch.causal, HAS_DROPOUT=launch.dropout_p > 0,
+                MASK=_mask_kind(mask), CAUSAL=launch.causal, HAS_DROPOUT=launch.dropout_p > 0,
                 BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     if INTERPRETED:
         meta.update(_INTERPRETER_BLOCKS)
     lq, lk = q.shape[-2], k.shape[-2]
-    return {"tables": (wk, wv, bias), "keep": keep if keep is not None else q,
-            "strides": (swkh, swkl, swvh, swvl, sbh, *(keep.stride() if keep is not None else (0, 0, 0, 0))),
+    return {"tables": (wk, wv, bias), "mask": mask if mask is not None else q,
+            "strides": (swkh, swkl, swvh, swvl, sbh, *(mask.stride() if mask is not None else (0, 0, 0, 0))),
             "scalars": (q.shape[1], lq, lk, q.shape[-1], launch.offset, launch.kmax, launch.scale, launch.seed,
                         launch.dropout_p, _bucket(lq, lk)),
             "meta": meta}

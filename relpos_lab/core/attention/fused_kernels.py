@@ -423,9 +423,9 @@ def forward_kernel(
     """One program: query block start_m of one (batch, head). Writes its rows of O, of the
     log-sum-exp (base 2) and of the mass table; the logit table is its scratch."""
     start_m = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    bh = b * H + h
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
     n_labels = 2 * max_distance + 1
     qk_scale = sm_scale * 1.4426950408889634
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -570,9 +570,9 @@ def backward_dq_kernel(
     edge statistics, and the logit, value and grad tables, which the dk/dv kernel and the tables'
     gradients read."""
     start_m = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    bh = b * H + h
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
     n_labels = 2 * max_distance + 1
     qk_scale = sm_scale * 1.4426950408889634
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -735,9 +735,9 @@ def backward_dkdv_kernel(
     """One program: key block start_n of one (batch, head). Writes its rows of dK and dV and,
     for a wide rel_bias that needs a gradient, its own row of per-label sums in DBIAS."""
     start_n = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    bh = b * H + h
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
     n_labels = 2 * max_distance + 1
     qk_scale = sm_scale * 1.4426950408889634
     n0 = start_n * BLOCK_N
