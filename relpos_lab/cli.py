@@ -304,14 +304,15 @@ def show_plugins(kind, describe: Callable[[type], str]) -> None:
 
     entries = registry.discover(kind)
     table = Table(title=f"{kind.noun}s (entry-point group {kind.group})", title_justify="left", show_lines=True)
-    for column in (kind.noun.split()[-1], "class", "distribution", "description"):
-        table.add_column(column)
+    for column in (kind.noun.split()[-1], "class", "distribution"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("description", overflow="fold")
     for e in entries:
         if e.error is None:
             table.add_row(e.name, e.target, e.distribution or "", describe(e.cls))
         else:
             table.add_row(f"[red]{e.name}[/red]", e.target, e.distribution or "", f"[red]failed to load: {e.error}[/red]")
-    console.print(table)
+    show_table(table)
     broken = sum(e.error is not None for e in entries)
     console.print(f"{len(entries) - broken} available" + (f", {broken} failed to load" if broken else ""))
 
@@ -324,13 +325,14 @@ def configs(args: argparse.Namespace) -> None:
     entries = catalogue()
     where = ", then ".join(f"{label} {shown_path(root)}" for label, root in roots())
     table = Table(title=f"configs ({where})", title_justify="left")
-    for column in ("group", "name", "from", "description"):
-        table.add_column(column)
+    for column in ("group", "name", "from"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("description", overflow="fold")
     for e in entries:
         origin = f"{e.where} (hidden by the local one)" if e.shadowed else e.where
         style = "dim" if e.shadowed else None
         table.add_row(e.group, e.name, origin, e.description, style=style)
-    console.print(table)
+    show_table(table)
     console.print(f"{PROG} train NAME (experiment), {PROG} sweep NAME (sweep); on the command line GROUP=NAME "
                   "(e.g. model=shaw_small) lays a group's file over its section, and an overlay is a bare word "
                   "(e.g. debug)", markup=False, highlight=False)
@@ -530,6 +532,27 @@ def show_summary(summary, title: str) -> None:
     for name in names:
         metrics.add_row(name, *(f"{values[name]:.4f}" if name in values else "" for values in splits.values()))
     console.print(metrics)
+
+
+def show_table(table: Table) -> None:
+    """Print a listing whole: names and class paths (no_wrap columns) never cut, prose wrapped.
+
+    At a terminal rich fits the table to the screen. Piped (a file, `less`, a log) nothing may be
+    cut with "…": a width too narrow for that (the piped console takes the user's terminal's) is
+    widened to a log's (PIPED_WIDTH), or to the narrowest table that cuts nothing if that is wider.
+    """
+    width = console.width
+    if not console.is_terminal:
+        needed = console.measure(table, options=console.options.update_width(WIDEST)).minimum
+        if needed > width:
+            console.width = max(needed, PIPED_WIDTH)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
+WIDEST = 10_000  # the width a table is measured at: its narrowest layout that cuts nothing
 
 
 def _evaluated(summary) -> str:

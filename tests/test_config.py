@@ -578,3 +578,40 @@ def test_tables_piped_without_a_terminal_are_not_cut_at_80_columns():
     from rich.cells import cell_len  # columns on screen: γ̂ is two code points in one column
 
     assert 80 < max(cell_len(line) for line in out.splitlines()) <= 160
+
+
+def test_listings_piped_from_a_narrow_terminal_cut_nothing():
+    """`relpos-lab configs > file` (or `| less` at an 80-column terminal) cut 42 descriptions and
+    class paths with "…" (issue 38, item 5): class paths and names stay whole, each config's
+    description is its comment's whole first sentence, wrapped in its cell."""
+    from relpos_lab.api import registry
+
+    env = {**os.environ, "COLUMNS": "80"}
+
+    def listing(verb: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "relpos_lab", verb], capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "…" not in out.stdout, verb
+        return out.stdout
+
+    for verb, kind in (("tasks", registry.TASKS), ("positions", registry.POSITIONS)):
+        out = listing(verb)
+        for entry in registry.discover(kind):
+            assert f"│ {entry.target} " in out, entry.target
+    descriptions: dict[str, list[str]] = {}
+    for line in listing("configs").splitlines():
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if len(cells) == 4 and cells[0] != "group":
+            if cells[1]:
+                name = f"{cells[0]}/{cells[1]}"
+            descriptions.setdefault(name, []).append(cells[3])
+    assert " ".join(descriptions["cluster/example"]) == (
+        "A site's SLURM settings: copy to configs/cluster/<site>.yaml, edit, and select it on the command line with "
+        "cluster=<site> (or pull it into an experiment with `extends: [..., ../cluster/<site>.yaml]`); `relpos-lab "
+        "submit CONFIG cluster=<site> --dry-run` shows the job.")
+    assert " ".join(descriptions["experiment/shaw2018_base_absolute"]) == (  # "et al. 2018" ends no sentence
+        "Shaw et al. 2018, Table 1, base model with absolute sinusoidal positions (paper: 26.5 BLEU on newstest2014): "
+        "shaw2018_base_relative.yaml with the positions of \"Attention Is All You Need\".")
+    assert " ".join(descriptions["sweep/positions_copy"]) == (  # the first sentence, not the line
+        "The position-scheme study on copy (issue 5): 11 schemes × 3 seeds, trained on lengths 1–16 and tested on 1–32.")

@@ -150,16 +150,21 @@ def catalogue() -> list[Entry]:
     return sorted(entries, key=lambda e: (e.group, e.name, e.where != "local"))
 
 
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")  # not in "et al. (2023)", "et al. 2018", "e.g. debug"
+
+
 def description(path: Path) -> str:
-    """The first line of the file's leading comment that is not a command (`# relpos-lab train ...`)."""
+    """The first sentence of the file's leading comment, its commands (`# relpos-lab train ...`)
+    left out, over as many lines as it takes (the first line alone cut most sentences short)."""
     comment: list[str] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         if not line.startswith("#"):
             break
         comment.append(line.lstrip("#").strip())
     text = [line for line in comment if line and not line.startswith(("relpos-lab ", "python "))]
-    if not text:
-        return ""
-    first = text[0]
-    continues = len(text) > 1 and not first.endswith(".")
-    return first + ("…" if continues else "")
+    sentence: list[str] = []
+    for line in text:
+        sentence.append(line)
+        if line.endswith((".", "!", "?")) or SENTENCE_END.search(line):
+            break
+    return SENTENCE_END.split(" ".join(sentence), maxsplit=1)[0]
