@@ -150,10 +150,30 @@ class SortTask(SyntheticTask):
         return src.sort().values
 
 
+ODDS_FIRST_ORDERS = ("paper", "code")
+
+
+@dataclass
+class OddsFirstConfig(SyntheticConfig):
+    order: str = "paper"
+    """paper: the 1st, 3rd, ... symbols first (s[0::2] + s[1::2], Delétang et al.'s text and their code's
+    docstring); code: the 2nd, 4th, ... first (s[1::2] + s[0::2], what their published code computes)"""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.order not in ODDS_FIRST_ORDERS:
+            raise ValueError(f"task.order={self.order!r}; choose one of {', '.join(ODDS_FIRST_ORDERS)}")
+
+
 class OddsFirstTask(SyntheticTask):
     """Symbols at odd positions (1st, 3rd, ...), then those at even positions (Delétang et al.)."""
 
+    config_class = OddsFirstConfig
+    cfg: OddsFirstConfig
+
     def transform(self, src: Tensor) -> Tensor:
+        if self.cfg.order == "code":
+            return torch.cat((src[1::2], src[0::2]))
         return torch.cat((src[0::2], src[1::2]))
 
 

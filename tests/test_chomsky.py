@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from relpos_lab.api import Vocabulary
+from relpos_lab.api.errors import ConfigError
 from relpos_lab.api.registry import get_task_class
 from relpos_lab.config import load_config
 
@@ -300,6 +301,21 @@ def test_task_specific_fields_change_the_alphabets():
     src, _ = task("modular_arithmetic_brackets", multiplication=False).sample(200, random.Random(0))
     assert 7 not in src  # index of "*" among 0-4, +, -, *, (, )
     assert task("duplicate_string").cfg.decoding.max_len_a == 2.0
+
+
+def test_odds_first_follows_the_papers_text_and_order_code_the_published_code():
+    """The reference generator (tasks/cs/odds_first.py) outputs concatenate(s[:, 1::2], s[:, ::2]);
+    its docstring's example, 00110101 -> 0100 0111, is the 1-based odd positions first (the text)."""
+    paper, code = task("odds_first_string"), task("odds_first_string", order="code")
+    assert paper.transform([0, 0, 1]) == [0, 1, 0] and code.transform([0, 0, 1]) == [0, 0, 1]
+    s = [0, 0, 1, 1, 0, 1, 0, 1]
+    assert paper.transform(s) == [0, 1, 0, 0, 0, 1, 1, 1] and code.transform(s) == [0, 1, 1, 1, 0, 1, 0, 0]
+    for pair in code.dataset("test")[::37]:
+        src, tgt = symbols(code, pair)
+        assert tgt == src[1::2] + src[0::2]
+    assert load_config("deletang2023_chomsky", ["task.name=odds_first_string", "task.order=code"]).task.order == "code"
+    with pytest.raises(ConfigError, match=r"^command line: task.order='odd'; choose one of paper, code$"):
+        load_config("deletang2023_chomsky", ["task.name=odds_first_string", "task.order=odd"])
 
 
 def test_every_task_is_registered_with_a_one_line_description():

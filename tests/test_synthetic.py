@@ -75,12 +75,15 @@ def test_config_validation_names_the_field(field, value):
 
 
 def test_string_transformations_of_the_other_tasks():
-    from relpos_lab_tasks.synthetic import DuplicateConfig, DuplicateTask, OddsFirstTask, SortTask
+    from relpos_lab_tasks.synthetic import DuplicateConfig, DuplicateTask, OddsFirstConfig, OddsFirstTask, SortTask
 
     src = torch.tensor([7, 4, 9, 5, 4])
     assert DuplicateTask(DuplicateConfig(name="duplicate")).transform(src).tolist() == [7, 4, 9, 5, 4] * 2
     assert SortTask(SyntheticConfig(name="sort")).transform(src).tolist() == [4, 4, 5, 7, 9]
-    assert OddsFirstTask(SyntheticConfig(name="odds_first")).transform(src).tolist() == [7, 9, 4, 4, 5]
+    assert OddsFirstTask(OddsFirstConfig(name="odds_first")).transform(src).tolist() == [7, 9, 4, 4, 5]
+    assert OddsFirstTask(OddsFirstConfig(name="odds_first", order="code")).transform(src).tolist() == [4, 5, 7, 9, 4]
+    with pytest.raises(ValueError, match="task.order='odd'; choose one of paper, code"):
+        OddsFirstConfig(name="odds_first", order="odd").validate()
     assert DuplicateConfig(name="duplicate").decoding.max_len_a == 2.0
     for name in ("duplicate", "sort", "odds_first"):
         assert get_task_class(name).__module__ == "relpos_lab_tasks.synthetic"

@@ -32,7 +32,7 @@ from torch import Tensor
 from torchmetrics import Metric, MetricCollection
 
 from relpos_lab.api import DecodingConfig, Pair, Vocabulary
-from relpos_lab_tasks.synthetic import LengthsConfig, LengthsTask, split_seed
+from relpos_lab_tasks.synthetic import ODDS_FIRST_ORDERS, LengthsConfig, LengthsTask, split_seed
 
 
 @dataclass
@@ -45,7 +45,11 @@ class ChomskyConfig(LengthsConfig):
     """modular_arithmetic, modular_arithmetic_brackets, solve_equation: the numbers are
     0 .. modulus-1 and the answer is taken modulo it (the paper: 5)"""
     multiplication: bool = True
-    """modular_arithmetic_brackets: use * besides + and - (the paper's runs do: its task table sets mult=True)"""
+    """modular_arithmetic_brackets: use * besides + and - (the paper's runs do: its task table,
+    experiments/constants.py, sets mult=True, where the generator class's own default is False)"""
+    order: str = "paper"
+    """odds_first_string: paper: the 1st, 3rd, ... symbols first (s[0::2] + s[1::2], the paper's text and
+    its code's docstring); code: the 2nd, 4th, ... first (s[1::2] + s[0::2], what the published code computes)"""
     vocab_size: int = 0
     """reverse_string, duplicate_string, odds_first_string, bucket_sort: the strings' symbols
     "0" .. vocab_size-1; 0: the paper's (2; bucket_sort 5)"""
@@ -58,6 +62,8 @@ class ChomskyConfig(LengthsConfig):
             raise ValueError(f"task.modulus={self.modulus} must be in 2..10 (one digit per number)")
         if self.vocab_size not in (0, *range(2, 11)):
             raise ValueError(f"task.vocab_size={self.vocab_size} must be 0 (the paper's) or 2..10")
+        if self.order not in ODDS_FIRST_ORDERS:
+            raise ValueError(f"task.order={self.order!r}; choose one of {', '.join(ODDS_FIRST_ORDERS)}")
 
 
 class ChomskyTask(LengthsTask):

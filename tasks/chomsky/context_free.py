@@ -87,6 +87,8 @@ class ModularArithmeticBracketsTask(ChomskyTask):
 
     Input: an expression of exactly n symbols from the paper's grammar (bracketed_expression):
     numbers 0..4, +, -, *, brackets, and unary minus on a number. Output: its value modulo 5.
+    With * by default (`task.multiplication`): the paper's constants (experiments/constants.py)
+    build this task with mult=True, although the generator class defaults to mult=False.
     """
 
     @property

@@ -21,12 +21,13 @@ class OddsFirstStringTask(StringTask):
     """CS: a binary string's 1st, 3rd, ... symbols, then its 2nd, 4th, ... (Delétang et al.'s odds first).
 
     As the paper's text and its code's docstring example define it (`odds_first` is the same on
-    any alphabet). The published generator's code takes the 2nd, 4th, ... first (0-based odd
-    indices), against its own example; we follow the text.
+    any alphabet): input 001 gives 010. The published generator (tasks/cs/odds_first.py) computes
+    the 2nd, 4th, ... first (0-based odd indices, s[1::2] + s[0::2]), against its own example:
+    001 gives 001 there. `task.order=code` gives the code's order, `paper` (the default) the text's.
     """
 
     def transform(self, s: list[int]) -> list[int]:
-        return s[0::2] + s[1::2]
+        return s[1::2] + s[0::2] if self.cfg.order == "code" else s[0::2] + s[1::2]
 
 
 class BucketSortTask(StringTask):
