@@ -11,6 +11,7 @@ from relpos_lab.core.positions import (
     PolarPositions, PopeConfig, RopeConfig, RotaryPositions, SandwichConfig, SandwichPositions, XposConfig,
     XposPositions, scheme_of,
 )
+from relpos_lab.core.positions.rotary import yarn_ramp
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder
 from tests.test_positions import assert_same_outputs_and_grads, attend_with_loop
 from tests.test_transformer import chunks, tiny
@@ -83,12 +84,57 @@ def expected_frequencies(kind, s, train_length, base=10000.0):
         return [th / s for th in theta], 1.0
     if kind == "ntk":  # NTK-aware: base · s^(D/(D−2))
         return [(base * s ** (D / (D - 2))) ** (-2 * t / D) for t in range(D // 2)], 1.0
-    out = []  # yarn: r = L/λ, γ = ramp(r; α=1, β=32)
-    for th in theta:
-        r = train_length / (2 * math.pi / th)
-        gamma = 0.0 if r < 1 else 1.0 if r > 32 else (r - 1) / 31
-        out.append((1 - gamma) * th / s + gamma * th)
+    # yarn as its authors' code computes it: the pairs turning 32 and 1 times over L, rounded out,
+    # bound a ramp linear in the pair index from θ_t (extrapolation) to θ_t/s (interpolation)
+    def pair_turning(r):  # solve L·base^(−2t/D) / 2π = r for t
+        return math.log(train_length / (2 * math.pi * r)) / math.log(base) * D / 2
+    low, high = max(math.floor(pair_turning(32)), 0), min(math.ceil(pair_turning(1)), D - 1)
+    out = []
+    for t, th in enumerate(theta):
+        interpolated = min(max((t - low) / ((high - low) or 0.001), 0.0), 1.0)
+        out.append(interpolated * th / s + (1 - interpolated) * th)
     return out, 0.1 * math.log(s) + 1
+
+
+def test_yarn_matches_a_hand_computed_case_of_its_authors_code():
+    """D = 64, base 10000, s = 4, trained on L = 64, worked by hand from jquesnelle/yarn's
+    find_correction_range and linear_ramp_mask (Hugging Face's `yarn` is the same). The pair that
+    turns r times over L is t(r) = (D/2)·ln(L/(2π·r))/ln(base) = 32·ln(64/(2π·r))/9.21034:
+    t(32) = 32·ln(1/π)/9.21034 = −3.977, low = max(⌊−3.977⌋, 0) = 0; t(1) = 32·ln(10.186)/9.21034
+    = 8.064, high = ⌈8.064⌉ = 9. So pair t is interpolated by t/9 up to pair 9 and θ'_t =
+    θ_t·((1 − t/9) + (t/9)/4), θ_t = 10^(−t/8): θ'_0 = 1; θ'_3 = 10^(−0.375)·0.75 = 0.31627238;
+    θ'_6 = 10^(−0.75)·0.5 = 0.08891397; θ'_9 = 10^(−1.125)/4 = 0.018747355; θ'_31 = 10^(−3.875)/4 =
+    3.3338036e−5. q and k are each scaled by 0.1·ln 4 + 1 = 1.1386294. The ramp linear in the rotation
+    count (the paper's text) gives pair 0 weight 0.296 on θ_0 here: (64/2π − 1)/31."""
+    cfg = RopeConfig(rope_scaling="yarn", rope_scaling_factor=4.0, rope_train_length=64)
+    theta, factor = RotaryPositions(64, 10000.0, cfg).eval().frequencies(256)
+    want = torch.tensor([1.0, 0.31627238, 0.08891397, 0.018747355, 3.3338036e-5], dtype=torch.float64)
+    torch.testing.assert_close(theta[[0, 3, 6, 9, 31]], want, rtol=1e-7, atol=0)
+    assert factor == pytest.approx(1.1386294, abs=1e-7)
+    ramp = yarn_ramp(64, 10000.0, 64, 32.0, 1.0)
+    assert ramp[0] == 0.0  # pair 0 keeps weight 1.0 on θ_0: pure extrapolation
+    torch.testing.assert_close(ramp[:10], torch.arange(10, dtype=torch.float64) / 9)
+    assert ramp[9:].eq(1.0).all()  # pure interpolation from the slow correction pair on
+
+
+@pytest.mark.parametrize("head_dim,train_length,factor", [(64, 64, 4.0), (128, 4096, 4.0), (8, 8, 3.0), (64, 4, 2.0)])
+def test_yarn_matches_hugging_face_transformers(head_dim, train_length, factor):
+    """transformers' `yarn` rope init, where it is installed (a dev-only peer): inverse frequencies to
+    1e-6 and the same attention factor; (64, 4) is the context too short for the slow correction pair."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "yarn", "factor": factor}
+    hf = dict(hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim, max_position_embeddings=train_length)
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        config = transformers.LlamaConfig(**hf, rope_parameters={**rope, "rope_theta": 10000.0})
+    else:
+        config = transformers.LlamaConfig(**hf, rope_scaling=rope, rope_theta=10000.0)
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    cfg = RopeConfig(rope_scaling="yarn", rope_scaling_factor=factor, rope_train_length=train_length)
+    theta, scale = RotaryPositions(head_dim, 10000.0, cfg).eval().frequencies(10 * train_length)
+    torch.testing.assert_close(theta, inv_freq.double(), rtol=0, atol=1e-6)
+    assert scale == pytest.approx(attention_factor)
 
 
 @pytest.mark.parametrize("kind", ["linear", "ntk", "yarn"])

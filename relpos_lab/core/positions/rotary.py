@@ -9,11 +9,20 @@ n, θ_t = base^(−2t/D), t = 0..D/2−1. Its options here:
   ours — unverified against the authors' code.)
 - Scaling at evaluation (`rope_scaling`), for contexts longer than the training one, L = rope_train_length:
   linear = position interpolation (Chen et al., 2023) θ'_t = θ_t / s; ntk = "NTK-aware" scaling
-  (bloc97, 2023) base' = base · s^(D/(D−2)); yarn = YaRN (Peng et al., 2023, eq. 18-20 and the
-  temperature of §3.4): with r_t = L·θ_t / 2π rotations over the training context and the ramp
-  γ_t = clamp((r_t − β_slow)/(β_fast − β_slow), 0, 1), θ'_t = (1 − γ_t)·θ_t/s + γ_t·θ_t, and q and
-  k each multiplied by √(1/t) = 0.1·ln s + 1 (the logits by (0.1·ln s + 1)²). The ramp is the
-  paper's continuous one in r_t; Hugging Face's rounds its ends to whole dimensions.
+  (bloc97, 2023) base' = base · s^(D/(D−2)); yarn = YaRN (Peng et al., 2023) as its authors' code
+  (jquesnelle/yarn, scaled_rope/LlamaYaRNScaledRotaryEmbedding.py) and Hugging Face transformers'
+  `yarn` rope (modeling_rope_utils._compute_yarn_parameters) compute it: the pair whose θ turns r
+  times over the training context is t(r) = D·ln(L/(2π·r)) / (2·ln base); the correction range is
+  low = max(⌊t(β_fast)⌋, 0), high = min(⌈t(β_slow)⌉, D − 1); the ramp γ_t = clamp((t − low)/(high − low),
+  0, 1) is linear in the pair index t (high − low = 0 counts as 0.001, as there), and
+  θ'_t = γ_t·θ_t/s + (1 − γ_t)·θ_t: pairs up to low keep θ_t, pairs from high on are interpolated.
+  q and k are each multiplied by √(1/t) = 0.1·ln s + 1 (the logits by (0.1·ln s + 1)², §3.4 with the
+  authors' errata). The paper's text (§3.2, "NTK-by-parts") writes the ramp linear in the rotation
+  count r_t = L·θ_t/2π instead (linear in base^(−2t/D), not in t); its models were extended with
+  the code, and we know no implementation of the r-linear ramp, so it is not offered (at D = 64,
+  L = 64, s = 4 the two differ by up to 129% in θ'_t: pair 0 weighs θ_0 (against θ_0/s) 1 in the code,
+  0.296 in r). As in the code, a training context of L ≤ 2π·β_slow·base^(−2/D) positions
+  (4.7 at D = 64 with the defaults) puts high below low, and every pair then keeps θ_t.
 
   When it applies: only in evaluation mode (module.eval(): validation, test, decoding), in a call
   whose positions reach beyond the training context (offset + Lq > rope_train_length); then with
@@ -62,9 +71,9 @@ class RopeConfig(PositionConfig):
     rope_train_length: int = 0
     """the training context length L that rope_scaling extends (the lm task's task.train_length)"""
     yarn_beta_fast: float = 32.0
-    """yarn: frequencies turning more than this many times over L keep θ (YaRN's β)"""
+    """yarn: pairs below the one turning this many times over L (rounded down) keep θ (YaRN's β)"""
     yarn_beta_slow: float = 1.0
-    """yarn: frequencies turning fewer times than this over L are interpolated, θ/s (YaRN's α)"""
+    """yarn: pairs from the one turning this many times over L (rounded up) are interpolated, θ/s (YaRN's α)"""
 
     def validate(self) -> None:
         if self.rope_base <= 1:
@@ -98,9 +107,21 @@ def scaled_frequencies(theta: Tensor, head_dim: int, base: float, cfg: RopeConfi
     if cfg.rope_scaling == "ntk":
         ntk = (base * s ** (head_dim / (head_dim - 2))) ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         return torch.where(theta > 0, ntk, theta), 1.0  # p-RoPE's unrotated pairs stay unrotated
-    rotations = cfg.rope_train_length * theta / (2 * math.pi)  # yarn
-    ramp = ((rotations - cfg.yarn_beta_slow) / (cfg.yarn_beta_fast - cfg.yarn_beta_slow)).clamp(0, 1)
-    return (1 - ramp) * theta / s + ramp * theta, 0.1 * math.log(s) + 1.0
+    ramp = yarn_ramp(head_dim, base, cfg.rope_train_length, cfg.yarn_beta_fast, cfg.yarn_beta_slow)
+    return ramp * theta / s + (1 - ramp) * theta, 0.1 * math.log(s) + 1.0
+
+
+def yarn_ramp(head_dim: int, base: float, train_length: int, beta_fast: float, beta_slow: float) -> Tensor:
+    """YaRN's γ_t per pair (D/2,), float64: 0 (θ_t kept) below the pair that turns beta_fast times over
+    the training context, rounded down, 1 (θ_t/s) from the one that turns beta_slow times, rounded up,
+    linear in t between (the module docstring; the authors' code and Hugging Face's `yarn`)."""
+    def pair_turning(rotations: float) -> float:
+        return head_dim * math.log(train_length / (2 * math.pi * rotations)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_turning(beta_fast)), 0)
+    high = min(math.ceil(pair_turning(beta_slow)), head_dim - 1)
+    t = torch.arange(head_dim // 2, dtype=torch.float64)
+    return ((t - low) / ((high - low) or 0.001)).clamp(0, 1)
 
 
 def rotate_half(x: Tensor, angles: Tensor) -> Tensor:
