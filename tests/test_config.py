@@ -454,6 +454,19 @@ def test_a_bad_position_option_names_its_full_key_and_source(tmp_path, monkeypat
     assert error_of(path).startswith("e.yaml: model.positions.per_head=true is a field of scheme 'shaw', not of 'rope'")
 
 
+def test_t5_buckets_too_few_for_an_encoder_are_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """t5_num_buckets=2 used to pass validation and raise ZeroDivisionError in the first encoder layer."""
+    monkeypatch.chdir(tmp_path)
+    err = cli_error(capsys, "train", "reverse_shaw", "model.positions.scheme=t5_bias", "model.positions.t5_num_buckets=2")
+    assert err == ("relpos-lab: error: command line: model.positions.t5_num_buckets=2 is too few: set it to 4 or more "
+                   "(bidirectional attention, an encoder's or a bidirectional prefix's, keeps num_buckets // 4 = 0 exact "
+                   "distances per direction, and needs 1)\n")
+    assert not any(tmp_path.iterdir())
+    cfg = load_config("reverse_shaw", ["model.positions.scheme=t5_bias", "model.positions.t5_num_buckets=4",
+                                       "model.positions.t5_max_distance=3"])
+    assert (cfg.model.positions.t5_num_buckets, cfg.model.positions.t5_max_distance) == (4, 3)
+
+
 def test_the_debug_overlay_makes_any_experiment_tiny_and_keeps_its_task(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name in ("reverse_shaw", "translation_gettext_shaw", "shaw2018_base_relative"):

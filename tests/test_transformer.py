@@ -275,7 +275,10 @@ def test_tied_and_shared_embeddings():
     (dict(attention_impl="banded"), "'banded' handles encoder self-attention only"),
     (dict(attention_impl="flex", attention_dropout=0.1), "set model.attention_dropout=0"),
     (dict(positions=positions("t5_bias", t5_num_buckets=32, t5_max_distance=16)),
-     "t5_max_distance > t5_num_buckets/2"),
+     r"t5_max_distance=16 must be above t5_num_buckets // 2 = 16, .*: set it to 17 or more"),
+    (dict(positions=positions("t5_bias", t5_num_buckets=2, t5_max_distance=5)),  # was a ZeroDivisionError
+     r"t5_num_buckets=2 is too few: set it to 4 or more"),
+    (dict(positions=positions("t5_bias", t5_num_buckets=3, t5_max_distance=5)), r"t5_num_buckets=3 is too few"),
     (dict(dropout=1.5), "dropout must be in"),
     (dict(share_src_tgt_embeddings=True, tgt_vocab_size=7), "equal source and target"),
     (dict(positions=positions("rope"), d_model=18, n_heads=2, d_ff=8), "even head dimension"),
@@ -283,6 +286,22 @@ def test_tied_and_shared_embeddings():
 def test_impossible_shapes_are_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         EncoderDecoder(tiny(**kwargs))
+
+
+def test_t5_bias_runs_at_the_fewest_buckets_validation_accepts():
+    """4 buckets, max distance 3: bidirectional attention keeps 1 exact distance per direction (2 or 3
+    buckets kept none and divided by zero in the encoder), causal attention 2; both run."""
+    fewest = positions("t5_bias", t5_num_buckets=4, t5_max_distance=3)
+    model = EncoderDecoder(tiny(positions=fewest))
+    src, tgt = torch.randint(3, 13, (2, 9)), torch.randint(3, 13, (2, 7))
+    assert model(src, tgt).isfinite().all()
+    for bidirectional in (True, False):
+        assert prefix_lm(positions=fewest, bidirectional=bidirectional)(*prefix_batch()).isfinite().all()
+    # j − i = −5..5. The encoder: 0 the query itself (its one exact distance), 1 behind, 3 ahead (2, ahead
+    # by 0, is never used); the decoder: 0 and 1 exact, 2 and 3 log-spaced up to max_distance
+    encoder, decoder = (stack.layers[0].self_attn.inner.positions for stack in (model.encoder, model.decoder))
+    assert encoder.bucket(torch.arange(-5, 6)).tolist() == [1, 1, 1, 1, 1, 0, 3, 3, 3, 3, 3]
+    assert decoder.bucket(torch.arange(-5, 1)).tolist() == [3, 3, 3, 2, 1, 0]
 
 
 def test_label_smoothed_loss_matches_torch_and_ignores_padding():

@@ -172,16 +172,24 @@ class T5BiasConfig(PositionConfig):
     scheme: str = "t5_bias"
     """t5_bias: T5's learned bias per head and relative-distance bucket (Raffel et al., 2020)"""
     t5_num_buckets: int = 32
-    """relative-position buckets (half per direction when bidirectional)"""
+    """relative-position buckets (half per direction when bidirectional); at least 4: bidirectional
+    attention (an encoder, a bidirectional prefix) keeps num_buckets // 4 exact distances per
+    direction, causal attention num_buckets // 2 (2 would do there, but one config serves both)"""
     t5_max_distance: int = 128
-    """distances from here on share the last bucket"""
+    """distances from here on share the last bucket; above t5_num_buckets // 2, where the
+    log-spaced buckets of causal attention start"""
 
     def validate(self) -> None:
-        if self.t5_num_buckets < 2 or self.t5_max_distance <= self.t5_num_buckets // 2:
-            # The decoder's one-directional buckets have num_buckets/2 exact distances; the
-            # log-spaced ones divide by log(max_distance / (num_buckets/2)), which must be > 0.
-            raise ValueError(f"model.positions.t5_num_buckets must be >= 2 and model.positions.t5_max_distance > t5_num_buckets/2 "
-                             f"(got {self.t5_num_buckets} and {self.t5_max_distance})")
+        n = self.t5_num_buckets
+        if n < 4:
+            raise ValueError(f"model.positions.t5_num_buckets={n} is too few: set it to 4 or more (bidirectional "
+                             f"attention, an encoder's or a bidirectional prefix's, keeps num_buckets // 4 = {n // 4} "
+                             "exact distances per direction, and needs 1)")
+        if self.t5_max_distance <= n // 2:
+            # The log-spaced buckets divide by log(max_distance / (num_buckets // 2)), which must be > 0.
+            raise ValueError(f"model.positions.t5_max_distance={self.t5_max_distance} must be above "
+                             f"t5_num_buckets // 2 = {n // 2}, where the log-spaced buckets start: set it to "
+                             f"{n // 2 + 1} or more, or lower t5_num_buckets")
 
 
 class T5Bias(PositionScheme):
