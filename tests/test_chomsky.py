@@ -14,11 +14,13 @@ from collections import Counter
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from relpos_lab.api import Vocabulary
 from relpos_lab.api.errors import ConfigError
 from relpos_lab.api.registry import get_task_class
 from relpos_lab.config import load_config
+from relpos_lab.records.rundir import run_directory
 
 MOD = 5
 
@@ -316,6 +318,16 @@ def test_odds_first_follows_the_papers_text_and_order_code_the_published_code():
     assert load_config("deletang2023_chomsky", ["task.name=odds_first_string", "task.order=code"]).task.order == "code"
     with pytest.raises(ConfigError, match=r"^command line: task.order='odd'; choose one of paper, code$"):
         load_config("deletang2023_chomsky", ["task.name=odds_first_string", "task.order=odd"])
+
+
+def test_task_order_at_its_default_keeps_every_run_directory():
+    """task.order came after runs of the suite existed: at `paper` it is left out of the hash."""
+    cfg = load_config("deletang2023_chomsky", ["task.name=odds_first_string"])
+    before = OmegaConf.to_container(cfg)
+    del before["task"]["order"]
+    assert run_directory(cfg) == run_directory(OmegaConf.create(before))
+    assert run_directory(load_config("deletang2023_chomsky", ["task.name=odds_first_string", "task.order=code"])) \
+        != run_directory(cfg)
 
 
 def test_every_task_is_registered_with_a_one_line_description():

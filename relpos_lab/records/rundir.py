@@ -75,6 +75,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.positions.rope_train_length": 0,
     "model.positions.yarn_beta_fast": 32.0,
     "model.positions.yarn_beta_slow": 1.0,
+    "task.order": "paper",
 }
 # Before position schemes were plugins, model.positions held every built-in scheme's fields at
 # once. A scheme's section is hashed as that flat form (its own fields over the old defaults), so
