@@ -73,9 +73,10 @@ def key_stages(m0, OFFSET, LK, max_distance, CAUSAL: tl.constexpr, BLOCK_M: tl.c
     """(0, left_hi, band_lo, band_hi, right_lo, hi): the key bounds of query block [m0, m0 + BM).
     The band [band_lo, band_hi) is aligned to BAND_BLOCK, the plain stages' BN tiles to BN, and a
     fringe of BAND_BLOCK tiles joins them: LEFT is [0, left_hi) + [left_hi, band_lo), RIGHT
-    [band_hi, right_lo) + [right_lo, hi). A fringe tile costs what a plain tile costs per key, a
-    band tile about twice: the band holds only the tiles that have labels to read. Plain integer
-    arithmetic, so `bench kernel --static` counts tiles by calling it from Python (`.fn`)."""
+    [band_hi, right_lo) + [right_lo, hi). A fringe tile does a plain tile's work on fewer keys
+    (its per-tile costs weigh a little more), a band tile about twice that: the band holds only
+    the tiles that have labels to read. Plain integer arithmetic, so `bench kernel --static`
+    counts tiles by calling it from Python (`.fn`)."""
     a0 = m0 + OFFSET
     a1 = a0 + BLOCK_M - 1
     hi = LK
