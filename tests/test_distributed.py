@@ -259,3 +259,140 @@ def test_only_global_rank_zero_writes_on_a_shared_filesystem(runs, two_nodes):
     assert len(attempts) == 1 and len(list((run_dir / "wandb").glob("offline-run-*"))) == 1
     assert attempts[0].metric("train/loss") == pytest.approx(
         [v for _, v in sorted(logged(run_dir, "train/loss").items())], rel=1e-6)
+
+
+# --- the rendezvous: bounded, one line naming the address ---------------------------------------
+
+RENDEZVOUS_S = 3  # trainer.rendezvous_timeout_seconds in these tests
+RENDEZVOUS = ["trainer.num_nodes=2", "trainer.devices=1", f"trainer.rendezvous_timeout_seconds={RENDEZVOUS_S}",
+              "logging.wandb.mode=disabled", "name=rendezvous"]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_rank(root: Path, variables: dict[str, str]) -> subprocess.Popen:
+    """`relpos-lab train` as one process of a 2-process world, with the variables its launcher sets."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", **variables}
+    for name in ("MASTER_ADDR", "MASTER_PORT", "WANDB_MODE"):
+        if name not in variables:
+            env.pop(name, None)
+    return subprocess.Popen([sys.executable, "-m", "relpos_lab", "train", "ddp.yaml", *RENDEZVOUS], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_rendezvous_nobody_completes_fails_in_bounded_time_with_one_line_naming_the_address(tmp_path):
+    """Today's launchers, each with a rendezvous that cannot complete, all three at once: rank 1 of a
+    2-node SLURM allocation whose first node does not resolve (Lightning's SLURMEnvironment makes it
+    MASTER_ADDR), rank 1 under torchrun's variables with a port nothing listens on, and rank 0 whose
+    rank 1 never comes. Each exits non-zero within a bound, with one `relpos-lab: error:` line naming
+    the address and port it tried and no traceback (c10d's retry warnings and C++ stack included)."""
+    import time
+
+    ports = {"torchrun": free_port(), "alone": free_port()}
+    job_id = free_slurm_job_id()
+    cases = {
+        "slurm": ("nosuch-node.invalid", 15000 + int(job_id[-4:]),
+                  {"SLURM_JOB_ID": job_id, "SLURM_JOB_NAME": "rendezvous", "SLURM_NNODES": "2", "SLURM_NTASKS": "2",
+                   "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NODELIST": "nosuch-node.invalid,localhost",
+                   "SLURM_NODELIST": "nosuch-node.invalid,localhost", "SLURM_CPUS_PER_TASK": "1",
+                   "SLURM_NODEID": "1", "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURMD_NODENAME": "localhost"}),
+        "torchrun": ("127.0.0.1", ports["torchrun"],
+                     {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports["torchrun"]), "WORLD_SIZE": "2", "RANK": "1",
+                      "LOCAL_RANK": "0", "GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "rdzv"}),
+        "alone": ("127.0.0.1", ports["alone"],
+                  {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports["alone"]), "NODE_RANK": "0"}),
+    }
+    roots = {name: tmp_path / name for name in cases}
+    for name, root in roots.items():
+        root.mkdir()
+        (root / "ddp.yaml").write_text(CONFIG)
+    started = time.monotonic()
+    procs = {name: one_rank(roots[name], variables) for name, (_, _, variables) in cases.items()}
+    results = {}
+    for name, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for p in procs.values():
+                p.kill()
+            pytest.fail(f"{name}: still waiting at the rendezvous after 120 s")
+        results[name] = (proc.returncode, out, err, time.monotonic() - started)
+    for name, (host, port, _) in cases.items():
+        code, out, err, seconds = results[name]
+        text = out + err
+        errors = [line for line in text.splitlines() if line.startswith("relpos-lab: error:")]
+        assert code == 2, (name, text[-3000:])
+        assert seconds < 60, (name, seconds)  # three processes importing torch on 2 cores, then 3 s
+        assert len(errors) == 1, (name, text[-3000:])
+        assert f"{host}:{port}" in errors[0] and "trainer.rendezvous_timeout_seconds" in errors[0], (name, errors[0])
+        assert "Traceback" not in text and "frame #" not in text and "[c10d]" not in text, (name, text[-3000:])
+    assert "rank 1 of 2 could not reach" in results["slurm"][2] and "does not resolve" in results["slurm"][2]
+    assert "rank 1 of 2 could not reach" in results["torchrun"][2] and "nothing answered" in results["torchrun"][2]
+    assert "rank 0 of 2 waited 3 s" in results["alone"][2] and "1 of 2 processes joined" in results["alone"][2]
+    assert not list(roots["alone"].glob("runs/rendezvous/*"))  # rank 0 failed before its first step: nothing left
+
+
+BARRIER = """
+import os, sys, time
+from pathlib import Path
+from relpos_lab.config import load_config
+from relpos_lab.training.trainer import build_trainer
+
+cfg = load_config("ddp.yaml", sys.argv[1:])
+strategy = build_trainer(cfg, Path("."), loggers=[], callbacks=[]).strategy
+Path("ready" + os.environ["NODE_RANK"]).touch()  # both imported: they meet well within the rendezvous timeout
+while not (Path("ready0").exists() and Path("ready1").exists()):
+    time.sleep(0.05)
+strategy.setup_environment()
+if strategy.global_rank == 0:
+    time.sleep(2 * {s})  # rank 0 busy (prepare_data, a checkpoint write) while the other waits
+strategy.barrier("after the rendezvous")
+print("rank", strategy.global_rank, "passed the barrier")
+"""
+
+
+def test_collectives_keep_lightnings_timeout_after_a_short_rendezvous(tmp_path):
+    """The rendezvous's short timeout is the process group's only while the processes meet: a barrier
+    that then waits longer than it for rank 0 still completes (it timed out with the rendezvous's)."""
+    (tmp_path / "ddp.yaml").write_text(CONFIG)
+    (tmp_path / "barrier.py").write_text(BARRIER.format(s=RENDEZVOUS_S))
+    port = str(free_port())
+    procs = []
+    for node in (0, 1):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+               "NODE_RANK": str(node)}
+        procs.append(subprocess.Popen([sys.executable, "barrier.py", *RENDEZVOUS], cwd=tmp_path, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    for node, (proc, out) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0 and f"rank {node} passed the barrier" in out, out[-3000:]
+
+
+@pytest.mark.parametrize(("strategy", "devices", "num_nodes", "expected"), [
+    ("ddp", 2, 1, {"start_method": "popen"}),
+    ("auto", 1, 2, {"start_method": "popen"}),  # Lightning's "auto" picks ddp for several processes
+    ("auto", 2, 1, {"start_method": "popen"}),
+    ("ddp_spawn_find_unused_parameters_true", 2, 1, {"start_method": "spawn", "find_unused_parameters": True}),
+    ("auto", 1, 1, None),  # one process: no rendezvous
+    ("deepspeed", 2, 1, None),  # not DDP: Lightning's own strategy, by name
+])
+def test_ddp_strategies_get_the_bounded_rendezvous(strategy, devices, num_nodes, expected):
+    from omegaconf import OmegaConf
+
+    from relpos_lab.training.rendezvous import BoundedRendezvousDDP, ddp_strategy
+
+    cfg = OmegaConf.create({"trainer": {"strategy": strategy, "devices": devices, "num_nodes": num_nodes,
+                                        "rendezvous_timeout_seconds": 7.5}})
+    chosen = ddp_strategy(cfg)
+    if expected is None:
+        assert chosen == strategy
+        return
+    assert isinstance(chosen, BoundedRendezvousDDP) and chosen.rendezvous_timeout.total_seconds() == 7.5
+    assert chosen._start_method == expected["start_method"]
+    assert chosen._ddp_kwargs.get("find_unused_parameters", False) == expected.get("find_unused_parameters", False)

@@ -107,6 +107,9 @@ class TrainerConfig:
     """progress on the console: a bar over the steps at a terminal, plain lines in a log file (a SLURM .out)"""
     enable_model_summary: bool = True
     """print the model's parameter count at the start (Lightning's table of its layers with -v)"""
+    rendezvous_timeout_seconds: float = 300.0
+    """a distributed run: seconds each process waits for the others at the start (at MASTER_ADDR:MASTER_PORT; under
+    SLURM the job's first node) before it fails in one line naming that address"""
 
     def validate(self) -> None:
         _at_least(self, "trainer", devices=1, num_nodes=1, max_steps=1, val_every_n_steps=1,
@@ -114,6 +117,8 @@ class TrainerConfig:
                   num_sanity_val_steps=0)
         if self.checkpoint_every_minutes < 0:
             raise ValueError(f"trainer.checkpoint_every_minutes={self.checkpoint_every_minutes} must be >= 0")
+        if self.rendezvous_timeout_seconds <= 0:
+            raise ValueError(f"trainer.rendezvous_timeout_seconds={self.rendezvous_timeout_seconds} must be > 0")
         if self.gradient_clip_val < 0:
             raise ValueError(f"trainer.gradient_clip_val={self.gradient_clip_val} must be >= 0")
 

@@ -12,13 +12,15 @@ from omegaconf import DictConfig
 from relpos_lab.api import UserError
 from relpos_lab.training.checkpoints import AtomicCheckpointIO
 from relpos_lab.training.progress import OneLineSummary, is_quiet, progress_bar
+from relpos_lab.training.rendezvous import ddp_strategy
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path, *, loggers: list, callbacks: list[Callback]) -> L.Trainer:
     """A Lightning Trainer from `cfg.trainer`; invalid hardware settings become UserErrors.
 
     The progress display depends on where stdout goes (progress.py): a bar over the steps at a
-    terminal, a plain line every `log_every_n_steps` steps in a log file.
+    terminal, a plain line every `log_every_n_steps` steps in a log file. DDP's processes wait
+    `rendezvous_timeout_seconds` for each other at the start (rendezvous.py).
     """
     t = cfg.trainer
     check_hardware(cfg)
@@ -29,7 +31,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, loggers: list, callbacks: l
     try:
         return L.Trainer(
             default_root_dir=run_dir, logger=loggers or False, callbacks=callbacks,
-            accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
+            accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=ddp_strategy(cfg),
             precision=t.precision, max_steps=t.max_steps, max_epochs=-1,
             val_check_interval=t.val_every_n_steps, check_val_every_n_epoch=None,
             log_every_n_steps=t.log_every_n_steps, gradient_clip_val=t.gradient_clip_val or None,
