@@ -95,7 +95,7 @@ def ddp_strategy(cfg: DictConfig) -> str | BoundedRendezvousDDP:
         elif t.devices > 1:
             name = "ddp_fork" if hasattr(sys, "ps1") or sys.flags.interactive else "ddp"
     entry = StrategyRegistry[name] if name in StrategyRegistry else None  # (.get would build it)
-    if entry is None or entry["strategy"] is not DDPStrategy:
+    if entry is None or entry["strategy"] is not DDPStrategy or not _timeout_restorable():
         return t.strategy
     return BoundedRendezvousDDP(timedelta(seconds=t.rendezvous_timeout_seconds), **entry["init_params"])
 
@@ -104,6 +104,16 @@ def _resolves(host: str, port: int) -> bool:
     try:
         socket.getaddrinfo(host, port)
     except OSError:
+        return False
+    return True
+
+
+def _timeout_restorable() -> bool:
+    """Whether this torch has the private setters `_restore_timeout` needs; without them the
+    rendezvous keeps Lightning's own timeout rather than leave every collective a short one."""
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store, _set_pg_timeout  # noqa: F401
+    except ImportError:
         return False
     return True
 
