@@ -293,9 +293,8 @@ def show_report(report) -> int:
     console.rule(f"[bold]{report.subject}[/bold]")
     for line in report.lines():
         _echo(line)
-    failed = sum(not c.ok for c in report.checks)
-    _echo(f"{len(report.checks) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    _echo(report.summary())
+    return 0 if report.ok else 1
 
 
 def show_plugins(kind, describe: Callable[[type], str]) -> None:

@@ -12,6 +12,10 @@ A scheme that declares `supports_cache = False` (position coupling: a source dig
 its number's end) has its decoding check reported as not checked; its own tests check the decoding
 paths it does support. The decoding check is the one that catches a scheme that places queries at 0..L-1 instead of at
 `query_offset` (tests/test_conformance.py keeps such a scheme as the negative control).
+
+A scheme that declares `supports_bidirectional = False` (causal-only) is not built into models with
+a bidirectional self-attention layer: the checks of the encoder-decoder family are reported as
+skipped, one "skip" line each saying why, and the decoder-only family (causal) is checked in full.
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ class Check:
     name: str
     ok: bool
     detail: str = ""
+    skipped: bool = False  # not run: the scheme declares it does not support what it checks (ok stays True)
 
 
 @dataclass
@@ -54,6 +59,14 @@ class Report:
     def ok(self) -> bool:
         return all(c.ok for c in self.checks)
 
+    @property
+    def skipped(self) -> list[Check]:
+        return [c for c in self.checks if c.skipped]
+
+    def skip(self, name: str, why: str) -> None:
+        """Record a check that is not run, and why."""
+        self.checks.append(Check(name, True, why, skipped=True))
+
     def run(self, name: str, fn: Callable[[], str | None]) -> bool:
         """Run one check; an exception or an AssertionError is its failure, the last frame named."""
         try:
@@ -66,7 +79,14 @@ class Report:
             return False
 
     def lines(self) -> list[str]:
-        return [f"{'ok  ' if c.ok else 'FAIL'}  {c.name}" + (f": {c.detail}" if c.detail else "") for c in self.checks]
+        return [f"{'skip' if c.skipped else 'ok  ' if c.ok else 'FAIL'}  {c.name}" + (f": {c.detail}" if c.detail else "")
+                for c in self.checks]
+
+    def summary(self) -> str:
+        """`N passed, M failed` (and `, K skipped` when the scheme declared some checks not applicable)."""
+        failed, skipped = sum(not c.ok for c in self.checks), len(self.skipped)
+        return (f"{len(self.checks) - failed - skipped} passed, {failed} failed"
+                + (f", {skipped} skipped" if skipped else ""))
 
     def raise_on_failure(self) -> None:
         if not self.ok:
@@ -97,7 +117,7 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
     if not report.run("config: its dataclass takes the fields and validates", config):
         return report
     positions = holder["positions"]
-    models = {}
+    models, unsupported = {}, _unsupported_families(scheme_of(positions), positions)
 
     def build(arch):
         def run():
@@ -107,19 +127,39 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
         return run
 
     for arch in ARCHITECTURES:
-        report.run(f"{arch}: builds", build(arch))
+        if arch in unsupported:
+            report.skip(f"{arch}: builds", unsupported[arch])
+        else:
+            report.run(f"{arch}: builds", build(arch))
     src, tgt = _tokens(3, 7, seed=1), _tokens(3, 6, seed=2)
-    for arch, model in models.items():
-        report.run(f"{arch}: output shape, finite gradients reaching the scheme's parameters",
-                   lambda model=model, arch=arch: _gradients(model, arch, src, tgt))
-        report.run(f"{arch}: cached decoding and multi-token prefill equal the full pass (float64)",
-                   lambda model=model, arch=arch: _cache_equals_full(model, arch, src, tgt)
+    for arch in ARCHITECTURES:
+        names = (f"{arch}: output shape, finite gradients reaching the scheme's parameters",
+                 f"{arch}: cached decoding and multi-token prefill equal the full pass (float64)",
+                 f"{arch}: 40 training steps lower the loss on one batch")
+        if arch in unsupported:
+            for name in names:
+                report.skip(name, unsupported[arch])
+            continue
+        if arch not in models:
+            continue
+        model = models[arch]
+        report.run(names[0], lambda model=model, arch=arch: _gradients(model, arch, src, tgt))
+        report.run(names[1], lambda model=model, arch=arch: _cache_equals_full(model, arch, src, tgt)
                    if scheme_of(positions).supports_cache else "not checked: the scheme declares supports_cache=False")
-        report.run(f"{arch}: 40 training steps lower the loss on one batch",
-                   lambda model=model, arch=arch: _trains(model, arch, src, tgt))
+        report.run(names[2], lambda model=model, arch=arch: _trains(model, arch, src, tgt))
     if models:
         report.run("inspect drawing (optional)", lambda: _drawings(next(iter(models.values()))))
     return report
+
+
+def _unsupported_families(scheme: PositionScheme, positions) -> dict[str, str]:
+    """The model families the kit skips for this scheme, each with why: a causal-only scheme
+    (supports_bidirectional = False) has no place in a model with bidirectional self-attention."""
+    if scheme.supports_bidirectional:
+        return {}
+    return {arch: "not run: the scheme declares supports_bidirectional = False (causal-only), and this family's "
+                  "encoder self-attention is bidirectional"
+            for arch in ARCHITECTURES if False in tiny_model_config(positions, arch).self_attention_causal}
 
 
 def _tokens(batch: int, length: int, seed: int) -> torch.Tensor:

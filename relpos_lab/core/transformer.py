@@ -98,8 +98,15 @@ class ModelConfig:
             raise ValueError("model.share_src_tgt_embeddings needs equal source and target vocabularies")
         self.positions.validate()
         scheme = scheme_of(self.positions)
+        if not scheme.supports_bidirectional and False in self.self_attention_causal:
+            setting, layers = (("model.bidirectional_prefix=true", "every decoder layer, whose source attends to all "
+                                "of itself,") if self.bidirectional_prefix else
+                               (f"model.architecture={self.architecture}", "the encoder's layers"))
+            raise ValueError(f"{contract.label(self.positions)} is causal-only (supports_bidirectional = False), and "
+                             f"{setting} builds {layers} with bidirectional self-attention; use "
+                             "model.architecture=decoder_only with model.bidirectional_prefix=false, or another scheme")
         scheme.check(self.d_model, self.n_heads)
-        contract.check_scheme(scheme, self.d_model, self.n_heads)
+        contract.check_scheme(scheme, self.d_model, self.n_heads, self.self_attention_causal)
         randomized = self.positions.max_random_len
         if randomized is not None:
             if randomized < 1:
@@ -119,6 +126,16 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def self_attention_causal(self) -> tuple[bool, ...]:
+        """The `causal` flags this model's self-attention layers are built with (what the position
+        scheme's `attention(head_dim, n_heads, causal)` is asked for): encoder_decoder (False, True),
+        a bidirectional encoder and a causal decoder; decoder_only (True,), or (False,) with
+        bidirectional_prefix, where every decoder layer is built to see its whole source."""
+        if self.architecture != "decoder_only":
+            return (False, True)
+        return (False,) if self.bidirectional_prefix else (True,)
 
 
 class MultiHeadAttention(nn.Module):

@@ -78,9 +78,22 @@ class PositionConfig:
 @dataclass
 class KeyState:
     """What a content-dependent scheme remembers per key, (B, H, Lk, ...) beside the KV cache's
-    keys, so that a cached step computes what the full pass computes (FoX: the cumulative log
-    forget gate of every key). Without a cache the core hands `content_bias` an empty one, so the
-    module's code is the same either way; beam search reorders it with the keys."""
+    keys, so that a cached step computes what the full pass computes. Without a cache the core
+    hands `content_bias` an empty one, so the module's code is the same either way.
+
+    Two kinds of state, one entry per key either way:
+
+    - appended per key: a key's entry is fixed once the key is seen (FoX: the cumulative log forget
+      gate c_j). `append(new)` adds the new positions' entries after the cached ones.
+    - rewritten per key: every key's entry changes as queries arrive (a running sum over the
+      queries so far, F_j = Σ_{t ≤ i} S_tj, as selective attention keeps). `replace(new)` sets the
+      entry of every key, cached and new.
+
+    Read the state through `value` (None while empty) and write it only through `append` or
+    `replace`: the cache hands the module the same KeyState on every step, but a module must not
+    rely on that by assigning `value` itself. Beam search's `reorder` keeps the chosen rows of
+    either kind, as it does the keys. The KV cache has no truncation; a state rewritten per key
+    could not be cut back to fewer keys anyway (its sums include the later queries)."""
 
     value: Tensor | None = None
 
@@ -89,8 +102,22 @@ class KeyState:
         self.value = new if self.value is None else torch.cat((self.value, new), dim=2)
         return self.value
 
+    def replace(self, new: Tensor) -> Tensor:
+        """Set the state of every key, (B, H, Lk, ...): the cached keys' entries (rewritten) and the
+        new positions' after them; returns it. For a state that changes per key as queries arrive."""
+        if not isinstance(new, Tensor):
+            raise TypeError(f"KeyState.replace takes the state of every key as a tensor (B, H, Lk, ...), "
+                            f"got {type(new).__name__}")
+        if self.value is not None and (new.shape[:2] != self.value.shape[:2] or new.shape[2] < self.value.shape[2]
+                                       or new.shape[3:] != self.value.shape[3:]):
+            raise ValueError(f"KeyState.replace got a state of shape {tuple(new.shape)}; it holds "
+                             f"{tuple(self.value.shape)}, so expected (B, H, Lk, ...) with the same B, H and "
+                             f"trailing dimensions and Lk >= {self.value.shape[2]} (every cached key, then the new)")
+        self.value = new
+        return new
+
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index`, as the keys do."""
+        """Keep batch rows `index`, as the keys do (either kind of state)."""
         if self.value is not None:
             self.value = self.value.index_select(0, index)
 
@@ -137,6 +164,11 @@ class PositionScheme:
 
     config_class: ClassVar[type[PositionConfig]] = PositionConfig
     supports_cache: ClassVar[bool] = True  # cached decoding and multi-token prefill equal a full pass
+    supports_bidirectional: ClassVar[bool] = True
+    """False declares a causal-only scheme: its `attention(..., causal=False)` is never called. A model
+    with a bidirectional self-attention layer (model.architecture=encoder_decoder: the encoder's;
+    model.bidirectional_prefix=true: every decoder layer) refuses it when its config is validated;
+    decoder-only models without a bidirectional prefix (task lm, prefix LMs) use it."""
     positions_from_content: ClassVar[bool] = False
     """True declares a scheme whose positions are counted from the tokens alone (CoPE, FoX): token
     indices never reach it, so randomized positions (max_random_len) would change nothing and are
@@ -174,7 +206,12 @@ class PositionScheme:
         return None
 
     def attention(self, head_dim: int, n_heads: int, causal: bool) -> RelativePositions | None:
-        """The scheme's module for one self-attention layer; None: nothing relative."""
+        """The scheme's module for one self-attention layer; None: nothing relative.
+
+        causal=True: the layer's queries see only keys at or before their own position (decoder
+        layers); causal=False: they may also see later keys (encoder layers, and every layer of a
+        decoder-only model with model.bidirectional_prefix=true, whose source attends to all of
+        itself). A scheme that declares supports_bidirectional = False is only asked for causal=True."""
         return None
 
     def check(self, d_model: int, n_heads: int) -> None:

@@ -48,14 +48,17 @@ def scheme_keys() -> tuple[str, ...]:
                  if p.kind is p.KEYWORD_ONLY and name not in CORE_KEYS)
 
 
-def check_scheme(scheme: PositionScheme, d_model: int, n_heads: int) -> None:
-    """Refuse a scheme that would add no positions without saying so (a misnamed hook)."""
+def check_scheme(scheme: PositionScheme, d_model: int, n_heads: int,
+                 causal: tuple[bool, ...] = (False, True)) -> None:
+    """Refuse a scheme that would add no positions without saying so (a misnamed hook). `causal`:
+    the kinds of self-attention layer the model has (ModelConfig.self_attention_causal), the only
+    ones built here."""
     if scheme.contributes_nothing:
         return
     name = label(scheme.cfg)
     with torch.random.fork_rng(devices=[]):  # building the modules here must not shift the model's init
         embedding = scheme.embedding(d_model)
-        modules = [scheme.attention(d_model // n_heads, n_heads, causal) for causal in (False, True)]
+        modules = [scheme.attention(d_model // n_heads, n_heads, kind) for kind in causal]
     if embedding is not None and (not isinstance(embedding, nn.Module)
                                   or type(embedding).forward is nn.Module.forward):
         raise ContractError(f"{name}: embedding() returned {type(embedding).__qualname__}, which is not a module "
