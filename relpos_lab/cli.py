@@ -248,7 +248,9 @@ def positions(args: argparse.Namespace) -> None:
     def describe(cls) -> str:
         helps, fields = field_help(cls.config_class), dataclasses.fields(cls.config_class)
         own = [f"  {f.name}={f.default!r}: {helps.get(f.name, '')}" for f in fields if f.name not in common]
-        return "\n".join([cls.describe(), *own]) if own else cls.describe()
+        first = cls.describe() + ("" if getattr(cls, "supports_bidirectional", True) else
+                                  " (causal only: decoder-only models without bidirectional_prefix)")
+        return "\n".join([first, *own]) if own else first
 
     show_plugins(registry.POSITIONS, describe)
     helps = field_help(PositionConfig)

@@ -47,7 +47,7 @@ class RunningSum(RelativePositions):
 
 
 class RunningSumScheme(PositionScheme):
-    """Subtracts a running per-key sum of selection scores (selective attention; causal only)."""
+    """Subtracts a running per-key sum of selection scores (selective attention, Leviathan et al., 2024)."""
 
     config_class = RunningSumConfig
     positions_from_content = True

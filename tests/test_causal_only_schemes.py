@@ -188,6 +188,9 @@ def test_check_scheme_on_the_command_line_prints_what_it_skipped(root):
     assert all("not run: the scheme declares supports_bidirectional = False" in line for line in skips)
     assert any(line.startswith("ok    decoder_only: cached decoding") for line in lines)
     assert lines[-1] == "6 passed, 0 failed, 4 skipped"
+    listed = run_cli(root, "positions").stdout
+    (row,) = [line for line in listed.splitlines() if "running_sum_scheme:RunningSumScheme" in line]
+    assert "(selective attention, Leviathan et al., 2024). (causal only: decoder-only models without" in row
 
 
 # --- KeyState: appended per key, or rewritten per key; beam search reorders both -------------------
