@@ -4,8 +4,8 @@ A scheme whose hooks are misnamed would otherwise train with no positions at all
 `none`), and a hook that returns the wrong shape would fail deep inside the attention kernels with
 a traceback naming neither the plugin nor the argument. So:
 
-- `check_scheme`, when the model config is validated (every model build; the attention modules of
-  the kinds of layer the model has, causal and/or not, are built to look at): the scheme must
+- `check_scheme`, when the model config is validated (every model build; it builds the attention
+  modules of only the kinds of layer the model has, causal, bidirectional or both): the scheme must
   contribute something — an embedding module, or an attention module that overrides `rotate`,
   `attention_kwargs` or `content_bias` — unless it declares `contributes_nothing` (as `none` does);
 - `check_rotate`, `check_attention_kwargs`, `check_content_bias`, `check_embedding`, on a module's
