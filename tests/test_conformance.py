@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from relpos_lab.api import PositionConfig, PositionScheme, RelativePositions
-from relpos_lab.api.testing import check_scheme, check_task
+from relpos_lab.api.testing import DECODING_CHECKS, check_scheme, check_task
 from relpos_lab.core.attention.masks import relative_positions
 from relpos_lab.core.positions import BUILTIN
 from relpos_lab_tasks.synthetic import ReverseTask
@@ -23,7 +23,7 @@ from relpos_lab_tasks.synthetic import ReverseTask
 def test_every_builtin_scheme_passes_the_kit(scheme):
     report = check_scheme(scheme)
     report.raise_on_failure()
-    assert len(report.checks) == 10
+    assert len(report.checks) == 16 and not report.skipped
 
 
 @dataclass
@@ -52,9 +52,13 @@ class OffsetBlindScheme(PositionScheme):
 
 
 def test_a_scheme_that_ignores_query_offset_fails_exactly_the_cached_decoding_checks():
-    failed = [c.name for c in check_scheme(OffsetBlindScheme).checks if not c.ok]
-    assert failed == [f"{arch}: cached decoding and multi-token prefill equal the full pass (float64)"
-                      for arch in ("encoder_decoder", "decoder_only")]
+    failed = {c.name: c.detail for c in check_scheme(OffsetBlindScheme).checks if not c.ok}
+    plain = [f"{arch}: cached decoding and multi-token prefill equal the full pass (float64)"
+             for arch in ("encoder_decoder", "decoder_only")]
+    assert sorted(failed) == sorted([*plain, *(name for names in DECODING_CHECKS.values() for name in names)])
+    assert all("query_offset + r" in failed[name] for name in plain)
+    # the reorder checks say it goes wrong before any reorder, not that the state was lost
+    assert all("before the reorder" in failed[name] for names in DECODING_CHECKS.values() for name in names[1:])
 
 
 def test_fields_reach_the_schemes_config_and_bad_ones_are_reported():
@@ -87,7 +91,7 @@ def test_the_cli_prints_one_line_per_check_and_fails_with_the_kit(capsys):
 
     assert cli.main(["check-scheme", "shaw", "max_distance=3"]) == 0
     out = capsys.readouterr().out
-    assert "ok    decoder_only: cached decoding" in out and "10 passed, 0 failed" in out
+    assert "ok    decoder_only: cached decoding" in out and "16 passed, 0 failed" in out
     assert cli.main(["check-scheme", "shaw", "max_distance=-2"]) == 1
     assert "FAIL  config" in capsys.readouterr().out
     bad = subprocess.run([sys.executable, "-m", "relpos_lab", "check-task", "reverse", "train_size"],

@@ -1,21 +1,37 @@
 """The conformance kit: what relpos_lab's own tests check of the built-in schemes and tasks, for a plugin's.
 
 `check_scheme(name_or_class, **fields)` builds tiny float64 models of both families with the
-scheme and checks shapes, finite gradients reaching the scheme's parameters, cached decoding and
-multi-token prefill against the full pass, a few training steps and the inspect drawing.
-`check_task(name_or_class, **fields)` runs the Task contract's verbs once each on real data in
-both families and a few optimizer steps. Both return a `Report`: one line per check, so a plugin
-author sees every failure at once. `relpos-lab check-scheme` / `check-task` print it; in pytest,
+scheme and checks shapes, finite gradients reaching the scheme's parameters, what decoding does
+(below), a few training steps and the inspect drawing. `check_task(name_or_class, **fields)` runs
+the Task contract's verbs once each on real data in both families and a few optimizer steps. Both
+return a `Report`: one line per check, so a plugin author sees every failure at once.
+`relpos-lab check-scheme` / `check-task` print it (the very same function); in pytest,
 `check_scheme("mine").raise_on_failure()`.
 
-A scheme that declares `supports_cache = False` (position coupling: a source digit's place needs
-its number's end) has its decoding check reported as not checked; its own tests check the decoding
-paths it does support. The decoding check is the one that catches a scheme that places queries at 0..L-1 instead of at
-`query_offset` (tests/test_conformance.py keeps such a scheme as the negative control).
+The decoding checks compare the logits of cached decoding (core.transformer's DecoderCache, fed
+through `decode_step` in chunks: a multi-token prefill, one-token and multi-token steps) with the
+full pass, in float64, to CACHE_TOLERANCE (1e-9), in each family:
+
+- plain: one batch without padding (the encoder-decoder's target; the decoder-only LM's sequence);
+- padding: the encoder-decoder with right-padded sources (key padding, masked in the encoder and
+  the cross-attention), which must also equal each row without its padding; a prefix LM (PrefixLM,
+  the decoder-only model of sequence-to-sequence tasks) trained on rows of different source lengths,
+  decoded one source length at a time as `decoding.by_source_length` does;
+- beam search: the cache's `reorder`, called as `decoding.beam_search` calls it, in the middle of
+  decoding (hypotheses duplicated and swapped); what a scheme keeps per key must follow its rows;
+- `model.bidirectional_prefix=true`: the prefix LM's two checks again, its source bidirectional.
+
+The plain check is the one that catches a scheme that places queries at 0..L-1 instead of at
+`query_offset` (tests/test_conformance.py keeps such a scheme as the negative control); the
+reorder check catches one that keeps its per-key state outside the KeyState the cache reorders
+(tests/test_conformance_decoding.py). A scheme that declares `supports_cache = False` (position
+coupling: a source digit's place needs its number's end) has its decoding checks reported as not
+checked; its own tests check the decoding paths it does support.
 
 A scheme that declares `supports_bidirectional = False` (causal-only) is not built into models with
-a bidirectional self-attention layer: the checks of the encoder-decoder family are reported as
-skipped, one "skip" line each saying why, and the decoder-only family (causal) is checked in full.
+a bidirectional self-attention layer: the checks of the encoder-decoder family and of
+`bidirectional_prefix=true` are reported as skipped, one "skip" line each saying why, and the
+decoder-only family (causal) is checked in full.
 """
 from __future__ import annotations
 
@@ -33,11 +49,37 @@ from relpos_lab.api.contract import check as check_verb
 from relpos_lab.api.errors import UserError
 from relpos_lab.api.task import Task
 from relpos_lab.core.positions.base import Drawing, PositionScheme, scheme_of
+from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import ARCHITECTURES, DecoderLM, EncoderDecoder, ModelConfig
 
 CACHE_TOLERANCE = 1e-9
-"""float64: cached decoding equals the full pass up to rounding, or positions are misplaced."""
+"""float64: every decoding check's largest difference of logits (cached against the full pass); the
+built-in schemes stay below 1e-14 (rounding); a misplaced position or a lost state is off by 1e-2 or more."""
 DRAW_KINDS = ("curves", "matrix", "bars")
+BIDIRECTIONAL = "decoder_only, bidirectional_prefix=true"
+"""The decoding checks' third family: a prefix LM whose source attends to all of itself."""
+FAMILIES = {"encoder_decoder": {"architecture": "encoder_decoder"}, "decoder_only": {"architecture": "decoder_only"},
+            BIDIRECTIONAL: {"architecture": "decoder_only", "bidirectional_prefix": True}}
+PADDED = "cached decoding of a padded batch (key padding) equals the full pass and each row alone (float64)"
+BY_LENGTH = ("prefix LM, sources of different lengths: cached decoding per source length equals the padded full pass "
+             "(float64)")
+REORDERED = ("cached decoding with a beam-search reorder in the middle equals the full pass of the "
+             "kept hypotheses (float64)")
+DECODING_CHECKS = {"encoder_decoder": (f"encoder_decoder: {PADDED}", f"encoder_decoder: {REORDERED}"),
+                   "decoder_only": (f"decoder_only: {BY_LENGTH}", f"decoder_only: prefix LM, {REORDERED}"),
+                   BIDIRECTIONAL: (f"{BIDIRECTIONAL}: {BY_LENGTH}", f"{BIDIRECTIONAL}: prefix LM, {REORDERED}")}
+"""The decoding checks after the plain one, by family: padding, then beam search's reorder."""
+NOT_CHECKED = "not checked: the scheme declares supports_cache=False"
+SOURCE_LENGTHS = (7, 3, 7)
+"""The padded batch's rows: sources of 7, 3 and 7 tokens, right-padded to 7 (two groups by length)."""
+BEAM = 2
+"""Hypotheses per sentence in the beam-reorder checks."""
+PLACEMENT = ("do the scheme's hooks place query row r at query_offset + r (and does a content_bias keep what later "
+             "steps need in its KeyState)?")
+PADDING_HINT = ("do the scheme's hooks place query row r at query_offset + r, and does its content_bias leave out "
+                "the keys that `visible` hides (padding)?")
+REORDER_HINT = ("does the scheme keep what it remembers per key in the KeyState it is handed (the cache reorders "
+                "that with the keys), not on its module?")
 
 
 @dataclass
@@ -132,9 +174,11 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
         else:
             report.run(f"{arch}: builds", build(arch))
     src, tgt = _tokens(3, 7, seed=1), _tokens(3, 6, seed=2)
+    decodes = scheme_of(positions).supports_cache
     for arch in ARCHITECTURES:
         names = (f"{arch}: output shape, finite gradients reaching the scheme's parameters",
                  f"{arch}: cached decoding and multi-token prefill equal the full pass (float64)",
+                 *DECODING_CHECKS[arch],
                  f"{arch}: 40 training steps lower the loss on one batch")
         if arch in unsupported:
             for name in names:
@@ -145,8 +189,14 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
         model = models[arch]
         report.run(names[0], lambda model=model, arch=arch: _gradients(model, arch, src, tgt))
         report.run(names[1], lambda model=model, arch=arch: _cache_equals_full(model, arch, src, tgt)
-                   if scheme_of(positions).supports_cache else "not checked: the scheme declares supports_cache=False")
-        report.run(names[2], lambda model=model, arch=arch: _trains(model, arch, src, tgt))
+                   if decodes else NOT_CHECKED)
+        _decoding_checks(report, arch, positions, model if arch == "encoder_decoder" else None, src, tgt, decodes)
+        report.run(names[-1], lambda model=model, arch=arch: _trains(model, arch, src, tgt))
+    if BIDIRECTIONAL in unsupported:
+        for name in DECODING_CHECKS[BIDIRECTIONAL]:
+            report.skip(name, unsupported[BIDIRECTIONAL])
+    else:
+        _decoding_checks(report, BIDIRECTIONAL, positions, None, src, tgt, decodes)
     if models:
         report.run("inspect drawing (optional)", lambda: _drawings(next(iter(models.values()))))
     return report
@@ -157,9 +207,31 @@ def _unsupported_families(scheme: PositionScheme, positions) -> dict[str, str]:
     (supports_bidirectional = False) has no place in a model with bidirectional self-attention."""
     if scheme.supports_bidirectional:
         return {}
-    return {arch: "not run: the scheme declares supports_bidirectional = False (causal-only), and this family's "
-                  "encoder self-attention is bidirectional"
-            for arch in ARCHITECTURES if False in tiny_model_config(positions, arch).self_attention_causal}
+    why = {"encoder_decoder": "this family's encoder self-attention is bidirectional",
+           BIDIRECTIONAL: "bidirectional_prefix=true builds every decoder layer with bidirectional self-attention "
+                          "(the source attends to all of itself)"}
+    return {family: "not run: the scheme declares supports_bidirectional = False (causal-only), and " + why[family]
+            for family, kw in FAMILIES.items()
+            if False in tiny_model_config(positions, **kw).self_attention_causal}
+
+
+def _decoding_checks(report: Report, family: str, positions, model, src, tgt, decodes: bool) -> None:
+    """The padded-batch and beam-reorder checks of one family: the encoder-decoder on `model`, a
+    decoder-only family on a PrefixLM built here (the model of sequence-to-sequence tasks)."""
+    holder = {"model": model}
+
+    def prefix_lm():
+        if holder["model"] is None:
+            torch.manual_seed(0)
+            holder["model"] = PrefixLM(tiny_model_config(positions, **FAMILIES[family])).double()
+        return holder["model"]
+
+    padded, reordered = DECODING_CHECKS[family]
+    if family == "encoder_decoder":
+        report.run(padded, lambda: _padded_source(model, src, tgt) if decodes else NOT_CHECKED)
+    else:
+        report.run(padded, lambda: _by_source_length(prefix_lm(), src, tgt) if decodes else NOT_CHECKED)
+    report.run(reordered, lambda: _beam_reorder(model or prefix_lm(), src, tgt) if decodes else NOT_CHECKED)
 
 
 def _tokens(batch: int, length: int, seed: int) -> torch.Tensor:
@@ -184,23 +256,102 @@ def _gradients(model, arch, src, tgt) -> str:
     return f"{len(own)} scheme parameter tensors" if own else "the scheme has no parameters"
 
 
+def _decode(model, cache, tokens, bounds=(2, 3)) -> torch.Tensor:
+    """`tokens` fed to decode_step in chunks (up to each bound, then the rest): a multi-token
+    prefill, a one-token step and a multi-token step; their logits, concatenated."""
+    cuts = [0, *(b for b in bounds if b < tokens.shape[1]), tokens.shape[1]]
+    return torch.cat([model.decode_step(tokens[:, a:b], cache) for a, b in zip(cuts, cuts[1:]) if b > a], 1)
+
+
+def _difference(cached, full, what: str, hint: str, against: str = "the full pass") -> float:
+    """The largest difference; above CACHE_TOLERANCE, an AssertionError saying what differs and a hint."""
+    err = (cached - full).abs().max().item()
+    assert err <= CACHE_TOLERANCE, f"{what} differ from {against} by {err:.3g} (> {CACHE_TOLERANCE:g}): {hint}"
+    return err
+
+
 def _cache_equals_full(model, arch, src, tgt) -> str:
     """Decode the target (or the whole sequence) in chunks of 2, 1 and the rest on the cache."""
     model.eval()
     with torch.no_grad():
         full = _logits(model, arch, src, tgt)
         if arch == "encoder_decoder":
-            cache, steps, tokens = model.start_decoding(src), [], tgt
+            cached = _decode(model, model.start_decoding(src), tgt)
         else:
-            cache, steps, tokens = model.start_decoding(), [], torch.cat([src, tgt], 1)
-        bounds = [0, 2, 3, tokens.shape[1]]
-        for a, b in zip(bounds, bounds[1:]):
-            steps.append(model.decode_step(tokens[:, a:b], cache))
-        cached = torch.cat(steps, 1)
-    err = (cached - full).abs().max().item()
-    assert err <= CACHE_TOLERANCE, (f"cached logits differ from the full pass by {err:.3g} (> {CACHE_TOLERANCE:g}): "
-                                    "do the scheme's hooks place query row r at query_offset + r?")
+            cached = _decode(model, model.start_decoding(), torch.cat([src, tgt], 1))
+    err = _difference(cached, full, "cached logits", PLACEMENT)
     return f"max difference {err:.1e}"
+
+
+def _pad(src: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """`src` with row r cut to SOURCE_LENGTHS[r] tokens and right-padded with pad_id."""
+    lengths = torch.tensor(SOURCE_LENGTHS[:src.shape[0]])
+    return src.masked_fill(torch.arange(src.shape[1])[None, :] >= lengths[:, None], pad_id)
+
+
+def _padded_source(model, src, tgt) -> str:
+    """Encoder-decoder, right-padded sources: the padding is masked as keys of the encoder's
+    self-attention and of the decoder's cross-attention. Cached decoding of the padded batch equals
+    its full pass, and that equals each row's full pass without padding."""
+    model.eval()
+    src = _pad(src, model.cfg.pad_id)
+    with torch.no_grad():
+        full = model(src, tgt)
+        cached = _decode(model, model.start_decoding(src), tgt)
+        alone = torch.cat([model(src[r:r + 1, :n], tgt[r:r + 1]) for r, n in enumerate(SOURCE_LENGTHS)])
+    err = _difference(cached, full, "cached logits of the padded batch", PADDING_HINT)
+    row = _difference(alone, full, "each row's logits without its padding", "does the padding reach the scheme's "
+                      "positions? content_bias must leave out the keys that `visible` hides",
+                      against="the padded batch's full pass")
+    return f"source lengths {', '.join(map(str, SOURCE_LENGTHS))}; max difference {max(err, row):.1e}"
+
+
+def _by_source_length(model, src, tgt) -> str:
+    """A prefix LM trains on a padded batch (each row's target right after its own source) and
+    decodes one source length at a time, unpadded (decoding.by_source_length, since padding inside
+    the prefix would shift positions): the per-length cached logits equal the padded full pass."""
+    model.eval()
+    src = _pad(src, model.cfg.pad_id)
+    lengths = (src != model.cfg.pad_id).sum(-1)
+    with torch.no_grad():
+        full = model(src, tgt)
+        cached = torch.empty_like(full)
+        for n in lengths.unique().tolist():  # the groups of decoding.by_source_length
+            rows = (lengths == n).nonzero().squeeze(1)
+            cached[rows] = _decode(model, model.start_decoding(src[rows, :n]), tgt[rows])
+    err = _difference(cached, full, "cached logits, one source length at a time,", PADDING_HINT)
+    return f"source lengths {', '.join(map(str, SOURCE_LENGTHS))}; max difference {err:.1e}"
+
+
+def _beam_reorder(model, src, tgt) -> str:
+    """The cache's reorder, as decoding.beam_search calls it: every sentence's BEAM hypotheses
+    share its encoding (or prefilled source) by `reorder(rows)`; after a few steps `reorder(parent)`
+    keeps the surviving hypotheses, some twice, some from another hypothesis of the sentence. The
+    steps before and after it equal the full pass over the tokens each kept hypothesis was fed."""
+    model.eval()
+    if isinstance(model, EncoderDecoder):
+        src = _pad(src, model.cfg.pad_id)  # the memory's key mask is reordered too
+    batch, fed, steps = src.shape[0], 3, tgt.shape[1]
+    rows = torch.arange(batch).repeat_interleave(BEAM)  # beam_search: start_decoding, then reorder(rows)
+    hypotheses = _tokens(batch * BEAM, steps, seed=3)  # each hypothesis's own tokens, diverging from the first
+    parent = torch.arange(batch * BEAM).view(batch, BEAM).flip(1).flatten()  # every hypothesis from another
+    parent[0] = parent[1]  # and sentence 0 keeps one hypothesis twice
+    with torch.no_grad():
+        cache = model.start_decoding(src)
+        cache.reorder(rows)
+        kept = torch.cat([hypotheses[parent, :fed], hypotheses[:, fed:]], 1)
+        try:
+            before = _decode(model, cache, hypotheses[:, :fed], bounds=(2,))  # the prefix at once, then a step
+            cache.reorder(parent)  # beam_search: cache.reorder(parent) before every next step
+            after = _decode(model, cache, kept[:, fed:], bounds=(1,))
+        except Exception as err:  # a state kept outside the cache no longer fits the reordered rows
+            where = traceback.extract_tb(err.__traceback__)[-1]
+            raise AssertionError(f"decoding after cache.reorder raised {type(err).__name__}: {err} "
+                                 f"({where.filename}:{where.lineno}); {REORDER_HINT}") from err
+        full = model(src[rows][parent], kept)
+    err = _difference(before[parent], full[:, :fed], "before the reorder, cached logits", PLACEMENT)
+    err = max(err, _difference(after, full[:, fed:], "after the reorder, cached logits", REORDER_HINT))
+    return f"{BEAM} hypotheses per sentence, reordered after {fed} tokens; max difference {err:.1e}"
 
 
 def _trains(model, arch, src, tgt) -> str:
