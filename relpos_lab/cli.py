@@ -259,7 +259,8 @@ def positions(args: argparse.Namespace) -> None:
 
 
 @command("check-scheme", "the conformance kit on a position scheme (yours or built in): shapes, gradients, "
-         "cached decoding == full pass in both model families, training steps, its drawing",
+         "cached decoding == full pass in both model families (padded batches, a beam-search reorder, "
+         "bidirectional_prefix=true), training steps, its drawing",
          arg("name", help="the scheme's entry-point name (relpos-lab positions)"),
          arg("fields", nargs="*", metavar="FIELD=VALUE", help="fields of its config, e.g. max_distance=4"))
 def check_scheme(args: argparse.Namespace) -> int:
