@@ -7,16 +7,14 @@ it), found through the `relpos_lab.positions` entry points like any other.
 """
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
+from installed import install_scheme, run_cli
 from relpos_lab.api import KeyState, PositionConfig, PositionScheme, RelativePositions
 from relpos_lab.api.testing import DECODING_CHECKS, check_scheme
 from relpos_lab.core.positions import builtin_config
@@ -43,21 +41,11 @@ REFUSED = ("relpos-lab: error: {where}: position scheme 'running_sum' (running_s
 def root(tmp_path_factory) -> Path:
     """A working directory whose subprocesses have running_sum installed as a distribution."""
     root = tmp_path_factory.mktemp("causal_only")
-    site = root / "site"
-    (site / "running_sum-0.1.dist-info").mkdir(parents=True)
-    shutil.copy(Path(__file__).with_name("running_sum_scheme.py"), site)
-    (site / "running_sum-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: running-sum\n"
-                                                                  "Version: 0.1\n")
-    (site / "running_sum-0.1.dist-info" / "entry_points.txt").write_text(
-        "[relpos_lab.positions]\nrunning_sum = running_sum_scheme:RunningSumScheme\n")
+    install_scheme(root / "site", "running-sum", "running_sum_scheme",
+                   Path(__file__).with_name("running_sum_scheme.py").read_text(),
+                   "running_sum = running_sum_scheme:RunningSumScheme")
     (root / "tiny.yaml").write_text(TINY_SEQ2SEQ)
     return root
-
-
-def run_cli(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "250", "PYTHONPATH": str(root / "site")}
-    return subprocess.run([sys.executable, "-m", "relpos_lab", *args], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=600)
 
 
 def run_dirs(root: Path) -> list[Path]:

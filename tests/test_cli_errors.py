@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from installed import install_scheme, run_cli
 from relpos_lab.api import ContractError, UserError
 from relpos_lab.api.errors import own_error
 
@@ -61,20 +62,9 @@ MESSAGE = ("relpos-lab: error: position scheme 'wide_bias' (wide_bias.WideBiasSc
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    plugin = tmp_path / "site"
-    (plugin / "wide_bias-0.1.dist-info").mkdir(parents=True)
-    (plugin / "wide_bias.py").write_text(WIDE_BIAS)
-    (plugin / "wide_bias-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: wide-bias\nVersion: 0.1\n")
-    (plugin / "wide_bias-0.1.dist-info" / "entry_points.txt").write_text(
-        "[relpos_lab.positions]\nwide_bias = wide_bias:WideBiasScheme\n")
+    install_scheme(tmp_path / "site", "wide-bias", "wide_bias", WIDE_BIAS, "wide_bias = wide_bias:WideBiasScheme")
     (tmp_path / "tiny.yaml").write_text(TINY)
     return tmp_path
-
-
-def run_cli(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "250", "PYTHONPATH": str(root / "site")}
-    return subprocess.run([sys.executable, "-m", "relpos_lab", *args], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 def test_a_scheme_that_breaks_its_contract_in_the_first_step_is_one_line_and_leaves_nothing_behind(root):
