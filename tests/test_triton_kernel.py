@@ -302,3 +302,18 @@ def test_dropout_averages_to_the_dropout_free_output():
                                rel_bias=one["rel_bias"], max_distance=4, impl="triton")
     spread = (mean - exact).abs().max() / exact.abs().max()
     assert spread < 0.1
+
+
+def test_one_config_from_the_environment_replaces_the_autotuners_list(monkeypatch):
+    """RELPOS_LAB_TRITON_CONFIG pins every kernel to one config (a GPU lease's tests and profiles);
+    a malformed value names the expected form."""
+    monkeypatch.setenv(fused.CONFIG_VARIABLE, "64,32,4,2")
+    (config,) = fused._configs(window=True)
+    assert (config.kwargs, config.num_warps, config.num_stages) == (
+        {"BLOCK_M": 64, "BLOCK_N": 32, "WINDOW": 128}, 4, 2)
+    assert fused._spill_free(None)([config], {}) == [config]  # nothing to choose: no static compile
+    monkeypatch.setenv(fused.CONFIG_VARIABLE, "64x64")
+    with pytest.raises(ValueError, match="RELPOS_LAB_TRITON_CONFIG='64x64': expected BM,BN,WARPS,STAGES"):
+        fused._configs(window=False)
+    monkeypatch.delenv(fused.CONFIG_VARIABLE)
+    assert len(fused._configs(window=False)) == 5

@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # The GPU section of docs/performance.md: `pytest -m cuda` and every CUDA benchmark, on one GPU.
 #   docs/performance/gpu/run.sh [kernel] [tests] [attention] [peers] [model] [decode] [profile]   (default: all)
-# `kernel` alone is the fused Triton kernel's step (issue 30), sized for one 10-minute call: its
-# tests compiled on the GPU, then the targets' benchmarks (Shaw and a learned rel_bias vs flash at
-# L = 2048 and 8192 with peak memory, causal, and the 6+6 model and the decoder-only LM in bf16-mixed
-# against their sinusoidal twins). The first calls autotune (block sizes, warps, stages).
-# Writes docs/performance/gpu/*.txt (the tables) and *.json next to this script, or under $OUT
-# when that is set (the lent GPU machines return files from there). On a bare machine first:
+# `kernel` alone is the fused Triton kernel's step (issues 30, 37), sized for one 10-minute call:
+# where its time goes (profile_fused.py, one config), its tests compiled on the GPU (one config:
+# RELPOS_LAB_TRITON_CONFIG, or autotuning every shape spends the call compiling), then the targets'
+# benchmarks, autotuned (Shaw and a learned rel_bias vs flash at L = 2048 and 8192 with peak memory,
+# causal, and the 6+6 model and the decoder-only LM in bf16-mixed against their sinusoidal twins).
+# Writes docs/performance/gpu/*.txt (the tables) and *.json next to this script; where $OUT is set
+# (a lent GPU machine, which returns at most 8 files) all of them packed in $OUT/gpu_tables.tgz,
+# after every step. STEP_TIMEOUT=<seconds> bounds each command. On a bare machine first:
 # pip install --no-deps --no-build-isolation -e .   (plus omegaconf if missing; wandb is optional here)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-out="${OUT:-docs/performance/gpu}"
+out=docs/performance/gpu
+[ -n "${OUT:-}" ] && out=/tmp/relpos_lab_gpu_tables
 mkdir -p "$out"
+pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/gpu_tables.tgz" -C "$out" . ; true; }
+limit=(); [ -n "${STEP_TIMEOUT:-}" ] && limit=(timeout -k 10 "$STEP_TIMEOUT")
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(kernel tests attention peers model decode profile)
-bench() { name=$1; shift; python3 -m relpos_lab bench "$@" --json "$out/$name.json" 2>&1 | tee "$out/$name.txt"; }
+bench() { name=$1; shift; "${limit[@]}" python3 -m relpos_lab bench "$@" --json "$out/$name.json" 2>&1 | tee "$out/$name.txt"; pack; }
+one_config() { RELPOS_LAB_TRITON_CONFIG=64,64,4,3 "${limit[@]}" "$@"; }
 export COLUMNS=160 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
@@ -22,8 +28,11 @@ ATTN=(attention --dtype bfloat16 --tokens 32768 --heads 8 --baseline flash --mem
 for step in "${steps[@]}"; do
   case $step in
     kernel)
-      python3 -m pytest -q -p no:cacheprovider tests/test_triton_kernel.py 2>&1 | tee "$out/kernel_tests.txt" | tail -5
-      python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py -k triton 2>&1 | tee -a "$out/kernel_tests.txt" | tail -5
+      one_config python3 docs/performance/gpu/profile_fused.py 2>&1 | tee "$out/profile_fused.txt"; pack
+      one_config python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark tests/test_triton_kernel.py 2>&1 \
+        | tee "$out/kernel_tests.txt" | tail -5
+      one_config python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark -m cuda tests/test_cuda.py -k triton 2>&1 \
+        | tee -a "$out/kernel_tests.txt" | tail -5; pack
       bench kernel_attention "${ATTN[@]}" --length 2048 8192 --candidates sdpa flex-bias triton-bias \
         --impl triton banded --repeats 10 --warmup 3
       bench kernel_attention_causal "${ATTN[@]}" --length 2048 8192 --mask causal --candidates triton-bias \

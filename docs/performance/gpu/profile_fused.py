@@ -1,0 +1,119 @@
+"""Where the fused kernel's time goes on a GPU: its three kernels beside a FlashAttention-2 control.
+
+    python docs/performance/gpu/profile_fused.py [--lengths 2048 8192] [--tokens 32768] [--config 64 64 4 3]
+
+One config for every kernel (no autotuning, so that a lease spends its minutes timing, not
+compiling; 64/64, 4 warps, 3 stages is what the autotuner picked on an H200 at L = 2048). Prints:
+the largest gradient errors of impl="triton" in bf16 against gather in float32; per length, forward
+and forward + backward times (triton.testing.do_bench, Shaw a^K + a^V, k = 16, H = 8, D = 64, bf16)
+beside SDPA's, the host time per call, the CUDA time per call of every kernel (torch.profiler), and
+the project's FlashAttention-2 control (relpos_lab/analysis/flash_control.py) per kernel in the same
+config; then the forward at the first length with a^K alone, a^V alone, and k = 4 and 63.
+"""
+import argparse
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.profiler import ProfilerActivity, profile
+from triton.testing import do_bench
+
+from relpos_lab.analysis import flash_control
+from relpos_lab.core.attention import fused, relative_attention
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
+parser.add_argument("--tokens", type=int, default=32768)
+parser.add_argument("--no-variants", action="store_true", help="skip the forward's variants (each compiles anew)")
+parser.add_argument("--config", type=int, nargs=4, default=[64, 64, 4, 3], metavar=("BM", "BN", "WARPS", "STAGES"))
+args = parser.parse_args()
+BM, BN, WARPS, STAGES = args.config
+H, D, K = 8, 64, 16
+os.environ[fused.CONFIG_VARIABLE] = ",".join(map(str, args.config))
+
+
+def tensors(batch, length, k, dtype, with_k=True, with_v=True):
+    make = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype).requires_grad_()
+    q, kk, v = (make(batch, H, length, D) for _ in range(3))
+    return q, kk, v, make(2 * k + 1, D) if with_k else None, make(2 * k + 1, D) if with_v else None
+
+
+def shaw(q, kk, v, rel_k, rel_v, k, impl="triton"):
+    return relative_attention(q, kk, v, rel_k=rel_k, rel_v=rel_v, max_distance=k, impl=impl)
+
+
+def check():
+    base = tensors(1, 2048, K, torch.float32)
+    grad_out = torch.randn_like(base[0])
+    grads = {}
+    for impl, dtype in (("triton", torch.bfloat16), ("gather", torch.float32)):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in base]
+        shaw(*leaves, K, impl).backward(grad_out.to(dtype))
+        grads[impl] = [t.grad.float() for t in leaves]
+    for name, ours, reference in zip(("q", "k", "v", "rel_k", "rel_v"), grads["triton"], grads["gather"]):
+        print(f"grad {name}: max abs error {(ours - reference).abs().max().item():.3g} "
+              f"(max abs {reference.abs().max().item():.3g})", flush=True)
+
+
+def kernel_times(step, calls=3) -> dict:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    times = {}
+    for event in prof.key_averages():
+        self_time = getattr(event, "self_device_time_total", None)
+        if self_time is None:
+            self_time = event.self_cuda_time_total
+        if self_time > 0:
+            times[event.key[:60]] = self_time / calls / 1000
+    return dict(sorted(times.items(), key=lambda item: -item[1]))
+
+
+def profile_length(length):
+    batch = max(1, args.tokens // length)
+    q, kk, v, rel_k, rel_v = tensors(batch, length, K, torch.bfloat16)
+    grad_out = torch.randn_like(q)
+    forward = lambda: shaw(q, kk, v, rel_k, rel_v, K)
+    step = lambda: forward().backward(grad_out)
+    sdpa = lambda: F.scaled_dot_product_attention(q, kk, v).backward(grad_out)
+    started = time.time()
+    step()
+    torch.cuda.synchronize()
+    print(f"L={length} B={batch}: first call {time.time() - started:.1f} s", flush=True)
+    for name, fn in (("shaw fwd", forward), ("shaw fwd+bwd", step), ("sdpa fwd+bwd", sdpa)):
+        print(f"L={length} {name}: {do_bench(fn, warmup=5, rep=50):.3f} ms", flush=True)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(20):
+        step()
+    issued = time.perf_counter()
+    torch.cuda.synchronize()
+    print(f"L={length} host per fwd+bwd {(issued - started) / 20 * 1e3:.3f} ms "
+          f"(wall {(time.perf_counter() - started) / 20 * 1e3:.3f} ms)", flush=True)
+    for name, ms in kernel_times(step).items():
+        print(f"L={length}   {ms:7.3f} ms  {name}", flush=True)
+    flat = [t.detach().reshape(batch * H, length, D).contiguous() for t in (q, kk, v)]
+    for kernel, grid, launch_args, meta in flash_control.launches(*flat, False, 0.0, {"BLOCK_M": BM, "BLOCK_N": BN}):
+        ms = do_bench(lambda: kernel[grid](*launch_args, **meta, num_warps=WARPS, num_stages=STAGES), warmup=5, rep=50)
+        print(f"L={length}   {ms:7.3f} ms  flash control {kernel.fn.__name__}", flush=True)
+
+
+def forward_variants(length):
+    batch = max(1, args.tokens // length)
+    for k, with_k, with_v in ((K, True, False), (K, False, True), (K, True, True), (4, True, True), (63, True, True)):
+        q, kk, v, rel_k, rel_v = (t.detach() if t is not None else None
+                                  for t in tensors(batch, length, k, torch.bfloat16, with_k, with_v))
+        ms = do_bench(lambda: shaw(q, kk, v, rel_k, rel_v, k), warmup=5, rep=40)
+        print(f"L={length} forward k={k} a^K={int(with_k)} a^V={int(with_v)}: {ms:.3f} ms", flush=True)
+
+
+print(f"config {BM}/{BN}, {WARPS} warps, {STAGES} stages; torch {torch.__version__}, triton {triton.__version__}, "
+      f"{torch.cuda.get_device_name()}", flush=True)
+check()
+for length in args.lengths:
+    profile_length(length)
+if not args.no_variants:
+    forward_variants(args.lengths[0])
