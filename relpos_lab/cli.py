@@ -187,7 +187,7 @@ def translate(args: argparse.Namespace) -> None:
         overrides.append(f"task.decoding.length_penalty={args.lenpen}")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     use_cpu_threads()
-    task, model = load_for_inference(args.checkpoint, overrides, device=device)
+    model, _, task = load_for_inference(args.checkpoint, overrides, device=device)
     if args.input is None:
         lines = sys.stdin.read().splitlines()
     else:
@@ -223,7 +223,7 @@ def generate(args: argparse.Namespace) -> None:
 
     use_cpu_threads()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    task, model = load_for_inference(args.checkpoint, list(args.overrides), device=device)
+    model, _, task = load_for_inference(args.checkpoint, list(args.overrides), device=device)
     text = run(task, model, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                top_k=args.top_k, seed=args.seed)
     sys.stdout.write(f"{args.prompt}{text}\n")

@@ -1,6 +1,7 @@
 """Shared fixtures."""
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -26,3 +27,25 @@ def offline_wandb(tmp_path, monkeypatch):
 
     if wandb.run is not None:
         wandb.run.finish()
+
+
+TINY_REVERSE = """
+extends: [reverse_shaw.yaml, overlay/debug.yaml]
+task: {train_lengths: [1, 4], valid_lengths: [1, 4], test_lengths: [1, 6], train_size: 256, eval_size_per_length: 4}
+model: {dropout: 0.0, positions: {max_distance: 4}}
+logging: {root: runs, wandb: {mode: disabled}}
+"""
+
+
+@pytest.fixture(scope="session", params=["encoder_decoder", "decoder_only"])
+def tiny_reverse_run(request, tmp_path_factory) -> Path:
+    """The run directory of a tiny reverse run (the debug overlay's 30 steps, seconds on a CPU)
+    trained by `python -m relpos_lab train`, once a session for each model architecture."""
+    from installed import run_cli
+
+    root = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    (root / "tiny.yaml").write_text(TINY_REVERSE)
+    out = run_cli(root, "train", "tiny.yaml", f"model.architecture={request.param}", timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    (run_dir,) = [p for p in root.glob("runs/*/*") if p.is_dir()]
+    return run_dir

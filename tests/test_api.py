@@ -7,6 +7,7 @@ warnings itself (pytest.warns / warnings.catch_warnings).
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -197,3 +198,100 @@ def test_the_version_is_the_changelogs_latest_release():
     for module in OLD_NAMES:
         assert f"from {module} import" in changelog, f"CHANGELOG.md does not say how to migrate from {module}"
     assert "CHANGELOG.md" in README.read_text()
+
+
+# --- what a script needs: a trained checkpoint's model, config and task; the decoding cache (issue 39) ---------
+
+SCRIPT_NAMES = {"DecoderCache": "relpos_lab.core.transformer", "PrefixLM": "relpos_lab.core.prefix_lm",
+                "LoadedModel": "relpos_lab.api.checkpoint", "load_model": "relpos_lab.api.checkpoint"}
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPT_NAMES))
+def test_relpos_lab_api_exports_what_a_script_needs(name):
+    assert name in relpos_lab.api.__all__
+    assert getattr(relpos_lab.api, name) is getattr(sys.modules[SCRIPT_NAMES[name]], name)
+
+
+def test_the_exported_decoder_cache_reorders_its_rows():
+    """`DecoderCache.reorder` keeps batch rows by index, repeated or reordered (what beam search does)."""
+    from relpos_lab.api import DecoderCache, PrefixLM
+
+    torch.manual_seed(0)
+    model = PrefixLM(relpos_lab.api.ModelConfig(src_vocab_size=12, tgt_vocab_size=12, d_model=16, n_heads=2, d_ff=32,
+                                                n_decoder_layers=2, architecture="decoder_only")).eval()
+    src, tokens = torch.randint(4, 12, (2, 5)), torch.randint(4, 12, (3, 1))
+    with torch.no_grad():
+        cache = model.start_decoding(src)
+        assert isinstance(cache, DecoderCache)
+        cache.reorder(torch.tensor([1, 1, 0]))
+        reordered = model.decode_step(tokens, cache)
+        alone = [model.decode_step(tokens[i:i + 1], model.start_decoding(src[row:row + 1]))
+                 for i, row in enumerate((1, 1, 0))]
+    assert torch.allclose(reordered, torch.cat(alone), atol=1e-5)
+
+
+def test_load_model_gives_the_model_the_run_evaluated_with_its_config_and_task(tiny_reverse_run):
+    """A tiny run trained by the CLI (conftest.tiny_reverse_run), loaded again: its weights, in eval
+    mode, reproduce the run's own test numbers (results.json) on the checkpoint it evaluated."""
+    from omegaconf import OmegaConf
+
+    from relpos_lab.api import EncoderDecoder, LoadedModel, PrefixLM, load_model
+
+    results = json.loads((tiny_reverse_run / "results.json").read_text())
+    checkpoint = tiny_reverse_run / results["checkpoint"]
+    loaded = load_model(checkpoint)
+    assert isinstance(loaded, LoadedModel)
+    model, config, task = loaded
+    assert (model, config, task) == (loaded.model, loaded.config, loaded.task)
+
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    assert OmegaConf.to_container(config, resolve=True) == saved["hyper_parameters"]["config"]
+    decoder_only = config.model.architecture == "decoder_only"
+    assert type(model) is (PrefixLM if decoder_only else EncoderDecoder)
+    assert task.cfg.name == "reverse" and task.cfg == OmegaConf.to_object(config.task)
+
+    assert not any(m.training for m in model.modules())
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    weights = {k.removeprefix("model."): v for k, v in saved["state_dict"].items() if k.startswith("model.")}
+    assert weights.keys() == model.state_dict().keys()
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+
+    evaluation = task.build_evaluation("test")
+    with torch.no_grad():
+        task.evaluate(model, task.collate(list(task.dataset("test"))), evaluation)
+    evaluated = evaluation.compute()
+    assert {"loss", "exact_match", "token_accuracy"} <= evaluated.metrics.keys()
+    for name, value in evaluated.metrics.items():
+        assert value == pytest.approx(results["metrics"][f"test/{name}"], abs=1e-5), name
+    assert {str(n): row for n, row in evaluated.by_length.items()} == results["by_length"]["test"]
+
+
+def test_load_model_applies_overrides_and_refuses_one_that_changes_the_model_in_one_line(tiny_reverse_run):
+    from relpos_lab.api import UserError, load_model
+
+    checkpoint = tiny_reverse_run / "checkpoints" / "last.ckpt"
+    model, config, task = load_model(checkpoint, ["task.decoding.beam_size=3", "task.test_lengths=[7,8]"])
+    assert config.task.decoding.beam_size == task.cfg.decoding.beam_size == 3
+    assert list(task.cfg.test_lengths) == [7, 8] and not model.training
+    with pytest.raises(UserError) as caught:
+        load_model(checkpoint, ["model.d_model=32"])
+    message = str(caught.value)
+    assert "\n" not in message and "does not fit the model this config builds" in message
+    assert "model.d_model 16 -> 32" in message and "Drop the overrides that change the model's shape" in message
+
+
+def test_load_model_of_a_missing_or_foreign_file_is_one_line(tmp_path):
+    from relpos_lab.api import UserError, load_model
+
+    def message(path) -> str:
+        with pytest.raises(UserError) as caught:
+            load_model(path)
+        assert "\n" not in str(caught.value)
+        return str(caught.value)
+
+    assert message(tmp_path / "nope.ckpt") == f"checkpoint not found: {tmp_path / 'nope.ckpt'}"
+    (tmp_path / "notes.txt").write_text("not a checkpoint\n")
+    assert "notes.txt is not a checkpoint torch can read (torch.load: " in message(tmp_path / "notes.txt")
+    torch.save({"state_dict": {}}, tmp_path / "foreign.ckpt")
+    assert message(tmp_path / "foreign.ckpt").endswith(
+        "foreign.ckpt: not a relpos-lab checkpoint (no config in its hyperparameters)")

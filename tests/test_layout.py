@@ -1,5 +1,6 @@
-"""The package's architecture, enforced: each subpackage imports only the ones below it, the model
-core only torch, and reading a config never loads Lightning."""
+"""The package's architecture, enforced: each subpackage imports only the ones below it (one named
+exception, inside a function: LAZY_UPWARD), the model core only torch, and reading a config never
+loads Lightning."""
 from __future__ import annotations
 
 import ast
@@ -34,11 +35,13 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def imports(path: Path) -> set[str]:
-    """Every module a file imports, lazily inside functions too; relative imports resolved."""
+def imports(path: Path, eager: bool = False) -> set[str]:
+    """Every module a file imports, lazily inside functions too (eager: only those importing the
+    file runs, outside function bodies); relative imports resolved."""
     package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in (_outside_functions(tree) if eager else ast.walk(tree)):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -48,6 +51,25 @@ def imports(path: Path) -> set[str]:
             found.add(base)
             found |= {f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules()}
     return found
+
+
+def _outside_functions(node: ast.AST):
+    """`node` and every node under it but those inside a function's body."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            yield from _outside_functions(child)
+
+
+LAZY_UPWARD = {"relpos_lab.api.checkpoint": {"relpos_lab.training.inference"}}
+"""The one upward import allowed, {module: the modules above it that it may import inside a function}.
+
+`relpos_lab.api.load_model` (api/checkpoint.py) is a script's way to a trained model. It calls
+`training/inference.load_for_inference`, the loader `translate` and `generate` use, which resolves
+the checkpoint's config (config layer: it needs api's registry, so it cannot move below api) and
+loads the weights through the LightningModule (training layer). The import sits inside
+`load_model`, so importing relpos_lab.api loads neither layer nor Lightning: the tests below check
+that it stays inside a function and that importing the api loads nothing above it."""
 
 
 def test_every_module_belongs_to_a_layer():
@@ -60,9 +82,40 @@ def test_no_module_imports_a_layer_above_its_own():
     for module, path in modules().items():
         rank = LAYERS.index(layer_of(module))
         for target in imports(path):
+            if target in LAZY_UPWARD.get(module, ()):
+                continue  # inside a function; test_the_allowed_upward_imports_stay_inside_a_function
             if target.split(".")[0] == "relpos_lab" and LAYERS.index(layer_of(target)) > rank:
                 upward.append(f"{module} ({layer_of(module)}) imports {target} ({layer_of(target)})")
     assert not upward, "imports point upwards:\n" + "\n".join(upward)
+
+
+def test_the_allowed_upward_imports_stay_inside_a_function():
+    for module, targets in LAZY_UPWARD.items():
+        path = modules()[module]
+        stale = sorted(targets - imports(path))
+        assert not stale, f"{module} no longer imports {stale}: drop them from LAZY_UPWARD"
+        assert not targets & imports(path, eager=True), f"{module} imports {sorted(targets)} when it is imported"
+    # the eager reading itself: a lazy import is not eager, a top-level one is
+    assert "relpos_lab.training.inference" not in imports(PACKAGE / "api" / "checkpoint.py", eager=True)
+    assert "relpos_lab.api.task" in imports(PACKAGE / "api" / "checkpoint.py", eager=True)
+
+
+API_ONLY = r"""
+import sys
+import relpos_lab.api
+from relpos_lab.api import DecoderCache, LoadedModel, PrefixLM, load_model
+loaded = sorted(m for m in sys.modules if m.startswith(("relpos_lab.config", "relpos_lab.records",
+    "relpos_lab.training", "relpos_lab.launch", "relpos_lab.analysis", "relpos_lab.cli", "pytorch_lightning"))
+    or m == "lightning" or m.startswith("lightning."))
+print("LOADED", loaded)
+"""
+
+
+def test_importing_the_api_loads_no_layer_above_it_nor_lightning():
+    """What LAZY_UPWARD promises: `from relpos_lab.api import load_model` costs no Lightning import."""
+    result = subprocess.run([sys.executable, "-c", API_ONLY], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "LOADED []" in result.stdout, result.stdout
 
 
 TRITON_MODULES = ("relpos_lab.core.attention.fused", "relpos_lab.core.attention.fused_kernels",
@@ -95,9 +148,10 @@ def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     assert "torch" in found
     probe = tmp_path / "relpos_lab" / "core" / "probe.py"
     probe.parent.mkdir(parents=True)
-    probe.write_text("def f():\n    from ..training import module\n    import lightning\n")
+    probe.write_text("import torch\ndef f():\n    from ..training import module\n    import lightning\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "relpos_lab")
     assert {"relpos_lab.training", "lightning"} <= imports(probe)
+    assert imports(probe, eager=True) == {"torch"}  # what importing it runs: not the function's imports
 
 
 CONFIG_ONLY = r"""

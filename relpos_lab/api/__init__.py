@@ -1,10 +1,13 @@
 """What plugin authors and scripts import: the Task contract, the sequence-to-sequence defaults,
 evaluation, vocabularies, the loss, the position-scheme contract and the attention op its hooks
-feed, the models with their config and decoding, errors, and the file helper for caches. `relpos_lab.api.registry` finds tasks and position schemes.
+feed, the models with their config, decoding and its KV cache (`DecoderCache`), a trained
+checkpoint's model, config and task (`load_model`), errors, and the file helper for caches.
+`relpos_lab.api.registry` finds tasks and position schemes.
 
 This is the stable surface: a name exported here keeps working for a release after it moves
 (with a DeprecationWarning naming the new import), and CHANGELOG.md says how to migrate. Every
 name README's examples import from relpos_lab is here (tests/test_api.py)."""
+from relpos_lab.api.checkpoint import LoadedModel, load_model
 from relpos_lab.api.errors import ConfigError, ContractError, UserError
 from relpos_lab.api.evaluation import EvalResult, Evaluation
 from relpos_lab.api.files import atomic_write
@@ -17,11 +20,13 @@ from relpos_lab.core.loss import LossOutput, label_smoothed_loss
 from relpos_lab.core.positions import (
     Drawing, KeyState, PositionConfig, PositionScheme, RelativePositions, builtin_config,
 )
-from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
+from relpos_lab.core.prefix_lm import PrefixLM
+from relpos_lab.core.transformer import DecoderCache, DecoderLM, EncoderDecoder, ModelConfig
 
 __all__ = [
-    "Batch", "ConfigError", "ContractError", "DecoderLM", "DecodingConfig", "Drawing", "EncoderDecoder", "EvalResult",
-    "Evaluation", "KeyState", "LossOutput", "ModelConfig", "Pair", "PositionConfig", "PositionScheme",
-    "RelativePositions", "Seq2SeqTask", "Task", "TaskConfig", "UserError", "Vocabulary", "atomic_write", "beam_search",
-    "builtin_config", "greedy_search", "label_smoothed_loss", "relative_attention", "sample",
+    "Batch", "ConfigError", "ContractError", "DecoderCache", "DecoderLM", "DecodingConfig", "Drawing", "EncoderDecoder",
+    "EvalResult", "Evaluation", "KeyState", "LoadedModel", "LossOutput", "ModelConfig", "Pair", "PositionConfig",
+    "PositionScheme", "PrefixLM", "RelativePositions", "Seq2SeqTask", "Task", "TaskConfig", "UserError", "Vocabulary",
+    "atomic_write", "beam_search", "builtin_config", "greedy_search", "label_smoothed_loss", "load_model",
+    "relative_attention", "sample",
 ]

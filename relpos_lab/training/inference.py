@@ -1,4 +1,5 @@
-"""Using a trained checkpoint on new text: what `relpos-lab translate` and `generate` run.
+"""Using a trained checkpoint on new text: what `relpos-lab translate` and `generate` run, and what
+`relpos_lab.api.load_model` (a script's way in) calls.
 
 A checkpoint rebuilds its task — with the task's saved state, such as its subword model — and its
 model, so translating needs neither the training corpus nor the run directory. Each input line
@@ -25,24 +26,28 @@ import torch
 from torch import nn
 from torch.utils.data import SequentialSampler
 
+from relpos_lab.api.checkpoint import LoadedModel
 from relpos_lab.api.errors import UserError
 from relpos_lab.api.task import Task
 from relpos_lab.core.decoding import sample
-from relpos_lab.core.transformer import DecoderLM
+from relpos_lab.core.transformer import DecoderLM, seed_eval_positions
 from relpos_lab.training.batching import TokenBatchSampler
 from relpos_lab.training.checkpoints import OVERRIDES_FIX, check_weights_fit, load_checkpoint, task_from_checkpoint
 from relpos_lab.training.module import RelposModule
 
 
 def load_for_inference(checkpoint: str | Path, overrides: Sequence[str] = (),
-                       device: str | torch.device = "cpu") -> tuple[Task, nn.Module]:
-    """The task and the trained model (in eval mode, on `device`) of a checkpoint."""
+                       device: str | torch.device = "cpu") -> LoadedModel:
+    """The trained model (in eval mode, on `device`), config and task of a checkpoint: what
+    `relpos_lab.api.load_model` returns (documented there). Evaluation's position draws
+    (randomize_at_eval) restart from the run's seed, as before each of the run's evaluations."""
     cfg, task = task_from_checkpoint(checkpoint, list(overrides))
     module = RelposModule(cfg, task)
     state = load_checkpoint(Path(checkpoint))
     check_weights_fit(Path(checkpoint), state, module, cfg, OVERRIDES_FIX)  # one line, not a size-mismatch traceback
     module.load_state_dict(state["state_dict"])
-    return task, module.model.to(device).eval()
+    seed_eval_positions(module.model, cfg.seed)
+    return LoadedModel(module.model.to(device).eval(), cfg, task)
 
 
 @torch.no_grad()
