@@ -467,12 +467,15 @@ def submit_sweep(grid, dry_run: bool) -> int:
          arg("--metric", nargs="+", default=None, help="metrics to tabulate and plot (default: every metric "
              "of the split but the loss, e.g. bleu chrf for translation; ppl where it is the main metric, as for lm)"),
          arg("--over", nargs="+", default=None, help="axes averaged over (default: seed; none when the sweep "
-             "has no seed axis, so each grid point is its own group)"))
+             "has no seed axis, so each grid point is its own group)"),
+         arg("--aggregate", choices=("mean", "max"), default="mean", help="a group's number: mean ± std of its "
+             "runs, or max: its best run per metric (lowest loss/ppl), the best-of over seeds and learning rates "
+             "that Deletang et al. and Ruoss et al. report (e.g. --over seed lr --aggregate max)"))
 def report(args: argparse.Namespace) -> None:
     from relpos_lab.analysis.report import write_report
 
     path = write_report(args.sweep_dir, args.out, args.split, tuple(args.metric or ()),
-                        tuple(args.over) if args.over else None)
+                        tuple(args.over) if args.over else None, args.aggregate)
     console.print(f"report: {shown_path(path)}")
     console.print(path.read_text().split("\n## ")[0], markup=False, highlight=False)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from relpos_lab.api.errors import ConfigError, UserError
+from relpos_lab import cli
 from relpos_lab.analysis.report import write_report
 from relpos_lab.launch.sweep import link_identical_runs, load_sweep
 
@@ -169,6 +170,29 @@ def test_report_numbers_on_hand_made_results(tmp_path):
     assert "| a | 2 | 0.700 | `a2` |" in text  # every run listed with its seed
     assert "b1-never-ran" not in text.split("## Runs")[1]
     assert (tmp_path / "out" / "groups.png").stat().st_size > 5000
+
+
+def test_aggregate_max_reports_each_groups_best_run_and_its_curve(tmp_path, capsys):
+    """The papers' best-of over seeds: the best run's score, and by length that run's whole curve
+    (a3, the best on exact match), not the best at each length; the header says which it is."""
+    root = tmp_path / "runs" / "hand"
+    points = [({"scheme": "a", "seed": str(i)}, _fake_run(root, f"a{i}", score, curve, i))
+              for i, (score, curve) in enumerate([(0.5, {1: 1.0, 3: 0.0}), (0.7, {1: 1.0, 3: 0.5}),
+                                                  (0.9, {1: 0.5, 3: 1.0})], start=1)]
+    (root / "sweep.json").write_text(json.dumps({
+        "name": "hand", "sweep_file": "x.yaml", "points": [{"index": i, "labels": l, "overrides": [], "run_dir": d}
+                                                           for i, (l, d) in enumerate(points)]}))
+    assert cli.main(["report", str(root), "--out", str(tmp_path / "out"), "--metric", "exact_match",
+                 "--aggregate", "max"]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "**The best run** over seed" in text and "Mean ± sample std" not in text
+    assert "| a | 3 | 0.900 |" in text
+    assert "| a | 0.50 | 1.00 |" in text  # a3's curve; the best at each length would be 1.00, 1.00
+    summary = list(csv.DictReader(open(tmp_path / "out" / "summary.csv")))
+    assert summary[0]["exact_match_best"] == "0.900000" and "exact_match_std" not in summary[0]
+    assert "**The best run**" in capsys.readouterr().out
+    with pytest.raises(UserError, match="--aggregate median: expected one of mean, max"):
+        write_report(root, tmp_path / "other", how="median")
 
 
 def test_report_shows_budget_signatures_and_the_published_numbers(tmp_path):
