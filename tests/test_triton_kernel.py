@@ -312,8 +312,14 @@ def test_one_config_from_the_environment_replaces_the_autotuners_list(monkeypatc
     assert (config.kwargs, config.num_warps, config.num_stages) == (
         {"BLOCK_M": 64, "BLOCK_N": 32, "WINDOW": 128}, 4, 2)
     assert fused._spill_free(None)([config], {}) == [config]  # nothing to choose: no static compile
-    monkeypatch.setenv(fused.CONFIG_VARIABLE, "64x64")
-    with pytest.raises(ValueError, match="RELPOS_LAB_TRITON_CONFIG='64x64': expected BM,BN,WARPS,STAGES"):
-        fused._configs(window=False)
+    assert fused._configs(window=False)[0].kwargs == {"BLOCK_M": 64, "BLOCK_N": 32, "PIPELINE_BAND": False}
+    monkeypatch.setenv(fused.CONFIG_VARIABLE, "64,64,4,3,1")
+    assert fused._configs(window=False)[0].kwargs == {"BLOCK_M": 64, "BLOCK_N": 64, "PIPELINE_BAND": True}
+    for bad in ("64x64", "64,64,4"):
+        monkeypatch.setenv(fused.CONFIG_VARIABLE, bad)
+        with pytest.raises(ValueError, match=f"RELPOS_LAB_TRITON_CONFIG='{bad}': expected BM,BN,WARPS,STAGES"):
+            fused._configs(window=False)
     monkeypatch.delenv(fused.CONFIG_VARIABLE)
-    assert len(fused._configs(window=False)) == 5
+    # The autotuner's list: the forward and dq time 64/64 with the band pipelined and not; dk/dv has no band option.
+    assert [c.kwargs["PIPELINE_BAND"] for c in fused._configs(window=False)].count(True) == 1
+    assert len(fused._configs(window=False)) == 6 and len(fused._configs(window=True)) == 5

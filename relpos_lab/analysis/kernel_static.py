@@ -42,7 +42,7 @@ class Case:
 class Record:
     kernel: str  # forward, dq, dkdv
     case: str
-    config: str  # BM/BN/warps/stages
+    config: str  # BM/BN/warps/stages, "/p" where the band is pipelined (PIPELINE_BAND)
     sm: int
     registers: int
     stack_bytes: int
@@ -78,7 +78,8 @@ def measure(kernel, name: str, case: Case, args: tuple, constexprs: dict, config
     if len(loops) > len(stages):
         raise RuntimeError(f"{name}: {len(loops)} tile loops, expected at most {len(stages)} ({stages})")
     body = dict(zip(stages, loops))
-    label = f"{config.kwargs['BLOCK_M']}/{config.kwargs['BLOCK_N']}/{config.num_warps}/{config.num_stages}"
+    label = (f"{config.kwargs['BLOCK_M']}/{config.kwargs['BLOCK_N']}/{config.num_warps}/{config.num_stages}"
+             + ("/p" if config.kwargs.get("PIPELINE_BAND") else ""))
     return Record(name, case.name, label, sm, registers, stack, compiled.metadata.shared, body,
                   total - sum(loops))
 
@@ -176,6 +177,8 @@ def measure_control(case: Case, sm: int, length: int = 2048) -> list[Record]:
     mask = torch.empty(16, length, device="meta", dtype=torch.uint8) if case.padding else None
     records = []
     for config in fused._configs(window=False):
+        if config.kwargs.get("PIPELINE_BAND"):
+            continue  # the control has no band: the same config again
         blocks = {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_N": config.kwargs["BLOCK_N"]}
         for (kernel, _, args, meta), name in zip(flash_control.launches(q, k, v, case.causal, case.dropout_p, blocks,
                                                                         mask),
@@ -224,7 +227,7 @@ def estimate(record: Record, length: int, max_distance: int, causal: bool) -> in
     from relpos_lab.core.attention import fused_kernels as kernels
 
     control = record.case.startswith(CONTROL)
-    bm, bn, warps, _ = (int(x) for x in record.config.split("/"))
+    bm, bn, warps = (int(x) for x in record.config.split("/")[:3])
     module = flash_control if control else kernels
     stage_fn = (module.key_stages if record.kernel in ("forward", "dq") else module.query_stages).fn
     total = 0

@@ -47,26 +47,37 @@ if HAS_TRITON:
 
 
 CONFIG_VARIABLE = "RELPOS_LAB_TRITON_CONFIG"
-"""``BM,BN,WARPS,STAGES`` (e.g. 64,64,4,3): every kernel runs that one config, untuned. For a GPU
-lease's tests and profiles, where autotuning each shape would spend the minutes compiling."""
+"""``BM,BN,WARPS,STAGES[,PIPELINE_BAND]`` (e.g. 64,64,4,3 or 64,64,4,3,1): every kernel runs that
+one config, untuned. For a GPU lease's tests and profiles, where autotuning each shape would spend
+the minutes compiling."""
 
 
 def _configs(window: bool) -> list:
     """Block sizes, warps and stages the autotuner tries once per shape class on a GPU (Hopper,
     Ampere). 128/32 with 8 warps is the one that does not spill with causality and dropout
-    (`bench kernel --static`). The dk/dv kernel also takes WINDOW, the power of two holding a tile's BM + BN − 1
-    diagonals (a wide rel_bias's gradient)."""
-    choices = ((128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 2), (128, 32, 8, 2))
+    (`bench kernel --static`). The forward and dq also take PIPELINE_BAND: their band and fringe
+    tiles prefetch K and V like the plain ones (True) or wait for each tile's loads (False); on an
+    H200 a program's fixed cost looked like serialised memory latency (docs/performance.md), which
+    the instruction counts cannot tell, so the autotuner times both in the config it chose there
+    (64/64, 4 warps). The dk/dv kernel takes WINDOW instead, the power of two holding a tile's
+    BM + BN − 1 diagonals (a wide rel_bias's gradient)."""
+    choices = ((128, 64, 8, 3, 0), (64, 64, 4, 3, 0), (64, 64, 4, 3, 1), (128, 32, 4, 3, 0), (64, 128, 4, 2, 0),
+               (128, 32, 8, 2, 0))
     if os.environ.get(CONFIG_VARIABLE):
         try:
-            bm, bn, w, s = (int(x) for x in os.environ[CONFIG_VARIABLE].split(","))
+            fields = [int(x) for x in os.environ[CONFIG_VARIABLE].split(",")]
+            if len(fields) not in (4, 5):
+                raise ValueError
         except ValueError:
             raise ValueError(f"{CONFIG_VARIABLE}={os.environ[CONFIG_VARIABLE]!r}: expected BM,BN,WARPS,STAGES "
-                             "such as 64,64,4,3") from None
-        choices = ((bm, bn, w, s),)
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, **({"WINDOW": _window(bm, bn)} if window else {})},
+                             "[,PIPELINE_BAND] such as 64,64,4,3") from None
+        choices = ((*fields, 0)[:5],)
+    elif window:  # dk/dv has no PIPELINE_BAND: the variant would be a duplicate
+        choices = tuple(c for c in choices if not c[4])
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn,
+                           **({"WINDOW": _window(bm, bn)} if window else {"PIPELINE_BAND": bool(band)})},
                           num_warps=w, num_stages=s)
-            for bm, bn, w, s in choices]
+            for bm, bn, w, s, band in choices]
 
 
 MIN_BLOCK_N = 16
