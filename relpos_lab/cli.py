@@ -151,7 +151,8 @@ def evaluate(args: argparse.Namespace) -> None:
          arg("checkpoint", help="a .ckpt file written by `relpos-lab train`"),
          arg("--split", default="valid", help="split whose examples are measured (default: valid)"),
          arg("--lengths", type=int, nargs="+", default=None, help="input lengths measured on their own, side by "
-             "side (default: the longest training length and the longest test length, for tasks with lengths)"),
+             "side (default: the task's inspect lengths, e.g. lm's evaluation lengths, else the longest training "
+             "length and the longest test length)"),
          arg("--out", default=None, help="directory for inspect.json and plots/inspect/ instead of the run "
              "directory (nothing is then logged to W&B)"),
          VERBOSE, OVERRIDES)
@@ -161,6 +162,8 @@ def inspect(args: argparse.Namespace) -> None:
 
     quiet(args.verbose)
     summary = inspect_checkpoint(args.checkpoint, args.split, args.lengths, args.out, args.overrides)
+    if summary.note:
+        _echo(summary.note)
     _echo(f"inspect: {len(summary.plots)} figures in {shown_path(summary.out_dir / 'plots' / 'inspect')}, "
           f"numbers in {shown_path(summary.json)}")
 

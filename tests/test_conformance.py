@@ -24,6 +24,9 @@ def test_every_builtin_scheme_passes_the_kit(scheme):
     report = check_scheme(scheme)
     report.raise_on_failure()
     assert len(report.checks) == 16 and not report.skipped
+    drawing = report.checks[-1]
+    assert drawing.name == "inspect drawing (optional)"  # a content bias is also drawn on a sample batch
+    assert ("on a sample batch: " in drawing.detail) == (scheme in ("cope", "fox", "dape"))
 
 
 @dataclass

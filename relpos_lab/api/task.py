@@ -139,6 +139,13 @@ class Task(abc.ABC):
         and is shaded in the per-length plots."""
         return None
 
+    def inspect_lengths(self, split: str) -> Sequence[int] | None:
+        """The lengths `relpos-lab inspect` measures on their own beside the whole split when no
+        --lengths are given (a task is inspected if it defines `example_length(example)`, the
+        length its examples are grouped by); None (the default): the longest training length and
+        the longest test length past it."""
+        return None
+
     def sample_rows(self, batch: Batch, predictions: Tensor, n: int = 8) -> tuple[list[str], list[list]] | None:
         """(columns, rows) of a few predictions, as text, for the W&B samples table; None: no table."""
         return None

@@ -48,9 +48,10 @@ from relpos_lab.api import registry
 from relpos_lab.api.contract import check as check_verb
 from relpos_lab.api.errors import UserError
 from relpos_lab.api.task import Task
+from relpos_lab.core.attention.capture import AttentionProbe, capturing
 from relpos_lab.core.positions.base import Drawing, PositionScheme, scheme_of
 from relpos_lab.core.prefix_lm import PrefixLM
-from relpos_lab.core.transformer import ARCHITECTURES, DecoderLM, EncoderDecoder, ModelConfig
+from relpos_lab.core.transformer import ARCHITECTURES, DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention
 
 CACHE_TOLERANCE = 1e-9
 """float64: every decoding check's largest difference of logits (cached against the full pass); the
@@ -198,7 +199,8 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
     else:
         _decoding_checks(report, BIDIRECTIONAL, positions, None, src, tgt, decodes)
     if models:
-        report.run("inspect drawing (optional)", lambda: _drawings(next(iter(models.values()))))
+        arch = next(iter(models))
+        report.run("inspect drawing (optional)", lambda: _drawings(models[arch], arch, src, tgt))
     return report
 
 
@@ -371,15 +373,41 @@ def _trains(model, arch, src, tgt) -> str:
     return f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
 
 
-def _drawings(model) -> str:
+def _drawings(model, arch: str, src, tgt) -> str:
+    """`draw` of the first layer's module and, for a content-dependent one, `draw_content` on the
+    arguments its content_bias got in a forward pass (as `relpos-lab inspect` calls them)."""
     module = next((m.positions for m in model.modules() if hasattr(m, "positions") and hasattr(m.positions, "draw")),
                   None)
     drawn = module.draw(6) if module is not None else {}
+    _check_panels("draw()", drawn)
+    content = _content_drawing(model, arch, src, tgt)
+    _check_panels("draw_content()", content)
+    shown = ", ".join(drawn) + (f"{'; ' if drawn else ''}on a sample batch: {', '.join(content)}" if content else "")
+    return shown or "draws nothing"
+
+
+def _content_drawing(model, arch: str, src, tgt) -> dict:
+    layer = next((m for m in model.modules() if isinstance(m, MultiHeadAttention) and m.content), None)
+    if layer is None:
+        return {}
+    probe = AttentionProbe(keep_content=True)
+    handle = layer.register_forward_pre_hook(lambda module, args: setattr(probe, "where", "layer"))
+    try:
+        with capturing(probe), torch.no_grad():
+            _logits(model, arch, src, tgt)
+            return layer.positions.draw_content(*probe.content["layer"], 6)
+    finally:
+        handle.remove()
+
+
+def _check_panels(hook: str, drawn: dict) -> None:
     for name, panel in drawn.items():
-        assert isinstance(panel, Drawing), f"draw()[{name!r}] is a {type(panel).__name__}, not a Drawing"
-        assert panel.kind in DRAW_KINDS, f"draw()[{name!r}].kind={panel.kind!r}; one of {', '.join(DRAW_KINDS)}"
-        assert torch.isfinite(torch.as_tensor(panel.values, dtype=torch.float64)).all(), f"draw()[{name!r}] not finite"
-    return ", ".join(drawn) if drawn else "draws nothing"
+        assert isinstance(panel, Drawing), f"{hook}[{name!r}] is a {type(panel).__name__}, not a Drawing"
+        assert panel.kind in DRAW_KINDS, f"{hook}[{name!r}].kind={panel.kind!r}; one of {', '.join(DRAW_KINDS)}"
+        for part in ("values", "spread"):
+            value = getattr(panel, part, None)
+            assert value is None or torch.isfinite(torch.as_tensor(value, dtype=torch.float64)).all(), \
+                f"{hook}[{name!r}].{part} not finite"
 
 
 # --- tasks --------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from relpos_lab.core.attention import relative_attention
+from relpos_lab.core.attention import capture, relative_attention
 from relpos_lab.core.attention.masks import visibility_mask
 from relpos_lab.core.positions import KeyState, PositionConfig, RelativePositions, ShawConfig, contract, scheme_of
 from relpos_lab.core.positions.randomized import sample_positions, spread, spread_mask
@@ -248,6 +248,8 @@ class MultiHeadAttention(nn.Module):
             bias = self.positions.content_bias(q, k, x, offset, visible, state)
             if self.unchecked:
                 contract.check_content_bias(self.scheme, self.positions, bias, q, k, state)
+            if capture.ACTIVE is not None:  # inspect: what the scheme draws of its bias (draw_content)
+                capture.ACTIVE.observe_content(q, k, x, offset, visible)
             extra = {**extra, "attn_bias": bias if extra.get("attn_bias") is None else extra["attn_bias"] + bias}
         self.unchecked = False
         return extra

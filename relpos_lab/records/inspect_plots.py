@@ -134,7 +134,8 @@ def plot_example_maps(maps: np.ndarray, path: Path, title: str, query_label: str
 
 
 def plot_drawings(drawings: Mapping[str, object], path: Path, title: str) -> Path:
-    """A scheme's `Drawing`s of one layer (core/positions/base.py), one panel each."""
+    """A scheme's `Drawing`s of one layer (core/positions/base.py), one panel each; curves with a
+    `spread` get a band of ± spread around each line."""
     fig = _figure(max(6.5, 4.6 * len(drawings)), 4.2)
     axes = fig.subplots(1, len(drawings), squeeze=False)[0]
     for ax, (name, d) in zip(axes, drawings.items()):
@@ -148,9 +149,13 @@ def plot_drawings(drawings: Mapping[str, object], path: Path, title: str) -> Pat
             ax.bar(x, values)
             ax.set_ylabel(d.ylabel)
         else:
+            spread = None if getattr(d, "spread", None) is None else np.asarray(d.spread)
             for i, row in enumerate(values):
                 label = d.line_label if d.line_label != "head" else f"head {i}"
-                ax.plot(x, row, marker="o", markersize=2.5, linewidth=1, label=label)
+                line, = ax.plot(x, row, marker="o", markersize=2.5, linewidth=1, label=label)
+                if spread is not None:  # the band: ± spread around the line, in its colour
+                    ax.fill_between(x, row - spread[i], row + spread[i], color=line.get_color(), alpha=0.15,
+                                    linewidth=0)
             ax.set_ylabel(d.ylabel)
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize="x-small", ncol=2)

@@ -4,17 +4,23 @@ by relative offset, and what its position scheme learned.
 Attention is measured teacher-forced (`Task.loss`, the training forward) on a split's examples
 with a probe active (core/attention/capture.py): per attention site — encoder self-, decoder self-
 and cross-attention, each layer and head — the mean mass at each offset j − i over real query rows.
-For tasks with training lengths, the same is measured at the longest training length and at the
-longest test length beside it. The scheme's own drawings (`RelativePositions.draw`) come from the
-per-layer modules. Numbers go to inspect.json, figures to plots/inspect/, both also to the run's
-W&B run (images and a table). Here, not in analysis/, because training calls it on the model it
-has just evaluated.
+For tasks with training lengths, the same is measured at the lengths the task names
+(`Task.inspect_lengths`: lm's evaluation lengths) or else at the longest training length and at
+the longest test length beside it. Examples are batched as evaluation batches them (by padded
+tokens where the task says `max_tokens`, else data.eval_batch_size). The scheme's own drawings
+(`RelativePositions.draw`) come from the per-layer modules; a content-dependent scheme also draws
+what it adds on one batch of the split's longest examples (`RelativePositions.draw_content`, fed
+by the probe). A scheme that draws nothing is said in one line (`InspectSummary.note`). Numbers go
+to inspect.json, figures to plots/inspect/, both also to the run's W&B run (images and a table).
+Here, not in analysis/, because training calls it on the model it has just evaluated.
 
 inspect.json: {"run", "scheme", "split", "mass" (the definition), "sets": {set name ("valid",
 "length 16", ...): {"split", "examples", "in_training_range" (length sets), "attention": {kind:
 {"offsets", "query_rows", "mass" (layers × heads × offsets), "clipped" (Shaw: {"max_distance",
 "mass" by clipped offset -k..k})}}}}, "drawings": {kind: {layer: {name: {"kind", "x", "values",
-"xlabel", "ylabel"}}}}}.
+"xlabel", "ylabel", "spread" (curves with a band)}}}}, "content" (content-dependent schemes):
+{"split", "examples" (the sample batch), "lengths", "drawings" (as "drawings")}, "not_drawn" (a
+scheme that draws nothing: the line saying so)}.
 """
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ from relpos_lab.core.transformer import Decoder, Encoder, MultiHeadAttention, po
 from relpos_lab.records import inspect_plots as plots
 from relpos_lab.records.loggers import RunCSVLogger, build_loggers, close_loggers, log_images, log_samples
 from relpos_lab.records.rundir import writable_directory
+from relpos_lab.training.batching import TokenBatchSampler
 from relpos_lab.training.checkpoints import (
     CHECKPOINTS,
     OVERRIDES_FIX,
@@ -64,6 +71,7 @@ class InspectSummary:
     out_dir: Path
     json: Path
     plots: list[Path] = field(default_factory=list)
+    note: str | None = None  # one line for the user (a scheme that draws nothing), else None
 
 
 def has_relative_positions(model: torch.nn.Module) -> bool:
@@ -73,8 +81,8 @@ def has_relative_positions(model: torch.nn.Module) -> bool:
 
 
 def can_inspect(task: Task) -> bool:
-    """Inspect groups examples by length (`example_length`, what sequence-to-sequence tasks have);
-    a task without it (e.g. `lm`, whose examples are fixed windows) is not inspected."""
+    """Inspect groups examples by length (`example_length`: sequence-to-sequence tasks and `lm`
+    have it); a task without it is not inspected."""
     return callable(getattr(task, "example_length", None))
 
 
@@ -85,8 +93,8 @@ def inspect_checkpoint(checkpoint: str | Path, split: str = "valid", lengths: Se
     checkpoint = Path(checkpoint)
     cfg, task = task_from_checkpoint(checkpoint, list(overrides))
     if not can_inspect(task):
-        raise UserError(f"inspect needs a task whose examples have lengths (a sequence-to-sequence task); "
-                        f"task {cfg.task.name!r} has none")
+        raise UserError(f"inspect groups examples by length, and task {cfg.task.name!r} defines no "
+                        "example_length(example) (see Task.inspect_lengths)")
     use_cpu_threads(cfg.trainer.threads)
     task.check_split(split)
     module = RelposModule(cfg, task)
@@ -124,16 +132,23 @@ def inspect_model(model: torch.nn.Module, task: Task, cfg: DictConfig, out_dir: 
     if not sets[split][1]:
         raise UserError(f"split '{split}' of task '{task.cfg.name}' has no examples to inspect; pick another --split")
     train_range = task.train_length_range()
-    for length in lengths if lengths is not None else data.default_lengths(train_range, split):
+    if lengths is None:
+        named = task.inspect_lengths(split)
+        lengths = data.default_lengths(train_range, split) if named is None else list(named)
+    for length in lengths:
         where = data.split_with(split, length)
         sets[f"length {length}"] = (where, data.of(where, length))
+    content = any(isinstance(m, MultiHeadAttention) and m.content for m in model.modules())
+    sample = _sample(task, sets[split][1], batch_size, task.max_tokens(split)) if content else []
     was_training = model.training
     model.eval()
     try:
         with positions_in_order(model):  # offsets j − i are token distances, also with randomize_at_eval
-            probes = {name: _measure(model, task, examples, batch_size) for name, (_, examples) in sets.items()}
+            probes = {name: _measure(model, task, examples, batch_size, max_tokens=task.max_tokens(where))
+                      for name, (where, examples) in sets.items()}
             ids: dict = {}  # the example's token ids by side, for the maps' tick labels
             example = _measure(model, task, [max(sets[split][1], key=task.example_length)], 1, ids)
+            sampled = _measure(model, task, sample, len(sample), keep_content=True) if sample else None
     finally:
         model.train(was_training)
     numbers = {"run": run_name, "scheme": scheme, "split": split,
@@ -145,17 +160,28 @@ def inspect_model(model: torch.nn.Module, task: Task, cfg: DictConfig, out_dir: 
             entry["in_training_range"] = train_range[0] <= int(name.split()[1]) <= train_range[1]
         numbers["sets"][name] = entry
     widest = max(len(a["offsets"]) for s in numbers["sets"].values() for a in s["attention"].values()) // 2
-    drawings = _drawings(model, min(max(widest, 1), MAX_DRAWN_OFFSET))
-    numbers["drawings"] = {kind: {str(layer): {name: _drawing_json(d) for name, d in found.items()}
-                                  for layer, found in layers.items()} for kind, layers in drawings.items()}
+    max_offset = min(max(widest, 1), MAX_DRAWN_OFFSET)
+    drawings = _drawings(model, max_offset)
+    numbers["drawings"] = _drawings_json(drawings)
+    drawn_content = _content_drawings(model, sampled, max_offset) if sampled is not None else {}
+    if drawn_content:
+        numbers["content"] = {"split": split, "examples": len(sample),
+                              "lengths": sorted({task.example_length(e) for e in sample}),
+                              "drawings": _drawings_json(drawn_content)}
+    note = None if drawings or drawn_content else _nothing_drawn(model)
+    if note:
+        numbers["not_drawn"] = note
     path = out_dir / INSPECT_JSON
     atomic_write(path, json.dumps(numbers, indent=1) + "\n")
     figures = _figures(numbers, example, _tokens(task, ids), drawings, out_dir / PLOTS, f"{run_name} ({scheme})", clip)
+    figures += _content_figures(numbers, drawn_content, out_dir / PLOTS, f"{run_name} ({scheme})")
     log_images(loggers, {f"inspect/{p.stem}": p for p in figures}, step=step)
     log_samples(loggers, "inspect/attention_by_offset", *_table(numbers), step=step)
     if echo:
+        if note:
+            echo(note)
         echo(f"inspect: {len(figures)} figures in {shown_path(out_dir / PLOTS)}, numbers in {shown_path(path)}")
-    return InspectSummary(out_dir, path, figures)
+    return InspectSummary(out_dir, path, figures, note)
 
 
 # --- which examples -------------------------------------------------------------------------
@@ -199,18 +225,37 @@ class _Examples:
                         "pick --lengths among the lengths the task's splits hold")
 
 
+def _sample(task: Task, examples: list, batch_size: int, max_tokens: int | None) -> list:
+    """One evaluation batch of the longest `examples`: what a content-dependent scheme draws on."""
+    ranked = sorted(examples, key=task.example_length, reverse=True)[:batch_size]
+    if max_tokens is not None and ranked:
+        ranked = ranked[:max(1, max_tokens // max(task.num_tokens(e) for e in ranked))]
+    return ranked
+
+
 # --- measuring --------------------------------------------------------------------------------
 
-def _measure(model, task: Task, examples: list, batch_size: int, ids: dict | None = None) -> AttentionProbe:
+def _batches(task: Task, examples: list, batch_size: int, max_tokens: int | None) -> list[list]:
+    """`examples` in batches as evaluation makes them: by padded tokens (`max_tokens`), else
+    `batch_size` at a time."""
+    if max_tokens is None:
+        return [examples[start:start + batch_size] for start in range(0, len(examples), batch_size)]
+    sampler = TokenBatchSampler(range(len(examples)), [task.num_tokens(e) for e in examples], max_tokens, even=False)
+    return [[examples[i] for i in batch] for batch in sampler.batches() if batch]
+
+
+def _measure(model, task: Task, examples: list, batch_size: int, ids: dict | None = None,
+             max_tokens: int | None = None, keep_content: bool = False) -> AttentionProbe:
     """A probe's sums over `examples`, teacher-forced; `ids` gets the first example's real token
-    ids by side ("src", "tgt")."""
-    probe = AttentionProbe()
+    ids by side ("src", "tgt"); `keep_content`: the probe keeps each site's first content_bias
+    arguments."""
+    probe = AttentionProbe(keep_content)
     pad_id = getattr(getattr(model, "cfg", None), "pad_id", 0)
     handles = _attach(model, probe, pad_id, ids)
     try:
         with capturing(probe), torch.no_grad():
-            for start in range(0, len(examples), batch_size):
-                batch = task.collate(examples[start:start + batch_size])
+            for examples_of_batch in _batches(task, examples, batch_size, max_tokens):
+                batch = task.collate(examples_of_batch)
                 device = next(model.parameters()).device
                 task.loss(model, {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}, 0.0)
     except ValueError as err:
@@ -300,9 +345,40 @@ def _drawings(model, max_offset: int) -> dict:
     return out
 
 
+def _content_drawings(model, probe: AttentionProbe, max_offset: int) -> dict:
+    """What each content-dependent module draws of its bias on the probe's batch (draw_content)."""
+    out: dict = {}
+    for name, module in model.named_modules():
+        where = site_of(name)
+        if isinstance(module, MultiHeadAttention) and module.content and where in probe.content:
+            with torch.no_grad():
+                found = module.positions.draw_content(*probe.content[where], max_offset)
+            if found:
+                out.setdefault(where[0], {})[where[1]] = found
+    return out
+
+
+def _nothing_drawn(model) -> str:
+    """The line saying that the scheme draws nothing, and why."""
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    own = sorted({type(m.positions).__name__ for m in layers if type(m.positions) is not RelativePositions})
+    why = (f"its per-layer module {', '.join(own)} gives no panels from draw() and has no content_bias" if own
+           else "it has no module in the attention layers to draw")
+    label = layers[0].scheme if layers else "the position scheme"
+    return f"inspect: {label} draws nothing: {why}; attention by offset is measured all the same"
+
+
+def _drawings_json(drawings: dict) -> dict:
+    return {kind: {str(layer): {name: _drawing_json(d) for name, d in found.items()} for layer, found in layers.items()}
+            for kind, layers in drawings.items()}
+
+
 def _drawing_json(d) -> dict:
-    return {"kind": d.kind, "x": d.x.tolist(), "values": _rounded(d.values.detach().cpu().numpy()),
-            "xlabel": d.xlabel, "ylabel": d.ylabel}
+    out = {"kind": d.kind, "x": d.x.tolist(), "values": _rounded(d.values.detach().cpu().numpy()),
+           "xlabel": d.xlabel, "ylabel": d.ylabel}
+    if getattr(d, "spread", None) is not None:
+        out["spread"] = _rounded(d.spread.detach().cpu().numpy())
+    return out
 
 
 # --- figures and the W&B table ----------------------------------------------------------------
@@ -363,6 +439,24 @@ def _figures(numbers: dict, example: AttentionProbe, tokens: dict, drawings: dic
             figures.append(plots.plot_drawings(found, folder / f"scheme_{kind}_layer{layer}.png",
                                                f"{who}\nwhat the scheme learned: {plots.KIND_TITLES[kind]}, "
                                                f"layer {layer}{causal}"))
+    return figures
+
+
+def _content_figures(numbers: dict, drawn: dict, folder: Path, who: str) -> list[Path]:
+    """One figure per layer of what a content-dependent scheme adds on the sample batch."""
+    if not drawn:
+        return []
+    sample = numbers["content"]
+    span = "–".join(str(n) for n in dict.fromkeys((sample["lengths"][0], sample["lengths"][-1])))
+    figures = []
+    for kind, layers in drawn.items():
+        for layer, found in layers.items():
+            causal = "\ncausal: offsets j − i > 0 are never attended" if kind == "decoder_self" else ""
+            figures.append(plots.plot_drawings(
+                found, folder / f"content_{kind}_layer{layer}.png",
+                f"{who}\nwhat the scheme adds on a sample batch ({sample['examples']} {sample['split']} examples of "
+                f"length {span}, the longest): {plots.KIND_TITLES[kind]}, layer {layer}\nlines: mean over the "
+                f"visible pairs at each offset; bands: ± one standard deviation{causal}"))
     return figures
 
 

@@ -211,6 +211,14 @@ class LMTask(Task):
     def train_length_range(self) -> tuple[int, int]:
         return (1, self.cfg.train_length)
 
+    def example_length(self, example: Window) -> int:
+        """A window's evaluation length (what `relpos-lab inspect` groups windows by)."""
+        return example.length
+
+    def inspect_lengths(self, split: str) -> list[int]:
+        """Every evaluation length: attention by offset within the training length and beyond it."""
+        return self.cfg.lengths()
+
     # --- model, loss, evaluation -------------------------------------------------------------
 
     def build_model(self, cfg: ModelConfig) -> nn.Module:

@@ -13,6 +13,11 @@ The probe keeps sums, not tensors: per attention site (`where`, set by the calle
 map of the longest example seen. The mean over rows is the curve over all offsets. With Shaw
 tables the mass by *clipped* offset is also kept, from `gather.sum_by_label`, the 2k+1 label sums
 gather uses for its value term (it equals the full curve folded at ±k; tested).
+
+A probe made with `keep_content=True` also keeps, per site, the arguments of the first
+`content_bias` call it is shown (`observe_content`, called by the attention layer of a
+content-dependent scheme while a probe is active), so that the scheme can draw what it adds on that
+batch (`RelativePositions.draw_content`).
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ ACTIVE: AttentionProbe | None = None
 class AttentionProbe:
     """Sums of attention mass by relative offset, per attention site and head."""
 
-    def __init__(self):
+    def __init__(self, keep_content: bool = False):
         self.where: object = None  # the site now running, set by the caller (hooks) before each call
         self.query_mask: Tensor | None = None  # (B, Lq) bool, True at real query rows; None: all real
         self.key_mask: Tensor | None = None  # (B, Lk) bool, True at real keys (crops the example map)
@@ -38,6 +43,8 @@ class AttentionProbe:
         self.rows: dict = {}  # where -> real query rows summed
         self.clipped: dict = {}  # where -> (H, 2k+1) float64: summed mass by clipped offset
         self.example: dict = {}  # where -> (H, Lq, Lk) float32: the longest example's probabilities (the first of them)
+        self.keep_content = keep_content
+        self.content: dict = {}  # where -> (q, k, x, query_offset, visible): the first content_bias call's arguments
 
     def observe(self, p: Tensor, query_offset: int, max_distance: int) -> None:
         """Add one call's probabilities p (B, H, Lq, Lk); query row r sits at query_offset + r."""
@@ -60,6 +67,16 @@ class AttentionProbe:
         if self.where not in self.example or self.example[self.where].shape[-2] < int(rows[longest].sum()):
             keys = lk if self.key_mask is None else int(self.key_mask[longest].sum())
             self.example[self.where] = p[longest, :, rows[longest], :keys].to(torch.float32).cpu()
+
+    def observe_content(self, q: Tensor, k: Tensor, x: Tensor, query_offset: int, visible: Tensor | None) -> None:
+        """Keep the site's first `content_bias` arguments (with `keep_content`); `visible` then
+        also hides the rows of padding queries (`query_mask`), so it allows the pairs to count."""
+        if not self.keep_content or self.where in self.content:
+            return
+        if self.query_mask is not None:
+            rows = self.query_mask[:, None, -q.shape[-2]:, None].to(q.device)  # (B, 1, Lq, 1)
+            visible = rows if visible is None else visible & rows
+        self.content[self.where] = (q.detach(), k.detach(), x.detach(), query_offset, visible)
 
     def _add_mass(self, summed: Tensor, lowest: int) -> None:
         """Add `summed` (H, n), whose column c is offset lowest + c, into the site's -W..W array."""

@@ -12,7 +12,9 @@ multi-token prefill exact; what `content_bias` must remember about cached keys i
 `KeyState`, which the KV cache carries.
 
 A per-layer module may also draw itself (`RelativePositions.draw`): what it learned as a function
-of distance, which `relpos-lab inspect` plots beside the attention it measured.
+of distance, which `relpos-lab inspect` plots beside the attention it measured; a content-dependent
+one also what it adds on a sample batch (`RelativePositions.draw_content`, by default its
+content_bias's mean and spread by offset).
 
 contract.py checks both when a model is built and on the modules' first call: a scheme that
 contributes nothing without declaring it, or a hook that returns what `relative_attention` does not
@@ -29,12 +31,15 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from relpos_lab.core.attention.masks import relative_positions
+
 
 @dataclass
 class Drawing:
     """One panel of what a scheme learned, for `relpos-lab inspect`.
 
-    kind "curves": `values` (lines, len(x)), one line per row (a head, or "all heads"), against x;
+    kind "curves": `values` (lines, len(x)), one line per row (a head, or "all heads"), against x,
+    each with a band ±`spread` (lines, len(x)) around it where given (e.g. a standard deviation);
     kind "matrix": `values` (len(x), len(x)) over x × x (e.g. cosine similarity between offsets);
     kind "bars": `values` (n,) at x (e.g. ALiBi's slope per head). `x` holds relative offsets
     j − i (or head numbers for bars); `xlabel`, `ylabel` name them with their units.
@@ -47,6 +52,35 @@ class Drawing:
     xlabel: str = "relative offset j − i (key − query, tokens)"
     line_label: str = "head"
     title: str = ""  # the panel's title; default: its name in the dict `draw` returns
+    spread: Tensor | None = None  # "curves": the half-width of each line's band, as `values`
+
+    @classmethod
+    def by_offset(cls, values: Tensor, visible: Tensor | None, query_offset: int, max_offset: int, ylabel: str,
+                  **fields) -> Drawing:
+        """Curves of `values` (B, H, Lq, Lk), one per head: their mean over the pairs `visible`
+        counts (bool, broadcastable to it; None: all) at each offset j − i, with the standard
+        deviation as the band, at the offsets within ±max_offset that hold a counted pair for
+        every head. Query row r sits at query_offset + r, key j at j, as in `content_bias`."""
+        values = values.detach().to(torch.float64)
+        counted = torch.ones((), dtype=torch.bool, device=values.device) if visible is None else visible.bool()
+        shape = torch.broadcast_shapes(values.shape, counted.shape, (1, 1, 1, 1))  # (B, H, Lq, Lk)
+        lq, lk = shape[-2:]
+        reach = query_offset + lq + lk  # no pair is further apart: every offset keeps its own label
+        labels = relative_positions(lq, lk, reach, query_offset, values.device).expand(shape).reshape(*shape[:-2], -1)
+        weight = counted.expand(shape).reshape(labels.shape).to(torch.float64)
+        values = values.expand(shape).reshape(labels.shape) * weight
+
+        def per_offset(t: Tensor) -> Tensor:  # (…, H, Lq·Lk) -> (H, 2·reach+1), summed over the batch
+            sums = t.new_zeros(*t.shape[:-1], 2 * reach + 1).scatter_add_(-1, labels, t)
+            return sums.reshape(-1, *sums.shape[-2:]).sum(0)
+
+        n, total, squares = per_offset(weight), per_offset(values), per_offset(values * values)
+        offsets = torch.arange(-reach, reach + 1, device=values.device)
+        keep = (n > 0).all(0) & (offsets.abs() <= max_offset)
+        n = n[:, keep]
+        mean = total[:, keep] / n
+        spread = (squares[:, keep] / n - mean * mean).clamp_min(0).sqrt()
+        return cls("curves", mean.float().cpu(), offsets[keep].cpu(), ylabel, spread=spread.float().cpu(), **fields)
 
 
 @dataclass
@@ -157,6 +191,23 @@ class RelativePositions(nn.Module):
         """Optional: what this layer's module learned, by name, over offsets -max_offset..max_offset
         (e.g. {"bias": Drawing("curves", bias per head, offsets, "score bias")}); {} draws nothing."""
         return {}
+
+    def draw_content(self, q: Tensor, k: Tensor, x: Tensor, query_offset: int, visible: Tensor | None,
+                     max_offset: int) -> dict[str, Drawing]:
+        """Optional, for a module with a `content_bias`: what it adds on a sample batch, by name,
+        over offsets -max_offset..max_offset. `relpos-lab inspect` calls it once per layer (only on
+        modules that override `content_bias`), without gradients, with the arguments `content_bias`
+        got in the forward pass over one batch of the split's longest examples (a full pass: no
+        cache, so no state here); `visible` also hides the rows of padding queries, so the pairs it
+        allows are the ones to count.
+
+        By default: the bias itself, its mean and standard deviation per head at each offset
+        (`Drawing.by_offset`). Override it to draw more of what the bias is made of (CoPE: its
+        gated counts p_ij by offset), keeping super()'s panels."""
+        bias = self.content_bias(q, k, x, query_offset, visible, KeyState())
+        return {"content_bias": Drawing.by_offset(bias, visible, query_offset, max_offset,
+                                                  "score bias added to the logit",
+                                                  title="content bias on a sample batch: mean ± std per head")}
 
 
 class PositionScheme:

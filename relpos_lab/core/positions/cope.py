@@ -99,6 +99,15 @@ class CopePositions(RelativePositions):
                 title=f"CoPE: cosine between positions ({where})")
         return drawings
 
+    def draw_content(self, q, k, x, query_offset, visible, max_offset):
+        """Beside the bias (super()'s panel): the contextual positions p_ij themselves by offset,
+        how far the gated counts place each key from its query on this batch."""
+        p, _ = self.positions(q, k, query_offset, visible)
+        return {"positions": Drawing.by_offset(p, visible, query_offset, max_offset,
+                                               "contextual position p_ij (gated count)",
+                                               title="CoPE: contextual position on a sample batch: mean ± std per head"),
+                **super().draw_content(q, k, x, query_offset, visible, max_offset)}
+
 
 class Cope(PositionScheme):
     """Contextual positions: gated counts of the tokens between query and key (Golovneva et al., 2024)."""
