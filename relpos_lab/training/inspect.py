@@ -9,7 +9,7 @@ For tasks with training lengths, the same is measured at the lengths the task na
 the longest test length beside it. Examples are batched as evaluation batches them (by padded
 tokens where the task says `max_tokens`, else data.eval_batch_size). The scheme's own drawings
 (`RelativePositions.draw`) come from the per-layer modules; a content-dependent scheme also draws
-what it adds on one batch of the split's longest examples (`RelativePositions.draw_content`, fed
+what it adds on one batch of the longest examples measured (`RelativePositions.draw_content`, fed
 by the probe). A scheme that draws nothing is said in one line (`InspectSummary.note`). Numbers go
 to inspect.json, figures to plots/inspect/, both also to the run's W&B run (images and a table).
 Here, not in analysis/, because training calls it on the model it has just evaluated.
@@ -226,7 +226,8 @@ class _Examples:
 
 
 def _sample(task: Task, examples: list, batch_size: int, max_tokens: int | None) -> list:
-    """One evaluation batch of the longest `examples`: what a content-dependent scheme draws on."""
+    """One evaluation batch of the longest `examples` (those measured of the split): what a
+    content-dependent scheme draws on."""
     ranked = sorted(examples, key=task.example_length, reverse=True)[:batch_size]
     if max_tokens is not None and ranked:
         ranked = ranked[:max(1, max_tokens // max(task.num_tokens(e) for e in ranked))]

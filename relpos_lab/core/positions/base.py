@@ -197,7 +197,7 @@ class RelativePositions(nn.Module):
         """Optional, for a module with a `content_bias`: what it adds on a sample batch, by name,
         over offsets -max_offset..max_offset. `relpos-lab inspect` calls it once per layer (only on
         modules that override `content_bias`), without gradients, with the arguments `content_bias`
-        got in the forward pass over one batch of the split's longest examples (a full pass: no
+        got in the forward pass over one batch of the longest examples it measures (a full pass: no
         cache, so no state here); `visible` also hides the rows of padding queries, so the pairs it
         allows are the ones to count.
 
