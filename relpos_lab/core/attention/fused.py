@@ -88,10 +88,6 @@ def _window(block_m: int, block_n: int) -> int:
     return triton.next_power_of_2(block_m + block_n - 1)
 
 
-_ACCUMULATED = {"backward_dkdv_kernel": ["DBIAS"], "backward_dq_kernel": ["DWK", "DWV"]}
-"""Outputs that a config writes only part of (the wide bias's gradient rows, the tables' sums per
-query block, as many as that config's BM makes): zeroed again before each config the autotuner
-tries, or one trial's rows would be summed with the next's."""
 _TUNE_KEY = ["L_BUCKET", "LABELS", "BLOCK_D", "HAS_RK", "HAS_RV", "HAS_BIAS", "MASK", "CAUSAL", "HAS_DROPOUT"]
 _INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
 _EVEN = {"EVEN_M": lambda a: a["LQ"] % a["BLOCK_M"] == 0, "EVEN_N": lambda a: a["LK"] % a["BLOCK_N"] == 0,
@@ -120,8 +116,8 @@ _kernels = None
 
 
 def _get_kernels():
-    """(forward, dq, dk/dv): autotuned on a GPU; fixed small blocks under the interpreter (where
-    autotuning would only multiply the run time)."""
+    """(forward, dq, dk/dv, label sums): the first three autotuned on a GPU, fixed small blocks
+    under the interpreter (where autotuning would only multiply the run time)."""
     global _kernels
     if _kernels is None:
         plain = (kernels.forward_kernel, kernels.backward_dq_kernel, kernels.backward_dkdv_kernel)
@@ -133,9 +129,10 @@ def _get_kernels():
             _kernels = tuple(
                 triton.autotune(configs=_configs(window=kernel is kernels.backward_dkdv_kernel), key=_TUNE_KEY,
                                 prune_configs_by={"early_config_prune": _spill_free(kernel)},
-                                reset_to_zero=_ACCUMULATED.get(kernel.fn.__name__))(
+                                reset_to_zero=["DBIAS"] if kernel is kernels.backward_dkdv_kernel else None)(
                     triton.heuristics(_heuristics(kernel))(kernel))
                 for kernel in plain)
+        _kernels = (*_kernels, kernels.label_sums_kernel)
     return _kernels
 
 
@@ -293,7 +290,7 @@ class _FusedRelativeAttention(torch.autograd.Function):
         args = _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
         logits = _label_table(b, h, lq, args, q, needed=rel_k is not None)
         mass = _label_table(b, h, lq, args, q, needed=rel_v is not None)
-        fwd, _, _ = _get_kernels()
+        fwd, _, _, _ = _get_kernels()
         fwd[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)](
             q, k, v, *args["tables"], args["mask"], o, lse, logits, mass,
             *_strides(q, k, v), *args["strides"], *_strides(o), *args["scalars"], **args["meta"])
@@ -321,20 +318,16 @@ class _FusedRelativeAttention(torch.autograd.Function):
         logits = _label_table(b, h, lq, args, q, needed=rel_k is not None)
         values = _label_table(b, h, lq, args, q, needed=rel_v is not None)
         grad = _label_table(b, h, lq, args, q, needed=needs_g)
-        needs_dwk = rel_k is not None and ctx.needs_input_grad[3]
-        needs_dwv = rel_v is not None and ctx.needs_input_grad[4]
-        sum_rows = triton.cdiv(lq, _smallest_block_m())
-        dwk, dwv = (_label_sums(b, h, sum_rows, args, q, needed) for needed in (needs_dwk, needs_dwv))
         wide_grad = wide and ctx.needs_input_grad[5]  # ALiBi's fixed table needs none
         rows = triton.cdiv(lk, _INTERPRETER_BLOCKS["BLOCK_N"] if INTERPRETED else MIN_BLOCK_N) if wide_grad else 1
         dbias_rows = torch.zeros((b * h, rows, nl) if wide_grad else (1,), device=q.device, dtype=torch.float32)
-        _, bwd_dq, bwd_dkdv = _get_kernels()
+        _, bwd_dq, bwd_dkdv, _ = _get_kernels()
         # dq's kernel writes delta, the edge statistics and the logit and value tables, which the dk/dv
         # kernel reads: it runs first.
         bwd_dq[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)](
-            q, k, v, *args["tables"], args["mask"], o, do, lse, dq, delta, edges, logits, values, grad, mass, dwk, dwv,
-            sum_rows, *_strides(q, k, v), *args["strides"], *_strides(o, do, dq), *args["scalars"], **args["meta"],
-            NEEDS_G=needs_g, NEEDS_DWK=needs_dwk, NEEDS_DWV=needs_dwv)
+            q, k, v, *args["tables"], args["mask"], o, do, lse, dq, delta, edges, logits, values, grad,
+            *_strides(q, k, v), *args["strides"], *_strides(o, do, dq), *args["scalars"], **args["meta"],
+            NEEDS_G=needs_g)
         meta = args["meta"]
         bwd_dkdv[lambda meta: (triton.cdiv(lk, meta["BLOCK_N"]), b * h)](
             q, k, v, args["tables"][2], args["mask"], do, lse, delta, edges, logits, values, dk, dv, dbias_rows, rows,
@@ -342,10 +335,10 @@ class _FusedRelativeAttention(torch.autograd.Function):
             **meta, BIAS_GRAD=wide_grad,
             **({"WINDOW": _window(*_INTERPRETER_BLOCKS.values())} if INTERPRETED else {}))
         d_rel_k = d_rel_v = d_rel_bias = None
-        if needs_dwk:  # dw^K_l = scale · Σ_i G_il q_i, summed over the query blocks
-            d_rel_k = _per_table(_summed(dwk, b, h, nl, d) * launch.scale, rel_k)
-        if needs_dwv:  # dw^V_l = Σ_i M_il dO_i
-            d_rel_v = _per_table(_summed(dwv, b, h, nl, d), rel_v)
+        if rel_k is not None and ctx.needs_input_grad[3]:  # dw^K_l = scale · Σ_i G_il q_i
+            d_rel_k = _per_table(_label_sums(grad, q, args, nl) * launch.scale, rel_k)
+        if rel_v is not None and ctx.needs_input_grad[4]:  # dw^V_l = Σ_i M_il dO_i
+            d_rel_v = _per_table(_label_sums(mass, do, args, nl), rel_v)
         if wide_grad:  # per key block and label, summed in a fixed order
             d_rel_bias = dbias_rows.view(b, h, rows, nl).sum((0, 2))
         elif rel_bias is not None and ctx.needs_input_grad[5]:  # db_l = Σ_i G_il
@@ -358,24 +351,20 @@ def _bucket(lq: int, lk: int) -> int:
     return triton.next_power_of_2(max(lq, lk))
 
 
-def _smallest_block_m() -> int:
-    return _INTERPRETER_BLOCKS["BLOCK_M"] if INTERPRETED else min(c.kwargs["BLOCK_M"] for c in _configs(window=False))
-
-
-def _label_sums(b: int, h: int, blocks: int, args: dict, like: Tensor, needed: bool) -> Tensor:
-    """Zeroed (B·H·blocks, LABELS + 1, BLOCK_D) float32: the dq kernel's per-block shares of a
-    table's gradient (`store_label_sums`), for as many blocks as the smallest BM makes (a larger
-    BM leaves rows at zero). A placeholder when not needed."""
+def _label_sums(table: Tensor, x: Tensor, args: dict, n_labels: int) -> Tensor:
+    """(H, 2k+1, D) float32: Σ_i table[i, l] · x_i over each head's B·Lq rows, x (B, H, Lq, D).
+    A share per block of rows (`label_sums_kernel`), summed here. As one einsum over all rows the
+    GPU ran 8 narrow float32 GEMMs, 2.3 ms of a 4.8 ms step at L = 2048 on an H200; as a batched
+    matmul 0.12 ms, plus 0.17 ms of float32 copies of q and dO (docs/performance.md)."""
+    b, h, lq, d = x.shape
     meta = args["meta"]
-    shape = (b * h * blocks, meta["LABELS"] + 1, meta["BLOCK_D"]) if needed else (1,)
-    return torch.zeros(shape, device=like.device, dtype=torch.float32)
-
-
-def _summed(shares: Tensor, b: int, h: int, n_labels: int, d: int) -> Tensor:
-    """(H, 2k+1, D) float32: the per-block shares summed over the batch and the blocks. Computed
-    on the host as one einsum over all B·H·Lq rows, it ran as 8 narrow float32 GEMMs on an H200,
-    2.3 ms of a 4.8 ms step at L = 2048 (docs/performance.md)."""
-    return shares.view(b, h, -1, *shares.shape[1:])[..., :n_labels, :d].sum((0, 2))
+    block = _INTERPRETER_BLOCKS["BLOCK_M"] if INTERPRETED else 64
+    blocks = triton.cdiv(lq, block)
+    shares = torch.empty((b * h * blocks, meta["LABELS"] + 1, meta["BLOCK_D"]), device=x.device, dtype=torch.float32)
+    _, _, _, sums = _get_kernels()
+    sums[(blocks, b * h)](table, x, shares, *x.stride()[:3], h, lq, d, blocks, LABELS=meta["LABELS"],
+                          BLOCK_M=block, BLOCK_D=meta["BLOCK_D"], PRECISION=meta["PRECISION"])
+    return shares.view(b, h, blocks, *shares.shape[1:])[..., :n_labels, :d].sum((0, 2))
 
 
 def _per_table(grad_per_head: Tensor, table: Tensor) -> Tensor:

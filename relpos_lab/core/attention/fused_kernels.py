@@ -273,18 +273,6 @@ def store_label_rows(table_rows, tile, column0, rows, labels, LQ, EVEN_M: tl.con
 
 
 @triton.jit
-def store_label_sums(ptr, tile, column0, x, labels, dims, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
-    """One block's Σ_i m_il x_i for a label tile and its label-0 column: (LABELS + 1, BLOCK_D)
-    floats at ptr, label l in row l. A table's gradient is the host's sum of these over the
-    blocks, in a fixed order (no atomics), instead of a product over all B·H·Lq rows of the
-    label tables and float32 copies of q and dO. The tile in x's dtype, as the sums of
-    `impl="gather"` take it under autocast."""
-    tl.store(ptr + (labels[:, None] + 1) * BLOCK_D + dims[None, :],
-             tl.dot(tl.trans(tile.to(x.dtype)), x, input_precision=PRECISION))
-    tl.store(ptr + dims, tl.sum(column0[:, None] * x.to(tl.float32), 0))
-
-
-@triton.jit
 def interior_of(table_rows, rows, rows_abs, labels, max_distance, LQ, LK, other, CAUSAL: tl.constexpr,
                 EVEN_M: tl.constexpr):
     """(BM, LABELS) the values the band stored by label, for interior labels that name a key the
@@ -589,8 +577,7 @@ def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows, dw_ed
 
 @triton.jit
 def backward_dq_kernel(
-        Q, K, V, WK, WV, BIAS, MASK_PTR, O, DO, LSE, DQ, DELTA, EDGES, LOGITS, VALUES, GRAD, MASS, DWK, DWV,
-        SUM_ROWS,
+        Q, K, V, WK, WV, BIAS, MASK_PTR, O, DO, LSE, DQ, DELTA, EDGES, LOGITS, VALUES, GRAD,
         stride_qb, stride_qh, stride_qm,
         stride_kb, stride_kh, stride_kn,
         stride_vb, stride_vh, stride_vn,
@@ -603,14 +590,13 @@ def backward_dq_kernel(
         stride_dqb, stride_dqh, stride_dqm,
         H, LQ, LK, D, OFFSET, max_distance, sm_scale, seed, dropout_p, L_BUCKET,
         LABELS: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
-        NEEDS_G: tl.constexpr, NEEDS_DWK: tl.constexpr, NEEDS_DWV: tl.constexpr,
-        MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+        NEEDS_G: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
         PRECISION: tl.constexpr, PIPELINE_BAND: tl.constexpr = False):
     """One program: query block start_m of one (batch, head). Writes its rows of dQ, delta, the
-    edge statistics, and the logit, value and grad tables, which the dk/dv kernel and a rel_bias's
-    gradient read; its shares of dw^K and dw^V (DWK, DWV: SUM_ROWS blocks per (batch, head))."""
+    edge statistics, and the logit, value and grad tables, which the dk/dv kernel and the tables'
+    gradients read."""
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -675,14 +661,6 @@ def backward_dq_kernel(
         store_label_rows(grad_rows, g, g0, rows, labels, LQ, EVEN_M)
         if HAS_RK:  # Σ_l G_il w^K_l, the key term's share of dq
             dq += table_combination(g, g0, WK + h * stride_wkh, stride_wkl, labels, dims, n_labels, D, PRECISION)
-        if NEEDS_DWK:  # dw^K_l = scale · Σ_i G_il q_i
-            store_label_sums(DWK + (bh * SUM_ROWS + start_m) * (LABELS + 1) * BLOCK_D, g, g0, q, labels, dims,
-                             BLOCK_D, PRECISION)
-    if NEEDS_DWV:  # dw^V_l = Σ_i M_il dO_i, from the masses the forward stored
-        mass_rows = MASS + table_offset + rows * (LABELS + 1)
-        mass = tl.load(mass_rows[:, None] + 1 + labels[None, :], mask=(rows < LQ)[:, None], other=0.0)
-        store_label_sums(DWV + (bh * SUM_ROWS + start_m) * (LABELS + 1) * BLOCK_D, mass,
-                         tl.load(mass_rows, mask=rows < LQ, other=0.0), do, labels, dims, BLOCK_D, PRECISION)
     DQ_rows = DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + dims[None, :]
     tl.store(DQ_rows, (dq * sm_scale).to(DQ.dtype.element_ty), mask=(rows[:, None] < LQ) & (dims[None, :] < D))
 
@@ -828,6 +806,29 @@ def backward_dkdv_kernel(
              (dk * sm_scale).to(DK.dtype.element_ty), mask=col_mask)
     tl.store(DV + b * stride_dvb + h * stride_dvh + cols[:, None] * stride_dvn + dims[None, :],
              dv.to(DV.dtype.element_ty), mask=col_mask)
+
+
+@triton.jit
+def label_sums_kernel(TABLE, X, OUT, stride_xb, stride_xh, stride_xm, H, LQ, D, BLOCKS,
+                      LABELS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """One block of rows of one (batch, head): its share Σ_i T_il x_i of a table's gradient, from a
+    label table T (the grad table and q for dw^K, the mass table and dO for dw^V), as a
+    (LABELS + 1, BLOCK_D) float32 block, label l in row l; the host sums the shares in a fixed
+    order (no atomics). The tile in x's dtype on the tensor cores, as `impl="gather"` takes it
+    under autocast. Its own kernel: in dq's epilogue it made dq spill on sm_80."""
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    labels = tl.arange(0, LABELS)
+    x = load_rows(X + (bh // H) * stride_xb + (bh % H) * stride_xh, rows, stride_xm, dims, LQ, D, False, False)
+    table_rows = TABLE + (bh * LQ + rows) * (LABELS + 1)
+    tile = tl.load(table_rows[:, None] + 1 + labels[None, :], mask=(rows < LQ)[:, None], other=0.0)
+    column0 = tl.load(table_rows, mask=rows < LQ, other=0.0)
+    out = OUT + (bh * BLOCKS + start_m) * (LABELS + 1) * BLOCK_D
+    tl.store(out + (labels[:, None] + 1) * BLOCK_D + dims[None, :],
+             tl.dot(tl.trans(tile.to(x.dtype)), x, input_precision=PRECISION))
+    tl.store(out + dims, tl.sum(column0[:, None] * x.to(tl.float32), 0))
 
 
 @triton.jit
