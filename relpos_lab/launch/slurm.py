@@ -281,7 +281,7 @@ def check_request(job: Job, cfg: DictConfig) -> None:
     if unreachable:
         raise UserError(f"no SLURM cluster answers on this machine ({unreachable}): sbatch is installed but has no "
                         "configuration or controller to submit to; configure slurm.conf (slurm/dev-cluster-start.sh "
-                        "starts a one-node cluster here), or --dry-run prints the script without submitting")
+                        "starts a two-node cluster here), or --dry-run prints the script without submitting")
     partition = cfg.cluster.partition
     limit = partition_time_limit(partition)
     if cfg.cluster.time is not None and limit is not None and slurm_minutes(str(cfg.cluster.time)) > limit:
