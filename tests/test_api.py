@@ -202,7 +202,7 @@ def test_the_version_is_the_changelogs_latest_release():
 
 # --- what a script needs: a trained checkpoint's model, config and task; the decoding cache (issue 39) ---------
 
-SCRIPT_NAMES = {"DecoderCache": "relpos_lab.core.transformer", "PrefixLM": "relpos_lab.core.prefix_lm",
+SCRIPT_NAMES = {"DecoderCache": "relpos_lab.core.cache", "PrefixLM": "relpos_lab.core.prefix_lm",
                 "LoadedModel": "relpos_lab.api.checkpoint", "load_model": "relpos_lab.api.checkpoint"}
 
 
@@ -210,6 +210,14 @@ SCRIPT_NAMES = {"DecoderCache": "relpos_lab.core.transformer", "PrefixLM": "relp
 def test_relpos_lab_api_exports_what_a_script_needs(name):
     assert name in relpos_lab.api.__all__
     assert getattr(relpos_lab.api, name) is getattr(sys.modules[SCRIPT_NAMES[name]], name)
+
+
+def test_the_decoder_cache_is_still_importable_from_the_transformer_module():
+    """core/cache.py holds the KV cache since issue 41; scripts and plugins that import it from
+    core.transformer get the very same class."""
+    import relpos_lab.core.transformer
+
+    assert relpos_lab.core.transformer.DecoderCache is relpos_lab.api.DecoderCache
 
 
 def test_the_exported_decoder_cache_reorders_its_rows():

@@ -21,7 +21,8 @@ from relpos_lab.core.positions import (
     Drawing, KeyState, PositionConfig, PositionScheme, RelativePositions, builtin_config,
 )
 from relpos_lab.core.prefix_lm import PrefixLM
-from relpos_lab.core.transformer import DecoderCache, DecoderLM, EncoderDecoder, ModelConfig
+from relpos_lab.core.cache import DecoderCache
+from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
 
 __all__ = [
     "Batch", "ConfigError", "ContractError", "DecoderCache", "DecoderLM", "DecodingConfig", "Drawing", "EncoderDecoder",

@@ -8,7 +8,7 @@ return a `Report`: one line per check, so a plugin author sees every failure at 
 `relpos-lab check-scheme` / `check-task` print it (the very same function); in pytest,
 `check_scheme("mine").raise_on_failure()`.
 
-The decoding checks compare the logits of cached decoding (core.transformer's DecoderCache, fed
+The decoding checks compare the logits of cached decoding (core.cache's DecoderCache, fed
 through `decode_step` in chunks: a multi-token prefill, one-token and multi-token steps) with the
 full pass, in float64, to CACHE_TOLERANCE (1e-9), in each family:
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from relpos_lab.core.transformer import Decoder, DecoderCache, Embedding, ModelConfig
+from relpos_lab.core.cache import DecoderCache
+from relpos_lab.core.transformer import Decoder, Embedding, ModelConfig
 
 
 class PrefixLM(nn.Module):

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from relpos_lab.core.attention import capture, relative_attention
 from relpos_lab.core.attention.masks import visibility_mask
+from relpos_lab.core.cache import DecoderCache, KVCache, LayerCache
 from relpos_lab.core.positions import KeyState, PositionConfig, RelativePositions, ShawConfig, contract, scheme_of
 from relpos_lab.core.positions.randomized import sample_positions, spread, spread_mask
 
@@ -431,7 +432,7 @@ class Decoder(nn.Module):
         if cfg.tie_embeddings:
             self.output.weight = embed.tokens.weight
 
-    def forward(self, tgt: Tensor, memory=None, memory_mask=None, cache: "DecoderCache | None" = None,
+    def forward(self, tgt: Tensor, memory=None, memory_mask=None, cache: DecoderCache | None = None,
                 self_mask: Tensor | None = None, causal: bool = True, positions: Tensor | None = None) -> Tensor:
         offset = cache.length if cache is not None else 0
         n = tgt.shape[1]
@@ -443,88 +444,6 @@ class Decoder(nn.Module):
             x = layer(x, memory, memory_mask, cache.layers[i] if cache is not None else None, positions,
                       self_mask, causal)
         return self.output(self.norm(x))
-
-
-@dataclass
-class KVCache:
-    """One attention's keys and values, (B, H, L, D), for every position seen so far, and what a
-    content-dependent position scheme keeps per key (`KeyState`; FoX's cumulative forget gates)."""
-
-    k: Tensor | None = None
-    v: Tensor | None = None
-    state: KeyState = field(default_factory=KeyState)
-
-    @property
-    def length(self) -> int:
-        return self.k.shape[-2] if self.k is not None else 0
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add the new positions; returns all keys and values, which the new queries attend to."""
-        if self.k is not None:
-            k, v = torch.cat((self.k, k), dim=-2), torch.cat((self.v, v), dim=-2)
-        self.k, self.v = k, v
-        return k, v
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` (beam search picks its surviving hypotheses with this)."""
-        if self.k is not None:
-            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
-        self.state.reorder(index)
-
-
-@dataclass
-class LayerCache:
-    """A decoder layer's caches: its self-attention's, and its cross-attention's projection of
-    the encoder memory (filled on the first step, unused without an encoder)."""
-
-    self_attn: KVCache = field(default_factory=KVCache)
-    cross_attn: KVCache = field(default_factory=KVCache)
-
-    def reorder(self, index: Tensor) -> None:
-        self.self_attn.reorder(index)
-        self.cross_attn.reorder(index)
-
-
-class DecoderCache:
-    """What decoding carries from step to step: a LayerCache per decoder layer, the encoder's
-    output, which the cross-attention of a layer's first step projects, and the positions drawn for
-    the whole generation (randomize_at_eval; None: 0, 1, ...), the same for every row."""
-
-    def __init__(self, n_layers: int, memory=None, memory_mask=None, positions: Tensor | None = None):
-        self.layers = [LayerCache() for _ in range(n_layers)]
-        self.memory, self.memory_mask = memory, memory_mask
-        self.positions = positions
-        self.tokens: Tensor | None = None  # every position's token id, kept for a scheme that reads them
-
-    def positions_with(self, n: int) -> Tensor | None:
-        """The drawn positions of every token so far and of `n` new ones (theirs last), or None."""
-        if self.positions is None:
-            return None
-        seen = int((self.positions < self.length).sum())  # the cache ends one slot after its last token
-        if seen + n > self.positions.numel():
-            raise ValueError(f"decoding feeds more than the {self.positions.numel()} tokens whose positions "
-                             "were drawn: start_decoding's max_tokens must cover every token decode_step is fed")
-        return self.positions[:seen + n]
-
-    def remember(self, tokens: Tensor) -> Tensor:
-        """Add the new positions' token ids (B, N); returns every position's so far."""
-        self.tokens = tokens if self.tokens is None else torch.cat((self.tokens, tokens), dim=1)
-        return self.tokens
-
-    @property
-    def length(self) -> int:
-        """Positions decoded so far: where the next tokens' absolute positions start."""
-        return self.layers[0].self_attn.length
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` (beam search picks its surviving hypotheses with this)."""
-        for layer in self.layers:
-            layer.reorder(index)
-        if self.tokens is not None:
-            self.tokens = self.tokens.index_select(0, index)
-        if self.memory is not None:
-            self.memory = self.memory.index_select(0, index)
-            self.memory_mask = self.memory_mask.index_select(0, index)
 
 
 class EncoderDecoder(nn.Module):
