@@ -109,9 +109,9 @@ def test_a_two_node_job_requeued_by_sigusr1_and_by_scontrol_resumes_on_both_node
     """SIGUSR1 to both ranks: they checkpoint at one step and the job requeues itself; then
     `scontrol requeue` from outside: SLURM's SIGTERM, a checkpoint at one step, the requeue. The
     third attempt finishes, every attempt on both nodes, one metrics.csv and one W&B run."""
-    steps, every = 60, 10
+    steps, every = 40, 10
     job_id = submit(capsys, "submit", "tiny.yaml", *TWO_NODES, f"trainer.max_steps={steps}",
-                    "trainer.log_every_n_steps=1", "trainer.val_every_n_steps=30",
+                    "trainer.log_every_n_steps=1", "trainer.val_every_n_steps=20",
                     f"trainer.checkpoint_every_n_steps={every}")
     try:
         first_periodic_checkpoint(workdir)
