@@ -3,8 +3,8 @@
 Relative positions (any scheme of positions/) act in the self-attention of encoder and
 decoder; cross-attention has none. `model.architecture=decoder_only` uses the decoder stack alone
 (prefix_lm.py for sequence-to-sequence tasks, DecoderLM for plain token streams). Decoding keeps a
-per-layer key/value cache; queries carry their absolute offset into it, so one-token steps and
-multi-token prefill both equal a full pass.
+per-layer key/value cache (cache.py); queries carry their absolute offset into it, so one-token
+steps and multi-token prefill both equal a full pass.
 """
 from __future__ import annotations
 
@@ -140,6 +140,22 @@ class ModelConfig:
 
 
 class MultiHeadAttention(nn.Module):
+    """Multi-head attention whose position scheme acts through three hooks (rotate, attention_kwargs,
+    content_bias) and whose arithmetic is relative_attention's: self-attention over x, or
+    cross-attention over a context (the encoder's memory, with no positions).
+
+    Notation used for tensor shapes:
+        B    batch size
+        L    tokens of x: the queries, and the output's rows
+        Lk   keys: L in self-attention, the context's length in cross-attention, and with a cache
+             every position so far
+        P    slots a randomized-position path spreads x's tokens over: positions[-1] + 1 (decoding:
+             the slots from the cache's end to the last position)
+        H    heads (n_heads)
+        D    a head's width, d_model / H
+        d    d_model
+    """
+
     def __init__(self, cfg: ModelConfig, positions: RelativePositions | None = None):
         super().__init__()
         self.n_heads, self.impl = cfg.n_heads, cfg.attention_impl
@@ -154,12 +170,14 @@ class MultiHeadAttention(nn.Module):
         self.content = positions is not None and contract.has_content_bias(positions)
 
     def _heads(self, x: Tensor) -> Tensor:
+        """(B, L, d) -> (B, H, L, D): each head its slice of the width."""
         b, n, d = x.shape
-        return x.view(b, n, self.n_heads, d // self.n_heads).transpose(1, 2)
+        return x.view(b, n, self.n_heads, d // self.n_heads).transpose(1, 2)  # (B, L, H, D) -> (B, H, L, D)
 
     def forward(self, x, context=None, attn_mask=None, is_causal=False, cache: KVCache | None = None,
                 positions: Tensor | None = None) -> Tensor:
-        """Self-attention when context is None, else cross-attention over context.
+        """Self-attention when context is None, else cross-attention over context. x: (B, L, d),
+        context: (B, Lk, d); returns (B, L, d).
 
         With a cache, self-attention's queries start at the cache's length (their absolute
         positions, which relative schemes need) and attend to everything cached; cross-attention
@@ -172,61 +190,62 @@ class MultiHeadAttention(nn.Module):
             return self._decode_at_positions(x, attn_mask, is_causal, positions, cache)
         if positions is not None:
             return self._at_positions(x, attn_mask, is_causal, positions)
-        q = self._heads(self.q_proj(x))
+        q = self._heads(self.q_proj(x))  # (B, H, L, D)
         offset = 0
         if context is None:
-            k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+            k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))  # (B, H, L, D)
             offset = cache.length if cache is not None else 0
             q, k = self._rotate(q, k, offset)
             if cache is not None:
-                k, v = cache.append(k, v)
+                k, v = cache.append(k, v)  # (B, H, Lk, D): the cached positions, then x's
         elif cache is not None and cache.length:
-            k, v = cache.k, cache.v
+            k, v = cache.k, cache.v  # (B, H, Lk, D): the memory, projected on the first step
         else:
-            k, v = self._heads(self.k_proj(context)), self._heads(self.v_proj(context))
+            k, v = self._heads(self.k_proj(context)), self._heads(self.v_proj(context))  # (B, H, Lk, D)
             if cache is not None:
                 cache.append(k, v)
-        y = relative_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal, query_offset=offset,
-            dropout_p=self.dropout if self.training else 0.0, impl=self.impl,
-            **self._scheme_kwargs(q, k, x, offset, attn_mask, is_causal, cache),
-        )
-        return self.out_proj(y.transpose(1, 2).flatten(2))
+        scheme = self._scheme_kwargs(q, k, x, offset, attn_mask, is_causal, cache)
+        return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, query_offset=offset, **scheme)
 
     def _at_positions(self, x, attn_mask, is_causal, positions: Tensor) -> Tensor:
         """The scheme's hooks see the tokens spread over a sequence of positions[-1] + 1 slots (gaps
         masked), so every scheme places them at `positions` unchanged; attention itself runs over
         the real tokens only, with the labels of their positions: O(L²), not O(positions[-1]²)."""
-        q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
-        q, k = self._rotate(spread(q, positions, dim=2), spread(k, positions, dim=2), 0)
-        mask = spread_mask(attn_mask, is_causal, positions)  # gaps: keys no query sees (content schemes skip them)
+        q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))  # (B, H, L, D)
+        q, k = self._rotate(spread(q, positions, dim=2), spread(k, positions, dim=2), 0)  # (B, H, P, D)
+        # (…, P, P); gaps: keys no query sees (content schemes skip them)
+        mask = spread_mask(attn_mask, is_causal, positions)
         extra = self._scheme_kwargs(q, k, spread(x, positions, dim=1), 0, mask, False, None)
         if extra.get("attn_bias") is not None:  # a dense bias over the slots: the real tokens' rows and columns
             bias = extra["attn_bias"]
             for dim in (-2, -1):
                 bias = bias.index_select(dim, positions) if bias.shape[dim] > 1 else bias
-            extra["attn_bias"] = bias
-        q, k = q.index_select(2, positions), k.index_select(2, positions)
-        y = relative_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal, positions=positions,
-            dropout_p=self.dropout if self.training else 0.0, impl=self.impl, **extra,
-        )
-        return self.out_proj(y.transpose(1, 2).flatten(2))
+            extra["attn_bias"] = bias  # (…, P, P) -> (…, L, L)
+        q, k = q.index_select(2, positions), k.index_select(2, positions)  # (B, H, L, D)
+        return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, positions=positions, **extra)
 
     def _decode_at_positions(self, x, attn_mask, is_causal, positions: Tensor, cache: KVCache) -> Tensor:
         """x's tokens at `positions`: spread over the slots from the cache's end to the last
         position, gaps masked; the cache keeps the spread keys, so a step sees what a full pass sees."""
         offset = cache.length
         new = positions[-x.shape[1]:] - offset  # x's slots in this segment
-        q, k, v = (spread(self._heads(proj(x)), new, dim=2) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (spread(self._heads(proj(x)), new, dim=2)  # (B, H, P, D)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
         q, k = self._rotate(q, k, offset)
-        k, v = cache.append(k, v)
-        mask = spread_mask(attn_mask, is_causal, positions)[..., offset:, :]  # gaps: keys no query sees
-        y = relative_attention(
-            q, k, v, attn_mask=mask, query_offset=offset, dropout_p=self.dropout if self.training else 0.0,
-            impl=self.impl, **self._scheme_kwargs(q, k, spread(x, new, dim=1), offset, mask, False, cache),
-        )
-        return self.out_proj(y.index_select(2, new).transpose(1, 2).flatten(2))
+        k, v = cache.append(k, v)  # (B, H, Lk, D): every slot so far
+        mask = spread_mask(attn_mask, is_causal, positions)[..., offset:, :]  # (…, P, Lk); gaps: keys no query sees
+        scheme = self._scheme_kwargs(q, k, spread(x, new, dim=1), offset, mask, False, cache)
+        return self._attend(q, k, v, rows=new, attn_mask=mask, query_offset=offset, **scheme)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, *, rows: Tensor | None = None, **call) -> Tensor:
+        """The tail of every path: relative_attention with the path's `call` (its mask and offset, the
+        scheme's keywords), then the heads merged back and projected. q: (B, H, L, D), or (B, H, P, D)
+        with `rows` the L slots of x's tokens; k, v: (B, H, Lk, D)."""
+        y = relative_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, impl=self.impl,
+                               **call)  # (B, H, L or P, D)
+        if rows is not None:
+            y = y.index_select(2, rows)  # (B, H, L, D)
+        return self.out_proj(y.transpose(1, 2).flatten(2))  # (B, L, H, D) -> (B, L, d)
 
     # The scheme's hooks; what they return is checked on the first call only (positions/contract.py).
 
@@ -367,8 +386,8 @@ class Embedding(nn.Module):
 
     def _at(self, positions: Tensor, x: Tensor) -> Tensor:
         """The scheme's absolute encodings at `positions`: what it adds to zeros there."""
-        zeros = x.new_zeros(1, int(positions[-1]) + 1, x.shape[-1])
-        return self.positions(zeros, 0).index_select(1, positions)
+        zeros = x.new_zeros(1, int(positions[-1]) + 1, x.shape[-1])  # (1, positions[-1] + 1, d)
+        return self.positions(zeros, 0).index_select(1, positions)  # (1, L, d): x's tokens' slots
 
 
 def seed_eval_positions(model: nn.Module, seed: int) -> None:
