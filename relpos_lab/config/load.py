@@ -32,6 +32,7 @@ from relpos_lab.config.find import find_config, find_extended, find_in_group, is
 from relpos_lab.config.help import field_help, join_key
 from relpos_lab.config.schema import CHOICES, ExperimentConfig
 from relpos_lab.core.positions import BUILTIN
+from relpos_lab.core.transformer import ModelConfig
 
 COMMAND_LINE = "command line"
 POSITIONS = "model.positions"
@@ -90,6 +91,10 @@ def read_with_extends(path: Path, _seen: tuple[Path, ...] = ()) -> list[Source]:
 
 
 OVERLAY = "overlay"  # the group of files a bare word on the command line lays over the whole config
+
+
+DEFAULT_SCHEME = ModelConfig().positions.scheme
+"""The scheme a config that names none gets: the model's own default."""
 
 
 def sections() -> list[str]:
@@ -162,7 +167,7 @@ def parse_overrides(overrides: list[str]) -> Source:
 def compose(sources: list[Source], *, default_name: str, partial: bool = False) -> DictConfig:
     """Merge `sources` in order over the schema and validate the result (see module docstring)."""
     sources = _without_replaced(sources, "task", "name", _task_config_class)
-    sources = _without_replaced(sources, POSITIONS, "scheme", _scheme_config_class, default="shaw")
+    sources = _without_replaced(sources, POSITIONS, "scheme", _scheme_config_class, default=DEFAULT_SCHEME)
     provenance = _provenance(sources)
     schema = OmegaConf.structured(ExperimentConfig)
     task_cls = _task_class(sources, provenance, partial)
@@ -191,8 +196,7 @@ def compose(sources: list[Source], *, default_name: str, partial: bool = False) 
         where = f"in {files[-1]} " if files else ""
         raise ConfigError(f"missing required value '{missing[0]}': set it {where}or pass {missing[0]}=... on the command line")
     _check_choices(cfg, provenance)
-    sections = ["model", "data", "optim", "trainer", "cluster"] + (["task"] if task_cls is not None else [])
-    _check_sections(cfg, provenance, sections, [label for label, _ in sources])
+    _check_sections(cfg, provenance, [label for label, _ in sources])
     return cfg
 
 
@@ -240,8 +244,8 @@ def _drop(content: DictConfig, section: str) -> DictConfig:
 
 
 def _scheme_class(sources: list[Source], provenance: dict[str, str]):
-    """The position scheme the sources name (the last `model.positions.scheme`; shaw by default)."""
-    name = "shaw"
+    """The position scheme the sources name (the last `model.positions.scheme`; the model's default)."""
+    name = DEFAULT_SCHEME
     for _, content in sources:
         value = OmegaConf.select(content, f"{POSITIONS}.scheme", default=None) if isinstance(content, DictConfig) else None
         if value is not None:
@@ -347,9 +351,11 @@ def _check_choices(cfg: DictConfig, provenance: dict[str, str]) -> None:
                           f"{hint}choose one of: {', '.join(choices)}")
 
 
-def _check_sections(cfg: DictConfig, provenance: dict[str, str], sections: list[str], order: list[str]) -> None:
+def _check_sections(cfg: DictConfig, provenance: dict[str, str], order: list[str]) -> None:
     """Each section's own `validate()` (the core's ModelConfig included), as ConfigErrors."""
-    for section in sections:
+    for section in sorted(_sections(), key=lambda name: name == "task"):  # the task's own checks last
+        if section not in cfg or not callable(getattr(OmegaConf.get_type(cfg[section]), "validate", None)):
+            continue  # no task chosen yet (a partial config), or a section with nothing to check
         obj = OmegaConf.to_object(cfg[section])
         try:
             obj.validate()

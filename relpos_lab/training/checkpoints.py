@@ -30,11 +30,13 @@ def checkpoint_config(checkpoint: Path) -> dict:
 
 
 
-def task_from_checkpoint(checkpoint: str | Path, overrides: list[str] = ()) -> tuple[DictConfig, Task]:
+def task_from_checkpoint(checkpoint: str | Path, overrides: list[str] = (),
+                         state: dict | None = None) -> tuple[DictConfig, Task]:
     """The config (with `overrides` on top) and the task of a checkpoint, with the task's saved
-    state (say, its subword model) restored: the checkpoint alone rebuilds them."""
+    state (say, its subword model) restored: the checkpoint alone rebuilds them. `state`: the
+    checkpoint's contents where the caller has read them already (a command reads it once)."""
     checkpoint = Path(checkpoint)
-    state = load_checkpoint(checkpoint)
+    state = state if state is not None else load_checkpoint(checkpoint)
     cfg = config_from_container(_config_of(state, checkpoint), f"config of {checkpoint}", list(overrides))
     task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
     task.load_state_dict(state.get(TASK_STATE) or {})

@@ -454,19 +454,20 @@ def evaluate(checkpoint: str | Path, split: str = "test", overrides: list[str] =
     """
     started = time.time()
     checkpoint = Path(checkpoint)
-    cfg, task = task_from_checkpoint(checkpoint, overrides)
+    state = load_checkpoint(checkpoint)
+    cfg, task = task_from_checkpoint(checkpoint, overrides, state)
     use_cpu_threads(cfg.trainer.threads)  # one process: evaluation runs on a single device
     task.check_split(split)
     out_dir = Path(output) if output else _eval_directory(checkpoint, split, overrides)
     module = RelposModule(cfg, task, test_split=split)
-    check_weights_fit(checkpoint, load_checkpoint(checkpoint), module, cfg, EVAL_FIX)
+    check_weights_fit(checkpoint, state, module, cfg, EVAL_FIX)
     writable_directory(out_dir, "give another directory for the results with --output DIR. Nothing was evaluated")
     data = TaskDataModule(task, cfg.data, test_split=split)
     single = OmegaConf.merge(cfg, {"trainer": {"devices": 1, "num_nodes": 1, "strategy": "auto"}})
     trainer = build_trainer(single, out_dir, loggers=[], callbacks=[])
     trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
     save_resolved_config(cfg, out_dir)
-    step = global_step_of(checkpoint)
+    step = state.get("global_step")
     summary, results = _write(out_dir, {split: module.results[split]}, task, [],
                               {"task": task.cfg.name, "checkpoint": str(checkpoint), "checkpoint_step": step,
                                "split": split, "overrides": list(overrides)})

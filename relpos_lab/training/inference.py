@@ -41,9 +41,9 @@ def load_for_inference(checkpoint: str | Path, overrides: Sequence[str] = (),
     """The trained model (in eval mode, on `device`), config and task of a checkpoint: what
     `relpos_lab.api.load_model` returns (documented there). Evaluation's position draws
     (randomize_at_eval) restart from the run's seed, as before each of the run's evaluations."""
-    cfg, task = task_from_checkpoint(checkpoint, list(overrides))
-    module = RelposModule(cfg, task)
     state = load_checkpoint(Path(checkpoint))
+    cfg, task = task_from_checkpoint(checkpoint, list(overrides), state)
+    module = RelposModule(cfg, task)
     check_weights_fit(Path(checkpoint), state, module, cfg, OVERRIDES_FIX)  # one line, not a size-mismatch traceback
     module.load_state_dict(state["state_dict"])
     seed_eval_positions(module.model, cfg.seed)

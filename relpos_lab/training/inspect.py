@@ -91,14 +91,14 @@ def inspect_checkpoint(checkpoint: str | Path, split: str = "valid", lengths: Se
     """`relpos-lab inspect`: rebuild the model of `checkpoint` and inspect it into its run
     directory (or `out`), logging to the run's W&B run."""
     checkpoint = Path(checkpoint)
-    cfg, task = task_from_checkpoint(checkpoint, list(overrides))
+    state = load_checkpoint(checkpoint)
+    cfg, task = task_from_checkpoint(checkpoint, list(overrides), state)
     if not can_inspect(task):
         raise UserError(f"inspect groups examples by length, and task {cfg.task.name!r} defines no "
                         "example_length(example) (see Task.inspect_lengths)")
     use_cpu_threads(cfg.trainer.threads)
     task.check_split(split)
     module = RelposModule(cfg, task)
-    state = load_checkpoint(checkpoint)
     check_weights_fit(checkpoint, state, module, cfg, OVERRIDES_FIX + ". Nothing was written")
     module.load_state_dict(state["state_dict"])
     model = module.model

@@ -33,6 +33,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from relpos_lab.core.attention import masks
+
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 MAX_LABELS = 128
 """Label tile width per query row in the kernels (labels 1..2k, 2k rounded up to a power of two)."""
@@ -193,7 +195,7 @@ def unsupported(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_
 
 def _reach(lq: int, lk: int, kmax: int, query_offset: int) -> int:
     """The clipping distance that changes nothing here: no pair is farther apart than this."""
-    return min(kmax, max(query_offset + lq - 1, lk - 1 - query_offset, 0))
+    return min(kmax, masks.reach(lq, lk, query_offset))
 
 
 def _label_space(kmax: int) -> int:
@@ -284,7 +286,6 @@ class _FusedRelativeAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch):
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
         b, h, lq, _ = q.shape
-        nl = 2 * launch.kmax + 1
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty(b * h * lq, device=q.device, dtype=torch.float32)
         args = _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch)

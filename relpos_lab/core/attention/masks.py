@@ -8,6 +8,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+def reach(lq: int, lk: int, query_offset: int = 0) -> int:
+    """The largest |j − i| between a query row (at query_offset + r) and a key: a clipping
+    distance at least this large changes nothing, and a table of 2·reach + 1 labels holds every
+    offset."""
+    return max(query_offset + lq - 1, lk - 1 - query_offset, 0)
+
+
 def relative_positions(
     lq: int, lk: int, max_distance: int, query_offset: int = 0, device=None, positions: Tensor | None = None
 ) -> Tensor:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from relpos_lab.core.attention.masks import offset_bias
+from relpos_lab.core.attention.masks import reach as offset_reach
 from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions
 
 
@@ -38,7 +39,7 @@ class AlibiPositions(RelativePositions):
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
     def attention_kwargs(self, q, k, query_offset):
-        reach = max(query_offset + q.shape[-2] - 1, k.shape[-2] - 1 - query_offset, 0)  # no clipping
+        reach = offset_reach(q.shape[-2], k.shape[-2], query_offset)  # no clipping
         dist = torch.arange(-reach, reach + 1, device=q.device).abs().float()
         return {"rel_bias": -self.slopes.to(q.device)[:, None] * dist, "max_distance": reach}
 
@@ -87,7 +88,7 @@ class SandwichPositions(RelativePositions):
                              persistent=False)
 
     def attention_kwargs(self, q, k, query_offset):
-        reach = max(query_offset + q.shape[-2] - 1, k.shape[-2] - 1 - query_offset, 0)  # no clipping
+        reach = offset_reach(q.shape[-2], k.shape[-2], query_offset)  # no clipping
         d = torch.arange(-reach, reach + 1, device=q.device, dtype=torch.float64)
         inner = (d[:, None] * self.omega.to(q.device)).cos().sum(-1)  # p_i·p_j by offset
         bias = (inner - self.half)[None, :] / self.divisor.to(q.device)[:, None]
