@@ -1,4 +1,6 @@
 """The encoder/decoder core: cached decoding equals a full pass for every scheme, and it learns."""
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -6,7 +8,9 @@ import torch.nn.functional as F
 from relpos_lab.core.positions import BUILTIN, builtin_config
 from relpos_lab.core.loss import label_smoothed_loss
 from relpos_lab.core.prefix_lm import PrefixLM
-from relpos_lab.core.transformer import MODEL_IMPLS, DecoderLM, EncoderDecoder, ModelConfig
+from relpos_lab.core.transformer import (
+    MODEL_IMPLS, DecoderLayer, DecoderLM, Embedding, EncoderDecoder, EncoderLayer, ModelConfig, MultiHeadAttention,
+)
 
 def positions(scheme: str, max_distance: int = 2, **fields):
     """A built-in scheme's config; Shaw takes the clipping distance."""
@@ -259,6 +263,14 @@ def test_relative_positions_live_in_self_attention_only():
     names = [n for n, _ in model.named_parameters() if "rel_" in n]
     assert names and all("self_attn" in n for n in names)
     assert len([n for n in names if n.endswith("rel_k")]) == 4  # one table per layer, 2 + 2 layers
+
+
+@pytest.mark.parametrize("module", [MultiHeadAttention, EncoderLayer, DecoderLayer, Embedding])
+def test_layer_and_attention_options_are_keyword_only(module):
+    """Only the input is positional (torchtune's `*, mask=None, input_pos=None`), so every call
+    says which option it sets."""
+    _self, _input, *options = inspect.signature(module.forward).parameters.values()
+    assert options and all(p.kind is p.KEYWORD_ONLY for p in options), [str(p) for p in options]
 
 
 def test_tied_and_shared_embeddings():

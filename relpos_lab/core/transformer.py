@@ -174,7 +174,7 @@ class MultiHeadAttention(nn.Module):
         b, n, d = x.shape
         return x.view(b, n, self.n_heads, d // self.n_heads).transpose(1, 2)  # (B, L, H, D) -> (B, H, L, D)
 
-    def forward(self, x, context=None, attn_mask=None, is_causal=False, cache: KVCache | None = None,
+    def forward(self, x, *, context=None, attn_mask=None, is_causal=False, cache: KVCache | None = None,
                 positions: Tensor | None = None) -> Tensor:
         """Self-attention when context is None, else cross-attention over context. x: (B, L, d),
         context: (B, Lk, d); returns (B, L, d).
@@ -187,9 +187,10 @@ class MultiHeadAttention(nn.Module):
         positions of every token so far, x's last.
         """
         if positions is not None and cache is not None:
-            return self._decode_at_positions(x, attn_mask, is_causal, positions, cache)
+            return self._decode_at_positions(x, attn_mask=attn_mask, is_causal=is_causal, positions=positions,
+                                             cache=cache)
         if positions is not None:
-            return self._at_positions(x, attn_mask, is_causal, positions)
+            return self._at_positions(x, attn_mask=attn_mask, is_causal=is_causal, positions=positions)
         q = self._heads(self.q_proj(x))  # (B, H, L, D)
         offset = 0
         if context is None:
@@ -207,7 +208,7 @@ class MultiHeadAttention(nn.Module):
         scheme = self._scheme_kwargs(q, k, x, offset, attn_mask, is_causal, cache)
         return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, query_offset=offset, **scheme)
 
-    def _at_positions(self, x, attn_mask, is_causal, positions: Tensor) -> Tensor:
+    def _at_positions(self, x, *, attn_mask, is_causal, positions: Tensor) -> Tensor:
         """The scheme's hooks see the tokens spread over a sequence of positions[-1] + 1 slots (gaps
         masked), so every scheme places them at `positions` unchanged; attention itself runs over
         the real tokens only, with the labels of their positions: O(L²), not O(positions[-1]²)."""
@@ -224,7 +225,7 @@ class MultiHeadAttention(nn.Module):
         q, k = q.index_select(2, positions), k.index_select(2, positions)  # (B, H, L, D)
         return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, positions=positions, **extra)
 
-    def _decode_at_positions(self, x, attn_mask, is_causal, positions: Tensor, cache: KVCache) -> Tensor:
+    def _decode_at_positions(self, x, *, attn_mask, is_causal, positions: Tensor, cache: KVCache) -> Tensor:
         """x's tokens at `positions`: spread over the slots from the cache's end to the last
         position, gaps masked; the cache keeps the spread keys, so a step sees what a full pass sees."""
         offset = cache.length
@@ -293,10 +294,10 @@ class Sublayer(nn.Module):
         self.inner, self.norm = inner, nn.LayerNorm(cfg.d_model)
         self.dropout, self.norm_first = nn.Dropout(cfg.dropout), cfg.norm_first
 
-    def forward(self, x, *args, **kwargs):
+    def forward(self, x, **options):
         if self.norm_first:
-            return x + self.dropout(self.inner(self.norm(x), *args, **kwargs))
-        return self.norm(x + self.dropout(self.inner(x, *args, **kwargs)))
+            return x + self.dropout(self.inner(self.norm(x), **options))
+        return self.norm(x + self.dropout(self.inner(x, **options)))
 
 
 class EncoderLayer(nn.Module):
@@ -306,7 +307,7 @@ class EncoderLayer(nn.Module):
         self.self_attn = Sublayer(cfg, MultiHeadAttention(cfg, rel))
         self.ffn = Sublayer(cfg, FeedForward(cfg))
 
-    def forward(self, x, key_mask, positions: Tensor | None = None):
+    def forward(self, x, *, key_mask: Tensor, positions: Tensor | None = None):
         return self.ffn(self.self_attn(x, attn_mask=key_mask, positions=positions))
 
 
@@ -318,7 +319,7 @@ class DecoderLayer(nn.Module):
         self.cross_attn = Sublayer(cfg, MultiHeadAttention(cfg)) if cross_attention else None
         self.ffn = Sublayer(cfg, FeedForward(cfg))
 
-    def forward(self, x, memory=None, memory_mask=None, cache: LayerCache | None = None, positions=None,
+    def forward(self, x, *, memory=None, memory_mask=None, cache: LayerCache | None = None, positions=None,
                 self_mask=None, causal: bool = True):
         x = self.self_attn(x, attn_mask=self_mask, is_causal=causal,
                            cache=cache.self_attn if cache is not None else None, positions=positions)
@@ -368,7 +369,7 @@ class Embedding(nn.Module):
                              "(relpos_lab.core.decoding does)")
         return self.random_positions(max_tokens)
 
-    def forward(self, ids: Tensor, offset: int = 0, positions: Tensor | None = None,
+    def forward(self, ids: Tensor, *, offset: int = 0, positions: Tensor | None = None,
                 seen: Tensor | None = None) -> Tensor:
         """`seen`: with a cache, the ids of every position so far (the cached, then `ids`), for a
         scheme that `reads_tokens`; without one, `ids` are all there is."""
@@ -427,7 +428,7 @@ class Encoder(nn.Module):
         positions = self.embed.random_positions(src.shape[1])
         x = self.embed(src, positions=positions)
         for layer in self.layers:
-            x = layer(x, key_mask, positions)
+            x = layer(x, key_mask=key_mask, positions=positions)
         return self.norm(x), key_mask
 
 
@@ -458,10 +459,10 @@ class Decoder(nn.Module):
         if positions is None:
             positions = self.embed.random_positions(n) if cache is None else cache.positions_with(n)
         seen = cache.remember(tgt) if cache is not None and self.embed.reads_tokens else None
-        x = self.embed(tgt, offset, None if positions is None else positions[-n:], seen)
+        x = self.embed(tgt, offset=offset, positions=None if positions is None else positions[-n:], seen=seen)
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, memory_mask, cache.layers[i] if cache is not None else None, positions,
-                      self_mask, causal)
+            x = layer(x, memory=memory, memory_mask=memory_mask, cache=cache.layers[i] if cache is not None else None,
+                      positions=positions, self_mask=self_mask, causal=causal)
         return self.output(self.norm(x))
 
 
@@ -501,7 +502,7 @@ class EncoderDecoder(nn.Module):
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """Logits (B, N, V) for `tokens` (B, N): one or several new positions (a multi-token prefill)
         placed after everything in the cache, which they are then added to."""
-        return self.decoder(tokens, cache.memory, cache.memory_mask, cache)
+        return self.decoder(tokens, cache.memory, cache.memory_mask, cache=cache)
 
 
 class DecoderLM(nn.Module):
