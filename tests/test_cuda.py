@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from relpos_lab.core.attention import banded, flex, fused, gather, relative_attention
+from relpos_lab.core.attention import flex, relative_attention
 from relpos_lab.core.positions import BUILTIN, builtin_config
 from relpos_lab.core.loss import label_smoothed_loss
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
@@ -205,9 +205,13 @@ def test_flex_log_sum_exp_is_differentiated_exactly():
 
 
 def test_auto_trains_and_infers_with_triton_and_steps_one_token_with_gather(monkeypatch):
+    from relpos_lab.core.attention import IMPLEMENTATIONS, Implementation
+
     calls = []
-    for name, impl in (("banded", banded), ("gather", gather), ("triton", fused)):  # the dispatch calls .attend
-        monkeypatch.setattr(impl, "attend", lambda *a, _real=impl.attend, _name=name: calls.append(_name) or _real(*a))
+    for name in ("banded", "gather", "triton"):  # the dispatch calls the table's attend
+        real = IMPLEMENTATIONS[name]
+        monkeypatch.setitem(IMPLEMENTATIONS, name, Implementation(
+            real.unsupported, lambda *a, _real=real.attend, _name=name, **kw: calls.append(_name) or _real(*a, **kw)))
     q, k, v, kw = make(**CASES["padding"])
     run("auto", q, k, v, kw, torch.bfloat16, torch.randn(q.shape))
     with torch.no_grad():

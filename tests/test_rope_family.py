@@ -249,7 +249,9 @@ def test_sandwich_runs_in_the_fused_kernel_like_gather():
     module = SandwichPositions(2, 16)
     q, k, v = (t.detach().float() for t in qkv(6, 9))
     kwargs = module.attention_kwargs(q, k, 3)
-    if fused.unsupported(q, k, v, None, None, kwargs["rel_bias"], kwargs["max_distance"], None, 3, 0.0, None):
+    if fused.unsupported(q, k, v, rel_k=None, rel_v=None, rel_bias=kwargs["rel_bias"],
+                         max_distance=kwargs["max_distance"], attn_mask=None, is_causal=False, query_offset=3,
+                         dropout_p=0.0, attn_bias=None):
         pytest.skip("triton is not available here")
     got = relative_attention(q, k, v, is_causal=True, query_offset=3, impl="triton", **kwargs)
     torch.testing.assert_close(got, relative_attention(q, k, v, is_causal=True, query_offset=3, impl="gather", **kwargs),

@@ -18,7 +18,8 @@ from relpos_lab.core.positions import builtin_config
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
-    fused.unsupported(*([torch.zeros(1, 1, 2, 16, device=DEVICE)] * 3), None, None, None, 0, None, 0, 0.0, None)
+    fused.unsupported(*([torch.zeros(1, 1, 2, 16, device=DEVICE)] * 3), rel_k=None, rel_v=None, rel_bias=None,
+                      max_distance=0, attn_mask=None, is_causal=False, query_offset=0, dropout_p=0.0, attn_bias=None)
     is not None, reason="triton is not installed, or neither CUDA nor TRITON_INTERPRET=1")
 
 

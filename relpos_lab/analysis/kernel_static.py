@@ -126,8 +126,9 @@ def fused_launches(case: Case, length: int) -> list:
         kmax = case.max_distance if case.terms != "wide" else length - 1
         if case.terms == "wide":
             rel_bias = torch.empty(q.shape[1], 2 * kmax + 1, device="meta", requires_grad=True)
-        out = fused.attend(q, k, v, rel_k, rel_v, rel_bias, kmax, mask, case.causal, 0, case.dropout_p,
-                           case.head_dim ** -0.5)
+        out = fused.attend(q, k, v, rel_k=rel_k, rel_v=rel_v, rel_bias=rel_bias, max_distance=kmax, attn_mask=mask,
+                           is_causal=case.causal, query_offset=0, dropout_p=case.dropout_p, attn_bias=None,
+                           scale=case.head_dim ** -0.5)
         out.backward(torch.empty_like(out))
     finally:
         fused._kernels = saved

@@ -14,12 +14,15 @@ one module each:
   the side. Self-attention with key padding only; memory linear in L.
 - ``triton`` (fused.py): one FlashAttention-2-style Triton kernel, forward and backward, with
   a^K, a^V and ``rel_bias`` in the tile loop; CUDA, or CPU through Triton's interpreter (tests).
+- ``sdpa``: torch's SDPA, for calls with nothing relative to add.
 - ``auto``: torch's SDPA when there is nothing relative to add (no tables, no bias); on CUDA,
   ``triton`` when it supports the call (more than one query row), then ``banded`` when gradients
   are needed and it supports the call (docs/performance.md has the GPU measurements); else
   ``gather``, the fastest exact form on CPU.
 
-masks.py holds what they share: the relative labels, the visibility mask, the masked softmax.
+Each takes (q, k, v) and the same keyword arguments, and says why it cannot run a call
+(`unsupported`); `IMPLEMENTATIONS` is their table. masks.py holds what they share: the relative
+labels, the visibility mask and the dense biases, the masked softmax.
 capture.py collects the probabilities by relative offset while an inspect probe is active.
 
 The op also carries the additive score biases of other schemes: ``rel_bias`` (H, 2k+1), a scalar
@@ -34,10 +37,46 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relpos_lab.core.attention import banded, capture, flex, fused, gather, reference
-from relpos_lab.core.attention.masks import offset_bias, relative_positions, visibility_mask
+from typing import Callable, NamedTuple
 
-IMPLS = ("naive", "batched", "gather", "flex", "banded", "triton", "auto")
+from relpos_lab.core.attention import banded, capture, flex, fused, gather, reference
+from relpos_lab.core.attention.masks import dense_terms, offset_bias, relative_positions, visibility_mask
+
+
+def _sdpa_unsupported(q, k, v, *, rel_k, rel_v, rel_bias, attn_bias, **call) -> str | None:
+    if rel_k is not None or rel_v is not None or rel_bias is not None or attn_bias is not None:
+        return "relative tables or a score bias (it is torch's attention without positions)"
+    return None
+
+
+def _sdpa(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p, attn_bias,
+          scale):
+    """torch's SDPA, for calls with nothing relative to add."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    if attn_mask is None and is_causal and lq == lk and query_offset == 0:  # lets CUDA pick flash
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale)
+    allowed = visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale)
+
+
+class Implementation(NamedTuple):
+    """One way to compute the op. Both take (q, k, v) and the same keyword arguments, those of
+    `relative_attention` (`unsupported` all but the scale): `unsupported` says why it cannot run
+    them (None: it can), `attend` computes. Adding an implementation is a module and a row here."""
+    unsupported: Callable[..., str | None]
+    attend: Callable[..., Tensor]
+
+
+IMPLEMENTATIONS = {
+    "naive": Implementation(reference.unsupported, reference.naive),
+    "batched": Implementation(reference.unsupported, reference.batched),
+    "gather": Implementation(gather.unsupported, gather.attend),
+    "flex": Implementation(flex.unsupported, flex.attend),
+    "banded": Implementation(banded.unsupported, banded.attend),
+    "triton": Implementation(fused.unsupported, fused.attend),
+    "sdpa": Implementation(_sdpa_unsupported, _sdpa),
+}
+IMPLS = (*IMPLEMENTATIONS, "auto")
 
 
 def relative_attention(
@@ -74,48 +113,22 @@ def relative_attention(
     if impl not in IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}; choose one of {', '.join(IMPLS)}")
     _check_shapes(q, k, v, rel_k, rel_v, max_distance, rel_bias, attn_mask)
-    lq, lk = q.shape[-2], k.shape[-2]
     if positions is not None and (rel_k is not None or rel_v is not None or rel_bias is not None):
         return _at_positions(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, query_offset, dropout_p,
                              impl, attn_bias, rel_bias, positions)
-    if impl == "triton":  # asked for by name: say why not (auto only picks it where it runs)
-        why = fused.unsupported(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset,
-                                dropout_p, attn_bias)
+    call = dict(rel_k=rel_k, rel_v=rel_v, rel_bias=rel_bias, max_distance=max_distance, attn_mask=attn_mask,
+                is_causal=is_causal, query_offset=query_offset, dropout_p=dropout_p, attn_bias=attn_bias)
+    if impl == "auto":
+        impl = _pick_impl(q, k, v, call)
+    else:  # asked for by name: say why not (auto only picks one where it runs)
+        why = IMPLEMENTATIONS[impl].unsupported(q, k, v, **call)
         if why:
-            raise ValueError(f"impl='triton' does not support {why}; use 'gather'")
-    elif impl == "auto":
-        impl = _pick_impl(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset, dropout_p,
-                          attn_bias)
+            raise ValueError(f"impl={impl!r} does not support {why}; use 'gather'")
     scale = 1.0 / math.sqrt(q.shape[-1])
-    if impl == "triton":  # masks and the bias are built inside the kernel: no (Lq, Lk) tensor here
-        if capture.ACTIVE is not None:
-            _observe(q, k, rel_k, max_distance, visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device),
-                     offset_bias(rel_bias, lq, lk, max_distance, query_offset) if rel_bias is not None else None,
-                     query_offset, scale)
-        return fused.attend(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset,
-                            dropout_p, scale)
-    if rel_bias is not None:  # the other forms take it as the dense bias it stands for
-        dense = offset_bias(rel_bias, lq, lk, max_distance, query_offset)
-        attn_bias = dense if attn_bias is None else attn_bias + dense
-    allowed = visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device)
     if capture.ACTIVE is not None:
-        _observe(q, k, rel_k, max_distance, allowed, attn_bias, query_offset, scale)
-    if impl == "sdpa":
-        if attn_mask is None and is_causal and lq == lk and query_offset == 0:  # lets CUDA pick flash
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
-    if impl == "banded":
-        why = banded.unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias)
-        if why:
-            raise ValueError(f"impl='banded' does not support {why}; use 'gather'")
-        return banded.attend(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, scale)
-    if impl == "flex":
-        if dropout_p > 0:
-            raise ValueError("impl='flex' does not support attention dropout; use 'gather'")
-        return flex.attend(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, allowed, attn_bias,
-                           query_offset, scale)
-    attend = {"naive": reference.naive, "batched": reference.batched, "gather": gather.attend}[impl]
-    return attend(q, k, v, rel_k, rel_v, max_distance, allowed, attn_bias, query_offset, dropout_p, scale)
+        allowed, bias = dense_terms(q, k, rel_bias, max_distance, attn_mask, is_causal, query_offset, attn_bias)
+        _observe(q, k, rel_k, max_distance, allowed, bias, query_offset, scale)
+    return IMPLEMENTATIONS[impl].attend(q, k, v, **call, scale=scale)
 
 
 def _at_positions(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, query_offset, dropout_p, impl,
@@ -167,19 +180,18 @@ def _check_shapes(q, k, v, rel_k, rel_v, max_distance, rel_bias, attn_mask):
                          f"({q.shape[1]}, {2 * max_distance + 1})")
 
 
-def _pick_impl(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset, dropout_p, attn_bias) -> str:
-    """The fastest exact implementation for this call (docs/performance.md has the measurements)."""
-    if rel_k is None and rel_v is None and attn_bias is None and rel_bias is None:
+def _pick_impl(q, k, v, call: dict) -> str:
+    """The fastest exact implementation for this call (docs/performance.md has the measurements):
+    SDPA when there is nothing relative; on CUDA `triton` for more than one query row, then `banded`
+    when gradients are needed; else `gather`."""
+    def runs(name: str) -> bool:
+        return IMPLEMENTATIONS[name].unsupported(q, k, v, **call) is None
+
+    if runs("sdpa"):
         return "sdpa"
-    if (q.is_cuda and q.shape[-2] > 1
-            and fused.unsupported(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset,
-                                  dropout_p, attn_bias) is None):
+    if q.is_cuda and q.shape[-2] > 1 and runs("triton"):
         return "triton"
-    if rel_bias is not None:
-        return "gather"
     if (q.is_cuda and torch.is_grad_enabled()
-            and any(t is not None and t.requires_grad for t in (q, k, rel_k, rel_v))
-            and banded.unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p,
-                                   attn_bias) is None):
+            and any(t is not None and t.requires_grad for t in (q, k, call["rel_k"], call["rel_v"])) and runs("banded")):
         return "banded"
     return "gather"

@@ -35,7 +35,8 @@ exactly on CPU (tests/test_attention.py). Eager, only the FlexAttention tails ar
 _compiled_banded = None
 
 
-def unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dropout_p, attn_bias) -> str | None:
+def unsupported(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p,
+                attn_bias) -> str | None:
     """Why `banded` cannot run these arguments (None: it can)."""
     if q.device.type == "cpu":
         if _FLASH_CPU is None:
@@ -54,7 +55,7 @@ def unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dr
         return f"device {q.device.type}"
     if q.shape != k.shape or query_offset:
         return "Lq != Lk or a query offset (cached decoding)"
-    if dropout_p > 0 or attn_bias is not None:
+    if dropout_p > 0 or attn_bias is not None or rel_bias is not None:
         return "attention dropout or a score bias"
     if max_distance < 1 or max_distance >= q.shape[-2]:
         return "max_distance outside [1, L)"
@@ -63,9 +64,11 @@ def unsupported(q, k, v, rel_k, rel_v, max_distance, attn_mask, query_offset, dr
     return None
 
 
-def attend(q, k, v, rel_k, rel_v, kmax, attn_mask, is_causal, scale):
+def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p,
+           attn_bias, scale):
     """CUDA builds the tails' BlockMasks here, outside the core, where their cache (one padding
     mask per batch, shared by the layers) works even when the core is compiled."""
+    kmax = max_distance
     n = q.shape[-2]
     keep = attn_mask.reshape(attn_mask.shape[0], n).expand(q.shape[0], n) if attn_mask is not None else None
     if q.device.type == "cpu":

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from relpos_lab.core.attention.masks import dense_terms
+
 FLEX_COMPILE = True
 """Compile FlexAttention on CUDA (its fast path). On CPU, torch's compiled flex refuses the
 log-sum-exp this op needs, so CPU always runs eager flex: exact, unfused."""
@@ -21,9 +23,16 @@ _SCORE_MOD_KERNEL = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2}
 2.11) the default tiles asked for 240-304 KB of shared memory, over the 227 KB there are."""
 
 
-def attend(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, allowed, attn_bias, query_offset, scale):
+def unsupported(q, k, v, *, dropout_p, **call) -> str | None:
+    """Why `flex` cannot run these arguments (None: it can)."""
+    return "attention dropout" if dropout_p > 0 else None
+
+
+def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p,
+           attn_bias, scale):
     """FlexAttention never hands out the probabilities, so the value term is rebuilt from the
     per-label masses (`_bucket_masses`); the key term is an ordinary score_mod."""
+    allowed, attn_bias = dense_terms(q, k, rel_bias, max_distance, attn_mask, is_causal, query_offset, attn_bias)
     b, h, lq, d = q.shape
     lk = k.shape[-2]
     acc = torch.promote_types(q.dtype, torch.float32)

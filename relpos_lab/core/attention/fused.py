@@ -169,7 +169,7 @@ def _spill_free(kernel, capability: tuple[int, int] | None = None):
     return prune
 
 
-def unsupported(q, k, v, rel_k, rel_v, rel_bias, max_distance, attn_mask, query_offset, dropout_p,
+def unsupported(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p,
                 attn_bias) -> str | None:
     """Why `triton` cannot run these arguments (None: it can)."""
     if not HAS_TRITON:
@@ -209,13 +209,14 @@ def _bias_is_wide(rel_k, rel_v, rel_bias, kmax: int) -> bool:
     return rel_bias is not None and rel_k is None and rel_v is None and _label_space(kmax) > MAX_LABELS
 
 
-def attend(q, k, v, rel_k, rel_v, rel_bias, kmax, attn_mask, is_causal, query_offset, dropout_p, scale):
+def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p,
+           attn_bias, scale):
     """Tables are cut to the distances these lengths reach (exact: clipping beyond them is a
     no-op) and cast to the inputs' dtype; a (B, 1, 1, Lk) mask becomes per-key padding. Dropout's
     seed comes from torch's CPU generator, so torch.manual_seed reproduces it, with no device sync."""
     lq, lk = q.shape[-2], k.shape[-2]
-    reach = _reach(lq, lk, kmax, query_offset)
-    cut = slice(kmax - reach, kmax + reach + 1)
+    reach = _reach(lq, lk, max_distance, query_offset)
+    cut = slice(max_distance - reach, max_distance + reach + 1)
     rel_k = rel_k[..., cut, :].to(q.dtype) if rel_k is not None else None
     rel_v = rel_v[..., cut, :].to(v.dtype) if rel_v is not None else None
     rel_bias = rel_bias[..., cut].float() if rel_bias is not None else None

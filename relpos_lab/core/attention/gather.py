@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relpos_lab.core.attention.masks import attention_probs, relative_positions
+from relpos_lab.core.attention.masks import attention_probs, dense_terms, relative_positions
 
 _LABEL_BLOCK = 64  # query rows per block: the window is _LABEL_BLOCK + 2k - 1 keys wide
 
@@ -101,13 +101,20 @@ def probabilities(q, k, rel_k, kmax, allowed, attn_bias, query_offset, scale, dr
     return attention_probs(scores, 1.0, allowed, attn_bias, dropout_p, dtype or q.dtype)
 
 
-def attend(q, k, v, rel_k, rel_v, kmax, allowed, attn_bias, query_offset, dropout_p, scale):
+def unsupported(q, k, v, **call) -> str | None:
+    """`gather` runs every call."""
+    return None
+
+
+def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p,
+           attn_bias, scale):
     """Both label maps sit inside autograd Functions so their backwards are label maps too: no
     (Lq, Lk, D) or (Lq, Lk) index tensor is saved for the backward either."""
-    p = probabilities(q, k, rel_k, kmax, allowed, attn_bias, query_offset, scale, dropout_p, v.dtype)
+    allowed, attn_bias = dense_terms(q, k, rel_bias, max_distance, attn_mask, is_causal, query_offset, attn_bias)
+    p = probabilities(q, k, rel_k, max_distance, allowed, attn_bias, query_offset, scale, dropout_p, v.dtype)
     if rel_v is None:
         return p @ v
-    return _ValuesWithEdges.apply(p, v, rel_v.to(p.dtype), kmax, query_offset)
+    return _ValuesWithEdges.apply(p, v, rel_v.to(p.dtype), max_distance, query_offset)
 
 
 def attend_at(q, k, v, rel_k, rel_v, labels, allowed, attn_bias, dropout_p, scale):

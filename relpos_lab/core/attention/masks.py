@@ -35,6 +35,17 @@ def offset_bias(rel_bias: Tensor, lq: int, lk: int, max_distance: int, query_off
     return rel_bias[:, relative_positions(lq, lk, max_distance, query_offset, rel_bias.device, positions)].unsqueeze(0)
 
 
+def dense_terms(q: Tensor, k: Tensor, rel_bias: Tensor | None, max_distance: int, attn_mask: Tensor | None,
+                is_causal: bool, query_offset: int, attn_bias: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """(allowed, bias): the visibility mask and the sum of the additive biases as dense tensors, the
+    form every implementation but `triton` (which builds both inside its tiles) takes them in."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    if rel_bias is not None:
+        dense = offset_bias(rel_bias, lq, lk, max_distance, query_offset)
+        attn_bias = dense if attn_bias is None else attn_bias + dense
+    return visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device), attn_bias
+
+
 def visibility_mask(
     attn_mask: Tensor | None, is_causal: bool, lq: int, lk: int, query_offset: int, device=None
 ) -> Tensor | None:

@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import torch
 
-from relpos_lab.core.attention.masks import attention_probs, relative_positions
+from relpos_lab.core.attention.masks import attention_probs, dense_terms, relative_positions
 
 
-def naive(q, k, v, rel_k, rel_v, kmax, allowed, attn_bias, query_offset, dropout_p, scale):
+def unsupported(q, k, v, **call) -> str | None:
+    """The definition runs every call."""
+    return None
+
+
+def naive(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p, attn_bias,
+          scale):
     """The definition, every a_ij built: what the other implementations are tested against."""
+    allowed, attn_bias = dense_terms(q, k, rel_bias, max_distance, attn_mask, is_causal, query_offset, attn_bias)
+    kmax = max_distance
     idx = relative_positions(q.shape[-2], k.shape[-2], kmax, query_offset, q.device)  # (Lq, Lk): clip(j − i) + k
     e = q @ k.transpose(-2, -1)  # (B, H, Lq, Lk): q_i k_jᵀ
     if rel_k is not None:
@@ -30,9 +38,12 @@ def naive(q, k, v, rel_k, rel_v, kmax, allowed, attn_bias, query_offset, dropout
     return z
 
 
-def batched(q, k, v, rel_k, rel_v, kmax, allowed, attn_bias, query_offset, dropout_p, scale):
+def batched(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p,
+            attn_bias, scale):
     """§3.3: the edge terms as batched matmuls over the query position, which the paper found
     efficient on accelerators: q reshaped to (Lq, B·H, D) against a^K as (Lq, D, Lk)."""
+    allowed, attn_bias = dense_terms(q, k, rel_bias, max_distance, attn_mask, is_causal, query_offset, attn_bias)
+    kmax = max_distance
     idx = relative_positions(q.shape[-2], k.shape[-2], kmax, query_offset, q.device)
     e = q @ k.transpose(-2, -1)
     if rel_k is not None:
