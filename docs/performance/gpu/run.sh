@@ -29,6 +29,8 @@ for step in "${steps[@]}"; do
   case $step in
     kernel)
       one_config python3 docs/performance/gpu/profile_fused.py 2>&1 | tee "$out/profile_fused.txt"; pack
+      one_config python3 docs/performance/gpu/profile_fused.py --config 64 64 4 3 1 --no-variants 2>&1 \
+        | tee "$out/profile_fused_pipelined_band.txt"; pack
       one_config python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark tests/test_triton_kernel.py 2>&1 \
         | tee "$out/kernel_tests.txt" | tail -5
       one_config python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark -m cuda tests/test_cuda.py -k triton 2>&1 \
