@@ -1,9 +1,9 @@
 """The `relpos-lab` command (also `python -m relpos_lab`): one function per verb.
 
 A verb is a function decorated with `@command(name, help, *arguments)`; its arguments are argparse
-`arg(...)` specs. Adding `sweep`, `submit`, `bench`, `translate` or `report` is one such function
-(here or in a module imported below). Verbs import the heavy machinery (Lightning) inside the
-function, so `--help` and input errors answer quickly.
+`arg(...)` specs, so a new verb is one such function. Verbs import the heavy machinery (Lightning)
+inside the function, so `--help` and input errors answer quickly. What they print is in
+terminal.py.
 
 Bad input raises `UserError`: the command prints one line to stderr and exits with status 2, no
 traceback; a plugin that breaks its contract (`ContractError`) gets one line and status 1. Either is
@@ -23,29 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from relpos_lab.api.errors import PROG, UserError, own_error, shown_path
+from relpos_lab.terminal import (console, echo, show_plugins, show_report, show_submission, show_summary,
+                                 show_table)
 from relpos_lab.training.threads import quiet_openmp
-
-def _console() -> Console:
-    """Rich wraps at 80 columns when stdout is not a terminal, so `relpos-lab positions | less` cut
-    every table there. Piped, take the width of the terminal the user sits at (stderr's or stdin's)
-    or COLUMNS; with no terminal at all (a SLURM log), 160."""
-    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
-        return Console()
-    for stream in (sys.stderr, sys.stdin):
-        try:
-            return Console(width=os.get_terminal_size(stream.fileno()).columns)
-        except (OSError, ValueError, AttributeError):
-            continue
-    return Console(width=PIPED_WIDTH)
-
-
-PIPED_WIDTH = 160
-console = _console()
-
 
 @dataclass(frozen=True)
 class Command:
@@ -106,7 +89,7 @@ def train(args: argparse.Namespace) -> None:
         raise UserError("--extend continues a run and --force starts one over: give one of them")
     cfg = load_config(args.config, [*args.overrides, *(["extend=true"] if args.extend else [])])
     _check_own_run_directory(Path(args.config), cfg)
-    summary = experiment.train(cfg, echo=_echo, force=args.force)
+    summary = experiment.train(cfg, echo=echo, force=args.force)
     if summary.metrics:  # rank 0 of a distributed run
         show_summary(summary, f"{cfg.name}: " + ("finished earlier" if summary.finished_before else "trained"))
 
@@ -163,8 +146,8 @@ def inspect(args: argparse.Namespace) -> None:
     quiet(args.verbose)
     summary = inspect_checkpoint(args.checkpoint, args.split, args.lengths, args.out, args.overrides)
     if summary.note:
-        _echo(summary.note)
-    _echo(f"inspect: {len(summary.plots)} figures in {shown_path(summary.out_dir / 'plots' / 'inspect')}, "
+        echo(summary.note)
+    echo(f"inspect: {len(summary.plots)} figures in {shown_path(summary.out_dir / 'plots' / 'inspect')}, "
           f"numbers in {shown_path(summary.json)}")
 
 
@@ -295,33 +278,6 @@ def parse_fields(words: list[str]) -> dict:
     return fields
 
 
-def show_report(report) -> int:
-    console.rule(f"[bold]{report.subject}[/bold]")
-    for line in report.lines():
-        _echo(line)
-    _echo(report.summary())
-    return 0 if report.ok else 1
-
-
-def show_plugins(kind, describe: Callable[[type], str]) -> None:
-    """A table of every registered plugin of `kind`; one that failed to load shows its error."""
-    from relpos_lab.api import registry
-
-    entries = registry.discover(kind)
-    table = Table(title=f"{kind.noun}s (entry-point group {kind.group})", title_justify="left", show_lines=True)
-    for column in (kind.noun.split()[-1], "class", "distribution"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("description", overflow="fold")
-    for e in entries:
-        if e.error is None:
-            table.add_row(e.name, e.target, e.distribution or "", describe(e.cls))
-        else:
-            table.add_row(f"[red]{e.name}[/red]", e.target, e.distribution or "", f"[red]failed to load: {e.error}[/red]")
-    show_table(table)
-    broken = sum(e.error is not None for e in entries)
-    console.print(f"{len(entries) - broken} available" + (f", {broken} failed to load" if broken else ""))
-
-
 @command("configs", "list the configs that can be named: experiments, sweeps, and the pieces of each group "
          "(model=NAME, trainer=NAME, ...), from ./configs and shipped with the package")
 def configs(args: argparse.Namespace) -> None:
@@ -396,7 +352,7 @@ def sweep(args: argparse.Namespace) -> int:
     one_point = args.point is not None and not (args.reuse or args.slurm)
     grid = load_sweep(args.sweep_file, args.overrides, only=args.point if one_point else None)
     if args.reuse:
-        link_identical_runs(grid, echo=_echo)
+        link_identical_runs(grid, echo=echo)
     if args.slurm:
         return submit_sweep(grid, args.dry_run)
     if args.point is not None:
@@ -407,11 +363,11 @@ def sweep(args: argparse.Namespace) -> int:
             raise UserError(f"{grid.name} point {args.point}: its run directory {point.run_dir} links to a run that is "
                             "gone; rerun with --reuse (it removes the link) or delete the link")
         if is_finished(point):  # e.g. a requeued array task, or a point linked by --reuse
-            _echo(f"{grid.name} point {args.point} {point.labels} is finished ({shown_path(Path(point.run_dir))}): "
+            echo(f"{grid.name} point {args.point} {point.labels} is finished ({shown_path(Path(point.run_dir))}): "
                   "nothing to train")
             return 0
         cfg = load_config(grid.experiment, [*grid.overrides_of(args.point), "resume=true"])
-        summary = experiment.train(cfg, echo=_echo)
+        summary = experiment.train(cfg, echo=echo)
         if summary.metrics:
             show_summary(summary, f"{grid.name} point {args.point} {grid.points[args.point].labels}")
         return 0
@@ -422,7 +378,7 @@ def sweep(args: argparse.Namespace) -> int:
             table.add_row(*p.labels.values(), str(p.index), "finished" if is_finished(p) else "to run", shown_path(Path(p.run_dir)))
         console.print(table)
         return 0
-    failed = run_locally(grid, args.max_parallel, echo=_echo)
+    failed = run_locally(grid, args.max_parallel, echo=echo)
     console.print(f"sweep {grid.name}: {len(grid.points) - len(failed)}/{len(grid.points)} points finished; "
                   f"report with: {PROG} report {shown_path(grid.directory)}")
     return 1 if failed else 0
@@ -442,7 +398,7 @@ def submit(args: argparse.Namespace) -> None:
         job, _ = slurm.run_job(args.config, overrides)
         sys.stdout.write(job.script)
         return
-    show_submission(*slurm.submit_run(args.config, overrides, echo=_echo))
+    show_submission(*slurm.submit_run(args.config, overrides, echo=echo))
 
 
 def submit_sweep(grid, dry_run: bool) -> int:
@@ -511,81 +467,6 @@ def bench(args: argparse.Namespace) -> None:
 
 
 # --- presentation ---------------------------------------------------------------------------
-
-
-def show_summary(summary, title: str) -> None:
-    """One screen: where everything is, and the final metrics as a split × metric table."""
-    where = [("run directory", summary.run_dir), ("results", summary.results),
-             ("checkpoint", summary.checkpoint), ("resumed from", summary.resumed_from)]
-    where += [("plot", p) for p in summary.plots]
-    where += [("output", p) for p in summary.outputs]
-    if sorted((summary.run_dir / "wandb").glob("offline-run-*/run-*.wandb")):  # not when W&B failed to start
-        where.append(("W&B (offline)", f"wandb sync {shown_path(summary.run_dir / 'wandb')}/offline-run-*"))
-    console.rule(f"[bold]{title}[/bold]" + ("" if summary.finished_before else f" in {summary.seconds:.0f}s"))
-    for label, value in where:
-        if value:  # paths stay on one line (soft wrap) so they can be copied
-            line = f"{label:>14}  {shown_path(value)}"
-            if label == "checkpoint":
-                line += _evaluated(summary)
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
-    splits: dict[str, dict[str, float]] = {}
-    for key, value in summary.metrics.items():
-        split, _, name = key.rpartition("/")
-        splits.setdefault(split, {})[name] = value
-    # One row per metric, one column per split: a metric per column truncated the names (`exact…`)
-    # in an 80-column terminal, so exact_match_id could not be told from exact_match_ood.
-    names = list(dict.fromkeys(n for values in splits.values() for n in values))
-    metrics = Table("metric", *splits)
-    metrics.columns[0].no_wrap = True
-    for name in names:
-        metrics.add_row(name, *(f"{values[name]:.4f}" if name in values else "" for values in splits.values()))
-    console.print(metrics)
-
-
-def show_table(table: Table) -> None:
-    """Print a listing whole: names and class paths (no_wrap columns) never cut, prose wrapped.
-
-    At a terminal rich fits the table to the screen. Piped (a file, `less`, a log) nothing may be
-    cut with "…": a width too narrow for that (the piped console takes the user's terminal's) is
-    widened to a log's (PIPED_WIDTH), or to the narrowest table that cuts nothing if that is wider.
-    """
-    width = console.width
-    if not console.is_terminal:
-        needed = console.measure(table, options=console.options.update_width(WIDEST)).minimum
-        if needed > width:
-            console.width = max(needed, PIPED_WIDTH)
-    try:
-        console.print(table)
-    finally:
-        console.width = width
-
-
-WIDEST = 10_000  # the width a table is measured at: its narrowest layout that cuts nothing
-
-
-def _evaluated(summary) -> str:
-    """What the metrics below are of: the checkpoint's step and why it was chosen."""
-    step = getattr(summary, "checkpoint_step", None)
-    choice = getattr(summary, "checkpoint_choice", None)
-    if step is None:
-        return ""
-    why = {"best": "the best validated step, trainer.evaluate=best",
-           "last": "the last step, trainer.evaluate=last"}.get(choice)
-    return f"  (step {step}" + (f": {why})" if why else ")")
-
-
-def show_submission(job, job_id: str) -> None:
-    """Where a submitted job's files are, and how to follow it."""
-    output, error = job.logs_of(job_id)
-    console.rule(f"[bold]submitted SLURM job {job_id}[/bold] ({job.name}" + (f", array {job.array})" if job.array else ")"))
-    rows = [("run directory" if job.array is None else "sweep directory", job.directory), ("script", job.path),
-            ("output", output), ("errors", error), ("follow", f"squeue -j {job_id}; tail -f {shown_path(output)}")]
-    for label, value in rows:
-        console.print(f"{label:>15}  {shown_path(value)}", markup=False, highlight=False, soft_wrap=True)
-
-
-def _echo(message: str) -> None:
-    console.print(message, markup=False, highlight=False, soft_wrap=True)
 
 
 # --- entry point ----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ REPO = PACKAGE.parent
 LAYERS = ("core", "api", "config", "records", "training", "launch", "analysis", "cli")
 # relpos_lab/attention.py re-exports the core's attention under the path DESIGN.md promises; task.py,
 # transformer.py and positions.py are the pre-0.2 paths, deprecation shims over their new layer.
-TOP_LEVEL = {"attention": "core", "cli": "cli", "__main__": "cli", "__init__": "core",
+TOP_LEVEL = {"attention": "core", "cli": "cli", "terminal": "cli", "__main__": "cli", "__init__": "core",
              "task": "api", "transformer": "core", "positions": "core"}
 
 
