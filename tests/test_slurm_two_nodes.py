@@ -131,6 +131,9 @@ def test_a_two_node_job_requeued_by_sigusr1_and_by_scontrol_resumes_on_both_node
     assert all(f"attempt {n} " in text for n in (1, 2, 3))
     assert text.count("GLOBAL_RANK: 1, MEMBER: 2/2") == 3  # each attempt on both nodes
     assert "resuming from hpc_ckpt_1.ckpt" in text and "resuming from last.ckpt" in text
+    # SLURM's SIGTERM (scontrol requeue) says how the run continues under SLURM, not "run the same command"
+    assert "if SLURM requeues the job (scontrol requeue), its next attempt resumes from it" in text
+    assert "run the same command again" not in text
 
     results = json.loads((run_dir / "results.json").read_text())
     assert global_step(run_dir / "checkpoints" / "last.ckpt") == steps == results["global_step"]

@@ -302,14 +302,15 @@ def test_the_closing_summary_shows_every_metric_name_whole_in_80_columns(tmp_pat
 
     from rich.console import Console
 
+    from relpos_lab import terminal
     from relpos_lab.training.experiment import RunSummary
 
     names = ["exact_match", "token_accuracy", "loss", "ppl", "exact_match_id", "exact_match_ood",
              "token_accuracy_id", "token_accuracy_ood"]
     metrics = {f"{split}/{name}": i / 10 for split in ("valid", "test") for i, name in enumerate(names)}
     out = io.StringIO()
-    monkeypatch.setattr(cli, "console", Console(file=out, width=80, color_system=None))
-    cli.show_summary(RunSummary(tmp_path, tmp_path / "results.json", metrics), "tiny: trained")
+    monkeypatch.setattr(terminal, "console", Console(file=out, width=80, color_system=None))
+    terminal.show_summary(RunSummary(tmp_path, tmp_path / "results.json", metrics), "tiny: trained")
     text = out.getvalue()
     table = text[text.index("┏"):]
     assert "…" not in table and max(len(line) for line in table.splitlines()) <= 80, text

@@ -440,8 +440,10 @@ def _stopped(run_dir: Path, signum: int, step: int, requeued: bool = False) -> s
     if newest is None:
         return (f"Stopped by {SIGNAL_NAMES.get(signum, signum)} at step {step}, before the first checkpoint: "
                 "nothing to resume from; the same command starts over.")
+    again = ("if SLURM requeues the job (scontrol requeue), its next attempt resumes from it; else resubmit "
+             "to resume" if os.environ.get("SLURM_JOB_ID") else "run the same command again to resume from it")
     return (f"Stopped by {SIGNAL_NAMES.get(signum, signum)} at step {step}. Newest checkpoint: {shown_path(newest)} "
-            f"(step {global_step_of(newest)}); run the same command again to resume from it.")
+            f"(step {global_step_of(newest)}); {again}.")
 
 
 def evaluate(checkpoint: str | Path, split: str = "test", overrides: list[str] = (),
