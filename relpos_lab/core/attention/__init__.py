@@ -40,7 +40,7 @@ from torch import Tensor
 from typing import Callable, NamedTuple
 
 from relpos_lab.core.attention import banded, capture, flex, fused, gather, reference
-from relpos_lab.core.attention.masks import dense_terms, offset_bias, relative_positions, visibility_mask
+from relpos_lab.core.attention.masks import dense_terms, relative_positions, visibility_mask
 
 
 def _sdpa_unsupported(q, k, v, *, rel_k, rel_v, rel_bias, attn_bias, **call) -> str | None:
@@ -143,10 +143,8 @@ def _at_positions(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, que
                          f"{tuple(positions.shape)}, query_offset={query_offset}, Lq={lq}")
     positions = positions.to(q.device)
     labels = relative_positions(lq, lk, max_distance, query_offset, q.device, positions)
-    if rel_bias is not None:
-        dense = offset_bias(rel_bias, lq, lk, max_distance, query_offset, positions)
-        attn_bias = dense if attn_bias is None else attn_bias + dense
-    allowed = visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device)
+    allowed, attn_bias = dense_terms(q, k, rel_bias, max_distance, attn_mask, is_causal, query_offset, attn_bias,
+                                     positions)
     return gather.attend_at(q, k, v, rel_k, rel_v, labels, allowed, attn_bias, dropout_p, 1.0 / math.sqrt(q.shape[-1]))
 
 

@@ -36,12 +36,14 @@ def offset_bias(rel_bias: Tensor, lq: int, lk: int, max_distance: int, query_off
 
 
 def dense_terms(q: Tensor, k: Tensor, rel_bias: Tensor | None, max_distance: int, attn_mask: Tensor | None,
-                is_causal: bool, query_offset: int, attn_bias: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+                is_causal: bool, query_offset: int, attn_bias: Tensor | None,
+                positions: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
     """(allowed, bias): the visibility mask and the sum of the additive biases as dense tensors, the
-    form every implementation but `triton` (which builds both inside its tiles) takes them in."""
+    form every implementation but `triton` (which builds both inside its tiles) takes them in
+    (`positions`: the tokens' own, as `offset_bias`)."""
     lq, lk = q.shape[-2], k.shape[-2]
     if rel_bias is not None:
-        dense = offset_bias(rel_bias, lq, lk, max_distance, query_offset)
+        dense = offset_bias(rel_bias, lq, lk, max_distance, query_offset, positions)
         attn_bias = dense if attn_bias is None else attn_bias + dense
     return visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device), attn_bias
 
