@@ -70,6 +70,8 @@ class AdditionTask(LengthsTask):
         return Vocabulary([*(str(d) for d in range(10)), "+", *hints])
 
     def dataset(self, split: str) -> list[Pair]:
+        if split == "train" and not self.cfg.train_size:
+            return self.stream()  # refused: two operand lengths per example are not one length to draw
         lo, hi = self.lengths(split)
         rng = random.Random(split_seed(self.data_seed, split))
         if split == "train":

@@ -16,13 +16,14 @@ registered through the ``relpos_lab.tasks`` entry points in pyproject.toml.
 """
 from __future__ import annotations
 
-import hashlib
+import random
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from relpos_lab.api import DecodingConfig, Pair, Seq2SeqTask, TaskConfig, Vocabulary
+from relpos_lab.api import ConfigError, DecodingConfig, Pair, Seq2SeqTask, TaskConfig, Vocabulary
+from relpos_lab.api.stream import Stream, seed_of
 
 
 @dataclass
@@ -36,7 +37,10 @@ class LengthsConfig(TaskConfig):
     test_lengths: list[int] = field(default_factory=lambda: [1, 32])
     """inclusive [min, max] of test strings; may exceed training (length generalization)"""
     train_size: int = 20000
-    """training examples, lengths drawn uniformly from train_lengths"""
+    """training examples, lengths drawn uniformly from train_lengths; 0: a fresh stream of examples at every
+    step, drawn from (seed, step) (reproducible, resumable, the same under DDP as on one process)"""
+    length_per_batch: bool = False
+    """streamed data (train_size=0): every example of a step has one length, as the reference draws them"""
     eval_size_per_length: int = 32
     """valid/test examples for each length of their range"""
     eval_length_step: int = 1
@@ -50,9 +54,14 @@ class LengthsConfig(TaskConfig):
             value = list(getattr(self, name))
             if len(value) != 2 or not 1 <= value[0] <= value[1]:
                 raise ValueError(f"task.{name}={value} must be [min, max] with 1 <= min <= max")
-        for name in ("train_size", "eval_size_per_length", "eval_length_step"):
+        for name in ("eval_size_per_length", "eval_length_step"):
             if getattr(self, name) < 1:
                 raise ValueError(f"task.{name}={getattr(self, name)} must be >= 1")
+        if self.train_size < 0:
+            raise ValueError(f"task.train_size={self.train_size} must be >= 1, or 0 to stream fresh examples")
+        if self.length_per_batch and self.train_size:
+            raise ValueError(f"task.length_per_batch=true draws one length per step of a stream: set task.train_size=0 "
+                             f"(now {self.train_size}) or drop it")
 
 
 @dataclass
@@ -89,6 +98,19 @@ class LengthsTask(Seq2SeqTask):
     def train_length_range(self) -> tuple[int, int]:
         return self.lengths("train")
 
+    def example_of_length(self, length: int, rng: random.Random) -> Pair:
+        """One example of `length` drawn from `rng`: what a streamed training split (train_size=0) is made
+        of. A task that defines it can stream."""
+        raise NotImplementedError
+
+    def stream(self) -> Stream:
+        """The training split as a stream (train_size=0): fresh examples from (data seed, index)."""
+        if type(self).example_of_length is LengthsTask.example_of_length:
+            raise ConfigError(f"task.train_size=0 streams fresh training examples, and task '{self.cfg.name}' draws "
+                              "no single example (it defines no example_of_length); give task.train_size > 0")
+        return Stream(self.example_of_length, self.lengths("train"), split_seed(self.data_seed, "train"),
+                      self.cfg.length_per_batch)
+
 
 class SyntheticTask(LengthsTask):
     """A string task whose target is a fixed function (`transform`) of its source."""
@@ -99,10 +121,21 @@ class SyntheticTask(LengthsTask):
     def transform(self, src: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def output_length(self, source_length: int) -> int:
+        """The target's length (encoder_only's slots): a permutation keeps the source's."""
+        return source_length
+
     def build_vocab(self) -> Vocabulary:
         return Vocabulary(str(i) for i in range(self.cfg.alphabet_size))
 
-    def dataset(self, split: str) -> list[Pair]:
+    def example_of_length(self, length: int, rng: random.Random) -> Pair:
+        first = len(Vocabulary.SPECIALS)
+        src = torch.tensor([rng.randrange(first, first + self.cfg.alphabet_size) for _ in range(length)])
+        return Pair(src, self.transform(src))
+
+    def dataset(self, split: str) -> list[Pair] | Stream:
+        if split == "train" and not self.cfg.train_size:
+            return self.stream()
         lo, hi = self.lengths(split)
         gen = torch.Generator().manual_seed(split_seed(self.data_seed, split))
         if split == "train":
@@ -142,6 +175,9 @@ class DuplicateTask(SyntheticTask):
     def transform(self, src: Tensor) -> Tensor:
         return torch.cat((src, src))
 
+    def output_length(self, source_length: int) -> int:
+        return 2 * source_length
+
 
 class SortTask(SyntheticTask):
     """Sort the symbols of a random string (Delétang et al.'s bucket_sort)."""
@@ -179,4 +215,4 @@ class OddsFirstTask(SyntheticTask):
 
 def split_seed(seed: int, split: str) -> int:
     """A generator seed per (seed, split): splits differ, and nothing depends on global RNG state."""
-    return int.from_bytes(hashlib.sha256(f"{seed}/{split}".encode()).digest()[:8], "little")
+    return seed_of(seed, split)

@@ -16,8 +16,9 @@ import torch
 
 from installed import install_scheme, run_cli
 from relpos_lab.api import KeyState, PositionConfig, PositionScheme, RelativePositions
-from relpos_lab.api.testing import DECODING_CHECKS, check_scheme
+from relpos_lab.api.testing import DECODING_CHECKS, SLOTS, check_scheme
 from relpos_lab.core.positions import builtin_config
+from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
 from running_sum_scheme import RunningSumConfig, RunningSumScheme
@@ -86,6 +87,7 @@ class RecordingScheme(PositionScheme):
     ({}, [False, True]),
     ({"architecture": "decoder_only"}, [True]),
     ({"architecture": "decoder_only", "bidirectional_prefix": True}, [False]),
+    ({"architecture": "encoder_only"}, [False]),
 ])
 def test_validation_builds_only_the_kinds_of_self_attention_layer_the_model_has(fields, kinds):
     cfg = model_config(positions=RecordingConfig(), **fields)
@@ -104,9 +106,10 @@ def test_a_causal_only_scheme_builds_decoder_only_models_without_a_bidirectional
 @pytest.mark.parametrize("fields, setting", [
     ({}, "model.architecture=encoder_decoder"),
     ({"architecture": "decoder_only", "bidirectional_prefix": True}, "model.bidirectional_prefix=true"),
+    ({"architecture": "encoder_only"}, "model.architecture=encoder_only"),
 ])
 def test_a_model_with_a_bidirectional_layer_refuses_a_causal_only_scheme_in_one_line(fields, setting):
-    model = EncoderDecoder if not fields else PrefixLM
+    model = {None: EncoderDecoder, "decoder_only": PrefixLM, "encoder_only": EncoderOnly}[fields.get("architecture")]
     with pytest.raises(ValueError) as err:
         model(model_config(**fields))
     message = str(err.value)
@@ -159,15 +162,19 @@ def test_the_kit_passes_a_causal_only_scheme_skipping_the_encoder_decoder_checks
     report.raise_on_failure()
     skipped = [c.name for c in report.skipped]
     assert skipped == ["encoder_decoder: builds",
+                       "encoder_only: builds",
                        "encoder_decoder: output shape, finite gradients reaching the scheme's parameters",
                        "encoder_decoder: cached decoding and multi-token prefill equal the full pass (float64)",
                        *DECODING_CHECKS["encoder_decoder"],
                        "encoder_decoder: 40 training steps lower the loss on one batch",
+                       "encoder_only: output shape, finite gradients reaching the scheme's parameters",
+                       *SLOTS,
+                       "encoder_only: 40 training steps lower the loss on one batch",
                        *DECODING_CHECKS["decoder_only, bidirectional_prefix=true"]]
     ran = {c.name: c.detail for c in report.checks if not c.skipped}
     assert "max difference" in ran["decoder_only: cached decoding and multi-token prefill equal the full pass (float64)"]
     assert all("max difference" in ran[name] for name in DECODING_CHECKS["decoder_only"])
-    assert report.summary() == "8 passed, 0 failed, 8 skipped"
+    assert report.summary() == "8 passed, 0 failed, 12 skipped"
 
 
 def test_check_scheme_on_the_command_line_prints_what_it_skipped(root):
@@ -175,12 +182,12 @@ def test_check_scheme_on_the_command_line_prints_what_it_skipped(root):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = out.stdout.splitlines()
     skips = [line for line in lines if line.startswith("skip  ")]
-    assert len(skips) == 8 and all(line.startswith(("skip  encoder_decoder: ",
-                                                     "skip  decoder_only, bidirectional_prefix=true: "))
+    assert len(skips) == 12 and all(line.startswith(("skip  encoder_decoder: ", "skip  encoder_only: ",
+                                                      "skip  decoder_only, bidirectional_prefix=true: "))
                                    for line in skips)
     assert all("not run: the scheme declares supports_bidirectional = False" in line for line in skips)
     assert any(line.startswith("ok    decoder_only: cached decoding") for line in lines)
-    assert lines[-1] == "8 passed, 0 failed, 8 skipped"
+    assert lines[-1] == "8 passed, 0 failed, 12 skipped"
     listed = run_cli(root, "positions").stdout
     (row,) = [line for line in listed.splitlines() if "running_sum_scheme:RunningSumScheme" in line]
     assert "(selective attention, Leviathan et al., 2024). (causal only: decoder-only models without" in row

@@ -23,7 +23,7 @@ from relpos_lab_tasks.synthetic import ReverseTask
 def test_every_builtin_scheme_passes_the_kit(scheme):
     report = check_scheme(scheme)
     report.raise_on_failure()
-    assert len(report.checks) == 16 and not report.skipped
+    assert len(report.checks) == 20 and not report.skipped
     drawing = report.checks[-1]
     assert drawing.name == "inspect drawing (optional)"  # a content bias is also drawn on a sample batch
     assert ("on a sample batch: " in drawing.detail) == (scheme in ("cope", "fox", "dape"))
@@ -70,10 +70,11 @@ def test_fields_reach_the_schemes_config_and_bad_ones_are_reported():
     assert not report.ok and len(report.checks) == 1 and "max_distance" in report.checks[0].detail
 
 
-def test_a_builtin_task_passes_in_both_families():
+def test_a_builtin_task_passes_in_every_family():
     report = check_task("reverse", train_size=64, eval_size_per_length=2)
     report.raise_on_failure()
-    assert [c.name.split(":")[0] for c in report.checks[-2:]] == ["encoder_decoder", "decoder_only"]
+    assert [c.name.split(":")[0] for c in report.checks[-3:]] == ["encoder_decoder", "decoder_only", "encoder_only"]
+    assert "not supported" not in report.checks[-1].detail  # reverse says its output length
 
 
 class BareLossReverse(ReverseTask):
@@ -86,7 +87,7 @@ class BareLossReverse(ReverseTask):
 def test_a_task_breaking_the_contract_is_named_with_the_verb():
     report = check_task(BareLossReverse, name="reverse", train_size=64, eval_size_per_length=2)
     failures = [c.detail for c in report.checks if not c.ok]
-    assert len(failures) == 2 and all("BareLossReverse" in f and "loss" in f and "LossOutput" in f for f in failures)
+    assert len(failures) == 3 and all("BareLossReverse" in f and "loss" in f and "LossOutput" in f for f in failures)
 
 
 def test_the_cli_prints_one_line_per_check_and_fails_with_the_kit(capsys):
@@ -94,7 +95,7 @@ def test_the_cli_prints_one_line_per_check_and_fails_with_the_kit(capsys):
 
     assert cli.main(["check-scheme", "shaw", "max_distance=3"]) == 0
     out = capsys.readouterr().out
-    assert "ok    decoder_only: cached decoding" in out and "16 passed, 0 failed" in out
+    assert "ok    decoder_only: cached decoding" in out and "20 passed, 0 failed" in out
     assert cli.main(["check-scheme", "shaw", "max_distance=-2"]) == 1
     assert "FAIL  config" in capsys.readouterr().out
     bad = subprocess.run([sys.executable, "-m", "relpos_lab", "check-task", "reverse", "train_size"],

@@ -20,13 +20,14 @@ from relpos_lab.core.loss import LossOutput, label_smoothed_loss
 from relpos_lab.core.positions import (
     Drawing, KeyState, PositionConfig, PositionScheme, RelativePositions, builtin_config,
 )
-from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.cache import DecoderCache
+from relpos_lab.core.encoder_only import EncoderOnly
+from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
 
 __all__ = [
     "Batch", "ConfigError", "ContractError", "DecoderCache", "DecoderLM", "DecodingConfig", "Drawing", "EncoderDecoder",
-    "EvalResult", "Evaluation", "KeyState", "LoadedModel", "LossOutput", "ModelConfig", "Pair", "PositionConfig",
+    "EncoderOnly", "EvalResult", "Evaluation", "KeyState", "LoadedModel", "LossOutput", "ModelConfig", "Pair", "PositionConfig",
     "PositionScheme", "PrefixLM", "RelativePositions", "Seq2SeqTask", "Task", "TaskConfig", "UserError", "Vocabulary",
     "atomic_write", "beam_search", "builtin_config", "greedy_search", "label_smoothed_loss", "load_model",
     "relative_attention", "sample",

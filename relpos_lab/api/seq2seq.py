@@ -6,6 +6,12 @@ with label-smoothed cross-entropy under teacher forcing, evaluated by decoding (
 `cfg.decoding`) and comparing with the reference: token accuracy and exact match, EOS included. A
 task that subclasses it defines `build_vocab` and `dataset`, and may override any verb (translation
 replaces the metrics with corpus BLEU).
+
+With `model.architecture=encoder_only` (core/encoder_only.py) the model reads the source followed
+by `output_length(len(source))` blank slots and predicts the output at the slots in one pass: the
+target fills the slots, and EOS only where the output is shorter than its slots (the reference's
+termination token); evaluation takes the argmax at every slot, with no decoding. A task that can
+say its output length from its input defines `output_length`; the others refuse that architecture.
 """
 from __future__ import annotations
 
@@ -25,7 +31,9 @@ from relpos_lab.api.errors import ConfigError
 from relpos_lab.api.evaluation import Evaluation
 from relpos_lab.api.task import Batch, Task
 from relpos_lab.api.vocabulary import Vocabulary
+from relpos_lab.core.errors import ContractError
 from relpos_lab.core.decoding import beam_search, by_source_length, greedy_search
+from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.loss import LossOutput, label_smoothed_loss
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
@@ -43,7 +51,7 @@ class Seq2SeqTask(Task):
 
     main_metric: ClassVar[str] = "exact_match"
     main_metric_mode: ClassVar[str] = "max"
-    one_sequence: bool = False  # set by build_model: a decoder-only model reads source + target as one sequence
+    architecture: str = "encoder_decoder"  # set by build_model (token batching counts a model's whole sequence)
 
     # --- what every task defines ------------------------------------------------------------
 
@@ -53,6 +61,18 @@ class Seq2SeqTask(Task):
     def dataset(self, split: str) -> Dataset:
         """The examples (`Pair`s) of one split: "train", "valid", "test" or a task's own."""
         raise NotImplementedError(f"{type(self).__name__} must define dataset(split)")
+
+    # --- what a task may define ---------------------------------------------------------------
+
+    def output_length(self, source_length: int) -> int:
+        """model.architecture=encoder_only: the output slots after a source of this many tokens,
+        at least every target's length for such a source (a shorter target ends in EOS there).
+        A task that defines it serves the encoder-only model; by default it cannot say."""
+        raise NotImplementedError
+
+    @property
+    def knows_output_length(self) -> bool:
+        return type(self).output_length is not Seq2SeqTask.output_length
 
     # --- vocabulary and data ----------------------------------------------------------------
 
@@ -73,8 +93,10 @@ class Seq2SeqTask(Task):
     def num_tokens(self, example: Pair) -> int:
         """An example's size for token batching: its longer side once collated (target + EOS), or
         for a decoder-only model (built before the data) its whole sequence, source <sep> target."""
-        if self.one_sequence:
+        if self.architecture == "decoder_only":
             return len(example.src) + len(example.tgt) + 1
+        if self.architecture == "encoder_only":
+            return len(example.src) + self.output_length(len(example.src))
         return max(len(example.src), len(example.tgt) + 1)
 
     def example_length(self, example: Pair) -> int:
@@ -122,6 +144,7 @@ class Seq2SeqTask(Task):
 
         decoder_only: a PrefixLM whose token space is the task's vocabulary when source and target
         have the same symbols, else the two side by side (target ids after the source ids).
+        encoder_only: an EncoderOnly, for a task that defines `output_length`.
         """
         sizes = {"src_vocab_size": len(self.src_vocab), "tgt_vocab_size": len(self.tgt_vocab)}
         for key, size in sizes.items():
@@ -138,13 +161,19 @@ class Seq2SeqTask(Task):
             raise ConfigError("task.loss_on_source=true needs model.architecture=decoder_only with a causal prefix "
                               f"(now architecture={cfg.architecture}, bidirectional_prefix={cfg.bidirectional_prefix}): "
                               "an encoder or a bidirectional prefix sees the source tokens it would predict")
-        self.one_sequence = cfg.architecture == "decoder_only"
-        if self.one_sequence and not shared and getattr(type(cfg.positions).scheme_class, "reads_tokens", False):
+        if cfg.architecture == "encoder_only" and not self.knows_output_length:
+            raise ConfigError(f"model.architecture=encoder_only reads the output at as many slots as it has tokens, "
+                              f"and task '{self.cfg.name}' cannot say that number from its input (it defines no "
+                              "output_length(source_length)); use model.architecture=encoder_decoder or decoder_only")
+        self.architecture = cfg.architecture
+        if self.architecture == "decoder_only" and not shared and getattr(type(cfg.positions).scheme_class, "reads_tokens", False):
             raise ConfigError(f"model.positions.scheme={cfg.positions.scheme} reads token ids, which a decoder-only "
                               "model shifts on the target side when source and target vocabularies differ; use "
                               "model.architecture=encoder_decoder")
-        if self.one_sequence:
+        if self.architecture == "decoder_only":
             return PrefixLM(cfg, shared_vocab=shared)
+        if self.architecture == "encoder_only":
+            return EncoderOnly(cfg)
         return EncoderDecoder(cfg)
 
     def _positions(self, cfg: ModelConfig):
@@ -162,6 +191,9 @@ class Seq2SeqTask(Task):
         """The training objective of one batch: label-smoothed cross-entropy under teacher forcing,
         on the target (and with `task.loss_on_source`, on the source too: a mean over both's tokens)."""
         pad = self.tgt_vocab.pad_id
+        if isinstance(model, EncoderOnly):
+            logits, target = self.at_slots(model, batch)
+            return label_smoothed_loss(logits, target, smoothing=label_smoothing, ignore_index=pad)
         if not self.cfg.loss_on_source:
             logits = model(batch["src"], batch["tgt_in"])
             return label_smoothed_loss(logits, batch["tgt_out"], smoothing=label_smoothing, ignore_index=pad)
@@ -189,8 +221,23 @@ class Seq2SeqTask(Task):
     def build_evaluation(self, split: str) -> Evaluation:
         return Evaluation(self.build_metrics(), self.length_buckets(split))
 
+    def slot_counts(self, src: Tensor) -> Tensor:
+        """encoder_only: each row's output slots (B,), from its source length alone."""
+        lengths = (src != self.src_vocab.pad_id).sum(-1).tolist()
+        return torch.tensor([self.output_length(n) for n in lengths], dtype=torch.long, device=src.device)
+
+    def at_slots(self, model: EncoderOnly, batch: Batch) -> tuple[Tensor, Tensor]:
+        """encoder_only: the logits (B, N, V) at each row's slots and what they should predict (B, N),
+        the target then EOS where it is shorter than its slots, pad past them."""
+        n_slots = self.slot_counts(batch["src"])
+        return model(batch["src"], n_slots), slot_targets(batch["tgt_out"], n_slots, self.tgt_vocab, self.cfg.name)
+
     def decode(self, model: nn.Module, batch: Batch) -> Tensor:
-        """Predicted target ids (B, T'), EOS included and pad after it, per `cfg.decoding`."""
+        """Predicted target ids (B, T'), EOS included and pad after it, per `cfg.decoding`
+        (encoder_only: the argmax at each slot, pad past a row's slots)."""
+        if isinstance(model, EncoderOnly):
+            n_slots = self.slot_counts(batch["src"])
+            return slot_predictions(model(batch["src"], n_slots), n_slots, self.tgt_vocab.pad_id)
         d, v = self.cfg.decoding, self.tgt_vocab
         kwargs = dict(bos_id=v.bos_id, eos_id=v.eos_id, pad_id=v.pad_id,
                       max_len_a=d.max_len_a, max_len_b=d.max_len_b)
@@ -208,6 +255,13 @@ class Seq2SeqTask(Task):
         The one evaluation of the framework: validation, test and `relpos-lab eval` all call it.
         """
         pad = self.tgt_vocab.pad_id
+        if isinstance(model, EncoderOnly):  # one pass: the slots' argmax is the prediction
+            logits, target = self.at_slots(model, batch)
+            forced = label_smoothed_loss(logits, target, smoothing=0.0, ignore_index=pad)
+            evaluation.update_nll(forced.nll_sum, forced.n_tokens)
+            hyps = slot_predictions(logits, self.slot_counts(batch["src"]), pad)
+            evaluation.update(hyps, target, lengths=self.bucket_of(batch["length"]))
+            return hyps
         forced = label_smoothed_loss(model(batch["src"], batch["tgt_in"]), batch["tgt_out"],
                                      smoothing=0.0, ignore_index=pad)
         evaluation.update_nll(forced.nll_sum, forced.n_tokens)
@@ -225,6 +279,26 @@ class Seq2SeqTask(Task):
             rows.append([" ".join(src_v.decode(batch["src"][i])), " ".join(target),
                          " ".join(prediction), target == prediction])
         return ["source", "target", "prediction", "correct"], rows
+
+
+def slot_targets(tgt_out: Tensor, n_slots: Tensor, vocab: Vocabulary, task: str) -> Tensor:
+    """What encoder_only's slots predict (B, N): `tgt_out` (target + EOS) cut to each row's slots,
+    so a target that fills its slots loses its EOS and a shorter one keeps it; pad past the slots."""
+    n = int(n_slots.max()) if n_slots.numel() else 0
+    lengths = ((tgt_out != vocab.pad_id) & (tgt_out != vocab.eos_id)).sum(-1)
+    if (lengths > n_slots).any():
+        row = int((lengths > n_slots).nonzero()[0])
+        raise ContractError(f"task '{task}': a target of {int(lengths[row])} tokens does not fit the "
+                         f"{int(n_slots[row])} output slots its output_length gives its source; "
+                         "output_length must be at least every target's length")
+    target = align(tgt_out, n, vocab.pad_id)
+    return target.masked_fill(torch.arange(n, device=target.device)[None, :] >= n_slots[:, None], vocab.pad_id)
+
+
+def slot_predictions(logits: Tensor, n_slots: Tensor, pad_id: int) -> Tensor:
+    """The argmax at each slot (B, N), pad past a row's slots."""
+    hyps = logits.argmax(-1)
+    return hyps.masked_fill(torch.arange(hyps.shape[1], device=hyps.device)[None, :] >= n_slots[:, None], pad_id)
 
 
 def align(hyps: Tensor, width: int, pad_id: int) -> Tensor:

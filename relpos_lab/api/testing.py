@@ -1,9 +1,10 @@
 """The conformance kit: what relpos_lab's own tests check of the built-in schemes and tasks, for a plugin's.
 
-`check_scheme(name_or_class, **fields)` builds tiny float64 models of both families with the
+`check_scheme(name_or_class, **fields)` builds tiny float64 models of every family with the
 scheme and checks shapes, finite gradients reaching the scheme's parameters, what decoding does
 (below), a few training steps and the inspect drawing. `check_task(name_or_class, **fields)` runs
-the Task contract's verbs once each on real data in both families and a few optimizer steps. Both
+the Task contract's verbs once each on real data in every family and a few optimizer steps (a task
+that refuses a family, e.g. encoder_only without `output_length`, is reported as not supported). Both
 return a `Report`: one line per check, so a plugin author sees every failure at once.
 `relpos-lab check-scheme` / `check-task` print it (the very same function); in pytest,
 `check_scheme("mine").raise_on_failure()`.
@@ -21,6 +22,9 @@ full pass, in float64, to CACHE_TOLERANCE (1e-9), in each family:
   decoding (hypotheses duplicated and swapped); what a scheme keeps per key must follow its rows;
 - `model.bidirectional_prefix=true`: the prefix LM's two checks again, its source bidirectional.
 
+The encoder-only family decodes nothing; its padding check asks that each row's output slots,
+which follow that row's own source, equal the row's without padding.
+
 The plain check is the one that catches a scheme that places queries at 0..L-1 instead of at
 `query_offset` (tests/test_conformance.py keeps such a scheme as the negative control); the
 reorder check catches one that keeps its per-key state outside the KeyState the cache reorders
@@ -29,8 +33,8 @@ coupling: a source digit's place needs its number's end) has its decoding checks
 checked; its own tests check the decoding paths it does support.
 
 A scheme that declares `supports_bidirectional = False` (causal-only) is not built into models with
-a bidirectional self-attention layer: the checks of the encoder-decoder family and of
-`bidirectional_prefix=true` are reported as skipped, one "skip" line each saying why, and the
+a bidirectional self-attention layer: the checks of the encoder-decoder and encoder-only families and
+of `bidirectional_prefix=true` are reported as skipped, one "skip" line each saying why, and the
 decoder-only family (causal) is checked in full.
 """
 from __future__ import annotations
@@ -50,6 +54,7 @@ from relpos_lab.api.errors import UserError
 from relpos_lab.api.task import Task
 from relpos_lab.core.attention.capture import AttentionProbe, capturing
 from relpos_lab.core.positions.base import Drawing, PositionScheme, scheme_of
+from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import ARCHITECTURES, DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention
 
@@ -60,7 +65,13 @@ DRAW_KINDS = ("curves", "matrix", "bars")
 BIDIRECTIONAL = "decoder_only, bidirectional_prefix=true"
 """The decoding checks' third family: a prefix LM whose source attends to all of itself."""
 FAMILIES = {"encoder_decoder": {"architecture": "encoder_decoder"}, "decoder_only": {"architecture": "decoder_only"},
-            BIDIRECTIONAL: {"architecture": "decoder_only", "bidirectional_prefix": True}}
+            BIDIRECTIONAL: {"architecture": "decoder_only", "bidirectional_prefix": True},
+            "encoder_only": {"architecture": "encoder_only"}}
+DECODED = ("encoder_decoder", "decoder_only")
+"""The families that decode (a KV cache, beam search); encoder_only reads its output in one pass."""
+MODELS = {"encoder_decoder": EncoderDecoder, "decoder_only": DecoderLM, "encoder_only": EncoderOnly}
+"""The model each family's scheme checks build (decoder_only: the plain LM; the prefix LM in its own checks)."""
+SLOTS = ("encoder_only: padded sources: each row's slots equal that row alone (float64)",)
 PADDED = "cached decoding of a padded batch (key padding) equals the full pass and each row alone (float64)"
 BY_LENGTH = ("prefix LM, sources of different lengths: cached decoding per source length equals the padded full pass "
              "(float64)")
@@ -165,8 +176,7 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
     def build(arch):
         def run():
             torch.manual_seed(0)
-            model_cls = EncoderDecoder if arch == "encoder_decoder" else DecoderLM
-            models[arch] = model_cls(tiny_model_config(positions, arch)).double()
+            models[arch] = MODELS[arch](tiny_model_config(positions, arch)).double()
         return run
 
     for arch in ARCHITECTURES:
@@ -178,8 +188,8 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
     decodes = scheme_of(positions).supports_cache
     for arch in ARCHITECTURES:
         names = (f"{arch}: output shape, finite gradients reaching the scheme's parameters",
-                 f"{arch}: cached decoding and multi-token prefill equal the full pass (float64)",
-                 *DECODING_CHECKS[arch],
+                 *((f"{arch}: cached decoding and multi-token prefill equal the full pass (float64)",
+                    *DECODING_CHECKS[arch]) if arch in DECODED else SLOTS),
                  f"{arch}: 40 training steps lower the loss on one batch")
         if arch in unsupported:
             for name in names:
@@ -189,9 +199,12 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
             continue
         model = models[arch]
         report.run(names[0], lambda model=model, arch=arch: _gradients(model, arch, src, tgt))
-        report.run(names[1], lambda model=model, arch=arch: _cache_equals_full(model, arch, src, tgt)
-                   if decodes else NOT_CHECKED)
-        _decoding_checks(report, arch, positions, model if arch == "encoder_decoder" else None, src, tgt, decodes)
+        if arch in DECODED:
+            report.run(names[1], lambda model=model, arch=arch: _cache_equals_full(model, arch, src, tgt)
+                       if decodes else NOT_CHECKED)
+            _decoding_checks(report, arch, positions, model if arch == "encoder_decoder" else None, src, tgt, decodes)
+        else:
+            report.run(names[1], lambda model=model: _padded_slots(model, src, tgt))
         report.run(names[-1], lambda model=model, arch=arch: _trains(model, arch, src, tgt))
     if BIDIRECTIONAL in unsupported:
         for name in DECODING_CHECKS[BIDIRECTIONAL]:
@@ -210,6 +223,7 @@ def _unsupported_families(scheme: PositionScheme, positions) -> dict[str, str]:
     if scheme.supports_bidirectional:
         return {}
     why = {"encoder_decoder": "this family's encoder self-attention is bidirectional",
+           "encoder_only": "this family's self-attention is bidirectional",
            BIDIRECTIONAL: "bidirectional_prefix=true builds every decoder layer with bidirectional self-attention "
                           "(the source attends to all of itself)"}
     return {family: "not run: the scheme declares supports_bidirectional = False (causal-only), and " + why[family]
@@ -241,13 +255,16 @@ def _tokens(batch: int, length: int, seed: int) -> torch.Tensor:
 
 
 def _logits(model: nn.Module, arch: str, src, tgt):
+    """encoder_decoder: teacher forcing on tgt; encoder_only: tgt's length in slots; decoder_only: src + tgt."""
+    if arch == "encoder_only":
+        return model(src, torch.full((src.shape[0],), tgt.shape[1]))
     return model(src, tgt) if arch == "encoder_decoder" else model(torch.cat([src, tgt], 1))
 
 
 def _gradients(model, arch, src, tgt) -> str:
     model.train().zero_grad()
     logits = _logits(model, arch, src, tgt)
-    want = (src.shape[0], tgt.shape[1] if arch == "encoder_decoder" else src.shape[1] + tgt.shape[1], 12)
+    want = (src.shape[0], tgt.shape[1] if arch != "decoder_only" else src.shape[1] + tgt.shape[1], 12)
     assert tuple(logits.shape) == want, f"logits of shape {tuple(logits.shape)}, expected {want}"
     logits.log_softmax(-1).mean().neg().backward()
     bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
@@ -308,6 +325,20 @@ def _padded_source(model, src, tgt) -> str:
     return f"source lengths {', '.join(map(str, SOURCE_LENGTHS))}; max difference {max(err, row):.1e}"
 
 
+def _padded_slots(model, src, tgt) -> str:
+    """Encoder-only, right-padded sources: each row's slots follow its own source, so the padded
+    batch's slot logits equal each row's without padding."""
+    model.eval()
+    src = _pad(src, model.cfg.pad_id)
+    n_slots = torch.full((1,), tgt.shape[1])
+    with torch.no_grad():
+        full = model(src, n_slots.expand(src.shape[0]))
+        alone = torch.cat([model(src[r:r + 1, :n], n_slots) for r, n in enumerate(SOURCE_LENGTHS)])
+    err = _difference(alone, full, "each row's slot logits without its padding", PADDING_HINT,
+                      against="the padded batch's")
+    return f"source lengths {', '.join(map(str, SOURCE_LENGTHS))}; max difference {err:.1e}"
+
+
 def _by_source_length(model, src, tgt) -> str:
     """A prefix LM trains on a padded batch (each row's target right after its own source) and
     decodes one source length at a time, unpadded (decoding.by_source_length, since padding inside
@@ -359,7 +390,7 @@ def _beam_reorder(model, src, tgt) -> str:
 def _trains(model, arch, src, tgt) -> str:
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    target = tgt if arch == "encoder_decoder" else torch.cat([src, tgt], 1)
+    target = tgt if arch != "decoder_only" else torch.cat([src, tgt], 1)
     losses = []
     for _ in range(40):
         logits = _logits(model, arch, src, tgt)[:, :-1]
@@ -414,7 +445,7 @@ def _check_panels(hook: str, drawn: dict) -> None:
 
 
 def check_task(task: str | type[Task], seed: int = 0, **fields) -> Report:
-    """The Task contract's verbs on real data, once each, in both model families, and a few steps."""
+    """The Task contract's verbs on real data, once each, in every model family, and a few steps."""
     cls = registry.get_task_class(task) if isinstance(task, str) else task
     report = Report(f"task {task if isinstance(task, str) else cls.__name__!r} ({cls.__module__}.{cls.__qualname__})")
     holder: dict = {}

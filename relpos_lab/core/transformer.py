@@ -2,7 +2,8 @@
 
 Relative positions (any scheme of positions/) act in the self-attention of encoder and
 decoder; cross-attention has none. `model.architecture=decoder_only` uses the decoder stack alone
-(prefix_lm.py for sequence-to-sequence tasks, DecoderLM for plain token streams). Decoding keeps a
+(prefix_lm.py for sequence-to-sequence tasks, DecoderLM for plain token streams);
+`encoder_only`, the encoder stack alone (encoder_only.py: the source, then blank output slots). Decoding keeps a
 per-layer key/value cache (cache.py); queries carry their absolute offset into it, so one-token
 steps and multi-token prefill both equal a full pass.
 """
@@ -22,8 +23,9 @@ from relpos_lab.core.cache import DecoderCache, KVCache, LayerCache
 from relpos_lab.core.positions import KeyState, PositionConfig, RelativePositions, ShawConfig, contract, scheme_of
 from relpos_lab.core.positions.randomized import sample_positions, spread, spread_mask
 
-ARCHITECTURES = ("encoder_decoder", "decoder_only")
-"""encoder_decoder: EncoderDecoder; decoder_only: PrefixLM (prefix_lm.py), `source <sep> target` as one sequence."""
+ARCHITECTURES = ("encoder_decoder", "decoder_only", "encoder_only")
+"""encoder_decoder: EncoderDecoder; decoder_only: PrefixLM (prefix_lm.py), `source <sep> target` as one
+sequence; encoder_only: EncoderOnly (encoder_only.py), `source <slot>…` read at the slots in one pass."""
 
 MODEL_IMPLS = ("naive", "batched", "gather", "flex", "triton", "auto")
 """The attention impls a whole model can run on: every one of its attention calls (self-attention
@@ -33,7 +35,8 @@ with a KV cache, cross-attention) must be supported. 'banded' is self-attention 
 @dataclass
 class ModelConfig:
     architecture: str = "encoder_decoder"
-    """encoder_decoder | decoder_only (a prefix LM over `source <sep> target <eos>`; n_encoder_layers is ignored)"""
+    """encoder_decoder | decoder_only (a prefix LM over `source <sep> target <eos>`; n_encoder_layers is ignored) |
+    encoder_only (the source then one blank slot per output token, Delétang et al.; n_decoder_layers is ignored)"""
     bidirectional_prefix: bool = False
     """decoder_only: the source attends to all of itself (a prefix LM); false: causal throughout"""
     src_vocab_size: int = 0
@@ -47,9 +50,9 @@ class ModelConfig:
     d_ff: int = 2048
     """hidden width of the feed-forward sublayer"""
     n_encoder_layers: int = 6
-    """encoder layers (encoder_decoder only)"""
+    """encoder layers (encoder_decoder, encoder_only)"""
     n_decoder_layers: int = 6
-    """decoder layers"""
+    """decoder layers (encoder_decoder, decoder_only)"""
     dropout: float = 0.1
     """dropout on embeddings, sublayer outputs and the feed-forward hidden layer"""
     attention_dropout: float = 0.1
@@ -57,7 +60,7 @@ class ModelConfig:
     norm_first: bool = False
     """False: post-LN as in the paper; True: pre-LN"""
     tie_embeddings: bool = True
-    """decoder input embedding == output projection"""
+    """decoder input embedding == output projection (encoder_only's projection has no input twin)"""
     share_src_tgt_embeddings: bool = False
     """one embedding table for source and target (equal vocabularies)"""
     pad_id: int = 0
@@ -132,8 +135,10 @@ class ModelConfig:
     def self_attention_causal(self) -> tuple[bool, ...]:
         """The `causal` flags this model's self-attention layers are built with (what the position
         scheme's `attention(head_dim, n_heads, causal)` is asked for): encoder_decoder (False, True),
-        a bidirectional encoder and a causal decoder; decoder_only (True,), or (False,) with
-        bidirectional_prefix, where every decoder layer is built to see its whole source."""
+        a bidirectional encoder and a causal decoder; encoder_only (False,); decoder_only (True,), or
+        (False,) with bidirectional_prefix, where every decoder layer is built to see its whole source."""
+        if self.architecture == "encoder_only":
+            return (False,)
         if self.architecture != "decoder_only":
             return (False, True)
         return (False,) if self.bidirectional_prefix else (True,)

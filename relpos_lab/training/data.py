@@ -13,7 +13,9 @@ Distributed sampling is done here, not by Lightning (the trainer is built with
 Lightning's sampler injection cannot do. Training shuffles with a DistributedSampler seeded by the
 experiment's seed (what Lightning would inject), on one process too, and serves it through a
 resumable.ResumableDataLoader: a run resumed mid-epoch continues that epoch's order where the
-checkpoint left it instead of starting the epoch over. A DistributedSampler pads a split to
+checkpoint left it instead of starting the epoch over. A streamed training split (api/stream.py,
+a task's `train_size=0`) has no order to shuffle: step s takes the stream's s-th global batch,
+each rank its slice, through the same resumable loader. A DistributedSampler pads a split to
 a multiple of the world size by repeating examples, which would bias the final numbers;
 `trainer.validate` / `test` (the final evaluation and `relpos-lab eval`) therefore shard without
 repeats; ranks may then differ by one batch, which is safe there because no collective runs per
@@ -34,6 +36,8 @@ from omegaconf import DictConfig
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, SequentialSampler
 
 from relpos_lab.api.contract import Checked
+from relpos_lab.api.errors import ConfigError
+from relpos_lab.api.stream import Stream, StreamBatches
 from relpos_lab.api.task import Task
 from relpos_lab.training.batching import TokenBatchSampler
 from relpos_lab.training.resumable import ResumableDataLoader
@@ -78,6 +82,14 @@ class TaskDataModule(L.LightningDataModule):
         collate = Checked(self.task, "collate")  # its first batch checked against the Task contract
         common = dict(collate_fn=collate, num_workers=workers, persistent_workers=workers > 0)
         max_tokens = self.task.max_tokens(split)
+        if isinstance(dataset, Stream):
+            if max_tokens:
+                raise ConfigError(f"task '{self.task.cfg.name}' streams its training data (train_size=0) and bounds "
+                                  "batches by tokens; a stream's steps hold data.batch_size examples each: give the "
+                                  "task a train_size, or batch by examples")
+            dataset.per_step = batch_size * world
+            steps = trainer.max_steps if trainer is not None else 1
+            return ResumableDataLoader(dataset, StreamBatches(batch_size, steps, world, rank), **common)
         if shuffle:  # training: an order that is a function of (seed, epoch), so a resume can rejoin it
             if max_tokens:  # one global order for every rank: the batches are sharded, not the examples
                 order = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=self.task.seed)

@@ -15,9 +15,11 @@ multiplication) that token too, which is our EOS (`scores_eos`). A one-token out
 (classification) is then the share of correct answers. `exact_match` and `token_accuracy` (EOS
 always included) are reported beside it.
 
-Unlike the paper's models, which read the input followed by blank positions and write the output
-at fixed positions (an encoder), ours decode the output (encoder-decoder or prefix LM), so the
-end of the output is predicted too; an output that stops early or runs on is wrong from there.
+The paper's model reads the input followed by blank positions and writes the output at them, one
+per token of the reference's `output_length` (its tasks with a termination token pad their output
+to that length): `model.architecture=encoder_only` here, with the slot counts of `output_length`.
+The other families decode the output (encoder-decoder or prefix LM), so the end of the output is
+predicted too; an output that stops early or runs on is wrong from there.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from torch import Tensor
 from torchmetrics import Metric, MetricCollection
 
 from relpos_lab.api import DecodingConfig, Pair, Vocabulary
+from relpos_lab.api.stream import Stream
 from relpos_lab_tasks.synthetic import ODDS_FIRST_ORDERS, LengthsConfig, LengthsTask, split_seed
 
 
@@ -83,6 +86,10 @@ class ChomskyTask(LengthsTask):
         """The input length of an example of the paper's `length` (the two differ for one task)."""
         return length
 
+    def output_length(self, source_length: int) -> int:
+        """The reference's `output_length`: the encoder-only model's output slots (one: a class)."""
+        return 1
+
     # --- vocabulary: the paper's input and output alphabets, one vocabulary when they are equal --
 
     def inputs(self) -> Sequence[str]:
@@ -111,19 +118,22 @@ class ChomskyTask(LengthsTask):
     def length_buckets(self, split: str) -> list[int]:
         return sorted({self.source_length(n) for n in self.nominal_lengths(split)})
 
-    def dataset(self, split: str) -> list[Pair]:
+    def example_of_length(self, length: int, rng: random.Random) -> Pair:
+        """`sample` as token ids."""
+        src, tgt = self.sample(length, rng)
+        first = len(Vocabulary.SPECIALS)
+        return Pair(torch.tensor(src, dtype=torch.long) + first, torch.tensor(tgt, dtype=torch.long) + first)
+
+    def dataset(self, split: str) -> list[Pair] | Stream:
+        if split == "train" and not self.cfg.train_size:
+            return self.stream()
         lo, hi = self.lengths(split)
         rng = random.Random(split_seed(self.data_seed, split))
         if split == "train":
             lengths = [rng.randint(lo, hi) for _ in range(self.cfg.train_size)]
         else:
             lengths = [n for n in self.nominal_lengths(split) for _ in range(self.cfg.eval_size_per_length)]
-        first = len(Vocabulary.SPECIALS)
-        pairs = []
-        for n in lengths:
-            src, tgt = self.sample(n, rng)
-            pairs.append(Pair(torch.tensor(src, dtype=torch.long) + first, torch.tensor(tgt, dtype=torch.long) + first))
-        return pairs
+        return [self.example_of_length(n, rng) for n in lengths]
 
     # --- the paper's score --------------------------------------------------------------------
 

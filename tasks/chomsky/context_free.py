@@ -20,6 +20,9 @@ class StackManipulationTask(ChomskyTask):
     input_symbols = ("0", "1", "POP", "PUSH0", "PUSH1")
     output_symbols = ("0", "1")
 
+    def output_length(self, source_length: int) -> int:
+        return source_length + 1  # the longest stack, then the termination token
+
     def sample(self, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
         if length == 1:
             digit = bits(rng, 1)
@@ -52,6 +55,9 @@ class StringTask(ChomskyTask):
 
     def transform(self, s: list[int]) -> list[int]:
         raise NotImplementedError
+
+    def output_length(self, source_length: int) -> int:
+        return source_length
 
     def sample(self, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
         s = rng.choices(range(self.vocab_size), k=length)

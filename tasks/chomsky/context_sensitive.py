@@ -16,6 +16,9 @@ class DuplicateStringTask(StringTask):
     def transform(self, s: list[int]) -> list[int]:
         return s + s
 
+    def output_length(self, source_length: int) -> int:
+        return 2 * source_length
+
 
 class OddsFirstStringTask(StringTask):
     """CS: a binary string's 1st, 3rd, ... symbols, then its 2nd, 4th, ... (Delétang et al.'s odds first).
@@ -101,6 +104,9 @@ class BinaryAdditionTask(BinaryOperationTask):
 
     input_symbols = ("0", "1", "+")
 
+    def output_length(self, source_length: int) -> int:
+        return source_length + 1  # the reference's: the sum's digits, the termination token, zeros
+
     def combine(self, a: int, b: int) -> int:
         return a + b
 
@@ -116,6 +122,9 @@ class BinaryMultiplicationTask(BinaryOperationTask):
     """
 
     input_symbols = ("0", "1", "*")
+
+    def output_length(self, source_length: int) -> int:
+        return source_length  # the reference's: the product has at most n - 1 digits, then termination
 
     def combine(self, a: int, b: int) -> int:
         return a * b
@@ -133,6 +142,9 @@ class ComputeSqrtTask(ChomskyTask):
 
     input_symbols = ("0", "1")
     output_symbols = ("0", "1")
+
+    def output_length(self, source_length: int) -> int:
+        return (source_length + 1) // 2
 
     def sample(self, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
         x = rng.randint(1, 2**length - 1)
