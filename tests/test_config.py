@@ -44,12 +44,24 @@ def test_every_config_file_validates_against_the_schema(path: Path):
     if path.parent.name == "experiment":
         cfg = load_config(path)
         assert OmegaConf.missing_keys(cfg) == set()
-    elif path.parent.name == "sweep":  # every grid point is a whole experiment
+    elif path.parent.name == "sweep":  # every grid point is a whole experiment: each axis label checked once
         from relpos_lab.launch.sweep import load_sweep
 
-        assert load_sweep(path).points
+        sweep = load_sweep(path, only=0)
+        covering = {next(p.index for p in sweep.points if p.labels[axis] == label)
+                    for axis in sweep.axes for label in dict.fromkeys(p.labels[axis] for p in sweep.points)}
+        for index in sorted(covering):
+            assert OmegaConf.missing_keys(sweep.config(index)) == set()
     else:  # shared pieces (model/, trainer/, ...) are partial experiments
         load_config(path, partial=True)
+
+
+@pytest.mark.slow  # every point of every grid (thousands at paper scale): minutes
+@pytest.mark.parametrize("path", sorted((CONFIGS / "sweep").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_point_of_every_sweep_validates_and_has_its_own_run_directory(path: Path):
+    from relpos_lab.launch.sweep import load_sweep
+
+    assert load_sweep(path).points  # load_sweep refuses two points with one run directory
 
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
