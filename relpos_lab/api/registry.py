@@ -84,7 +84,9 @@ def _entry_points_of(group: str, installed: tuple, scan: Callable) -> dict[str, 
     return found
 
 
+@functools.lru_cache(maxsize=None)
 def _distribution(ep: EntryPoint) -> str | None:
+    """Its distribution's name (reading the metadata costs ~1 ms, and a sweep asks for every point)."""
     return ep.dist.name if ep.dist is not None else None
 
 

@@ -169,20 +169,24 @@ def compose(sources: list[Source], *, default_name: str, partial: bool = False) 
     sources = _without_replaced(sources, "task", "name", _task_config_class)
     sources = _without_replaced(sources, POSITIONS, "scheme", _scheme_config_class, default=DEFAULT_SCHEME)
     provenance = _provenance(sources)
-    schema = OmegaConf.structured(ExperimentConfig)
+    schema = _structured(ExperimentConfig)
     task_cls = _task_class(sources, provenance, partial)
     if task_cls is not None:
-        schema.task = OmegaConf.structured(task_cls.config_class)
+        schema.task = _structured(task_cls.config_class)
     scheme_cls = _scheme_class(sources, provenance)
     sources = _without_legacy_position_fields(sources, scheme_cls)
-    schema.model.positions = OmegaConf.structured(scheme_cls.config_class)
-    cfg = schema
+    schema.model.positions = _structured(scheme_cls.config_class)
     for label, content in sources:
         _check_sections_are_mappings(label, content, schema)
-        try:
-            cfg = OmegaConf.merge(cfg, content)
-        except OmegaConfBaseException as err:
-            raise ConfigError(_merge_error(label, err, schema)) from None
+    try:  # one merge (each merge copies what it merges into); the failing source is found below
+        cfg = OmegaConf.merge(schema, *(content for _, content in sources))
+    except OmegaConfBaseException:
+        cfg = schema
+        for label, content in sources:
+            try:
+                cfg = OmegaConf.merge(cfg, content)
+            except OmegaConfBaseException as err:
+                raise ConfigError(_merge_error(label, err, schema)) from None
     if OmegaConf.is_missing(cfg, "name"):
         cfg.name = default_name
     try:
@@ -198,6 +202,16 @@ def compose(sources: list[Source], *, default_name: str, partial: bool = False) 
     _check_choices(cfg, provenance)
     _check_sections(cfg, provenance, [label for label, _ in sources])
     return cfg
+
+
+def _structured(config_class: type) -> DictConfig:
+    """A fresh structured config of `config_class` (a copy of one built once: building is the slow part)."""
+    return _structured_template(config_class).copy()
+
+
+@functools.lru_cache(maxsize=None)
+def _structured_template(config_class: type) -> DictConfig:
+    return OmegaConf.structured(config_class)
 
 
 def _without_replaced(sources: list[Source], section: str, key: str, config_class, default: str | None = None) -> list[Source]:

@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from relpos_lab.config import load_config
+from relpos_lab.config.load import command_line_sources, compose, read_with_extends
 from relpos_lab.config.find import find_config, find_extended
 from relpos_lab.api.errors import ConfigError, shown_path
 from relpos_lab.records.rundir import config_hash, run_directory
@@ -67,6 +67,7 @@ class Sweep:
     extra: list[str] = field(default_factory=list)  # the command line's, applied last
     points: list[SweepPoint] = field(default_factory=list)
     reference: dict | None = None  # published numbers to show beside the report's (see above)
+    _sources: list | None = field(default=None, repr=False)  # the experiment's files, read on first use
 
     def overrides_of(self, index: int) -> list[str]:
         """Everything that turns the base experiment into point `index`."""
@@ -77,8 +78,13 @@ class Sweep:
                 *self.extra]
 
     def config(self, index: int) -> DictConfig:
+        """Point `index`'s config: `load_config` of the experiment with the point's overrides, the
+        experiment's files read once for every point (a grid of thousands is checked in minutes)."""
         try:
-            return load_config(self.experiment, self.overrides_of(index))
+            if self._sources is None:
+                self._sources = read_with_extends(self.experiment)
+            overrides = command_line_sources(self.overrides_of(index))
+            return compose([*self._sources, *overrides], default_name=self.experiment.stem)
         except ConfigError as err:
             raise ConfigError(f"sweep {self.path}, point {index} {self.points[index].labels}: {err}") from None
 
