@@ -227,7 +227,8 @@ def test_refusals_name_what_is_unsupported():
         relative_attention(q, k, v, rel_bias=torch.zeros(3, 5), max_distance=4, impl="triton")
 
 
-@pytest.mark.parametrize("scheme", ["shaw", "alibi", "t5_bias"])
+# alibi takes t5_bias's wide-bias path with a fixed bias: slow only (20 s in the interpreter)
+@pytest.mark.parametrize("scheme", ["shaw", pytest.param("alibi", marks=pytest.mark.slow), "t5_bias"])
 def test_a_few_training_steps_match_gather_in_loss_and_gradients(scheme, monkeypatch):
     """The kernel inside the model: encoder padding, decoder causality, cross attention without
     tables; Shaw's tables, ALiBi's fixed and T5's learned rel_bias (wide: read per tile)."""
@@ -293,6 +294,7 @@ def test_dropout_matches_the_definition_with_the_kernels_own_mask(causal):
         torch.testing.assert_close(a.double(), e.double(), atol=2e-5 * max(1.0, e.abs().max().item()), rtol=1e-4)
 
 
+@pytest.mark.slow  # 40 s in the interpreter; the mask itself is checked exactly by the tests above
 def test_dropout_averages_to_the_dropout_free_output():
     """Each (batch, head) draws its own mask: 256 copies of one sequence in one call average out."""
     one = make(b=1, h=1, lq=12, d=16)
