@@ -19,6 +19,7 @@ from relpos_lab.api import ConfigError, ContractError, EncoderOnly, Vocabulary, 
 from relpos_lab.api.seq2seq import slot_targets
 from relpos_lab.api.testing import tiny_model_config
 from relpos_lab.core.positions import builtin_config
+from relpos_lab.records.wandb_offline import history, read_runs
 from relpos_lab_tasks.chomsky.base import ChomskyTask
 
 # The reference's output_length (google-deepmind/neural_networks_chomsky_hierarchy, tasks/*/*.py)
@@ -152,6 +153,16 @@ def test_a_run_trains_and_its_checkpoint_evaluates_to_the_same_numbers(trained):
         task.evaluate(model, task.collate(list(task.dataset("test"))), evaluation)
     for name, value in evaluation.compute().metrics.items():
         assert value == pytest.approx(results["metrics"][f"test/{name}"], abs=1e-5), name
+
+
+def test_wandb_holds_the_runs_training_curve_and_its_test_numbers(trained):
+    _, run = trained
+    (attempts,) = read_runs(run / "wandb").values()
+    (attempt,) = attempts
+    results = json.loads((run / "results.json").read_text())
+    assert attempt.config["model"]["architecture"] == "encoder_only"
+    assert any("train/loss" in row for row in history(attempts))
+    assert attempt.summary["test/exact_match"] == pytest.approx(results["metrics"]["test/exact_match"])
 
 
 def test_inspect_reads_the_encoders_attention(trained):
