@@ -82,6 +82,14 @@ class ChomskyTask(LengthsTask):
         """One example of `length`: (input, output) as indices into the input and output symbols."""
         raise NotImplementedError
 
+    def output_of(self, source: list[int]) -> list[int]:
+        """The output of an input, symbol indices in and out: the task's definition, computed from
+        the input alone. Without the paper's termination token (our EOS stands for it). `sample`
+        uses it where that leaves its random draws as they were; where `sample` knows the answer by
+        construction (solve equation, missing duplicate), tests/test_chomsky.py checks that the two
+        agree, and tests/test_golden.py holds it against the reference generators' outputs."""
+        raise NotImplementedError
+
     def source_length(self, length: int) -> int:
         """The input length of an example of the paper's `length` (the two differ for one task)."""
         return length

@@ -3,6 +3,7 @@ string, modular arithmetic with brackets, solve equation. A pushdown automaton s
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from relpos_lab_tasks.chomsky.base import ChomskyTask, bits
 
@@ -26,21 +27,26 @@ class StackManipulationTask(ChomskyTask):
     def sample(self, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
         if length == 1:
             digit = bits(rng, 1)
-            return digit, digit
+            return digit, self.output_of(digit)
         stack = bits(rng, rng.randint(1, length - 1))
         actions = rng.choices((2, 3, 4), k=length - len(stack))
-        final = list(stack)
-        for action in actions:
+        return stack + actions, self.output_of(stack + actions)
+
+    def output_of(self, source: list[int]) -> list[int]:
+        """The digits before the first action are the stack, bottom to top; the actions run on it."""
+        first_action = next((i for i, symbol in enumerate(source) if symbol >= 2), len(source))
+        final = source[:first_action]
+        for action in source[first_action:]:
             if action == 2:
                 if final:
                     final.pop()
             else:
                 final.append(action - 3)
-        return stack + actions, final[::-1]
+        return final[::-1]
 
 
 class StringTask(ChomskyTask):
-    """A uniform random string over `vocab_size` symbols, mapped to its output by `transform`."""
+    """A uniform random string over `vocab_size` symbols, mapped to its output by `output_of`."""
 
     paper_vocab_size = 2
 
@@ -53,22 +59,19 @@ class StringTask(ChomskyTask):
 
     outputs = inputs
 
-    def transform(self, s: list[int]) -> list[int]:
-        raise NotImplementedError
-
     def output_length(self, source_length: int) -> int:
         return source_length
 
     def sample(self, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
         s = rng.choices(range(self.vocab_size), k=length)
-        return s, self.transform(s)
+        return s, self.output_of(s)
 
 
 class ReverseStringTask(StringTask):
     """DCF: reverse a binary string (Delétang et al.'s reverse string; `reverse` is ours, any alphabet)."""
 
-    def transform(self, s: list[int]) -> list[int]:
-        return s[::-1]
+    def output_of(self, source: list[int]) -> list[int]:
+        return source[::-1]
 
 
 def bracketed_expression(length: int, modulus: int, ops: str, rng: random.Random) -> tuple[list[str], int]:
@@ -86,6 +89,48 @@ def bracketed_expression(length: int, modulus: int, ops: str, rng: random.Random
     op = ops[rng.randrange(len(ops))]
     value = a + b if op == "+" else a - b if op == "-" else a * b
     return ["(", *left, op, *right, ")"], value % modulus
+
+
+def evaluate(symbols: Sequence[str], modulus: int) -> int:
+    """The value modulo `modulus` of an expression of digits, +, -, *, brackets and a unary minus,
+    * before + and -, left to right: the bracket grammar's expressions (any other too)."""
+    pos = 0
+
+    def operand() -> int:  # a digit, -operand or (expression)
+        nonlocal pos
+        symbol = symbols[pos]
+        pos += 1
+        if symbol == "-":
+            return -operand() % modulus
+        if symbol == "(":
+            value = expression()
+            if symbols[pos] != ")":
+                raise ValueError(f"unbalanced brackets in {''.join(symbols)!r}")
+            pos += 1
+            return value
+        return int(symbol) % modulus
+
+    def product() -> int:
+        nonlocal pos
+        value = operand()
+        while pos < len(symbols) and symbols[pos] == "*":
+            pos += 1
+            value = value * operand() % modulus
+        return value
+
+    def expression() -> int:
+        nonlocal pos
+        value = product()
+        while pos < len(symbols) and symbols[pos] in ("+", "-"):
+            sign = 1 if symbols[pos] == "+" else -1
+            pos += 1
+            value = (value + sign * product()) % modulus
+        return value
+
+    value = expression()
+    if pos != len(symbols):
+        raise ValueError(f"not an expression: {''.join(symbols)!r}")
+    return value
 
 
 class ModularArithmeticBracketsTask(ChomskyTask):
@@ -108,9 +153,13 @@ class ModularArithmeticBracketsTask(ChomskyTask):
         return [str(i) for i in range(self.cfg.modulus)]
 
     def sample(self, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
-        text, value = bracketed_expression(length, self.cfg.modulus, self.ops, rng)
+        text, _ = bracketed_expression(length, self.cfg.modulus, self.ops, rng)
         index = {s: i for i, s in enumerate(self.inputs())}
-        return [index[s] for s in text], [value]
+        source = [index[s] for s in text]
+        return source, self.output_of(source)
+
+    def output_of(self, source: list[int]) -> list[int]:
+        return [evaluate([self.inputs()[i] for i in source], self.cfg.modulus)]
 
 
 class SolveEquationTask(ChomskyTask):
@@ -139,4 +188,17 @@ class SolveEquationTask(ChomskyTask):
         solution = int(text[i])
         index = {s: k for k, s in enumerate(self.inputs())}
         equation = [*text[:i], "x", *text[i + 1:], "=", str(value)]
-        return [index[s] for s in equation], [solution]
+        return [index[s] for s in equation], [solution]  # tests/test_chomsky.py: output_of agrees
+
+    def output_of(self, source: list[int]) -> list[int]:
+        """The x in 0..modulus-1 for which the two sides agree (one: the left side is ±x + c);
+        0 for the paper's lengths 1 and 2, which are zeros without an equation."""
+        symbols = [self.inputs()[i] for i in source]
+        if "=" not in symbols:
+            return [0]
+        equals = symbols.index("=")
+        right = evaluate(symbols[equals + 1:], self.cfg.modulus)
+        left = symbols[:equals]
+        (x,) = [x for x in range(self.cfg.modulus)
+                if evaluate([str(x) if s == "x" else s for s in left], self.cfg.modulus) == right]
+        return [x]

@@ -13,8 +13,8 @@ from relpos_lab_tasks.chomsky.context_free import StringTask
 class DuplicateStringTask(StringTask):
     """CS: write a binary string twice (Delétang et al.'s duplicate string; `duplicate` is ours, any alphabet)."""
 
-    def transform(self, s: list[int]) -> list[int]:
-        return s + s
+    def output_of(self, source: list[int]) -> list[int]:
+        return source + source
 
     def output_length(self, source_length: int) -> int:
         return 2 * source_length
@@ -29,8 +29,8 @@ class OddsFirstStringTask(StringTask):
     001 gives 001 there. `task.order=code` gives the code's order, `paper` (the default) the text's.
     """
 
-    def transform(self, s: list[int]) -> list[int]:
-        return s[1::2] + s[0::2] if self.cfg.order == "code" else s[0::2] + s[1::2]
+    def output_of(self, source: list[int]) -> list[int]:
+        return source[1::2] + source[0::2] if self.cfg.order == "code" else source[0::2] + source[1::2]
 
 
 class BucketSortTask(StringTask):
@@ -38,8 +38,8 @@ class BucketSortTask(StringTask):
 
     paper_vocab_size = 5
 
-    def transform(self, s: list[int]) -> list[int]:
-        return sorted(s)
+    def output_of(self, source: list[int]) -> list[int]:
+        return sorted(source)
 
 
 class MissingDuplicateTask(ChomskyTask):
@@ -59,12 +59,25 @@ class MissingDuplicateTask(ChomskyTask):
         doubled = bits(rng, length // 2) * 2
         i = rng.randrange(len(doubled))
         hidden, doubled[i] = doubled[i], 2
-        return doubled + [3] * (length % 2), [hidden]
+        return doubled + [3] * (length % 2), [hidden]  # tests/test_chomsky.py: output_of agrees
+
+    def output_of(self, source: list[int]) -> list[int]:
+        """The digit at the other copy's place of the "?"; "1" for the paper's length 1 (input "1")."""
+        if source == [1]:
+            return [1]
+        body = source[:-1] if source[-1] == 3 else source
+        half, i = len(body) // 2, body.index(2)
+        return [body[i + half] if i < half else body[i - half]]
 
 
 def little_endian(x: int, width: int = 0) -> list[int]:
     """The binary digits of x, least significant first, at least `width` of them (0 is [0])."""
     return [int(c) for c in reversed(f"{x:b}".zfill(width))]
+
+
+def from_little_endian(digits: list[int]) -> int:
+    """The number whose binary digits, least significant first, are `digits`."""
+    return int("".join(map(str, reversed(digits))), 2)
 
 
 class BinaryOperationTask(ChomskyTask):
@@ -88,12 +101,19 @@ class BinaryOperationTask(ChomskyTask):
 
     def sample(self, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
         if length <= 2:
-            x = rng.randint(0, 2**length - 2)
-            return little_endian(x, length), self.degenerate(x, length)
+            source = little_endian(rng.randint(0, 2**length - 2), length)
+            return source, self.output_of(source)
         n = rng.randint(1, length - 2)
         m = length - 1 - n
         a, b = rng.randint(1, 2**n - 1), rng.randint(1, 2**m - 1)
-        return little_endian(a, n) + [2] + little_endian(b, m), little_endian(self.combine(a, b))
+        source = little_endian(a, n) + [2] + little_endian(b, m)
+        return source, self.output_of(source)
+
+    def output_of(self, source: list[int]) -> list[int]:
+        if 2 not in source:  # the paper's lengths 1 and 2: one number, no operator
+            return self.degenerate(from_little_endian(source), len(source))
+        i = source.index(2)
+        return little_endian(self.combine(from_little_endian(source[:i]), from_little_endian(source[i + 1:])))
 
 
 class BinaryAdditionTask(BinaryOperationTask):
@@ -148,4 +168,9 @@ class ComputeSqrtTask(ChomskyTask):
 
     def sample(self, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
         x = rng.randint(1, 2**length - 1)
-        return little_endian(x, length)[::-1], little_endian(math.isqrt(x), (length + 1) // 2)[::-1]
+        source = little_endian(x, length)[::-1]
+        return source, self.output_of(source)
+
+    def output_of(self, source: list[int]) -> list[int]:
+        root = math.isqrt(from_little_endian(source[::-1]))
+        return little_endian(root, (len(source) + 1) // 2)[::-1]

@@ -21,7 +21,10 @@ class EvenPairsTask(ChomskyTask):
 
     def sample(self, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
         s = bits(rng, length)
-        return s, [sum(a != b for a, b in zip(s, s[1:])) % 2]
+        return s, self.output_of(s)
+
+    def output_of(self, source: list[int]) -> list[int]:
+        return [sum(a != b for a, b in zip(source, source[1:])) % 2]
 
 
 class ParityCheckTask(ChomskyTask):
@@ -35,7 +38,10 @@ class ParityCheckTask(ChomskyTask):
 
     def sample(self, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
         s = bits(rng, length)
-        return s, [sum(s) % 2]
+        return s, self.output_of(s)
+
+    def output_of(self, source: list[int]) -> list[int]:
+        return [sum(source) % 2]
 
 
 class CycleNavigationTask(ChomskyTask):
@@ -50,7 +56,10 @@ class CycleNavigationTask(ChomskyTask):
 
     def sample(self, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
         moves = rng.choices((0, 1, 2), k=length)
-        return moves, [sum(m - 1 for m in moves) % 5]
+        return moves, self.output_of(moves)
+
+    def output_of(self, source: list[int]) -> list[int]:
+        return [sum(m - 1 for m in source) % 5]
 
 
 class ModularArithmeticTask(ChomskyTask):
@@ -77,8 +86,16 @@ class ModularArithmeticTask(ChomskyTask):
         m = self.cfg.modulus
         numbers = [rng.randrange(m) for _ in range(self.source_length(length) // 2 + 1)]
         ops = [rng.choice(self.operators) for _ in range(len(numbers) - 1)]
+        src = [numbers[0]]
+        for op, x in zip(ops, numbers[1:]):
+            src += [m + ("+", "-", "*").index(op), x]
+        return src, self.output_of(src)
+
+    def output_of(self, source: list[int]) -> list[int]:
         # Evaluate as a sum of products: a product is closed by + or -, and the sign of the
         # operator before it goes to the whole product.
+        m = self.cfg.modulus
+        numbers, ops = source[0::2], [("+", "-", "*")[i - m] for i in source[1::2]]
         total, product, sign = 0, numbers[0], 1
         for op, x in zip(ops, numbers[1:]):
             if op == "*":
@@ -87,7 +104,4 @@ class ModularArithmeticTask(ChomskyTask):
                 total += sign * product
                 product, sign = x, (1 if op == "+" else -1)
         total += sign * product
-        src = [numbers[0]]
-        for op, x in zip(ops, numbers[1:]):
-            src += [m + ("+", "-", "*").index(op), x]
-        return src, [total % m]
+        return [total % m]
