@@ -1,0 +1,276 @@
+"""The tasks and position schemes against golden files made by their peers, without the peers.
+
+dev/golden/make_golden.py (dev only) runs the peer libraries on fixed, seeded inputs and writes
+their outputs to tests/golden/*.json, each with the peer's name and version (the DeepMind reference
+of Delétang et al. (2023): its commit). These tests read the files and compute the same things with
+relpos_lab, so the suite fails the day a task or a scheme drifts from its reference:
+
+- the 15 tasks: the reference generators' (input, output) pairs, as symbol indices, against the
+  task's `output_of` (the reference pads outputs behind a termination token; it is stripped as the
+  reference's accuracy_mask does, and our EOS stands for it). Odds first: `task.order=code` is the
+  reference's, and the default (the paper's text) must differ from it exactly by the order of the
+  two halves;
+- RoPE, its linear and NTK scalings, xPos: rotary-embedding-torch; YaRN, linear and dynamic NTK
+  frequencies: transformers (tests/test_rope_family.py also checks YaRN live, where transformers is
+  installed); ALiBi slopes and bias, PoPE: x-transformers; T5's buckets: transformers and
+  x-transformers; sinusoidal: transformers (DistilBERT's table) and x-transformers.
+
+The peers compute in float32: values agree to 1e-5 (1e-6 for frequencies and slopes).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from relpos_lab.api.registry import get_task_class
+from relpos_lab.core.attention.masks import offset_bias
+from relpos_lab.core.positions import (
+    AlibiPositions, PolarPositions, RopeConfig, RotaryPositions, SinusoidalPositions, T5BiasConfig, T5BiasPositions,
+    XposConfig, XposPositions, alibi_slopes,
+)
+
+GOLDEN = Path(__file__).parent / "golden"
+TASK_FILES = sorted(GOLDEN.glob("chomsky_*.json"))
+SCHEME_FILES = sorted(set(GOLDEN.glob("*.json")) - set(TASK_FILES))
+CHOMSKY_TASKS = ("even_pairs", "modular_arithmetic", "parity_check", "cycle_navigation", "stack_manipulation",
+                 "reverse_string", "modular_arithmetic_brackets", "solve_equation", "duplicate_string",
+                 "missing_duplicate_string", "odds_first_string", "binary_addition", "binary_multiplication",
+                 "compute_sqrt", "bucket_sort")
+
+
+@functools.lru_cache(maxsize=None)
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def peer(golden: dict) -> str:
+    return f"{golden['peer']} {golden['peer_version']}"
+
+
+def close(actual, expected, golden: dict, what: str, atol: float = 1e-5, rtol: float = 0.0) -> None:
+    expected = torch.as_tensor(expected, dtype=torch.float64)
+    torch.testing.assert_close(torch.as_tensor(actual).detach().double(), expected, atol=atol, rtol=rtol,
+                               msg=lambda m: f"{what}, against {peer(golden)}:\n{m}")
+
+
+def test_every_task_has_a_golden_file_and_every_scheme_file_a_check():
+    assert [p.stem for p in TASK_FILES] == sorted(f"chomsky_{name}" for name in CHOMSKY_TASKS)
+    assert {p.stem for p in SCHEME_FILES} == set(CHECKS)
+    for path in TASK_FILES + SCHEME_FILES:
+        golden = load(path)
+        assert golden["peer"] and golden["peer_version"] and golden["computed"], path.name
+        assert path.stat().st_size < 200_000, path.name
+
+
+# --- the tasks of Delétang et al. (2023) --------------------------------------------------------
+
+# The reference's symbol indices are ours in all 15 tasks (these tests check it): inputs, classes,
+# and the digits of the sequence outputs. Should one differ, map it here: {task: {reference: ours}}.
+INPUT_MAP: dict[str, dict[int, int]] = {}
+
+
+def task(name: str, **fields):
+    cls = get_task_class(name)
+    return cls(cls.config_class(name=name, **fields))
+
+
+def scored_output(raw: list[int], termination: int | None) -> list[int]:
+    """The reference's output up to its termination token, without it (our EOS stands for it): the
+    positions its accuracy_mask keeps, up to the first maximum symbol, less the token."""
+    if termination is None:
+        return raw
+    end = raw.index(max(raw))
+    assert raw[end] == termination, f"no termination token {termination} in the reference's output {raw}"
+    return raw[:end]
+
+
+def reference_pairs(golden: dict):
+    mapping = INPUT_MAP.get(golden["task"], {})
+    for group in golden["by_length"]:
+        for source, raw in group["pairs"]:
+            yield group["length"], [mapping.get(s, s) for s in source], raw
+
+
+@pytest.mark.parametrize("path", TASK_FILES, ids=lambda p: p.stem.removeprefix("chomsky_"))
+def test_task_outputs_match_the_reference_generator(path):
+    golden = load(path)
+    name = golden["task"]
+    ours = task(name, order="code") if name == "odds_first_string" else task(name)
+    n_inputs = len(ours.inputs())
+    for length, source, raw in reference_pairs(golden):
+        where = f"{name}, length {length}, input {source}, against {peer(golden)}"
+        assert all(0 <= s < n_inputs for s in source), f"{where}: a symbol outside our {n_inputs} inputs"
+        assert ours.output_length(len(source)) == len(raw), f"{where}: output_length"
+        want, got = scored_output(raw, golden["termination_token"]), ours.output_of(source)
+        assert got == want, f"{where}: reference output {raw} (scored {want}), ours {got}"
+
+
+def test_odds_first_by_default_puts_the_other_half_first_and_nothing_else():
+    """The default (task.order=paper, the paper's text: s[0::2] + s[1::2]) against the reference's
+    code (s[1::2] + s[0::2]): the reference's output with its two halves swapped."""
+    golden = load(GOLDEN / "chomsky_odds_first_string.json")
+    paper = task("odds_first_string")
+    assert paper.cfg.order == "paper"
+    differs = 0
+    for length, source, raw in reference_pairs(golden):
+        first = len(source) // 2  # the reference puts s[1::2] first: len(s) // 2 symbols
+        want = raw[first:] + raw[:first]
+        got = paper.output_of(source)
+        assert got == want, (f"odds_first_string at the default order=paper, length {length}, input {source}: the "
+                             f"reference's output {raw} ({peer(golden)}) with its halves swapped is {want}, ours {got}")
+        differs += got != raw
+    assert differs > 100  # most inputs of length > 1 tell the two orders apart
+
+
+# --- position schemes ---------------------------------------------------------------------------
+
+
+def half_split(dim: int) -> list[int]:
+    """Interleaved pairs (2t, 2t+1) (rotary-embedding-torch, x-transformers) -> our half split
+    (t, t + D/2): our dim t is their 2t, our t + D/2 their 2t + 1. Scores do not change."""
+    return list(range(0, dim, 2)) + list(range(1, dim, 2))
+
+
+def check_rope_rotary_embedding_torch(golden):
+    for case in golden["cases"]:
+        dim, p = case["head_dim"], half_split(case["head_dim"])
+        module = RotaryPositions(dim, case["base"]).double()  # training mode: plain RoPE
+        q, k = (torch.tensor(case[x], dtype=torch.float64)[..., p] for x in ("q", "k"))
+        close(module.theta, case["theta"], golden, f"RoPE θ, {case['name']}", atol=0, rtol=1e-6)
+        rq, rk = module.rotate(q, k, case["offset"])
+        close(rq, torch.tensor(case["rotated_q"])[..., p], golden, f"RoPE q, {case['name']}")
+        close(rk, torch.tensor(case["rotated_k"])[..., p], golden, f"RoPE k, {case['name']}")
+    for case in golden["scaled"]:
+        dim, p = case["head_dim"], half_split(case["head_dim"])
+        cfg = RopeConfig(rope_scaling=case["scaling"], rope_scaling_factor=case["factor"], rope_train_length=1)
+        module = RotaryPositions(dim, case["base"], cfg).double().eval()  # evaluation beyond 1 position: scaled
+        q = torch.tensor(case["q"], dtype=torch.float64)[..., p]
+        theta, factor = module.frequencies(q.shape[-2])
+        if case["scaling"] == "linear":  # the peer divides the positions by s, we the frequencies
+            theta = theta * case["factor"]
+        close(theta, case["theta"], golden, f"RoPE θ, {case['name']}", atol=0, rtol=1e-6)
+        assert factor == 1.0
+        rq, _ = module.rotate(q, q, 0)
+        close(rq, torch.tensor(case["rotated_q"])[..., p], golden, f"RoPE q, {case['name']}")
+
+
+def check_xpos_rotary_embedding_torch(golden):
+    for case in golden["cases"]:
+        dim, p, length = case["head_dim"], half_split(case["head_dim"]), case["length"]
+        module = XposPositions(dim, XposConfig(xpos_scale_base=case["scale_base"]), causal=True).double()
+        q, k = (torch.tensor(case[x], dtype=torch.float64)[..., p] for x in ("q", "k"))
+        rq, rk = module.rotate(q, k, 0)
+        close(rq @ rk.transpose(-1, -2), case["scores"], golden, f"xPos scores, {case['name']}", rtol=1e-5)
+        # The peer's exponent is (n − length // 2)/γ, ours n/γ: q is ours / ζ^(c/γ), k ours · ζ^(c/γ).
+        centre = (module.zeta ** ((length // 2) / case["scale_base"])).repeat(2)
+        close(rq / centre, torch.tensor(case["rotated_q"])[..., p], golden, f"xPos q, {case['name']}")
+        close(rk * centre, torch.tensor(case["rotated_k"])[..., p], golden, f"xPos k, {case['name']}")
+
+
+def check_rope_scaling_transformers(golden):
+    for case in golden["cases"]:
+        cfg = RopeConfig(rope_scaling=case["rope_scaling"], rope_scaling_factor=case["rope_scaling_factor"],
+                         rope_train_length=case["rope_train_length"])
+        theta, factor = RotaryPositions(case["head_dim"], case["base"], cfg).eval().frequencies(case["length"])
+        close(theta, case["inv_freq"], golden, f"{case['name']} frequencies", atol=1e-6)
+        assert factor == pytest.approx(case["attention_factor"], abs=1e-7), \
+            f"{case['name']}: factor on q and k {factor}, {peer(golden)}'s attention_factor {case['attention_factor']}"
+
+
+def check_alibi_x_transformers(golden):
+    for case in golden["cases"]:
+        heads, length = case["heads"], case["length"]
+        close(alibi_slopes(heads), case["slopes"], golden, f"ALiBi slopes, {heads} heads", atol=0, rtol=1e-6)
+        q = torch.zeros(1, heads, length, 1)
+        kwargs = AlibiPositions(heads).attention_kwargs(q, q, 0)
+        bias = offset_bias(kwargs["rel_bias"], length, length, kwargs["max_distance"])[0]  # (H, Lq, Lk)
+        close(bias, case["bias"], golden, f"ALiBi bias, {heads} heads", atol=1e-6)
+
+
+def check_t5_buckets(golden):
+    lo, hi = golden["offsets"]
+    offsets = torch.arange(lo, hi + 1)
+    for case in golden["cases"]:
+        cfg = T5BiasConfig(t5_num_buckets=case["num_buckets"], t5_max_distance=case["max_distance"])
+        ours = T5BiasPositions(cfg, n_heads=1, bidirectional=case["bidirectional"]).bucket(offsets).tolist()
+        wrong = [(o, a, b) for o, a, b in zip(offsets.tolist(), ours, case["buckets"]) if a != b]
+        assert not wrong, (f"T5 buckets (num_buckets {case['num_buckets']}, max_distance {case['max_distance']}, "
+                           f"bidirectional {case['bidirectional']}) against {peer(golden)}: (offset j − i, ours, "
+                           f"theirs) {wrong[:10]}")
+
+
+def check_sinusoidal_transformers(golden):
+    for case in golden["cases"]:
+        d, n = case["d_model"], case["positions"]
+        close(SinusoidalPositions(d)(torch.zeros(1, n, d))[0], case["embeddings"], golden, f"sinusoids, d_model {d}")
+
+
+def check_sinusoidal_x_transformers(golden):
+    for case in golden["cases"]:
+        d, n = case["d_model"], case["positions"]
+        # Theirs: sin in dims 0..d/2−1, cos in d/2.., times a scale; ours interleaves sin (2t) and cos (2t+1).
+        interleaved = [i // 2 + (d // 2) * (i % 2) for i in range(d)]
+        theirs = torch.tensor(case["embeddings"], dtype=torch.float64)[:, interleaved] / case["scale"]
+        close(SinusoidalPositions(d)(torch.zeros(1, n, d))[0], theirs, golden, f"sinusoids, d_model {d}")
+
+
+def check_pope_x_transformers(golden):
+    for case in golden["cases"]:
+        module = PolarPositions(case["head_dim"], case["heads"], 10000.0).double()
+        with torch.no_grad():
+            module.phase.copy_(torch.tensor(case["phase"]))
+        q, k = (torch.tensor(case[x], dtype=torch.float64) for x in ("q", "k"))
+        rq, rk = module.rotate(q, k, 0)
+        close(rq / math.sqrt(2), case["polar_q"], golden, f"PoPE q, head dim {case['head_dim']}")
+        close(rk, case["polar_k"], golden, f"PoPE k, head dim {case['head_dim']}")
+
+
+def check_positions_deepmind(golden):
+    """The encodings of the reference's Transformer (Delétang et al.): RoPE is ours (up to the dims'
+    order); its sin/cos and ALiBi differ from ours in two ways, held here exactly (golden["differences"])."""
+    for case in golden["sin_cos"]:
+        n, d = case["length"], case["hidden_size"]
+        ours = SinusoidalPositions(d)(torch.zeros(1, n + 1, d))[0]  # positions 0..n
+        interleaved = [i // 2 + (d // 2) * (i % 2) for i in range(d)]
+        theirs = torch.tensor(case["encodings"], dtype=torch.float64)[:, interleaved]
+        # Their row t, the encoding of token t, is position n − t: ours at n, n − 1, .., 1.
+        close(ours.flip(0)[:n], theirs, golden, f"sin/cos of token t at position {n} − t, D = {d}")
+    for case in golden["rope"]:
+        dim, p = case["head_dim"], half_split(case["head_dim"])
+        x = torch.tensor(case["x"], dtype=torch.float64)[..., p]
+        rotated, _ = RotaryPositions(dim, 10000.0).double().rotate(x, x, 0)
+        close(rotated, torch.tensor(case["rotated"])[..., p], golden, f"RoPE, head dim {dim}")
+    for case in golden["alibi"]:
+        heads, length = case["heads"], case["length"]
+        close(alibi_slopes(heads), case["slopes"], golden, f"ALiBi slopes, {heads} heads", atol=0, rtol=1e-6)
+        q = torch.zeros(1, heads, length, 1)
+        kwargs = AlibiPositions(heads).attention_kwargs(q, q, 0)
+        ours = offset_bias(kwargs["rel_bias"], length, length, kwargs["max_distance"])[0]  # (H, Lq, Lk)
+        behind = torch.ones(length, length, dtype=torch.float64).tril(-1)  # keys j < i: theirs adds 0.5·slope
+        slopes = torch.tensor(case["slopes"], dtype=torch.float64)[:, None, None]
+        theirs = torch.tensor(case["bias"], dtype=torch.float64) - 0.5 * behind * slopes
+        close(ours, theirs, golden, f"ALiBi bias less 0.5·slope behind the query, {heads} heads", atol=1e-6)
+
+
+CHECKS = {
+    "rope_rotary_embedding_torch": check_rope_rotary_embedding_torch,
+    "xpos_rotary_embedding_torch": check_xpos_rotary_embedding_torch,
+    "rope_scaling_transformers": check_rope_scaling_transformers,
+    "alibi_x_transformers": check_alibi_x_transformers,
+    "t5_buckets_transformers": check_t5_buckets,
+    "t5_buckets_x_transformers": check_t5_buckets,
+    "sinusoidal_transformers": check_sinusoidal_transformers,
+    "sinusoidal_x_transformers": check_sinusoidal_x_transformers,
+    "pope_x_transformers": check_pope_x_transformers,
+    "positions_deepmind": check_positions_deepmind,
+}
+
+
+@pytest.mark.parametrize("path", SCHEME_FILES, ids=lambda p: p.stem)
+def test_scheme_matches_its_peer(path):
+    CHECKS[path.stem](load(path))
