@@ -33,7 +33,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from relpos_lab.api import EvalResult, UserError, registry
+from relpos_lab.api import EvalResult, Task, UserError, registry
 from relpos_lab.api.errors import PROG, shown_path
 from relpos_lab.api.evaluation import length_generalization
 from relpos_lab.api.files import atomic_write
@@ -318,12 +318,41 @@ def _finished(run_dir: Path) -> RunSummary:
 
 def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str], None],
            resume_from: Path | None) -> RunSummary:
+    """Fit, evaluate the chosen checkpoint, then write what a finished run holds (results.json last)."""
     resume_step = global_step_of(resume_from) if resume_from is not None else None
     _echo(echo, f"Run directory: {run_dir}" + (f" (resuming from {resume_from.name})" if resume_from else ""))
+    task, module = _task_and_module(cfg, run_dir, resume_from, resume_step, echo)
+    data = TaskDataModule(task, cfg.data)
+    watch = _Callbacks.build(cfg, run_dir, task)
+    loggers = build_loggers(cfg, run_dir, resume_step=resume_step, echo=echo, quiet=is_quiet())
+    try:
+        trainer = build_trainer(cfg, run_dir, loggers=loggers, callbacks=watch.all)
+        _rank_zero(save_resolved_config, cfg, run_dir)
+        _fit(trainer, module, data, resume_from, watch, run_dir, echo)
+        checkpoint, choice = _final_evaluation(cfg, trainer, module, data, watch, run_dir, echo)
+        extra = {"task": task.cfg.name, "checkpoint": _relative(checkpoint, run_dir),
+                 "checkpoint_step": global_step_of(checkpoint), "checkpoint_choice": choice,
+                 "global_step": trainer.global_step,
+                 "started_at_step": trainer.global_step if module.start_step is None else module.start_step,
+                 "main_metric": f"valid/{task.main_metric}", "seed": cfg.seed,
+                 "train_lengths": list(task.train_length_range() or []) or None,
+                 "parameters": sum(p.numel() for p in module.model.parameters()),
+                 "wall_seconds": round(time.time() - started, 1)}  # this attempt, data to results
+        summary = _finish(cfg, trainer, module, task, loggers, watch.requeue, run_dir, extra, echo)
+    finally:
+        close_loggers(loggers)
+    summary.checkpoint, summary.resumed_from, summary.seconds = checkpoint, resume_from, time.time() - started
+    summary.checkpoint_step, summary.checkpoint_choice = extra["checkpoint_step"], choice
+    return summary
 
+
+def _task_and_module(cfg: DictConfig, run_dir: Path, resume_from: Path | None, resume_step: int | None,
+                     echo: Callable[[str], None]) -> tuple[Task, RelposModule]:
+    """The task (with the vocabulary a checkpoint was trained with) and the module; a resumed run's
+    checkpoint is checked against the module before metrics.csv is cut back to its step."""
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
-    if resume_from is not None:  # continue with the vocabulary the checkpoint was trained with
+    if resume_from is not None:
         state = load_checkpoint(resume_from)
         task.load_state_dict(state.get(TASK_STATE) or {})
     module = RelposModule(cfg, task)
@@ -334,94 +363,113 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
         if cut:
             echo(f"metrics.csv: cut back to step {resume_step}, the checkpoint's ({cut} rows the interrupted attempt "
                  "logged after it are trained again)")
-    data = TaskDataModule(task, cfg.data)
-    # best-step=N.ckpt by the task's main metric; last.ckpt every N steps from a second callback
-    # (Lightning writes `save_last` of a monitoring callback only when the best improves).
-    best = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, filename="best-{step}", monitor=f"valid/{task.main_metric}",
-                           mode=task.main_metric_mode, save_top_k=1)
-    last = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, save_top_k=0, save_last=True, enable_version_counter=False,
-                           every_n_train_steps=cfg.trainer.checkpoint_every_n_steps or cfg.trainer.val_every_n_steps)
-    guard = InterruptCheckpoint(run_dir / CHECKPOINTS / LAST, cfg.trainer.checkpoint_every_minutes)
-    final = ValidateLastStep()  # the last step is validated too, before the best is chosen
-    requeue = DeferredRequeue()
-    # SLURM: checkpoint + requeue on SIGUSR1; Ctrl-C / SIGTERM: checkpoint + stop; every N minutes: checkpoint
-    callbacks: list[Callback] = [final, best, last, requeue, guard]
-    loggers = build_loggers(cfg, run_dir, resume_step=resume_step, echo=echo, quiet=is_quiet())
-    callbacks.append(LearningRateMonitor(logging_interval="step"))
-    if cfg.trainer.stop_at is not None:  # train until converged on valid, max_steps the cap
-        callbacks.append(EarlyStopping(monitor=f"valid/{task.main_metric}", mode=task.main_metric_mode,
-                                       stopping_threshold=cfg.trainer.stop_at, patience=2**31,
-                                       check_on_train_epoch_end=False))
+    return task, module
+
+
+@dataclass
+class _Callbacks:
+    """The training callbacks the run consults afterwards, and all of them for the Trainer.
+
+    best-step=N.ckpt by the task's main metric; last.ckpt every N steps from a second callback
+    (Lightning writes `save_last` of a monitoring callback only when the best improves). SLURM:
+    checkpoint + requeue on SIGUSR1; Ctrl-C / SIGTERM: checkpoint + stop; every N minutes: checkpoint.
+    """
+
+    best: ModelCheckpoint
+    guard: InterruptCheckpoint
+    final: ValidateLastStep  # the last step is validated too, before the best is chosen
+    requeue: DeferredRequeue
+    all: list[Callback]
+
+    @classmethod
+    def build(cls, cfg: DictConfig, run_dir: Path, task: Task) -> "_Callbacks":
+        best = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, filename="best-{step}", monitor=f"valid/{task.main_metric}",
+                               mode=task.main_metric_mode, save_top_k=1)
+        last = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, save_top_k=0, save_last=True, enable_version_counter=False,
+                               every_n_train_steps=cfg.trainer.checkpoint_every_n_steps or cfg.trainer.val_every_n_steps)
+        guard = InterruptCheckpoint(run_dir / CHECKPOINTS / LAST, cfg.trainer.checkpoint_every_minutes)
+        final, requeue = ValidateLastStep(), DeferredRequeue()
+        callbacks: list[Callback] = [final, best, last, requeue, guard, LearningRateMonitor(logging_interval="step")]
+        if cfg.trainer.stop_at is not None:  # train until converged on valid, max_steps the cap
+            callbacks.append(EarlyStopping(monitor=f"valid/{task.main_metric}", mode=task.main_metric_mode,
+                                           stopping_threshold=cfg.trainer.stop_at, patience=2**31,
+                                           check_on_train_epoch_end=False))
+        return cls(best, guard, final, requeue, callbacks)
+
+
+def _fit(trainer: L.Trainer, module: RelposModule, data: TaskDataModule, resume_from: Path | None,
+         watch: _Callbacks, run_dir: Path, echo: Callable[[str], None]) -> None:
+    """Train to max_steps; a signal stops it with a checkpoint and the exit status it calls for. Then
+    last.ckpt holds the last step and its validation."""
+    guard, requeue = watch.guard, watch.requeue
     try:
-        trainer = build_trainer(cfg, run_dir, loggers=loggers, callbacks=callbacks)
-        _rank_zero(save_resolved_config, cfg, run_dir)
-        try:
-            trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=False)
-        except (KeyboardInterrupt, SystemExit):  # Lightning ends a Ctrl-C with sys.exit(1)
-            if guard.stopped_by is None:
-                raise
-            _echo(echo, _stopped(run_dir, guard.stopped_by, trainer.global_step, requeue.requested))
-            if guard.stopped_by == signal.SIGINT:
-                raise KeyboardInterrupt from None
-            raise sigterm_exit(requeue.requested) from None
-        last_path = run_dir / CHECKPOINTS / LAST
-        # After the steps since the last periodic save, or after the last step's validation (a
-        # save at that step came before it): last.ckpt records the validation, so a run resumed
-        # from it does not validate that step again.
-        if global_step_of(last_path) != trainer.global_step or final.validated_step == trainer.global_step:
-            trainer.save_checkpoint(last_path, weights_only=False)
-        if guard.pending is not None:  # a signal during the last validation: training is complete and saved
-            _echo(echo, _stopped(run_dir, guard.pending, trainer.global_step, requeue.requested)
-                  + " (training is complete; the final evaluation was not run)")
-            raise KeyboardInterrupt if guard.pending == signal.SIGINT else sigterm_exit(requeue.requested)
-        # resumed from a checkpoint of the last step written before its validation: validate it now
-        if final.validate_if_missed(trainer, module, data, best, last_path):
-            trainer.save_checkpoint(last_path, weights_only=False)
-        choice = "best" if cfg.trainer.evaluate == "best" and best.best_model_path else "last"
-        checkpoint = Path(best.best_model_path) if choice == "best" else last_path
-        checkpoint_step = global_step_of(checkpoint)
-        module.unlogged.add("valid")  # logged at its step when it was validated
-        deliver_test_signal("evaluate", lambda: requeue.requested or sigterm_received(trainer))
-        try:
-            trainer.validate(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
-            trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
-        except SIGTERMException:  # Lightning's evaluation loop stops at the next batch
-            if not requeue.requested:
-                _echo(echo, _stopped(run_dir, signal.SIGTERM, trainer.global_step) + " (training is complete; the "
-                      "final evaluation was not run)")
-            raise sigterm_exit(requeue.requested) from None
-        splits = {"valid": module.results["valid"], "test": module.results["test"]}
-        started_at = trainer.global_step if module.start_step is None else module.start_step  # None: nothing left to fit
-        extra = {"task": task.cfg.name, "checkpoint": _relative(checkpoint, run_dir),
-                 "checkpoint_step": checkpoint_step, "checkpoint_choice": choice,
-                 "global_step": trainer.global_step, "started_at_step": started_at,
-                 "main_metric": f"valid/{task.main_metric}", "seed": cfg.seed,
-                 "train_lengths": list(task.train_length_range() or []) or None,
-                 "parameters": sum(p.numel() for p in module.model.parameters()),
-                 "wall_seconds": round(time.time() - started, 1)}  # this attempt, data to results
-        # results.json last: a signal before it leaves the run unfinished and resumable (finishing.py)
-        with Finishing(requeue.signum, requeue_now, requeue.requested, echo=echo) as finishing:
-            if not trainer.is_global_zero:  # other ranks of a distributed run write nothing
-                return RunSummary(run_dir, run_dir / "results.json", {}, checkpoint=checkpoint,
-                                  checkpoint_step=checkpoint_step, checkpoint_choice=choice)
-            finishing.step("outputs")
-            summary, results = _write(run_dir, splits, task, loggers, extra)
-            finishing.step("summary")  # W&B's run table: the evaluated checkpoint's numbers, as results.json
-            log_summary(loggers, {**summary.metrics, "checkpoint_step": checkpoint_step})
-            finishing.step("inspect")
-            if (OmegaConf.select(cfg, "logging.inspect", default=True) and has_relative_positions(module.model)
-                    and can_inspect(task)):  # after every metric: they cannot change
-                inspect_model(module.model, task, cfg, run_dir, loggers=loggers, echo=echo, step=trainer.global_step)
-            finishing.step("wandb")
-            close_loggers(loggers)  # the W&B run's file complete: its last steps and test rows
-            finishing.step("results")
-            for requeue_checkpoint in run_dir.glob("hpc_ckpt_*.ckpt"):  # a finished run is carried by last/best
-                requeue_checkpoint.unlink(missing_ok=True)
-            atomic_write(summary.results, results)
-    finally:
-        close_loggers(loggers)
-    summary.checkpoint, summary.resumed_from, summary.seconds = checkpoint, resume_from, time.time() - started
-    summary.checkpoint_step, summary.checkpoint_choice = checkpoint_step, choice
+        trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=False)
+    except (KeyboardInterrupt, SystemExit):  # Lightning ends a Ctrl-C with sys.exit(1)
+        if guard.stopped_by is None:
+            raise
+        _echo(echo, _stopped(run_dir, guard.stopped_by, trainer.global_step, requeue.requested))
+        if guard.stopped_by == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise sigterm_exit(requeue.requested) from None
+    last_path = run_dir / CHECKPOINTS / LAST
+    # After the steps since the last periodic save, or after the last step's validation (a
+    # save at that step came before it): last.ckpt records the validation, so a run resumed
+    # from it does not validate that step again.
+    if global_step_of(last_path) != trainer.global_step or watch.final.validated_step == trainer.global_step:
+        trainer.save_checkpoint(last_path, weights_only=False)
+    if guard.pending is not None:  # a signal during the last validation: training is complete and saved
+        _echo(echo, _stopped(run_dir, guard.pending, trainer.global_step, requeue.requested)
+              + " (training is complete; the final evaluation was not run)")
+        raise KeyboardInterrupt if guard.pending == signal.SIGINT else sigterm_exit(requeue.requested)
+    # resumed from a checkpoint of the last step written before its validation: validate it now
+    if watch.final.validate_if_missed(trainer, module, data, watch.best, last_path):
+        trainer.save_checkpoint(last_path, weights_only=False)
+
+
+def _final_evaluation(cfg: DictConfig, trainer: L.Trainer, module: RelposModule, data: TaskDataModule,
+                      watch: _Callbacks, run_dir: Path, echo: Callable[[str], None]) -> tuple[Path, str]:
+    """Validate and test the checkpoint trainer.evaluate chooses (the best validated step, or the
+    last); returns it and the choice. SIGTERM stops it: the next attempt evaluates again."""
+    choice = "best" if cfg.trainer.evaluate == "best" and watch.best.best_model_path else "last"
+    checkpoint = Path(watch.best.best_model_path) if choice == "best" else run_dir / CHECKPOINTS / LAST
+    module.unlogged.add("valid")  # logged at its step when it was validated
+    requeue = watch.requeue
+    deliver_test_signal("evaluate", lambda: requeue.requested or sigterm_received(trainer))
+    try:
+        trainer.validate(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
+        trainer.test(module, datamodule=data, ckpt_path=checkpoint, verbose=False, weights_only=False)
+    except SIGTERMException:  # Lightning's evaluation loop stops at the next batch
+        if not requeue.requested:
+            _echo(echo, _stopped(run_dir, signal.SIGTERM, trainer.global_step) + " (training is complete; the "
+                  "final evaluation was not run)")
+        raise sigterm_exit(requeue.requested) from None
+    return checkpoint, choice
+
+
+def _finish(cfg: DictConfig, trainer: L.Trainer, module: RelposModule, task: Task, loggers: list,
+            requeue: DeferredRequeue, run_dir: Path, extra: dict, echo: Callable[[str], None]) -> RunSummary:
+    """Write what a finished run holds, results.json last: a signal before it leaves the run
+    unfinished and resumable, and the next attempt completes it (finishing.py)."""
+    splits = {"valid": module.results["valid"], "test": module.results["test"]}
+    checkpoint = run_dir / extra["checkpoint"]
+    with Finishing(requeue.signum, requeue_now, requeue.requested, echo=echo) as finishing:
+        if not trainer.is_global_zero:  # other ranks of a distributed run write nothing
+            return RunSummary(run_dir, run_dir / "results.json", {}, checkpoint=checkpoint,
+                              checkpoint_step=extra["checkpoint_step"], checkpoint_choice=extra["checkpoint_choice"])
+        finishing.step("outputs")
+        summary, results = _write(run_dir, splits, task, loggers, extra)
+        finishing.step("summary")  # W&B's run table: the evaluated checkpoint's numbers, as results.json
+        log_summary(loggers, {**summary.metrics, "checkpoint_step": extra["checkpoint_step"]})
+        finishing.step("inspect")
+        if (OmegaConf.select(cfg, "logging.inspect", default=True) and has_relative_positions(module.model)
+                and can_inspect(task)):  # after every metric: they cannot change
+            inspect_model(module.model, task, cfg, run_dir, loggers=loggers, echo=echo, step=trainer.global_step)
+        finishing.step("wandb")
+        close_loggers(loggers)  # the W&B run's file complete: its last steps and test rows
+        finishing.step("results")
+        for requeue_checkpoint in run_dir.glob("hpc_ckpt_*.ckpt"):  # a finished run is carried by last/best
+            requeue_checkpoint.unlink(missing_ok=True)
+        atomic_write(summary.results, results)
     return summary
 
 
