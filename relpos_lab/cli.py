@@ -26,9 +26,9 @@ from typing import Any
 from rich.table import Table
 
 from relpos_lab.api.errors import PROG, UserError, own_error, shown_path
-from relpos_lab.terminal import (console, echo, show_plugins, show_report, show_submission, show_summary,
-                                 show_table)
+from relpos_lab.terminal import console, echo, show_plugins, show_report, show_submission, show_summary, show_table
 from relpos_lab.training.threads import quiet_openmp
+
 
 @dataclass(frozen=True)
 class Command:
@@ -80,8 +80,8 @@ EXPERIMENT = "experiment YAML file, or the name of one (./configs/experiment/, t
              "directory from its newest checkpoint, with one metrics.csv, W&B run and results.json"),
          VERBOSE)
 def train(args: argparse.Namespace) -> None:
-    from relpos_lab.training import experiment
     from relpos_lab.config import load_config
+    from relpos_lab.training import experiment
     from relpos_lab.training.progress import quiet
 
     quiet(args.verbose)
@@ -108,7 +108,8 @@ def _check_own_run_directory(config: Path, cfg) -> None:
         return
     resolved = run_directory(cfg)
     if resolved.resolve() != home:
-        raise UserError(f"{shown_path(config)} belongs to the run in {shown_path(home)}, but now resolves to {shown_path(resolved)}: "
+        raise UserError(f"{shown_path(config)} belongs to the run in {shown_path(home)}, "
+                        f"but now resolves to {shown_path(resolved)}: "
                         "an override changed the experiment, logging.root points elsewhere (run from the directory "
                         "the run was started in), or the config schema changed since the run started (continue it "
                         "with the code it started with: `git log` at its start time). Nothing was trained.")
@@ -241,7 +242,8 @@ def positions(args: argparse.Namespace) -> None:
     show_plugins(registry.POSITIONS, describe)
     helps = field_help(PositionConfig)
     for name in sorted(common - {"scheme"}):
-        console.print(f"Every scheme also takes {name} (default {getattr(PositionConfig, name)!r}): {helps.get(name, '')}")
+        console.print(f"Every scheme also takes {name} (default {getattr(PositionConfig, name)!r}): "
+                      f"{helps.get(name, '')}")
 
 
 @command("check-scheme", "the conformance kit on a position scheme (yours or built in): shapes, gradients, "
@@ -342,9 +344,9 @@ def show_config(args: argparse.Namespace) -> None:
              "sweep under the same logging root instead of training them again"),
          OVERRIDES)
 def sweep(args: argparse.Namespace) -> int:
-    from relpos_lab.training import experiment
     from relpos_lab.config import load_config
     from relpos_lab.launch.sweep import is_dangling, is_finished, link_identical_runs, load_sweep, run_locally
+    from relpos_lab.training import experiment
 
     if args.dry_run and not args.slurm:  # a user who asks for a dry run must never get a real one
         raise UserError("--dry-run goes with --slurm (it prints the sbatch script); to see the grid without "
@@ -375,7 +377,8 @@ def sweep(args: argparse.Namespace) -> int:
     if args.list:
         table = Table(*grid.axes, "point", "status", "run directory", title=f"sweep {grid.name} ({manifest})")
         for p in grid.points:
-            table.add_row(*p.labels.values(), str(p.index), "finished" if is_finished(p) else "to run", shown_path(Path(p.run_dir)))
+            table.add_row(*p.labels.values(), str(p.index), "finished" if is_finished(p) else "to run",
+                          shown_path(Path(p.run_dir)))
         console.print(table)
         return 0
     failed = run_locally(grid, args.max_parallel, echo=echo)

@@ -12,10 +12,19 @@ import warnings
 from torch import nn
 
 from relpos_lab.core.positions import (
-    BUILTIN, AlibiPositions, LearnedPositions, RelativePositions, RotaryPositions, ShawPositions, SinusoidalPositions,
-    T5BiasPositions, alibi_slopes, builtin_config, scheme_of,
+    BUILTIN,
+    AlibiPositions,
+    LearnedPositions,
+    PositionConfig as _PositionConfig,
+    RelativePositions,
+    RotaryPositions,
+    ShawPositions,
+    SinusoidalPositions,
+    T5BiasPositions,
+    alibi_slopes,
+    builtin_config,
+    scheme_of,
 )
-from relpos_lab.core.positions import PositionConfig as _PositionConfig
 
 SCHEMES = tuple(BUILTIN)
 

@@ -51,7 +51,8 @@ def show_plugins(kind, describe: Callable[[type], str]) -> None:
         if e.error is None:
             table.add_row(e.name, e.target, e.distribution or "", describe(e.cls))
         else:
-            table.add_row(f"[red]{e.name}[/red]", e.target, e.distribution or "", f"[red]failed to load: {e.error}[/red]")
+            table.add_row(f"[red]{e.name}[/red]", e.target, e.distribution or "",
+                          f"[red]failed to load: {e.error}[/red]")
     show_table(table)
     broken = sum(e.error is not None for e in entries)
     console.print(f"{len(entries) - broken} available" + (f", {broken} failed to load" if broken else ""))
@@ -121,7 +122,8 @@ def evaluated_step(summary) -> str:
 def show_submission(job, job_id: str) -> None:
     """Where a submitted job's files are, and how to follow it."""
     output, error = job.logs_of(job_id)
-    console.rule(f"[bold]submitted SLURM job {job_id}[/bold] ({job.name}" + (f", array {job.array})" if job.array else ")"))
+    console.rule(f"[bold]submitted SLURM job {job_id}[/bold] ({job.name}"
+                 + (f", array {job.array})" if job.array else ")"))
     rows = [("run directory" if job.array is None else "sweep directory", job.directory), ("script", job.path),
             ("output", output), ("errors", error), ("follow", f"squeue -j {job_id}; tail -f {shown_path(output)}")]
     for label, value in rows:

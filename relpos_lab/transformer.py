@@ -7,8 +7,19 @@ import warnings
 
 from relpos_lab.core.loss import LossOutput, label_smoothed_loss
 from relpos_lab.core.transformer import (
-    MODEL_IMPLS, Decoder, DecoderCache, DecoderLayer, DecoderLM, Embedding, Encoder, EncoderDecoder, EncoderLayer,
-    FeedForward, ModelConfig, MultiHeadAttention, Sublayer,
+    MODEL_IMPLS,
+    Decoder,
+    DecoderCache,
+    DecoderLayer,
+    DecoderLM,
+    Embedding,
+    Encoder,
+    EncoderDecoder,
+    EncoderLayer,
+    FeedForward,
+    ModelConfig,
+    MultiHeadAttention,
+    Sublayer,
 )
 
 __all__ = [

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from installed import install_scheme, run_cli
 from relpos_lab.api import KeyState, PositionConfig, PositionScheme, RelativePositions
 from relpos_lab.api.testing import DECODING_CHECKS, SLOTS, check_scheme
-from relpos_lab.core.positions import builtin_config
 from relpos_lab.core.encoder_only import EncoderOnly
+from relpos_lab.core.positions import builtin_config
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
+
+from installed import install_scheme, run_cli
 from running_sum_scheme import RunningSumConfig, RunningSumScheme
 
 TINY_SEQ2SEQ = """
@@ -172,7 +173,8 @@ def test_the_kit_passes_a_causal_only_scheme_skipping_the_encoder_decoder_checks
                        "encoder_only: 40 training steps lower the loss on one batch",
                        *DECODING_CHECKS["decoder_only, bidirectional_prefix=true"]]
     ran = {c.name: c.detail for c in report.checks if not c.skipped}
-    assert "max difference" in ran["decoder_only: cached decoding and multi-token prefill equal the full pass (float64)"]
+    assert "max difference" in ran["decoder_only: cached decoding and multi-token prefill equal the full pass "
+                                   "(float64)"]
     assert all("max difference" in ran[name] for name in DECODING_CHECKS["decoder_only"])
     assert report.summary() == "8 passed, 0 failed, 12 skipped"
 

@@ -122,7 +122,8 @@ def in_grammar(text: str) -> bool:
     if text[0] != "(" or text[-1] != ")":
         return False
     inner = text[1:-1]
-    return any(inner[i] in "+-*" and in_grammar(inner[:i]) and in_grammar(inner[i + 1:]) for i in range(1, len(inner) - 1))
+    return any(inner[i] in "+-*" and in_grammar(inner[:i]) and in_grammar(inner[i + 1:])
+               for i in range(1, len(inner) - 1))
 
 
 def stack_inputs(src):
@@ -179,7 +180,8 @@ SPECS = {
     "cycle_navigation": (cycle_navigation, ("-1", "0", "+1"), DIGITS,
                          filtered(("-1", "0", "+1"), bool, joined=False), [1, 4]),
     "modular_arithmetic": (modular_arithmetic, DIGITS + ["+", "-", "*"], DIGITS,
-                           filtered(DIGITS + ["+", "-", "*"], lambda s: all(c.isdigit() == (i % 2 == 0) for i, c in enumerate(s))),
+                           filtered(DIGITS + ["+", "-", "*"],
+                                    lambda s: all(c.isdigit() == (i % 2 == 0) for i, c in enumerate(s))),
                            [1, 3]),
     "stack_manipulation": (stack_manipulation, ("0", "1", "POP", "PUSH0", "PUSH1"), BITS,
                            filtered(("0", "1", "POP", "PUSH0", "PUSH1"), stack_inputs, joined=False), [1, 2, 3]),
@@ -191,7 +193,8 @@ SPECS = {
     "missing_duplicate_string": (output_of("missing_duplicate_string"), ("0", "1", "?", "#"), BITS,
                                  filtered(("0", "1", "?", "#"), missing_duplicate_inputs), [1, 4, 5]),
     "odds_first_string": (odds_first_string, BITS, BITS, filtered(BITS, bool), [1, 5]),
-    "binary_addition": (binary_operation("+"), ("0", "1", "+"), BITS, filtered("01+", binary_inputs("+")), [1, 2, 3, 5]),
+    "binary_addition": (binary_operation("+"), ("0", "1", "+"), BITS, filtered("01+", binary_inputs("+")),
+                        [1, 2, 3, 5]),
     "binary_multiplication": (binary_operation("*"), ("0", "1", "*"), BITS, filtered("01*", binary_inputs("*")),
                               [1, 2, 3, 5]),
     "compute_sqrt": (compute_sqrt, BITS, BITS, filtered(BITS, lambda s: "1" in s), [1, 4]),
@@ -292,7 +295,8 @@ def test_the_paper_accuracy_scores_the_termination_token_only_where_the_paper_ha
 def test_the_papers_experiment_keeps_its_protocol_for_every_task(name):
     """One config class for the suite: switching task.name keeps the experiment's lengths and sizes."""
     cfg = load_config("deletang2023_chomsky", [f"task.name={name}"])
-    assert (list(cfg.task.train_lengths), list(cfg.task.test_lengths), cfg.task.train_size) == ([1, 40], [41, 500], 500000)
+    assert ((list(cfg.task.train_lengths), list(cfg.task.test_lengths), cfg.task.train_size)
+            == ([1, 40], [41, 500], 500000))
 
 
 def test_task_specific_fields_change_the_alphabets():

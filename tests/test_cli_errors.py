@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from installed import install_scheme, run_cli
 from relpos_lab.api import ContractError, UserError
 from relpos_lab.api.errors import own_error
+
+from installed import install_scheme, run_cli
 
 TINY = """
 extends: [reverse_shaw.yaml, overlay/debug.yaml]
@@ -128,7 +129,8 @@ def test_a_checkpoint_that_does_not_fit_the_overrides_is_one_line_before_anythin
     assert out.stderr.count("\n") == 1 and out.stderr.startswith(
         f"relpos-lab: error: {checkpoint} does not fit the model this config builds: "), out.stderr[-3000:]
     assert "model.decoder.output.weight is (14, 16) in the checkpoint, (8, 16) in the model" in out.stderr
-    assert "task.alphabet_size 10 -> 4" in out.stderr and "Drop the overrides that change the model's shape" in out.stderr
+    assert ("task.alphabet_size 10 -> 4" in out.stderr
+            and "Drop the overrides that change the model's shape" in out.stderr)
     assert out.stdout == "" and snapshot(run_dir) == before  # inspect: no inspect.json, no W&B rows
 
 
@@ -181,8 +183,10 @@ def test_eval_and_inspect_into_a_read_only_run_directory_are_one_line_naming_it_
 def test_translate_into_a_file_it_cannot_write_is_one_line(trained):
     root, checkpoint = trained
     (root / "a_file").write_text("")
-    out = subprocess.run([sys.executable, "-m", "relpos_lab", "translate", str(checkpoint), "--output", "a_file/out.txt"],
+    out = subprocess.run([sys.executable, "-m", "relpos_lab", "translate", str(checkpoint),
+                          "--output", "a_file/out.txt"],
                          cwd=root, input="1 2 3\n", capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 2
-    assert out.stderr == "relpos-lab: error: cannot write --output a_file/out.txt: Not a directory\n", out.stderr[-3000:]
+    assert out.stderr == ("relpos-lab: error: cannot write --output a_file/out.txt: "
+                          "Not a directory\n"), out.stderr[-3000:]

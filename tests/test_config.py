@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from relpos_lab.config import load_config
 from relpos_lab.api.errors import ConfigError
+from relpos_lab.config import load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ALL_YAML = sorted(CONFIGS.rglob("*.yaml"))
@@ -117,7 +117,8 @@ def test_an_experiment_naming_another_kind_of_task_replaces_the_task_it_extends(
 
 
 def test_interpolations_are_resolved(tmp_path):
-    path = write(tmp_path, "e.yaml", "task: {name: copy}\ntrainer: {max_steps: 300, val_every_n_steps: '${trainer.max_steps}'}\n")
+    path = write(tmp_path, "e.yaml",
+                 "task: {name: copy}\ntrainer: {max_steps: 300, val_every_n_steps: '${trainer.max_steps}'}\n")
     assert load_config(path).trainer.val_every_n_steps == 300
 
 
@@ -469,10 +470,11 @@ def test_a_bad_position_option_names_its_full_key_and_source(tmp_path, monkeypat
 def test_t5_buckets_too_few_for_an_encoder_are_refused_in_one_line(tmp_path, monkeypatch, capsys):
     """t5_num_buckets=2 used to pass validation and raise ZeroDivisionError in the first encoder layer."""
     monkeypatch.chdir(tmp_path)
-    err = cli_error(capsys, "train", "reverse_shaw", "model.positions.scheme=t5_bias", "model.positions.t5_num_buckets=2")
+    err = cli_error(capsys, "train", "reverse_shaw", "model.positions.scheme=t5_bias",
+                    "model.positions.t5_num_buckets=2")
     assert err == ("relpos-lab: error: command line: model.positions.t5_num_buckets=2 is too few: set it to 4 or more "
-                   "(bidirectional attention, an encoder's or a bidirectional prefix's, keeps num_buckets // 4 = 0 exact "
-                   "distances per direction, and needs 1)\n")
+                   "(bidirectional attention, an encoder's or a bidirectional prefix's, keeps num_buckets // 4 = 0 "
+                   "exact distances per direction, and needs 1)\n")
     assert not any(tmp_path.iterdir())
     cfg = load_config("reverse_shaw", ["model.positions.scheme=t5_bias", "model.positions.t5_num_buckets=4",
                                        "model.positions.t5_max_distance=3"])
@@ -484,7 +486,8 @@ def test_the_debug_overlay_makes_any_experiment_tiny_and_keeps_its_task(tmp_path
     for name in ("reverse_shaw", "translation_gettext_shaw", "shaw2018_base_relative"):
         full, debug = load_config(name), load_config(name, ["debug"])
         assert (debug.model.d_model, debug.model.n_encoder_layers, debug.trainer.max_steps) == (16, 1, 30)
-        assert (debug.trainer.devices, debug.trainer.enable_progress_bar, debug.logging.wandb.mode) == (1, False, "offline")
+        assert ((debug.trainer.devices, debug.trainer.enable_progress_bar, debug.logging.wandb.mode)
+                == (1, False, "offline"))
         assert debug.task == full.task and debug.model.positions == full.model.positions
     assert load_config("reverse_shaw", ["debug", "trainer.max_steps=5"]).trainer.max_steps == 5
     assert load_config("reverse_shaw", ["trainer.max_steps=5", "debug"]).trainer.max_steps == 30
@@ -533,12 +536,14 @@ def test_configs_lists_every_group_with_descriptions_local_ones_first(tmp_path):
 
 
 def test_a_scheme_takes_only_its_own_fields(tmp_path):
-    cfg = load_config(write(tmp_path, "e.yaml", "task: {name: copy}\nmodel: {positions: {scheme: rope, rope_base: 500}}\n"))
+    cfg = load_config(write(tmp_path, "e.yaml",
+                            "task: {name: copy}\nmodel: {positions: {scheme: rope, rope_base: 500}}\n"))
     assert dict(cfg.model.positions) == {"scheme": "rope", "max_random_len": None, "randomize_at_eval": False,
                                          "rope_base": 500.0, "rope_fraction": 1.0, "rope_scaling": "none",
                                          "rope_scaling_factor": 0.0, "rope_train_length": 0, "yarn_beta_fast": 32.0,
                                          "yarn_beta_slow": 1.0}
-    cfg = load_config(write(tmp_path, "s.yaml", "task: {name: copy}\nmodel: {positions: {max_distance: 4, max_distance_left: 2}}\n"))
+    cfg = load_config(write(tmp_path, "s.yaml",
+                            "task: {name: copy}\nmodel: {positions: {max_distance: 4, max_distance_left: 2}}\n"))
     assert cfg.model.positions.scheme == "shaw" and cfg.model.positions.max_distance_left == 2
 
 
@@ -546,7 +551,8 @@ def test_an_unknown_field_names_the_valid_fields_of_that_scheme(tmp_path):
     path = write(tmp_path, "e.yaml", "task: {name: copy}\nmodel: {positions: {scheme: rope, rope_bse: 500}}\n")
     message = error_of(path)
     assert "unknown key 'model.positions.rope_bse'; did you mean 'model.positions.rope_base'" in message
-    assert "valid keys at 'model.positions' (scheme rope): scheme, max_random_len, randomize_at_eval, rope_base" in message
+    assert ("valid keys at 'model.positions' (scheme rope): scheme, max_random_len, randomize_at_eval, rope_base"
+            in message)
 
 
 def test_a_field_of_another_scheme_is_one_line_naming_its_scheme(tmp_path):
@@ -562,7 +568,8 @@ def test_an_invalid_scheme_value_and_an_unknown_scheme_are_one_line_each(tmp_pat
     assert error_of(path, ["model.positions.max_distance=-1"]).startswith(
         "command line: model.positions.max_distance=-1 must be >= 0: it is the clipping distance k")
     message = error_of(path, ["model.positions.scheme=shw"])
-    assert message.startswith("command line: model.positions.scheme: unknown position scheme 'shw'; did you mean 'shaw'?")
+    assert message.startswith("command line: model.positions.scheme: unknown position scheme 'shw'; "
+                              "did you mean 'shaw'?")
     assert "(see `relpos-lab positions`)" in message
 
 
@@ -639,4 +646,5 @@ def test_listings_piped_from_a_narrow_terminal_cut_nothing():
         "Shaw et al. 2018, Table 1, base model with absolute sinusoidal positions (paper: 26.5 BLEU on newstest2014): "
         "shaw2018_base_relative.yaml with the positions of \"Attention Is All You Need\".")
     assert " ".join(descriptions["sweep/positions_copy"]) == (  # the first sentence, not the line
-        "The position-scheme study on copy (issue 5): 11 schemes × 3 seeds, trained on lengths 1–16 and tested on 1–32.")
+        "The position-scheme study on copy (issue 5): 11 schemes × 3 seeds, trained on lengths 1–16 and tested "
+        "on 1–32.")

@@ -19,6 +19,7 @@ from relpos_lab.core.attention.masks import relative_positions
 from relpos_lab.core.positions import BUILTIN
 from relpos_lab_tasks.synthetic import ReverseTask
 
+
 @pytest.mark.parametrize("scheme", tuple(BUILTIN))
 def test_every_builtin_scheme_passes_the_kit(scheme):
     report = check_scheme(scheme)

@@ -19,6 +19,7 @@ from relpos_lab import cli
 from relpos_lab.api import KeyState
 from relpos_lab.api.testing import CACHE_TOLERANCE, DECODING_CHECKS, check_scheme
 from relpos_lab.core.positions.fox import Fox, FoxConfig, FoxPositions
+
 from running_sum_scheme import RunningSum, RunningSumConfig, RunningSumScheme
 
 PLAIN = "decoder_only: cached decoding and multi-token prefill equal the full pass (float64)"

@@ -7,8 +7,16 @@ import torch
 
 from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.positions import (
-    BUILTIN, CopeConfig, CopePositions, DapeConfig, DapePositions, FoxConfig, FoxPositions, KeyState, alibi_slopes,
-    builtin_config, contract,
+    BUILTIN,
+    CopeConfig,
+    CopePositions,
+    DapeConfig,
+    DapePositions,
+    FoxPositions,
+    KeyState,
+    alibi_slopes,
+    builtin_config,
+    contract,
 )
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
@@ -16,7 +24,8 @@ from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
 from tests.test_positions import assert_same_outputs_and_grads
 
 CONTENT = tuple(name for name, cls in BUILTIN.items()
-                if contract.has_content_bias(cls(builtin_config(name)).attention(8, 2, True) or contract.RelativePositions()))
+                if contract.has_content_bias(cls(builtin_config(name)).attention(8, 2, True)
+                                             or contract.RelativePositions()))
 
 
 def attend_with_loop(q, k, v, logit_of, visible):

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from relpos_lab.core.attention import flex, relative_attention
-from relpos_lab.core.positions import BUILTIN, builtin_config
 from relpos_lab.core.loss import label_smoothed_loss
+from relpos_lab.core.positions import BUILTIN, builtin_config
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
 
 pytestmark = [pytest.mark.cuda,

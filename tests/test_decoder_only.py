@@ -14,6 +14,7 @@ from relpos_lab import cli
 from relpos_lab.api.registry import available, create_task
 from relpos_lab.config import load_config
 from relpos_lab.records.rundir import run_directory
+
 from toy_translation import write_toy_files
 
 SYNTHETIC = """
@@ -72,7 +73,8 @@ def test_translation_trains_and_evaluates_decoder_only(tmp_path, monkeypatch):
     hyps = (run_dir / "outputs" / "test.hyp").read_text().splitlines()
     assert len(hyps) == 8
     checkpoint = str(run_dir / data["checkpoint"])  # `translate` decodes as evaluation did
-    assert cli.main(["translate", checkpoint, "--input", str(run_dir / "outputs" / "test.src"), "--output", "hyp.txt"]) == 0
+    assert cli.main(["translate", checkpoint, "--input", str(run_dir / "outputs" / "test.src"),
+                     "--output", "hyp.txt"]) == 0
     assert (tmp_path / "hyp.txt").read_text().splitlines() == hyps
 
 

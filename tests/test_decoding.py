@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from relpos_lab.core.decoding import beam_search, by_source_length, gnmt_length_penalty, greedy_search
-from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.positions import builtin_config
+from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
 
 PAD, BOS, EOS = 0, 1, 2

@@ -14,13 +14,14 @@ import random
 import pytest
 import torch
 
-from installed import run_cli
 from relpos_lab.api import ConfigError, ContractError, EncoderOnly, Vocabulary, load_model, registry
 from relpos_lab.api.seq2seq import slot_targets
 from relpos_lab.api.testing import tiny_model_config
 from relpos_lab.core.positions import builtin_config
 from relpos_lab.records.wandb_offline import history, read_runs
 from relpos_lab_tasks.chomsky.base import ChomskyTask
+
+from installed import run_cli
 
 # The reference's output_length (google-deepmind/neural_networks_chomsky_hierarchy, tasks/*/*.py)
 # as a function of the input length n; every other task of the suite outputs one token.

@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from relpos_lab.api.evaluation import Evaluation
 from relpos_lab.api import Seq2SeqTask, TaskConfig, Vocabulary
+from relpos_lab.api.evaluation import Evaluation
 from relpos_lab.api.seq2seq import align
 
 PAD, EOS = Vocabulary.pad_id, Vocabulary.eos_id

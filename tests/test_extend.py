@@ -16,6 +16,7 @@ from relpos_lab.config import load_config
 from relpos_lab.records.rundir import budget_siblings, run_directory
 from relpos_lab.records.wandb_offline import read_runs
 from relpos_lab.training import experiment
+
 from test_train import TINY, global_step, run_dir_of
 
 
@@ -149,7 +150,8 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_intact_checkpoint(tmp_p
     real_fsync = os.fsync
 
     def fsync(fd: int) -> None:
-        if ".last.ckpt." in os.readlink(f"/proc/self/fd/{fd}") and list(tmp_path.glob("runs/*/*/checkpoints/last.ckpt")):
+        if (".last.ckpt." in os.readlink(f"/proc/self/fd/{fd}")
+                and list(tmp_path.glob("runs/*/*/checkpoints/last.ckpt"))):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_fsync(fd)
 

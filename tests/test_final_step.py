@@ -75,7 +75,8 @@ def test_the_last_step_is_validated_and_the_best_is_chosen_over_every_validated_
     assert step_of(run_dir / results["checkpoint"]) == best
     # the numbers in results.json are the evaluated checkpoint's: its validation, evaluated again
     assert results["metrics"]["valid/exact_match"] == pytest.approx(rows[best], abs=1e-6)
-    assert summary.checkpoint.resolve() == (run_dir / results["checkpoint"]).resolve() and summary.checkpoint_step == best
+    assert (summary.checkpoint.resolve() == (run_dir / results["checkpoint"]).resolve()
+            and summary.checkpoint_step == best)
     assert results["global_step"] == 20 and step_of(run_dir / "checkpoints" / "last.ckpt") == 20
 
 

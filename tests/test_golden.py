@@ -30,8 +30,16 @@ import torch
 from relpos_lab.api.registry import get_task_class
 from relpos_lab.core.attention.masks import offset_bias
 from relpos_lab.core.positions import (
-    AlibiPositions, PolarPositions, RopeConfig, RotaryPositions, SinusoidalPositions, T5BiasConfig, T5BiasPositions,
-    XposConfig, XposPositions, alibi_slopes,
+    AlibiPositions,
+    PolarPositions,
+    RopeConfig,
+    RotaryPositions,
+    SinusoidalPositions,
+    T5BiasConfig,
+    T5BiasPositions,
+    XposConfig,
+    XposPositions,
+    alibi_slopes,
 )
 
 GOLDEN = Path(__file__).parent / "golden"

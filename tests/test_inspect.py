@@ -16,6 +16,7 @@ from relpos_lab.core.positions import ShawConfig
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
 from relpos_lab.records.wandb_offline import read_runs
 from relpos_lab.training import inspect as inspection
+
 from test_train import TINY, run_cli, run_dir_of
 
 KINDS = ("encoder_self", "decoder_self", "cross")
@@ -155,9 +156,10 @@ def test_inspecting_a_file_that_is_no_checkpoint_is_one_line(tmp_path, capsys):
 
 
 def test_lengths_beyond_learned_positions_are_one_line(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
     from relpos_lab.api import UserError, registry
     from relpos_lab.config import load_config
-    from omegaconf import OmegaConf
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text(TINY)

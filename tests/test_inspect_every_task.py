@@ -16,6 +16,7 @@ from relpos_lab.core.positions import CopeConfig, DapeConfig, FoxConfig
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig, MultiHeadAttention
 from relpos_lab.records.wandb_offline import read_runs
 from relpos_lab.training import inspect as inspection
+
 from test_inspect import _Stub
 from test_lm_train import TINY, run_cli
 
@@ -48,7 +49,8 @@ def test_by_offset_is_the_mean_and_standard_deviation_over_the_counted_pairs_at_
     torch.testing.assert_close(drawn.spread, torch.stack([s.std(0, unbiased=False) for s in stacked], -1).float())
 
 
-@pytest.mark.parametrize("positions", [CopeConfig(cope_npos_max=6), FoxConfig(), DapeConfig()], ids=["cope", "fox", "dape"])
+@pytest.mark.parametrize("positions", [CopeConfig(cope_npos_max=6), FoxConfig(), DapeConfig()],
+                         ids=["cope", "fox", "dape"])
 def test_a_content_scheme_draws_its_bias_over_the_real_pairs_of_a_padded_batch(positions):
     """What inspect draws (the probe's arguments, the module's draw_content) on a batch with padded
     sources and targets equals the bias computed on each example alone, pooled by offset: padded
@@ -76,7 +78,8 @@ def test_a_content_scheme_draws_its_bias_over_the_real_pairs_of_a_padded_batch(p
             bias = modules[(kind, 0)].content_bias(q, k, x, offset, visible, KeyState())
             lq, lk = q.shape[-2], k.shape[-2]
             bias = bias.expand(1, 2, lq, lk)
-            seen = torch.ones(lq, lk, dtype=torch.bool) if visible is None else torch.broadcast_to(visible, (1, 1, lq, lk))[0, 0]
+            seen = (torch.ones(lq, lk, dtype=torch.bool) if visible is None
+                    else torch.broadcast_to(visible, (1, 1, lq, lk))[0, 0])
             for i in range(lq):
                 for j in range(lk):
                     if seen[i, j] and abs(j - i) <= 4:
@@ -142,7 +145,8 @@ def test_an_lm_run_is_inspected_at_every_evaluation_length_when_it_finishes(shaw
 
 def test_the_inspect_command_takes_an_lm_checkpoint_and_its_lengths(shaw_lm, capsys, tmp_path):
     run_dir, _ = shaw_lm
-    assert cli.main(["inspect", str(run_dir / "checkpoints" / "last.ckpt"), "--lengths", "32", "--out", str(tmp_path)]) == 0
+    assert cli.main(["inspect", str(run_dir / "checkpoints" / "last.ckpt"), "--lengths", "32",
+                     "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().out.startswith("inspect: 5 figures in")
     numbers = json.loads((tmp_path / "inspect.json").read_text())
     assert list(numbers["sets"]) == ["valid", "length 32"] and numbers["sets"]["length 32"]["examples"] > 0
@@ -187,4 +191,5 @@ def test_a_scheme_that_draws_nothing_says_so_in_one_line(tmp_path_factory, data_
     numbers = json.loads((tmp_path / "inspect.json").read_text())
     assert numbers["not_drawn"] == note and numbers["drawings"] == {} and "content" not in numbers
     assert list(numbers["sets"]) == ["valid", *(f"length {n}" for n in LENGTHS)]
-    assert not list((tmp_path / "plots" / "inspect").glob("scheme_*")) and not list((tmp_path / "plots" / "inspect").glob("content_*"))
+    assert (not list((tmp_path / "plots" / "inspect").glob("scheme_*"))
+            and not list((tmp_path / "plots" / "inspect").glob("content_*")))

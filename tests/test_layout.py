@@ -47,7 +47,8 @@ def imports(path: Path, eager: bool = False) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
             found.add(base)
             found |= {f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules()}
     return found

@@ -39,7 +39,8 @@ def instance_of(cls: type, tmp_path):
 def test_each_lightning_internal_we_use_still_exists(internal, tmp_path):
     cls = owner_class(internal.owner)
     if internal.parameters is None:
-        assert hasattr(instance_of(cls, tmp_path), internal.name), f"{internal.owner}.{internal.name} is gone ({internal.used_by})"
+        assert hasattr(instance_of(cls, tmp_path), internal.name), (
+            f"{internal.owner}.{internal.name} is gone ({internal.used_by})")
         return
     method = getattr(cls, internal.name, None)
     assert method is not None, f"{internal.owner}.{internal.name} is gone ({internal.used_by})"

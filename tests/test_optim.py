@@ -24,7 +24,8 @@ def test_inverse_sqrt_matches_the_transformer_papers_formula():
     peak = d_model**-0.5 * warmup**-0.5
     for step in (1, 100, 4000, 10000):
         paper = d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
-        assert peak * lr_factor(step - 1, scheduler="inverse_sqrt", warmup_steps=warmup, total_steps=0) == pytest.approx(paper)
+        assert (peak * lr_factor(step - 1, scheduler="inverse_sqrt", warmup_steps=warmup, total_steps=0)
+                == pytest.approx(paper))
 
 
 def test_cosine_ends_at_the_minimum_ratio():

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from installed import run_cli
 from relpos_lab import cli
 from relpos_lab.config.load import load_config
 from relpos_lab.launch.sweep import load_sweep
+
+from installed import run_cli
 
 SWEEPS = {"deletang2023_paper": 10 * 3 * 15 * 6, "ruoss2023_paper": 10 * 3 * 15 * 5,
           "deletang2023_paper_small": 2 * 15 * 17, "ruoss2023_paper_small": 2 * 15 * 6}

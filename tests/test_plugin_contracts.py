@@ -15,7 +15,16 @@ import torch
 from torch import nn
 
 from relpos_lab.api import (
-    KeyState, LossOutput, Pair, PositionConfig, PositionScheme, RelativePositions, Seq2SeqTask, TaskConfig, Vocabulary, registry,
+    KeyState,
+    LossOutput,
+    Pair,
+    PositionConfig,
+    PositionScheme,
+    RelativePositions,
+    Seq2SeqTask,
+    TaskConfig,
+    Vocabulary,
+    registry,
 )
 from relpos_lab.api.contract import Checked, check
 from relpos_lab.api.errors import ConfigError

@@ -7,8 +7,23 @@ import torch
 from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.attention.masks import offset_bias
 from relpos_lab.core.positions import (
-    BUILTIN, AbacusPositions, AlibiPositions, CouplingPositions, FireConfig, FirePositions, LearnedPositions, RelativePositions, RotaryPositions, ShawConfig, ShawPositions,
-    SinusoidalPositions, T5BiasConfig, T5BiasPositions, TransformerXLPositions, alibi_slopes, builtin_config,
+    BUILTIN,
+    AbacusPositions,
+    AlibiPositions,
+    CouplingPositions,
+    FireConfig,
+    FirePositions,
+    LearnedPositions,
+    RelativePositions,
+    RotaryPositions,
+    ShawConfig,
+    ShawPositions,
+    SinusoidalPositions,
+    T5BiasConfig,
+    T5BiasPositions,
+    TransformerXLPositions,
+    alibi_slopes,
+    builtin_config,
     scheme_of,
 )
 
@@ -151,7 +166,8 @@ def test_asymmetric_shaw_clips_each_side_at_its_own_distance(left, right, per_he
     assert rel.rel_k.shape[-2] == left + right + 1
     q, k, v = (torch.randn(1, 2, 6, 4, dtype=torch.float64) for _ in range(3))
     offset = 3  # cached decoding: queries at absolute positions 3..8 over keys 0..8
-    k, v = torch.cat((torch.randn(1, 2, 3, 4, dtype=torch.float64), k), 2), torch.cat((torch.randn(1, 2, 3, 4, dtype=torch.float64), v), 2)
+    k, v = (torch.cat((torch.randn(1, 2, 3, 4, dtype=torch.float64), k), 2),
+            torch.cat((torch.randn(1, 2, 3, 4, dtype=torch.float64), v), 2))
     for impl in ("naive", "gather"):
         out = relative_attention(q, k, v, query_offset=offset, impl=impl, **rel.attention_kwargs(q, k, offset))
         expected = torch.zeros_like(out)
@@ -242,7 +258,8 @@ def test_fire_matches_the_papers_equation_in_a_loop(causal, lq, lk, offset):
 
     def bias_of(b, h, i, j):
         c, L = rel.c, abs(rel.threshold_scale * 3.0)
-        x = torch.log(abs(c * abs(i - j)) + 1) / (torch.log(abs(c * torch.maximum(torch.tensor(float(i)), L)) + 1) + 1e-6)
+        x = (torch.log(abs(c * abs(i - j)) + 1)
+             / (torch.log(abs(c * torch.maximum(torch.tensor(float(i)), L)) + 1) + 1e-6))
         hidden = torch.relu(first.weight[:, 0] * x + first.bias)
         return second.weight[h] @ hidden + second.bias[h]
 

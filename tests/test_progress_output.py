@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from relpos_lab.training.progress import ProgressLines, StepProgressBar, progress_bar
+
 from test_train import TINY, env
 
 PROGRESS = re.compile(r"^step (\d+)/30 \(\d+%\)  loss \d+\.\d{4}  \d+\.\d\d steps/s  ETA \d+:\d\d:\d\d$", re.M)

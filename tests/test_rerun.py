@@ -257,7 +257,8 @@ def test_an_unreadable_newest_checkpoint_is_one_line_and_the_previous_one_is_use
     assert json.loads((run_dir / "results.json").read_text())["started_at_step"] == 15
 
 
-def test_the_rule_finished_reports_interrupted_refuses_with_resume_false_and_force_moves_aside(root, monkeypatch, capsys):
+def test_the_rule_finished_reports_interrupted_refuses_with_resume_false_and_force_moves_aside(root, monkeypatch,
+                                                                                               capsys):
     monkeypatch.chdir(root)
     disabled = "logging.wandb.mode=disabled"
     assert cli.main(["train", "tiny.yaml", "trainer.max_steps=20", disabled]) == 0
@@ -273,7 +274,8 @@ def test_the_rule_finished_reports_interrupted_refuses_with_resume_false_and_for
     (run_dir / "results.json").unlink()
     assert cli.main(["train", "tiny.yaml", "trainer.max_steps=20", disabled, "resume=false"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{run_dir} holds an interrupted attempt of this run (its newest checkpoint is " in err
+    assert (err.count("\n") == 1
+            and f"{run_dir} holds an interrupted attempt of this run (its newest checkpoint is " in err)
     assert "pass --force to start over (the old directory is moved to " in err
     # --force: the old directory is moved aside, never deleted, and the run starts over
     assert cli.main(["train", "tiny.yaml", "trainer.max_steps=20", disabled, "--force"]) == 0
@@ -336,6 +338,7 @@ def test_a_checkpoint_that_does_not_fit_the_config_is_refused_before_the_run_dir
     (best,) = (run_dir / "checkpoints").glob("best-step=*.ckpt")
     assert cli.main(["eval", str(best), "task.alphabet_size=4"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "model.decoder.output.weight is (14, 16) in the checkpoint, (8, 16) in the model" in err
+    assert (err.count("\n") == 1
+            and "model.decoder.output.weight is (14, 16) in the checkpoint, (8, 16) in the model" in err)
     assert "task.alphabet_size 10 -> 4" in err and "Drop the overrides" in err
     assert not (run_dir / "eval").exists() and snapshot(run_dir) == before

@@ -9,12 +9,11 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from omegaconf import OmegaConf
 
-from relpos_lab.api import registry
+from relpos_lab.api import Pair, Seq2SeqTask, TaskConfig, Vocabulary, registry
 from relpos_lab.config import DataConfig, config_from_container
 from relpos_lab.training.data import TaskDataModule
-from relpos_lab.training.trainer import build_trainer
 from relpos_lab.training.module import RelposModule
-from relpos_lab.api import Pair, Seq2SeqTask, TaskConfig, Vocabulary
+from relpos_lab.training.trainer import build_trainer
 
 
 class _Numbered(Seq2SeqTask):

@@ -8,11 +8,19 @@ import torch.nn.functional as F
 
 from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.positions import (
-    PolarPositions, PopeConfig, RopeConfig, RotaryPositions, SandwichConfig, SandwichPositions, XposConfig,
-    XposPositions, scheme_of,
+    PolarPositions,
+    PopeConfig,
+    RopeConfig,
+    RotaryPositions,
+    SandwichConfig,
+    SandwichPositions,
+    XposConfig,
+    XposPositions,
+    scheme_of,
 )
 from relpos_lab.core.positions.rotary import yarn_ramp
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder
+
 from tests.test_positions import assert_same_outputs_and_grads, attend_with_loop
 from tests.test_transformer import chunks, tiny
 
@@ -254,7 +262,8 @@ def test_sandwich_runs_in_the_fused_kernel_like_gather():
                          dropout_p=0.0, attn_bias=None):
         pytest.skip("triton is not available here")
     got = relative_attention(q, k, v, is_causal=True, query_offset=3, impl="triton", **kwargs)
-    torch.testing.assert_close(got, relative_attention(q, k, v, is_causal=True, query_offset=3, impl="gather", **kwargs),
+    torch.testing.assert_close(got,
+                               relative_attention(q, k, v, is_causal=True, query_offset=3, impl="gather", **kwargs),
                                atol=1e-5, rtol=1e-5)
 
 
@@ -316,7 +325,8 @@ def test_a_scaled_rope_model_trains_as_plain_rope_and_evaluates_scaled():
     (RopeConfig(rope_fraction=1.5), "rope_fraction=1.5 must be in"),
     (RopeConfig(rope_scaling="dynamic"), "rope_scaling='dynamic'; choose one of none, linear, ntk, yarn"),
     (RopeConfig(rope_scaling="yarn"), "needs model.positions.rope_train_length"),
-    (RopeConfig(rope_scaling="ntk", rope_train_length=8, rope_scaling_factor=0.5), "rope_scaling_factor=0.5 must be >= 1"),
+    (RopeConfig(rope_scaling="ntk", rope_train_length=8, rope_scaling_factor=0.5),
+     "rope_scaling_factor=0.5 must be >= 1"),
     (XposConfig(xpos_scale_base=0), "xpos_scale_base=0"),
     (SandwichConfig(sandwich_dim=7), "sandwich_dim=7 must be an even number"),
 ])

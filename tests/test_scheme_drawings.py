@@ -4,8 +4,16 @@ import pytest
 import torch
 
 from relpos_lab.core.positions import (
-    AlibiConfig, CopeConfig, DapeConfig, FireConfig, FoxConfig, RelativePositions, ShawConfig, T5BiasConfig,
-    TransformerXLConfig, scheme_of,
+    AlibiConfig,
+    CopeConfig,
+    DapeConfig,
+    FireConfig,
+    FoxConfig,
+    RelativePositions,
+    ShawConfig,
+    T5BiasConfig,
+    TransformerXLConfig,
+    scheme_of,
 )
 
 

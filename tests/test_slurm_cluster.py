@@ -22,13 +22,15 @@ import torch
 from relpos_lab import cli
 from relpos_lab.records.wandb_offline import history, read_runs
 
+
 def _no_cluster() -> str | None:
     if shutil.which("sbatch") is None:
         return "needs SLURM (slurm/dev-cluster-start.sh)"
     from relpos_lab.launch.slurm import cluster_unreachable
 
     why = cluster_unreachable()
-    return f"sbatch is installed but no SLURM cluster answers ({why}); slurm/dev-cluster-start.sh starts one" if why else None
+    return (f"sbatch is installed but no SLURM cluster answers ({why}); slurm/dev-cluster-start.sh starts one"
+            if why else None)
 
 
 NO_CLUSTER = _no_cluster()
@@ -363,7 +365,8 @@ def test_more_nodes_than_the_partition_has_are_refused_naming_trainer_num_nodes(
     assert cli.main(["submit", "tiny.yaml", f"trainer.num_nodes={nodes + 1}", "cluster.partition=short", *DDP[1:]]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "SLURM cannot run this job" in err, err
-    assert f"it asks for {nodes + 1} node(s)" in err and f"lower trainer.num_nodes (the partition has {nodes} node" in err
+    assert (f"it asks for {nodes + 1} node(s)" in err
+            and f"lower trainer.num_nodes (the partition has {nodes} node" in err)
     assert "trainer.devices" not in err  # the CPUs per node are not what is short
     assert not (workdir / "runs").exists()
 

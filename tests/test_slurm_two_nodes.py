@@ -21,9 +21,21 @@ from pathlib import Path
 import pytest
 
 from relpos_lab.records.wandb_offline import history, read_runs
+
 from test_distributed import CONFIG as ONE_BATCH, GLOBAL_BATCH, STEPS, logged
-from test_slurm_cluster import (NO_CLUSTER, WAIT_S, first_periodic_checkpoint, global_step, job_records, logged_steps,
-                                logs, submit, the_run_dir, wait_for, workdir)  # noqa: F401 (workdir: a fixture)
+from test_slurm_cluster import (
+    NO_CLUSTER,
+    WAIT_S,
+    first_periodic_checkpoint,
+    global_step,
+    job_records,
+    logged_steps,
+    logs,
+    submit,
+    the_run_dir,
+    wait_for,
+    workdir,  # noqa: F401 (a fixture: the tests take it as a parameter)
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,7 +88,9 @@ def requeue_checkpoint(path: Path) -> int:
     return global_step(path)
 
 
-def test_ddp_across_two_nodes_follows_the_one_process_loss_curve(workdir, capsys, monkeypatch):
+def test_ddp_across_two_nodes_follows_the_one_process_loss_curve(
+    workdir, capsys, monkeypatch  # noqa: F811 (workdir: the fixture imported above)
+):
     """2 nodes x 1 task on a global batch of 32 (16 per rank) against 1 process on 32: the same
     loss at every step and the same test metrics (the two jobs run side by side)."""
     (workdir / "ddp.yaml").write_text(ONE_BATCH)
@@ -105,7 +119,9 @@ def test_ddp_across_two_nodes_follows_the_one_process_loss_curve(workdir, capsys
         assert results["nodes"]["metrics"][metric] == pytest.approx(value, rel=1e-4, abs=1e-5), metric
 
 
-def test_a_two_node_job_requeued_by_sigusr1_and_by_scontrol_resumes_on_both_nodes_with_one_history(workdir, capsys):
+def test_a_two_node_job_requeued_by_sigusr1_and_by_scontrol_resumes_on_both_nodes_with_one_history(
+    workdir, capsys  # noqa: F811 (workdir: the fixture imported above)
+):
     """SIGUSR1 to both ranks: they checkpoint at one step and the job requeues itself; then
     `scontrol requeue` from outside: SLURM's SIGTERM, a checkpoint at one step, the requeue. The
     third attempt finishes, every attempt on both nodes, one metrics.csv and one W&B run."""
@@ -146,7 +162,9 @@ def test_a_two_node_job_requeued_by_sigusr1_and_by_scontrol_resumes_on_both_node
     assert [r["trainer/global_step"] for r in history(attempts) if "train/loss" in r] == list(range(steps))
 
 
-def test_a_rank_killed_on_the_second_node_fails_the_job_in_seconds_and_a_resubmission_resumes(workdir, capsys):
+def test_a_rank_killed_on_the_second_node_fails_the_job_in_seconds_and_a_resubmission_resumes(
+    workdir, capsys  # noqa: F811 (workdir: the fixture imported above)
+):
     """SIGKILL to rank 1 (on n2) mid-training: srun --kill-on-bad-exit ends rank 0 too, so the job
     fails at once instead of rank 0 waiting in a collective; submitting again resumes from the
     periodic checkpoint, with one history."""
@@ -199,7 +217,9 @@ def start_cluster() -> None:
 
 
 @pytest.mark.slow  # ~70 s: SLURM takes 20-30 s (SlurmdTimeout=30) to set a silent node DOWN
-def test_a_lost_second_node_is_noticed_by_slurm_which_requeues_the_job_and_it_resumes(workdir, capsys):
+def test_a_lost_second_node_is_noticed_by_slurm_which_requeues_the_job_and_it_resumes(
+    workdir, capsys  # noqa: F811 (workdir: the fixture imported above)
+):
     """n2 stops answering mid-training as a crashed machine does: its slurmd killed, its rank and
     slurmstepd frozen, their connections left open (rank 0 waits in a collective; nothing fails on
     n1). SLURM sets n2 DOWN after SlurmdTimeout, ends the attempt (NODE_FAIL) and requeues the job;

@@ -35,7 +35,8 @@ def test_a_streamed_example_is_a_function_of_the_seed_and_its_index():
     assert isinstance(stream, Stream)
     first = rows(stream[i] for i in range(300))
     assert rows(stream[i] for i in reversed(range(300)))[::-1] == first  # order of drawing does not matter
-    assert rows(create("parity_check", train_size=0, train_lengths=[1, 40]).dataset("train")[i] for i in range(300)) == first
+    assert rows(create("parity_check", train_size=0, train_lengths=[1, 40]).dataset("train")[i]
+                for i in range(300)) == first
     other = create("parity_check", train_size=0, train_lengths=[1, 40], data_seed=1).dataset("train")
     assert rows(other[i] for i in range(300)) != first
     lengths = [len(src) for src, _ in first]

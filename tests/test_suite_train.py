@@ -4,7 +4,6 @@ representative few in the default run, all of them under `-m slow`."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

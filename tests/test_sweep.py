@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from relpos_lab.api.errors import ConfigError, UserError
 from relpos_lab import cli
 from relpos_lab.analysis.report import write_report
+from relpos_lab.api.errors import ConfigError, UserError
 from relpos_lab.launch.sweep import link_identical_runs, load_sweep
-
 
 TINY_EXPERIMENT = """\
 extends: [reverse_shaw.yaml, overlay/debug.yaml]
@@ -36,7 +35,8 @@ grid:
 
 
 def write_sweep(tmp_path: Path, sweep: str = TINY_SWEEP) -> Path:
-    (tmp_path / "tiny.yaml").write_text(TINY_EXPERIMENT + f"logging: {{root: {tmp_path / 'runs'}, wandb: {{mode: disabled}}}}\n")
+    (tmp_path / "tiny.yaml").write_text(TINY_EXPERIMENT
+                                        + f"logging: {{root: {tmp_path / 'runs'}, wandb: {{mode: disabled}}}}\n")
     path = tmp_path / "sweep.yaml"
     path.write_text(sweep)
     return path
@@ -65,7 +65,8 @@ def test_excluded_combinations_are_no_points(tmp_path):
 
 
 @pytest.mark.parametrize("rule,message", [
-    ("{schemes: none}", "no axis of the grid"), ("{scheme: shaw}", "'shaw', which is no label"), ("[scheme]", "mappings"),
+    ("{schemes: none}", "no axis of the grid"), ("{scheme: shaw}", "'shaw', which is no label"),
+    ("[scheme]", "mappings"),
 ])
 def test_bad_exclusions_are_clear_errors(tmp_path, rule, message):
     with pytest.raises(ConfigError, match=message):
@@ -90,7 +91,8 @@ def test_a_worker_resolves_only_its_own_point(tmp_path):
     ("experiment: tiny.yaml\ngrid: {seed: [1]}\nreference: {metric: bleu, values: {a: 1}}\n",
      "exactly the keys source, metric, split, values"),
     ("experiment: tiny.yaml\ngrid: {optim.lr: [0.1, 0.2], seed: [1]}\n"
-     "reference: {source: paper, metric: bleu, split: test, values: {'0.1': 1, '0.3': 2}}\n", "names '0.3', which is no group"),
+     "reference: {source: paper, metric: bleu, split: test, values: {'0.1': 1, '0.3': 2}}\n",
+     "names '0.3', which is no group"),
 ])
 def test_bad_sweep_files_are_clear_errors(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
@@ -121,7 +123,8 @@ def test_tiny_sweep_runs_end_to_end_and_the_report_aggregates_it(tmp_path):
         assert rows[group]["n_runs"] == "2"
     by_length = list(csv.DictReader(open(tmp_path / "report" / "by_length.csv")))
     five = [r for r in by_length if r["group"] == "shaw_k2" and r["metric"] == "exact_match" and r["length"] == "5"]
-    want = (results[2]["by_length"]["test"]["5"]["exact_match"] + results[3]["by_length"]["test"]["5"]["exact_match"]) / 2
+    want = (results[2]["by_length"]["test"]["5"]["exact_match"]
+            + results[3]["by_length"]["test"]["5"]["exact_match"]) / 2
     assert float(five[0]["mean"]) == pytest.approx(want, abs=1e-6)
     text = report.read_text()
     assert "training lengths 1–3" in text and "| shaw_k2 | 2 |" in text
@@ -214,7 +217,8 @@ def test_report_shows_budget_signatures_and_the_published_numbers(tmp_path):
     assert "| group | runs | exact_match | paper bleu |" in text
     assert "| 0 | 1 | 0.100 | 12.5 |" in text and "| 16 | 2 | 0.400 ± 0.141 | 25.8 |" in text
     assert "Column *paper bleu*: Table 2" in text
-    assert "Budget: 600 steps; 2.40–2.43 M parameters; wall time 12.5 min per run (10.0–15.0, 2 runs not resumed)." in text
+    assert ("Budget: 600 steps; 2.40–2.43 M parameters; wall time 12.5 min per run "
+            "(10.0–15.0, 2 runs not resumed).") in text
     assert "Signatures: bleu_signature: `nrefs:1|tok:13a`." in text
     assert "differ" not in text
 
@@ -293,7 +297,8 @@ def test_a_sweep_without_a_seed_axis_reports_each_grid_point_as_its_own_group(tm
     from relpos_lab import cli
 
     root = tmp_path / "runs" / "noseed"
-    points = [({"k": "0"}, _fake_run(root, "k0", 0.1, {1: 0.2}, 1)), ({"k": "16"}, _fake_run(root, "k16", 0.3, {1: 0.4}, 1))]
+    points = [({"k": "0"}, _fake_run(root, "k0", 0.1, {1: 0.2}, 1)),
+              ({"k": "16"}, _fake_run(root, "k16", 0.3, {1: 0.4}, 1))]
     (root / "sweep.json").write_text(json.dumps({
         "name": "noseed", "sweep_file": "x.yaml", "axes": ["k"],
         "points": [{"index": i, "labels": l, "overrides": [], "run_dir": d} for i, (l, d) in enumerate(points)]}))
@@ -312,9 +317,11 @@ def test_a_sweep_without_a_seed_axis_reports_each_grid_point_as_its_own_group(tm
 
 
 def test_published_numbers_are_shown_only_beside_their_own_split(tmp_path):
-    _hand_sweep(tmp_path, 0.5, reference={"source": "Table 2", "metric": "bleu", "split": "test", "values": {"0": 12.5}})
+    _hand_sweep(tmp_path, 0.5,
+                reference={"source": "Table 2", "metric": "bleu", "split": "test", "values": {"0": 12.5}})
     sweep_dir = tmp_path / "runs" / "s"
-    text = write_report(sweep_dir, tmp_path / "out", metrics=("exact_match",)).read_text()  # default: the reference's split
+    # default: the reference's split
+    text = write_report(sweep_dir, tmp_path / "out", metrics=("exact_match",)).read_text()
     assert "split `test`" in text and "| 0 | 1 | 0.500 | 12.5 |" in text
     text = write_report(sweep_dir, tmp_path / "out", split="valid", metrics=("exact_match",)).read_text()
     assert "paper bleu" not in text and "compare with split `test`, not `valid`: not shown" in text
@@ -437,7 +444,8 @@ def _suite_with_reference(root: Path, reference: dict) -> Path:
     """Tasks parity × schemes rope, shaw (both run) and reverse × rope (run), shaw (never ran)."""
     points = []
     for task, scheme, value in (("parity", "rope", 0.6), ("parity", "shaw", 0.9), ("reverse", "rope", 0.5)):
-        points.append(({"seed": "1", "task": task, "scheme": scheme}, _fake_run(root, f"{task}-{scheme}", value, {}, 1)))
+        points.append(({"seed": "1", "task": task, "scheme": scheme},
+                       _fake_run(root, f"{task}-{scheme}", value, {}, 1)))
     points.append(({"seed": "1", "task": "reverse", "scheme": "shaw"}, str(root / "never-ran")))
     (root / "sweep.json").write_text(json.dumps({
         "name": "suite", "sweep_file": "x.yaml", "reference": reference,

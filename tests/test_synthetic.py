@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relpos_lab.api import Vocabulary
 from relpos_lab.api.errors import UserError
 from relpos_lab.api.registry import get_task_class
-from relpos_lab.api import Vocabulary
 from relpos_lab_tasks.synthetic import CopyTask, ReverseTask, SyntheticConfig
 
 

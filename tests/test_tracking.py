@@ -19,8 +19,16 @@ from torch.utils.data import DataLoader, TensorDataset
 from relpos_lab.config import LoggingConfig
 from relpos_lab.records import loggers as run_loggers
 from relpos_lab.records.loggers import (
-    RunCSVLogger, RunWandbLogger, build_loggers, close_loggers, cut_metrics, log_samples, read_metric_rows,
-    resolve_wandb_mode, resume_plan, wandb_run_id,
+    RunCSVLogger,
+    RunWandbLogger,
+    build_loggers,
+    close_loggers,
+    cut_metrics,
+    log_samples,
+    read_metric_rows,
+    resolve_wandb_mode,
+    resume_plan,
+    wandb_run_id,
 )
 from relpos_lab.records.plots import groups_figure, plot_curves, plot_groups
 from relpos_lab.records.results import plot_by_length, write_results

@@ -83,7 +83,8 @@ def test_training_learns_something(trained):
     _, run_dir, _ = trained
     rows = (run_dir / "metrics.csv").read_text().splitlines()
     header = rows[0].split(",")
-    losses = [float(r.split(",")[header.index("train/loss")]) for r in rows[1:] if r.split(",")[header.index("train/loss")]]
+    losses = [float(r.split(",")[header.index("train/loss")]) for r in rows[1:]
+              if r.split(",")[header.index("train/loss")]]
     assert len(losses) >= 5 and losses[-1] < losses[0]
 
 
@@ -290,7 +291,8 @@ def test_a_file_that_is_not_a_checkpoint_is_one_line_without_torchs_mmap_advice(
                         "runs/<name>/<run>/checkpoints/last.ckpt\n")
     assert "_use_new_zipfile_serialization" not in err
     (tmp_path / "empty.ckpt").write_bytes(b"")
-    assert "empty.ckpt is not a checkpoint torch can read (torch.load: EOFError" in one_line_error(capsys, "eval", "empty.ckpt")
+    assert ("empty.ckpt is not a checkpoint torch can read (torch.load: EOFError"
+            in one_line_error(capsys, "eval", "empty.ckpt"))
     torch.save({"state_dict": {}}, tmp_path / "legacy.ckpt", _use_new_zipfile_serialization=False)
     err = one_line_error(capsys, "eval", "legacy.ckpt")  # torch's legacy format is read (without mmap)
     assert "legacy.ckpt: not a relpos-lab checkpoint (no config in its hyperparameters)" in err

@@ -5,12 +5,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from relpos_lab.core.positions import BUILTIN, builtin_config
 from relpos_lab.core.loss import label_smoothed_loss
+from relpos_lab.core.positions import BUILTIN, builtin_config
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import (
-    MODEL_IMPLS, DecoderLayer, DecoderLM, Embedding, EncoderDecoder, EncoderLayer, ModelConfig, MultiHeadAttention,
+    MODEL_IMPLS,
+    DecoderLayer,
+    DecoderLM,
+    Embedding,
+    EncoderDecoder,
+    EncoderLayer,
+    ModelConfig,
+    MultiHeadAttention,
 )
+
 
 def positions(scheme: str, max_distance: int = 2, **fields):
     """A built-in scheme's config; Shaw takes the clipping distance."""

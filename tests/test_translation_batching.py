@@ -8,10 +8,10 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DistributedSampler, SequentialSampler
 
-from relpos_lab.training.batching import TokenBatchSampler
-from relpos_lab.config import DataConfig
-from relpos_lab.training.data import TaskDataModule
 from relpos_lab.api import Pair, Seq2SeqTask, TaskConfig, Vocabulary
+from relpos_lab.config import DataConfig
+from relpos_lab.training.batching import TokenBatchSampler
+from relpos_lab.training.data import TaskDataModule
 
 _rng = random.Random(0)
 SIZES = [_rng.randint(1, 40) for _ in range(500)]

@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 from sacrebleu.metrics import BLEU, CHRF
 
 from relpos_lab_tasks.translation.bleu import CorpusEvaluation, CorpusScore, data_signature
+
 from toy_translation import toy_corpus
 
 SRC, REFS = toy_corpus(120, seed=3)

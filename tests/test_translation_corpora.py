@@ -10,6 +10,7 @@ import pytest
 from relpos_lab.api.errors import UserError
 from relpos_lab_tasks.translation.corpora import from_hf_rows, read_aligned, read_hf, read_tsv
 from relpos_lab_tasks.translation.gettext import build_corpus, clean_message, read_mo
+
 from toy_translation import mo_bytes
 
 MACHINE_CATALOGS = Path("/usr/share/locale/de/LC_MESSAGES")
@@ -25,7 +26,8 @@ def write(path: Path, text: str | bytes) -> Path:
 
 
 def test_aligned_files_pair_line_i_with_line_i(tmp_path):
-    text = read_aligned(write(tmp_path / "train.en", "Hello\nOpen file\n"), write(tmp_path / "train.de", "Hallo\nDatei öffnen\n"))
+    text = read_aligned(write(tmp_path / "train.en", "Hello\nOpen file\n"),
+                        write(tmp_path / "train.de", "Hallo\nDatei öffnen\n"))
     assert (text.src, text.tgt) == (["Hello", "Open file"], ["Hallo", "Datei öffnen"])
     assert text.report() == f"{tmp_path}/train.en + {tmp_path}/train.de: 2 sentence pairs"
 

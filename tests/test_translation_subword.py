@@ -6,11 +6,12 @@ import time
 
 import pytest
 
-from relpos_lab.api.errors import UserError
 from relpos_lab.api import Vocabulary
+from relpos_lab.api.errors import UserError
 from relpos_lab_tasks import subword
 from relpos_lab_tasks.subword import SubwordConfig, load_or_train
 from relpos_lab_tasks.translation.task import TranslationConfig, TranslationTask
+
 from toy_translation import toy_corpus, write_toy_files
 
 SRC, TGT = toy_corpus(300, seed=1)

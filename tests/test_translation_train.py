@@ -21,6 +21,7 @@ from relpos_lab.records.wandb_offline import find_run_files, read_run
 from relpos_lab_tasks.translation import baseline as translation_baseline
 from relpos_lab_tasks.translation.bleu import data_signature
 from relpos_lab_tasks.translation.corpora import read_aligned
+
 from toy_translation import write_toy_files
 
 TOY = """
@@ -91,7 +92,8 @@ def test_the_hypothesis_file_scores_the_reported_bleu_with_sacrebleu(trained, to
     run_dir, results, _ = trained
     outputs = run_dir / "outputs"
     hyps, refs = lines(outputs / "test.hyp"), lines(outputs / "test.ref")
-    assert refs == lines(toy / "data" / "toy" / "test.xx") and lines(outputs / "test.src") == lines(toy / "data" / "toy" / "test.en")
+    assert (refs == lines(toy / "data" / "toy" / "test.xx")
+            and lines(outputs / "test.src") == lines(toy / "data" / "toy" / "test.en"))
     assert sacrebleu.corpus_bleu(hyps, [refs]).score == results["metrics"]["test/bleu"]
     assert sacrebleu.corpus_chrf(hyps, [refs]).score == results["metrics"]["test/chrf"]
 
@@ -121,7 +123,8 @@ def test_translate_gives_the_evaluations_hypotheses_for_a_file(trained, toy, mon
     run_dir, results, _ = trained
     monkeypatch.chdir(toy)
     checkpoint = str(run_dir / results["checkpoint"])
-    assert cli.main(["translate", checkpoint, "--input", str(run_dir / "outputs" / "test.src"), "--output", "hyp.txt"]) == 0
+    assert cli.main(["translate", checkpoint, "--input", str(run_dir / "outputs" / "test.src"),
+                     "--output", "hyp.txt"]) == 0
     assert lines(toy / "hyp.txt") == lines(run_dir / "outputs" / "test.hyp")
 
 
@@ -209,7 +212,8 @@ def small_splits(tmp_path_factory) -> Path:
 @pytest.mark.integration
 # 1 sentence is the edge case (a rank without any); 3 and 100 run with `-m slow` (test_distributed
 # covers 1, 3 and 100 on the synthetic task by default).
-@pytest.mark.parametrize("sentences", [1, pytest.param(3, marks=pytest.mark.slow), pytest.param(100, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sentences", [1, pytest.param(3, marks=pytest.mark.slow),
+                                       pytest.param(100, marks=pytest.mark.slow)])
 def test_two_process_ddp_evaluates_splits_smaller_than_the_world_as_one_process_does(small_splits, sentences,
                                                                                       monkeypatch):
     """One token batch and two processes: rank 1 has no batch. It used to crash the final

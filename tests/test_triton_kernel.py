@@ -4,7 +4,8 @@ On CPU the very kernel code runs in Triton's interpreter (tests/conftest.py sets
 before triton is imported), so these prove exactness without a GPU: outputs and the gradients of
 q, k, v, rel_k, rel_v and rel_bias, over lengths that are not multiples of the block (16 here),
 cross lengths with a query offset, per-head tables, each term alone, k = 0, 1, 16 and k ≥ L,
-padding, causality and rows that see nothing; the band in tiles of 8 and of 16. On a GPU the same tests run compiled (-m cuda).
+padding, causality and rows that see nothing; the band in tiles of 8 and of 16. On a GPU the same tests run
+compiled (-m cuda).
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import torch
 
 from relpos_lab.core.attention import fused, relative_attention
 from relpos_lab.core.attention.masks import offset_bias, relative_positions
-from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
 from relpos_lab.core.positions import builtin_config
+from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(

@@ -7,9 +7,14 @@ from pathlib import Path
 import pytest
 import wandb
 
-from relpos_lab.records.wandb_offline import (RunFileError, find_run_files, read_records, read_run, read_runs,
-                                      wait_until_complete)
-
+from relpos_lab.records.wandb_offline import (
+    RunFileError,
+    find_run_files,
+    read_records,
+    read_run,
+    read_runs,
+    wait_until_complete,
+)
 
 pytestmark = pytest.mark.usefixtures("offline_wandb")  # tests/conftest.py
 

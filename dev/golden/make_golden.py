@@ -130,7 +130,6 @@ def task_files(commit: str) -> dict[str, dict]:
     import importlib
 
     import jax
-
     from neural_networks_chomsky_hierarchy.tasks import task as reference_task
 
     files = {}
@@ -385,7 +384,6 @@ def pope_x_transformers() -> dict:
 def positions_deepmind(commit: str) -> dict:
     """The position encodings of the reference's Transformer (models/positional_encodings.py)."""
     import jax.numpy as jnp
-
     from neural_networks_chomsky_hierarchy.models import positional_encodings as encodings
 
     sin_cos = [{"length": n, "hidden_size": d,

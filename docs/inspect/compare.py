@@ -20,5 +20,7 @@ for run, n in zip(runs, numbers):
     panels[f"{n['scheme']}: {run.name}\n{length}, {entry['split']} split, {entry['examples']} examples"] = (
         a["offsets"], np.asarray(a["mass"]))
 plot_offset_heatmaps(panels, here / "reverse_shaw_k4_vs_k16_encoder_beyond_training.png",
-                     f"reverse, trained on lengths 1–16: encoder self-attention by offset at {length} (beyond training)")
-shutil.copy(runs[1] / "plots" / "inspect" / "scheme_encoder_self_layer0.png", here / "reverse_shaw_k16_tables_layer0.png")
+                     f"reverse, trained on lengths 1–16: encoder self-attention by offset at {length} "
+                     "(beyond training)")
+shutil.copy(runs[1] / "plots" / "inspect" / "scheme_encoder_self_layer0.png",
+            here / "reverse_shaw_k16_tables_layer0.png")

@@ -30,7 +30,8 @@ NEIGHBOUR = "import torch\ntorch.set_num_threads(2)\nx = torch.randn(384, 384)\n
 def settings() -> dict[str, tuple[dict[str, str], list[str]]]:
     cores = os.cpu_count() or 1
     return {
-        f"torch default ({cores} threads, spinning waits)": ({"GOMP_SPINCOUNT": "300000"}, [f"trainer.threads={cores}"]),
+        f"torch default ({cores} threads, spinning waits)": ({"GOMP_SPINCOUNT": "300000"},
+                                                             [f"trainer.threads={cores}"]),
         "relpos-lab default (threads=0: its share, less busy CPUs; sleeping waits)": ({}, []),
         "1 thread, sleeping waits": ({}, ["trainer.threads=1"]),
     }

@@ -318,7 +318,8 @@ def bench_model(args, device, dtype) -> list[Result]:
         candidates = [("sinusoidal", "auto", None)] + [("shaw", impl, n) for impl in args.impl for n in randomized]
         for scheme, impl, random_len in candidates:
             torch.manual_seed(0)
-            model = _model(args, scheme, impl, random_len=random_len).to(device=device, dtype=torch.float32 if args.precision else dtype).train()
+            model = _model(args, scheme, impl, random_len=random_len).to(
+                device=device, dtype=torch.float32 if args.precision else dtype).train()
             opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
             src = torch.randint(4, 8000, (batch, length), device=device)
             tgt = torch.randint(4, 8000, (batch, length + 1), device=device)
@@ -446,7 +447,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attention: the candidate ratios are taken against (flash: CUDA's flash kernel)")
     parser.add_argument("--candidates", nargs="*", default=["unfused"],
                         help="attention: peers without Shaw tables (sdpa, flash, unfused; a learned (H, 2k+1) offset "
-                             "bias: flex-bias as a FlexAttention score_mod, triton-bias as rel_bias in the fused kernel)")
+                             "bias: flex-bias as a FlexAttention score_mod, triton-bias as rel_bias in the fused "
+                             "kernel)")
     parser.add_argument("--max-random-len", type=int, default=None,
                         help="model: also train each Shaw candidate at randomized positions drawn from [0, N)")
     parser.add_argument("--tokens", type=int, default=None,

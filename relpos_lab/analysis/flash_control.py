@@ -65,9 +65,9 @@ def _forward_tiles(acc, l_i, m_i, q, K_ptr, V_ptr, mask_ptr, stride_kn, stride_v
 
 @triton.jit
 def forward_kernel(Q, K, V, O, LSE, MASK_PTR, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D, sm_scale, seed,
-                   dropout_p, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
-                   EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr):
+                   dropout_p, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                   EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """One program: query block start_m of one (batch, head); (B·H, L, D) contiguous tensors."""
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -81,8 +81,8 @@ def forward_kernel(Q, K, V, O, LSE, MASK_PTR, stride_qm, stride_kn, stride_vn, s
     diagonal_lo, hi = key_stages(start_m * BLOCK_M, LK, CAUSAL, BLOCK_M, BLOCK_N)
     for stage in tl.static_range(2):  # FULL, DIAGONAL
         acc, l_i, m_i = _forward_tiles(
-            acc, l_i, m_i, q, K + bh * LK * stride_kn, V + bh * LK * stride_vn, MASK_PTR + bh * LK, stride_kn, stride_vn,
-            rows, dims,
+            acc, l_i, m_i, q, K + bh * LK * stride_kn, V + bh * LK * stride_vn, MASK_PTR + bh * LK, stride_kn,
+            stride_vn, rows, dims,
             0 if stage == FULL else diagonal_lo, diagonal_lo if stage == FULL else hi, LQ, LK, D, qk_scale,
             seed + bh, dropout_p, STAGE=stage, CAUSAL=CAUSAL, PADDING=PADDING, HAS_DROPOUT=HAS_DROPOUT, EVEN_N=EVEN_N,
             EVEN_D=EVEN_D, BLOCK_N=BLOCK_N)
@@ -95,9 +95,9 @@ def forward_kernel(Q, K, V, O, LSE, MASK_PTR, stride_qm, stride_kn, stride_vn, s
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse, delta, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, rows, dims, lo, hi, LQ, LK, D, qk_scale,
-              seed, dropout_p, STAGE: tl.constexpr, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-              EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr):
+def _dq_tiles(dq, q, do, lse, delta, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, rows, dims, lo, hi, LQ, LK, D,
+              qk_scale, seed, dropout_p, STAGE: tl.constexpr, CAUSAL: tl.constexpr, PADDING: tl.constexpr,
+              HAS_DROPOUT: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr):
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
@@ -114,9 +114,9 @@ def _dq_tiles(dq, q, do, lse, delta, K_ptr, V_ptr, mask_ptr, stride_kn, stride_v
 
 @triton.jit
 def backward_dq_kernel(Q, K, V, O, DO, LSE, DQ, DELTA, MASK_PTR, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D,
-                       sm_scale, seed, dropout_p, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                       EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                       sm_scale, seed, dropout_p, CAUSAL: tl.constexpr, PADDING: tl.constexpr,
+                       HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
     qk_scale = sm_scale * 1.4426950408889634
@@ -131,8 +131,9 @@ def backward_dq_kernel(Q, K, V, O, DO, LSE, DQ, DELTA, MASK_PTR, stride_qm, stri
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     diagonal_lo, hi = key_stages(start_m * BLOCK_M, LK, CAUSAL, BLOCK_M, BLOCK_N)
     for stage in tl.static_range(2):
-        dq = _dq_tiles(dq, q, do, lse, delta, K + bh * LK * stride_kn, V + bh * LK * stride_vn, MASK_PTR + bh * LK, stride_kn,
-                       stride_vn, rows, dims, 0 if stage == FULL else diagonal_lo, diagonal_lo if stage == FULL else hi,
+        dq = _dq_tiles(dq, q, do, lse, delta, K + bh * LK * stride_kn, V + bh * LK * stride_vn, MASK_PTR + bh * LK,
+                       stride_kn, stride_vn, rows, dims, 0 if stage == FULL else diagonal_lo,
+                       diagonal_lo if stage == FULL else hi,
                        LQ, LK, D, qk_scale, seed + bh, dropout_p, STAGE=stage, CAUSAL=CAUSAL, PADDING=PADDING,
                        HAS_DROPOUT=HAS_DROPOUT, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N)
     tl.store(DQ + bh * LQ * stride_qm + rows[:, None] * stride_qm + dims[None, :],
@@ -161,10 +162,10 @@ def _dkdv_tiles(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, mask_ptr, strid
 
 
 @triton.jit
-def backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, MASK_PTR, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK, D,
-                         sm_scale, seed, dropout_p, CAUSAL: tl.constexpr, PADDING: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, MASK_PTR, stride_qm, stride_kn, stride_vn, stride_om, LQ, LK,
+                         D, sm_scale, seed, dropout_p, CAUSAL: tl.constexpr, PADDING: tl.constexpr,
+                         HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     start_n = tl.program_id(0)
     bh = tl.program_id(1)
     qk_scale = sm_scale * 1.4426950408889634

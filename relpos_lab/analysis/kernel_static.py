@@ -113,8 +113,7 @@ def fused_launches(case: Case, length: int) -> list:
     """[(kernel, args, constexprs)] of the fused kernel's forward, dq and dk/dv for one call,
     made by the real launch code (fused.attend) on meta tensors, with the launches recorded (the
     tables' gradient sums after them, a reduction over rows, are left out)."""
-    from relpos_lab.core.attention import fused
-    from relpos_lab.core.attention import fused_kernels as kernels
+    from relpos_lab.core.attention import fused, fused_kernels as kernels
 
     calls: list = []
     saved = fused._kernels
@@ -215,7 +214,8 @@ def _tiles(name: str, stage_fn, length: int, max_distance: int, causal: bool, bl
         for n0 in range(0, length, block_n):
             if control:
                 lo, diagonal_hi = stage_fn(n0, length, causal, block_m, block_n)
-                out.append({"diagonal": -(-(diagonal_hi - lo) // block_m), "full": -(-(length - diagonal_hi) // block_m)})
+                out.append({"diagonal": -(-(diagonal_hi - lo) // block_m),
+                            "full": -(-(length - diagonal_hi) // block_m)})
             else:
                 lo, band_lo, band_hi = stage_fn(n0, 0, length, max_distance, causal, block_m, block_n)
                 out.append({"band": -(-(band_hi - band_lo) // block_m), "left": -(-(length - band_hi) // block_m),
@@ -321,7 +321,8 @@ def parse(argv: list[str]):
     parser.add_argument("--static", action="store_true", required=True,
                         help="compile for a GPU target and read the SASS (no GPU needed); timing the kernel on a "
                              "GPU is `bench attention --impl triton`")
-    parser.add_argument("--sm", type=int, nargs="+", default=[90], help="CUDA compute capabilities (90: H100, 80: A100)")
+    parser.add_argument("--sm", type=int, nargs="+", default=[90],
+                        help="CUDA compute capabilities (90: H100, 80: A100)")
     parser.add_argument("--all-cases", action="store_true",
                         help="every k in 4 16 32 63, D 64 and 128, bf16 and fp16, plain and causal+dropout, padding, "
                              "bias alone, the wide bias (default: the Shaw default, causal+dropout, bias, padding)")

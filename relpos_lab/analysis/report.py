@@ -67,7 +67,8 @@ def best_run(group: Group, split: str, metric: str) -> dict | None:
 SEED = "seed"  # the axis averaged over by default, where the sweep has one
 
 
-def load_groups(sweep_dir: Path, over: tuple[str, ...] | None = None) -> tuple[dict, list[Group], list[dict], tuple[str, ...]]:
+def load_groups(sweep_dir: Path,
+                over: tuple[str, ...] | None = None) -> tuple[dict, list[Group], list[dict], tuple[str, ...]]:
     """The sweep's manifest, its groups of finished runs, the points without results, and the axes
     averaged over (`over`; None: the seed axis if the sweep has one, else none)."""
     manifest_path = sweep_dir / MANIFEST
@@ -80,7 +81,8 @@ def load_groups(sweep_dir: Path, over: tuple[str, ...] | None = None) -> tuple[d
         over = (SEED,) if SEED in axes else ()
     unknown = [a for a in over if a not in axes]
     if unknown:
-        raise UserError(f"--over {unknown[0]}: no such axis in sweep {manifest['name']}; its axes are {', '.join(axes)} "
+        raise UserError(f"--over {unknown[0]}: no such axis in sweep {manifest['name']}; "
+                        f"its axes are {', '.join(axes)} "
                         "(without --over, a sweep with no seed axis reports each grid point as its own group)")
     groups: dict[str, Group] = {}
     missing = []
@@ -128,7 +130,8 @@ def missing_patterns(manifest: dict, missing: list[dict]) -> list[dict[str, str]
 def summarize(groups: list[Group], split: str, how: str = "mean") -> tuple[list[str], list[dict]]:
     """Rows of {group, n, <metric>: (value, spread)} for every `split/` metric the runs report,
     aggregated over each group's runs `how` (`aggregate`)."""
-    metrics = sorted({k.split("/", 1)[1] for g in groups for r in g.results for k in r["metrics"] if k.startswith(f"{split}/")})
+    metrics = sorted({k.split("/", 1)[1] for g in groups for r in g.results for k in r["metrics"]
+                      if k.startswith(f"{split}/")})
     rows = []
     for g in groups:
         row = {"group": g.label, "n": len(g.results)}
@@ -218,9 +221,11 @@ def leaderboard_lines(groups: list[Group], rows: list[dict], metric: str, refere
     row_labels = list(dict.fromkeys(g.labels[axes[0]] for g in groups))
     columns = list(dict.fromkeys(g.labels[axes[1]] for g in groups))
     published = reference["values"] if reference and reference["metric"] == metric else None
-    lines = ["", f"## Leaderboard: {metric}", "", f"Rows: {axes[0]}; columns: {axes[1]}; the best of each row in bold.", ""]
+    lines = ["", f"## Leaderboard: {metric}", "",
+             f"Rows: {axes[0]}; columns: {axes[1]}; the best of each row in bold.", ""]
     if published is not None:
-        lines += [f"After ·: {reference['source']} (published; not computed here; —: no number there for that cell).", ""]
+        lines += [f"After ·: {reference['source']} (published; not computed here; "
+                  "—: no number there for that cell).", ""]
     lines += [f"| {axes[0]} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for label in row_labels:
         best = (min if lower_is_better(metric) else max)(
@@ -326,13 +331,15 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
     lines += signature_lines(groups, split)
     if reference:
         lines += [f"Column *{paper}*: {reference['source']} (published; not computed here)."
-                  + ("" if all(r["group"] in reference["values"] for r in rows) else " —: no number there for that group."), ""]
+                  + ("" if all(r["group"] in reference["values"] for r in rows)
+                     else " —: no number there for that group."), ""]
     if unmatched:
         lines += [f"The published numbers ({unmatched['source']}) compare with split `{unmatched['split']}`, "
                   f"not `{split}`: not shown (`--split {unmatched['split']}` shows them).", ""]
     if missing:
         lines += [f"**Missing ({len(missing)} points without results):** "
-                  + "; ".join(" ".join(f"{a}={v}" for a, v in p.items()) for p in missing_patterns(manifest, missing)), ""]
+                  + "; ".join(" ".join(f"{a}={v}" for a, v in p.items())
+                              for p in missing_patterns(manifest, missing)), ""]
     lines += _summary_lines(rows, shown, reference, paper)
     if drawn:
         lines += ["", "![every run](groups.png)"]
@@ -371,7 +378,8 @@ def _plot_by_length(out: Path, name: str, groups: list[Group], curves: dict, spl
         if table:
             plot_curves({g: {n: v[0] for n, v in pts.items()} for g, pts in table.items()},
                         out / f"{m}_by_length.png", train, ylabel=f"{split} {m.replace('_', ' ')}",
-                        title=f"{name}: " + (f"{_word(how)} over {', '.join(over)}" if over else "one run per grid point"))
+                        title=f"{name}: " + (f"{_word(how)} over {', '.join(over)}" if over
+                                             else "one run per grid point"))
     axes = list(groups[0].labels)
     panels = {}
     if len(axes) == 2:
@@ -379,7 +387,8 @@ def _plot_by_length(out: Path, name: str, groups: list[Group], curves: dict, spl
             by_row: dict[str, dict] = {}
             for g in groups:
                 if g.label in table:
-                    by_row.setdefault(g.labels[axes[0]], {})[g.labels[axes[1]]] = {n: v[0] for n, v in table[g.label].items()}
+                    by_row.setdefault(g.labels[axes[0]], {})[g.labels[axes[1]]] = {
+                        n: v[0] for n, v in table[g.label].items()}
             if by_row:
                 panels[m] = plot_panels(by_row, out / f"{m}_by_length_per_{axes[0]}.png", train,
                                         ylabel=f"{split} {m.replace('_', ' ')}",
@@ -435,7 +444,8 @@ def _summary_lines(rows: list[dict], shown: list[str], reference: dict | None, p
 
 def _runs_lines(groups: list[Group], shown: list[str], split: str) -> list[str]:
     """Every run with its seed, scores and directory."""
-    lines = ["", "## Runs", "", "| group | seed | " + " | ".join(shown) + " | run |", "|---|---|" + "---|" * (len(shown) + 1)]
+    lines = ["", "## Runs", "", "| group | seed | " + " | ".join(shown) + " | run |",
+             "|---|---|" + "---|" * (len(shown) + 1)]
     for g in groups:
         for r, run_dir in zip(g.results, g.run_dirs):
             values = [f"{r['metrics'][f'{split}/{m}']:.3f}" if f"{split}/{m}" in r["metrics"] else "" for m in shown]
@@ -504,4 +514,5 @@ def refresh_tables(doc: str | Path) -> tuple[str, int]:
     blocks = TABLE_BLOCK.findall(text)
     if not blocks:
         raise UserError(f"{doc} has no <!-- report: DIR --> ... <!-- /report --> block to refresh")
-    return TABLE_BLOCK.sub(lambda m: m.group(1) + summary_table(doc.parent / m.group(2)) + m.group(4), text), len(blocks)
+    return (TABLE_BLOCK.sub(lambda m: m.group(1) + summary_table(doc.parent / m.group(2)) + m.group(4), text),
+            len(blocks))

@@ -15,20 +15,26 @@ from relpos_lab.api.seq2seq import Pair, Seq2SeqTask
 from relpos_lab.api.task import Batch, DecodingConfig, Task, TaskConfig
 from relpos_lab.api.vocabulary import Vocabulary
 from relpos_lab.core.attention import relative_attention
+from relpos_lab.core.cache import DecoderCache
 from relpos_lab.core.decoding import beam_search, greedy_search, sample
+from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.loss import LossOutput, label_smoothed_loss
 from relpos_lab.core.positions import (
-    Drawing, KeyState, PositionConfig, PositionScheme, RelativePositions, builtin_config,
+    Drawing,
+    KeyState,
+    PositionConfig,
+    PositionScheme,
+    RelativePositions,
+    builtin_config,
 )
-from relpos_lab.core.cache import DecoderCache
-from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig
 
 __all__ = [
     "Batch", "ConfigError", "ContractError", "DecoderCache", "DecoderLM", "DecodingConfig", "Drawing", "EncoderDecoder",
-    "EncoderOnly", "EvalResult", "Evaluation", "KeyState", "LoadedModel", "LossOutput", "ModelConfig", "Pair", "PositionConfig",
-    "PositionScheme", "PrefixLM", "RelativePositions", "Seq2SeqTask", "Task", "TaskConfig", "UserError", "Vocabulary",
+    "EncoderOnly", "EvalResult", "Evaluation", "KeyState", "LoadedModel", "LossOutput", "ModelConfig", "Pair",
+    "PositionConfig", "PositionScheme", "PrefixLM", "RelativePositions", "Seq2SeqTask", "Task", "TaskConfig",
+    "UserError", "Vocabulary",
     "atomic_write", "beam_search", "builtin_config", "greedy_search", "label_smoothed_loss", "load_model",
     "relative_attention", "sample",
 ]

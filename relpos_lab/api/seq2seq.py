@@ -31,9 +31,9 @@ from relpos_lab.api.errors import ConfigError
 from relpos_lab.api.evaluation import Evaluation
 from relpos_lab.api.task import Batch, Task
 from relpos_lab.api.vocabulary import Vocabulary
-from relpos_lab.core.errors import ContractError
 from relpos_lab.core.decoding import beam_search, by_source_length, greedy_search
 from relpos_lab.core.encoder_only import EncoderOnly
+from relpos_lab.core.errors import ContractError
 from relpos_lab.core.loss import LossOutput, label_smoothed_loss
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
@@ -159,14 +159,16 @@ class Seq2SeqTask(Task):
         shared = self.src_vocab.symbols == self.tgt_vocab.symbols
         if self.cfg.loss_on_source and (cfg.architecture != "decoder_only" or cfg.bidirectional_prefix):
             raise ConfigError("task.loss_on_source=true needs model.architecture=decoder_only with a causal prefix "
-                              f"(now architecture={cfg.architecture}, bidirectional_prefix={cfg.bidirectional_prefix}): "
+                              f"(now architecture={cfg.architecture}, "
+                              f"bidirectional_prefix={cfg.bidirectional_prefix}): "
                               "an encoder or a bidirectional prefix sees the source tokens it would predict")
         if cfg.architecture == "encoder_only" and not self.knows_output_length:
             raise ConfigError(f"model.architecture=encoder_only reads the output at as many slots as it has tokens, "
                               f"and task '{self.cfg.name}' cannot say that number from its input (it defines no "
                               "output_length(source_length)); use model.architecture=encoder_decoder or decoder_only")
         self.architecture = cfg.architecture
-        if self.architecture == "decoder_only" and not shared and getattr(type(cfg.positions).scheme_class, "reads_tokens", False):
+        if (self.architecture == "decoder_only" and not shared
+                and getattr(type(cfg.positions).scheme_class, "reads_tokens", False)):
             raise ConfigError(f"model.positions.scheme={cfg.positions.scheme} reads token ids, which a decoder-only "
                               "model shifts on the target side when source and target vocabularies differ; use "
                               "model.architecture=encoder_decoder")

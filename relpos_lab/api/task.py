@@ -127,7 +127,8 @@ class Task(abc.ABC):
 
     def num_tokens(self, example: Any) -> int:
         """An example's size for token batching (only asked when `max_tokens` gives a number)."""
-        raise NotImplementedError(f"{type(self).__name__}.max_tokens() asks for token batching: define num_tokens(example)")
+        raise NotImplementedError(f"{type(self).__name__}.max_tokens() asks for token batching: "
+                                  "define num_tokens(example)")
 
     def length_buckets(self, split: str) -> Sequence[int] | None:
         """Bucket keys reported in results.json `by_length` for `split` (and the `_id`/`_ood`

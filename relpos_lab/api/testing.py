@@ -53,8 +53,8 @@ from relpos_lab.api.contract import check as check_verb
 from relpos_lab.api.errors import UserError
 from relpos_lab.api.task import Task
 from relpos_lab.core.attention.capture import AttentionProbe, capturing
-from relpos_lab.core.positions.base import Drawing, PositionScheme, scheme_of
 from relpos_lab.core.encoder_only import EncoderOnly
+from relpos_lab.core.positions.base import Drawing, PositionScheme, scheme_of
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import ARCHITECTURES, DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention
 
@@ -133,7 +133,8 @@ class Report:
             return False
 
     def lines(self) -> list[str]:
-        return [f"{'skip' if c.skipped else 'ok  ' if c.ok else 'FAIL'}  {c.name}" + (f": {c.detail}" if c.detail else "")
+        return [f"{'skip' if c.skipped else 'ok  ' if c.ok else 'FAIL'}  {c.name}"
+                + (f": {c.detail}" if c.detail else "")
                 for c in self.checks]
 
     def summary(self) -> str:

@@ -4,7 +4,13 @@ Nothing here imports Lightning: `relpos-lab config` and every config error answe
 """
 from relpos_lab.config.load import COMMAND_LINE, compose, config_from_container, load_config, to_yaml
 from relpos_lab.config.schema import (
-    ClusterConfig, DataConfig, ExperimentConfig, LoggingConfig, OptimConfig, TrainerConfig, WandbConfig,
+    ClusterConfig,
+    DataConfig,
+    ExperimentConfig,
+    LoggingConfig,
+    OptimConfig,
+    TrainerConfig,
+    WandbConfig,
 )
 
 __all__ = [

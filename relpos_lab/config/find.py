@@ -78,7 +78,8 @@ def not_in_group(group: str, name: str) -> str:
     known = names_in(group)
     close = did_you_mean(name.removesuffix(".yaml"), known)
     hint = f"did you mean '{close}'?" if close else f"{group}: {', '.join(known) or 'none'}"
-    return f"no {group} named '{name.removesuffix('.yaml')}' in {_looked_in(group)}; {hint} (relpos-lab configs lists them all)"
+    return (f"no {group} named '{name.removesuffix('.yaml')}' in {_looked_in(group)}; {hint} "
+            "(relpos-lab configs lists them all)")
 
 
 def find_config(arg: str | Path, group: str, what: str = "config file") -> Path:

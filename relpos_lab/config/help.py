@@ -76,7 +76,8 @@ def section_class(section: str, task: str | None = None, scheme: str | None = No
         return registry.get_scheme_class(scheme).config_class
     if section.split(".")[0] == "task":
         if not task:
-            raise UserError(f"--help-keys {section}: name the task, e.g. --task reverse (`relpos-lab tasks` lists them)")
+            raise UserError(f"--help-keys {section}: name the task, e.g. --task reverse "
+                            "(`relpos-lab tasks` lists them)")
         cls, parts = registry.get_task_class(task).config_class, section.split(".")[1:]
     else:
         cls, parts = ExperimentConfig, section.split(".") if section else []

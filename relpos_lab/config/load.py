@@ -65,7 +65,8 @@ def read_with_extends(path: Path, _seen: tuple[Path, ...] = ()) -> list[Source]:
         chain = " -> ".join(shown_path(p) for p in (*_seen, path))
         raise ConfigError(f"{label}: circular extends ({chain})")
     if not path.is_file():
-        raise ConfigError(f"config file not found: {label}" + (f" (extended by {shown_path(_seen[-1])})" if _seen else ""))
+        raise ConfigError(f"config file not found: {label}"
+                          + (f" (extended by {shown_path(_seen[-1])})" if _seen else ""))
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
@@ -198,7 +199,8 @@ def compose(sources: list[Source], *, default_name: str, partial: bool = False) 
     if missing and not partial:
         files = [label for label, _ in sources if label != COMMAND_LINE]
         where = f"in {files[-1]} " if files else ""
-        raise ConfigError(f"missing required value '{missing[0]}': set it {where}or pass {missing[0]}=... on the command line")
+        raise ConfigError(f"missing required value '{missing[0]}': set it {where}or pass {missing[0]}=... "
+                          "on the command line")
     _check_choices(cfg, provenance)
     _check_sections(cfg, provenance, [label for label, _ in sources])
     return cfg
@@ -214,7 +216,8 @@ def _structured_template(config_class: type) -> DictConfig:
     return OmegaConf.structured(config_class)
 
 
-def _without_replaced(sources: list[Source], section: str, key: str, config_class, default: str | None = None) -> list[Source]:
+def _without_replaced(sources: list[Source], section: str, key: str, config_class,
+                      default: str | None = None) -> list[Source]:
     """A source that names a plugin (a task, a position scheme) with another config class than
     the one before it replaces the earlier sources' `section`: `extends: reverse_shaw.yaml` +
     `task: {name: shift}` keeps reverse_shaw's model and trainer, not the reverse task's options
@@ -261,7 +264,8 @@ def _scheme_class(sources: list[Source], provenance: dict[str, str]):
     """The position scheme the sources name (the last `model.positions.scheme`; the model's default)."""
     name = DEFAULT_SCHEME
     for _, content in sources:
-        value = OmegaConf.select(content, f"{POSITIONS}.scheme", default=None) if isinstance(content, DictConfig) else None
+        value = (OmegaConf.select(content, f"{POSITIONS}.scheme", default=None)
+                 if isinstance(content, DictConfig) else None)
         if value is not None:
             name = value
     if not isinstance(name, str):
@@ -282,7 +286,8 @@ def _without_legacy_position_fields(sources: list[Source], scheme_cls) -> list[S
     kept = []
     for label, content in sources:
         block = OmegaConf.select(content, POSITIONS, default=None) if isinstance(content, DictConfig) else None
-        foreign = [k for k in (block.keys() if isinstance(block, DictConfig) else []) if k not in own and k in _BUILTIN_FIELDS]
+        foreign = [k for k in (block.keys() if isinstance(block, DictConfig) else [])
+                   if k not in own and k in _BUILTIN_FIELDS]
         if not foreign:
             kept.append((label, content))
             continue
@@ -320,7 +325,8 @@ def _task_class(sources: list[Source], provenance: dict[str, str], partial: bool
         raw = OmegaConf.merge(OmegaConf.create(), *(content for _, content in sources))
     except OmegaConfBaseException as err:  # e.g. a section given as a mapping in one file, a value in another
         key = getattr(err, "full_key", "") or "?"
-        raise ConfigError(f"{provenance.get(key, 'config')}: conflicting values for '{key}': {_first_line(err)}") from None
+        raise ConfigError(f"{provenance.get(key, 'config')}: conflicting values for '{key}': "
+                          f"{_first_line(err)}") from None
     task = raw.get("task")
     if task is None or (isinstance(task, DictConfig) and task.get("name") is None):
         if partial:

@@ -86,7 +86,8 @@ class TrainerConfig:
     val_every_n_steps: int = 1000
     """training batches between validations (across epochs); the last step is always validated too"""
     evaluate: str = "best"
-    """best | last: the checkpoint results.json evaluates: the best validated step by the task's main metric (the last step included), or last.ckpt"""
+    """best | last: the checkpoint results.json evaluates: the best validated step by the task's main metric (the
+    last step included), or last.ckpt"""
     checkpoint_every_n_steps: int = 0
     """refresh last.ckpt every N steps; 0: at each validation"""
     checkpoint_every_minutes: float = 10.0
@@ -102,7 +103,8 @@ class TrainerConfig:
     deterministic: bool = False
     """torch's deterministic algorithms (slower)"""
     threads: int = 0
-    """CPU threads per process; 0: the CPUs this process may use (affinity, SLURM_CPUS_PER_TASK) shared among the node's processes"""
+    """CPU threads per process; 0: the CPUs this process may use (affinity, SLURM_CPUS_PER_TASK) shared among the
+    node's processes"""
     enable_progress_bar: bool = True
     """progress on the console: a bar over the steps at a terminal, plain lines in a log file (a SLURM .out)"""
     enable_model_summary: bool = True

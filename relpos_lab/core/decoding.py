@@ -78,7 +78,8 @@ def gnmt_length_penalty(length: Tensor, alpha: float) -> Tensor:
 
 @torch.no_grad()
 def beam_search(model, src: Tensor | None, *, beam_size: int = 4, length_penalty: float = 0.6,
-                bos_id: int, eos_id: int, pad_id: int, max_len_a: float = 1.0, max_len_b: int = 10, prompt: Tensor | None = None) -> Tensor:
+                bos_id: int, eos_id: int, pad_id: int, max_len_a: float = 1.0, max_len_b: int = 10,
+                prompt: Tensor | None = None) -> Tensor:
     """Beam search with fairseq's bookkeeping: each step ranks 2·beam candidates, EOS candidates
     within the top beam are finalised with their length-normalised score, the best non-EOS ones
     stay active; a sentence stops once it has `beam_size` finished hypotheses."""

@@ -1,7 +1,7 @@
 """SLURM launchers: an experiment (or a sweep's grid) as an sbatch script, and its submission.
 
-The script is job.sbatch (package data beside this module) with three holes: the #SBATCH options, the set-up lines and the
-command that `srun` starts once per task. The options come from the config, and the world size
+The script is job.sbatch (package data beside this module) with three holes: the #SBATCH options, the set-up lines
+and the command that `srun` starts once per task. The options come from the config, and the world size
 from one place only: ``--nodes`` is ``trainer.num_nodes`` and ``--ntasks-per-node`` (with
 ``--gpus-per-node`` on GPUs) is ``trainer.devices`` — the two numbers Lightning's SLURMEnvironment
 checks against the job, so the classic mismatch (a hang, or Lightning refusing to start) cannot be
@@ -36,8 +36,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from relpos_lab.config import load_config
 from relpos_lab.api.errors import PROG, UserError, shown_path
+from relpos_lab.config import load_config
 from relpos_lab.launch.sweep import Sweep, is_finished
 from relpos_lab.records.rundir import budget_siblings, has_attempt, run_directory, save_resolved_config
 
@@ -320,7 +320,8 @@ def partition_time_limit(partition: str | None) -> float | None:
 def partition_nodes(partition: str | None) -> str:
     """The partition's nodes as `name: N CPUs[, gres]`, for messages."""
     rows = _sinfo(partition, "%N %c %G", per_node=True)
-    nodes = [f"{n}: {c} CPUs" + (f", {g}" if g not in ("(null)", "") else "") for n, c, g in (r.split(" ", 2) for r in rows)]
+    nodes = [f"{n}: {c} CPUs" + (f", {g}" if g not in ("(null)", "") else "")
+             for n, c, g in (r.split(" ", 2) for r in rows)]
     return "; ".join(sorted(set(nodes))) or "no nodes"
 
 
@@ -348,7 +349,8 @@ def slurm_minutes(text: str) -> float:
     parts = [float(x) for x in rest.split(":")]
     if days:
         hours_minutes_seconds = (parts + [0, 0])[:3]
-        return float(days) * 1440 + hours_minutes_seconds[0] * 60 + hours_minutes_seconds[1] + hours_minutes_seconds[2] / 60
+        return (float(days) * 1440 + hours_minutes_seconds[0] * 60 + hours_minutes_seconds[1]
+                + hours_minutes_seconds[2] / 60)
     if len(parts) == 3:
         return parts[0] * 60 + parts[1] + parts[2] / 60
     if len(parts) == 2:

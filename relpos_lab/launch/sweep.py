@@ -39,9 +39,9 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from relpos_lab.config.load import command_line_sources, compose, read_with_extends
-from relpos_lab.config.find import find_config, find_extended
 from relpos_lab.api.errors import ConfigError, shown_path
+from relpos_lab.config.find import find_config, find_extended
+from relpos_lab.config.load import command_line_sources, compose, read_with_extends
 from relpos_lab.records.rundir import config_hash, run_directory
 
 SWEEP_KEYS = ("experiment", "name", "overrides", "grid", "exclude", "reference")
@@ -167,7 +167,8 @@ def _exclusions(path: Path, spec, axes: dict[str, list[tuple[str, list[str]]]]) 
             if axis not in axes:
                 raise ConfigError(f"{path}: exclude names axis '{axis}', which is no axis of the grid "
                                   f"({', '.join(axes)})")
-            labels = {v if isinstance(v, str) else _format(v) for v in (wanted if isinstance(wanted, list) else [wanted])}
+            labels = {v if isinstance(v, str) else _format(v)
+                      for v in (wanted if isinstance(wanted, list) else [wanted])}
             known = [label for label, _ in axes[axis]]
             unknown = sorted(labels - set(known))
             if unknown:

@@ -64,7 +64,8 @@ def plot_offset_heatmaps(panels: Mapping[str, tuple[Sequence[int], np.ndarray]],
     for ax, (name, (offsets, mass)) in zip(axes, panels.items()):
         layers, heads = mass.shape[:2]
         image = ax.imshow(mass.reshape(layers * heads, -1), aspect="auto", cmap="viridis", vmin=0.0, vmax=vmax,
-                          interpolation="nearest", extent=(offsets[0] - 0.5, offsets[-1] + 0.5, layers * heads - 0.5, -0.5))
+                          interpolation="nearest",
+                          extent=(offsets[0] - 0.5, offsets[-1] + 0.5, layers * heads - 0.5, -0.5))
         ax.set_yticks(range(layers * heads), [f"L{layer} H{head}" for layer in range(layers) for head in range(heads)],
                       fontsize="x-small")
         for boundary in range(1, layers):
@@ -80,7 +81,8 @@ def plot_offset_heatmaps(panels: Mapping[str, tuple[Sequence[int], np.ndarray]],
     return _save(fig, path)
 
 
-def plot_offset_lines(offsets: Sequence[int], mass: np.ndarray, path: Path, title: str, clip: int | None = None) -> Path:
+def plot_offset_lines(offsets: Sequence[int], mass: np.ndarray, path: Path, title: str,
+                      clip: int | None = None) -> Path:
     """One line per head of one layer: mass (heads, offsets) against offset."""
     offsets, mass = trimmed(offsets, mass)
     fig = _figure(7.0, 4.2)

@@ -510,7 +510,8 @@ def log_summary(loggers: Iterable[Logger], values: Mapping[str, Any]) -> None:
 
 
 
-def log_line_plot(loggers: Iterable[Logger], key: str, curves: Mapping[str, Mapping], x: str, y: str, title: str) -> None:
+def log_line_plot(loggers: Iterable[Logger], key: str, curves: Mapping[str, Mapping], x: str, y: str,
+                  title: str) -> None:
     """Log `{line: {x: y}}` as a W&B line plot (with its table, editable in the UI); never raises."""
     for logger in _wandb_loggers(loggers):
         try:

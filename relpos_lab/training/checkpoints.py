@@ -15,8 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from relpos_lab.api import Task, UserError, registry
-from relpos_lab.api.files import atomic_write_with
 from relpos_lab.api.errors import PROG, shown_path
+from relpos_lab.api.files import atomic_write_with
 from relpos_lab.config import config_from_container
 from relpos_lab.training.module import TASK_STATE
 
@@ -148,7 +148,8 @@ def resume_checkpoint(run_dir: Path, warn: Callable[[str], None] | None = None) 
                 raise _Unreadable("not a training checkpoint: no global step or loop state")
             return checkpoint
         except _Unreadable as err:
-            (warn or _warn)(f"skipping unreadable checkpoint: {shown_path(checkpoint)} ({err}); trying the one before it")
+            (warn or _warn)(f"skipping unreadable checkpoint: {shown_path(checkpoint)} ({err}); "
+                            "trying the one before it")
     return None
 
 

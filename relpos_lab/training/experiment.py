@@ -216,7 +216,8 @@ def training_directory(cfg: DictConfig, force: bool = False) -> tuple[Path, bool
     if not reachable:
         sibling = max(siblings, key=lambda d: steps[d] or -1)
         raise UserError(f"--extend: {shown_path(sibling)} has trained {steps[sibling]} steps, not fewer than "
-                        f"trainer.max_steps={cfg.trainer.max_steps}: give a larger trainer.max_steps. Nothing was trained")
+                        f"trainer.max_steps={cfg.trainer.max_steps}: give a larger trainer.max_steps. "
+                        "Nothing was trained")
     return max(reachable, key=lambda d: steps[d]), True
 
 
@@ -383,10 +384,12 @@ class _Callbacks:
 
     @classmethod
     def build(cls, cfg: DictConfig, run_dir: Path, task: Task) -> "_Callbacks":
-        best = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, filename="best-{step}", monitor=f"valid/{task.main_metric}",
-                               mode=task.main_metric_mode, save_top_k=1)
-        last = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, save_top_k=0, save_last=True, enable_version_counter=False,
-                               every_n_train_steps=cfg.trainer.checkpoint_every_n_steps or cfg.trainer.val_every_n_steps)
+        best = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, filename="best-{step}",
+                               monitor=f"valid/{task.main_metric}", mode=task.main_metric_mode, save_top_k=1)
+        last = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, save_top_k=0, save_last=True,
+                               enable_version_counter=False,
+                               every_n_train_steps=(cfg.trainer.checkpoint_every_n_steps
+                                                    or cfg.trainer.val_every_n_steps))
         guard = InterruptCheckpoint(run_dir / CHECKPOINTS / LAST, cfg.trainer.checkpoint_every_minutes)
         final, requeue = ValidateLastStep(), DeferredRequeue()
         callbacks: list[Callback] = [final, best, last, requeue, guard, LearningRateMonitor(logging_interval="step")]
@@ -473,8 +476,8 @@ def _finish(cfg: DictConfig, trainer: L.Trainer, module: RelposModule, task: Tas
     return summary
 
 
-RESUME_FIX = ("Continue the run with the code and config its checkpoint was trained with, or pass --force to start over (the run "
-              "directory is moved to {old}). Nothing in the run directory was changed")
+RESUME_FIX = ("Continue the run with the code and config its checkpoint was trained with, or pass --force to start "
+              "over (the run directory is moved to {old}). Nothing in the run directory was changed")
 EVAL_FIX = OVERRIDES_FIX + ". Nothing was written"
 
 

@@ -102,7 +102,8 @@ def inspect_checkpoint(checkpoint: str | Path, split: str = "valid", lengths: Se
     check_weights_fit(checkpoint, state, module, cfg, OVERRIDES_FIX + ". Nothing was written")
     module.load_state_dict(state["state_dict"])
     model = module.model
-    run_dir = checkpoint.resolve().parent.parent if checkpoint.parent.name == CHECKPOINTS else checkpoint.resolve().parent
+    run_dir = (checkpoint.resolve().parent.parent if checkpoint.parent.name == CHECKPOINTS
+               else checkpoint.resolve().parent)
     for directory in (Path(out) if out else run_dir, (Path(out) if out else run_dir) / PLOTS):
         writable_directory(directory, "write the figures and inspect.json to another directory with --out DIR "
                            "(nothing is then logged to W&B). Nothing was written")
@@ -416,14 +417,16 @@ def _figures(numbers: dict, example: AttentionProbe, tokens: dict, drawings: dic
         by_length = {}
         for name, entry in sets.items():
             if name.startswith("length ") and kind in entry["attention"]:
-                inside = {True: "within training lengths", False: "beyond training lengths"}.get(entry.get("in_training_range"), "")
+                inside = {True: "within training lengths", False: "beyond training lengths"}.get(
+                    entry.get("in_training_range"), "")
                 e = entry["attention"][kind]
                 by_length[f"{name} ({inside})\n{entry['split']} split, {entry['examples']} examples"] = (
                     e["offsets"], np.asarray(e["mass"]))
         if by_length:
             figures.append(plots.plot_offset_heatmaps(by_length, folder / f"by_length_{kind}.png",
                                                       f"{who}\n{plots.KIND_TITLES[kind]} by input length"
-                                                      + (f"\n{plots.CROSS_NOTE}" if kind == "cross" else ""), kind_clip))
+                                                      + (f"\n{plots.CROSS_NOTE}" if kind == "cross" else ""),
+                                                      kind_clip))
         layers = sorted(layer for k, layer in example.example if k == kind)
         sides = {"encoder_self": ("src", "src"), "decoder_self": ("tgt", "tgt"), "cross": ("tgt", "src")}[kind]
         names = {"src": "source", "tgt": "target"}

@@ -35,8 +35,10 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("lightning.pytorch.loggers:WandbLogger", "_wandb_init", None,
              "records/loggers.py: wandb.init arguments (rewind on resume, anonymous)"),
     Internal("lightning.pytorch.loggers:WandbLogger", "_id", None, "records/loggers.py: the run id to rewind"),
-    Internal("lightning.pytorch.callbacks:ModelCheckpoint", "_save_topk_checkpoint", ("self", "trainer", "monitor_candidates"),
-             "training/final_validation.py: a validation after fit (a resumed run's last step) offered to the best checkpoint"),
+    Internal("lightning.pytorch.callbacks:ModelCheckpoint", "_save_topk_checkpoint",
+             ("self", "trainer", "monitor_candidates"),
+             "training/final_validation.py: a validation after fit (a resumed run's last step) "
+             "offered to the best checkpoint"),
     Internal("lightning.pytorch.callbacks:ModelCheckpoint", "_monitor_candidates", ("self", "trainer"),
              "training/final_validation.py"),
     Internal("lightning.pytorch.loops.training_epoch_loop:_TrainingEpochLoop", "_batches_that_stepped", None,

@@ -12,7 +12,8 @@ plain line every ``trainer.log_every_n_steps`` steps and after each validation:
 `quiet` keeps the rest of the console for the run's own lines (the run directory first): the
 messages of Lightning and W&B that say nothing about this run (accelerators available, the
 litlogger tip, the srun hint, W&B's banner and closing history, Lightning's model summary table
-with its zero FLOPs, the callbacks `eval` does not restore, "Detected KeyboardInterrupt") are left out unless the user asks for them (`relpos-lab train -v`).
+with its zero FLOPs, the callbacks `eval` does not restore, "Detected KeyboardInterrupt") are left out unless the
+user asks for them (`relpos-lab train -v`).
 """
 from __future__ import annotations
 

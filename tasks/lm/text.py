@@ -2,8 +2,8 @@
 
 A `TextSource` is a re-iterable stream of `Piece`s (a stretch of text and whether it ends a line),
 never the whole text: a file is read in blocks through an incremental UTF-8 decoder, so memory
-stays bounded by `BLOCK` + `MAX_CHARS` whatever the file's size or line lengths. A line longer than that is cut at its last
-space before the limit (so SentencePiece does not see a word split in two), or at the limit.
+stays bounded by `BLOCK` + `MAX_CHARS` whatever the file's size or line lengths. A line longer than that is cut
+at its last space before the limit (so SentencePiece does not see a word split in two), or at the limit.
 
 The built-in corpus is the Python documentation's topic texts (`pydoc_data.topics`, the text
 `help("if")` prints): about 465,000 characters of real English prose about the language, with
@@ -196,7 +196,8 @@ def hf_source(split: str, dataset: str, config: str | None, hf_split: str, field
     try:
         import datasets
     except ImportError:
-        raise UserError("task.corpus=hf needs the Hugging Face datasets package: pip install 'relpos-lab[hf]'") from None
+        raise UserError("task.corpus=hf needs the Hugging Face datasets package: "
+                        "pip install 'relpos-lab[hf]'") from None
     try:
         data = datasets.load_dataset(dataset, config, split=hf_split)
     except Exception as err:  # no network, unknown name: the library's own message, on one line
@@ -211,5 +212,6 @@ def hf_source(split: str, dataset: str, config: str | None, hf_split: str, field
             for line in str(row[field]).splitlines():
                 yield Piece(line[:MAX_CHARS], True)
     fingerprint = getattr(data, "_fingerprint", "")
-    return TextSource(f"{split}: {dataset}/{config}:{hf_split}", pieces, f"hf:{dataset}:{config}:{hf_split}:{fingerprint}",
+    return TextSource(f"{split}: {dataset}/{config}:{hf_split}", pieces,
+                      f"hf:{dataset}:{config}:{hf_split}:{fingerprint}",
                       {"source": f"hf:{dataset}/{config}:{hf_split}", "rows": len(data)})

@@ -32,10 +32,10 @@ from torchmetrics import MetricCollection
 
 from relpos_lab.api import Batch, DecodingConfig, Evaluation, Seq2SeqTask, TaskConfig, UserError
 from relpos_lab.core.loss import label_smoothed_loss
+from relpos_lab_tasks.subword import SubwordConfig, SubwordModel, load_or_train
 from relpos_lab_tasks.translation.bleu import CorpusEvaluation, CorpusScore, data_signature
 from relpos_lab_tasks.translation.corpora import ParallelText, read_aligned, read_hf, read_tsv
 from relpos_lab_tasks.translation.gettext import build_corpus
-from relpos_lab_tasks.subword import SubwordConfig, SubwordModel, load_or_train
 
 CORPORA = ("gettext", "files", "tsv", "hf")
 HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}

@@ -11,8 +11,8 @@ import statistics
 
 import torch
 
-from relpos_lab.core.attention import banded, relative_attention
 from relpos_lab.analysis.bench import attention_candidate, interleaved
+from relpos_lab.core.attention import banded, relative_attention
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--length", type=int, default=2048)

@@ -114,7 +114,8 @@ def forward_variants(length):
         print(f"L={length} forward k={k} a^K={int(with_k)} a^V={int(with_v)}: {ms:.3f} ms", flush=True)
 
 
-print(f"config {BM}/{BN}, {WARPS} warps, {STAGES} stages{', band pipelined' if args.config[4:] == [1] else ''}; torch {torch.__version__}, triton {triton.__version__}, "
+print(f"config {BM}/{BN}, {WARPS} warps, {STAGES} stages{', band pipelined' if args.config[4:] == [1] else ''}; "
+      f"torch {torch.__version__}, triton {triton.__version__}, "
       f"{torch.cuda.get_device_name()}", flush=True)
 check()
 for length in args.lengths:

@@ -32,12 +32,11 @@ reads by label; and any dense ``attn_bias``. Every position scheme runs through 
 from __future__ import annotations
 
 import math
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-from typing import Callable, NamedTuple
 
 from relpos_lab.core.attention import banded, capture, flex, fused, gather, reference
 from relpos_lab.core.attention.masks import dense_terms, relative_positions, visibility_mask
@@ -190,6 +189,7 @@ def _pick_impl(q, k, v, call: dict) -> str:
     if q.is_cuda and q.shape[-2] > 1 and runs("triton"):
         return "triton"
     if (q.is_cuda and torch.is_grad_enabled()
-            and any(t is not None and t.requires_grad for t in (q, k, call["rel_k"], call["rel_v"])) and runs("banded")):
+            and any(t is not None and t.requires_grad for t in (q, k, call["rel_k"], call["rel_v"]))
+            and runs("banded")):
         return "banded"
     return "gather"

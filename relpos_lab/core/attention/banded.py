@@ -162,7 +162,8 @@ def _causal_tail(q, k, v, keep, scale):
     """Causal attention of q over k (row r sees keys 0..r) and its lse; -inf lse where no key is seen."""
     mask = None
     if keep is not None:
-        mask = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill(~keep, float("-inf"))[:, None, None, :]
+        mask = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill(
+            ~keep, float("-inf"))[:, None, None, :]
     out, lse = _FlashWithLse.apply(q.contiguous(), k.contiguous(), v.contiguous(), mask, scale)
     if keep is not None:
         seen = keep.cumsum(-1)[:, None, : q.shape[-2]] > 0  # (B, 1, Lq): any visible key among 0..r

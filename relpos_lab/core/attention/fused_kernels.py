@@ -695,8 +695,9 @@ def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, value_base, dbias_ptr, Q
                 stride_qm, stride_dom, cols, mask_ptr, stride_mq, stride_mk, dims, lo, hi,
                 LQ, LK, D, OFFSET, max_distance, qk_scale, seed, dropout_p,
                 TABLE_ROW: tl.constexpr, STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr,
-                BIAS_GRAD: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
-                EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BIAS_GRAD: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr,
                 WINDOW: tl.constexpr, PRECISION: tl.constexpr):
     """dk, dv of a key block over query blocks [lo, hi) of one stage. Off the band, lse_ptr and
     delta_ptr point at the stage's edge statistics: its logit term and dO·w^V are already in them

@@ -3,23 +3,50 @@
 A scheme contributes where it says (base.py): to the token embeddings (absolute), to q and k (a
 rotation), to the attention call (Shaw's tables, a score bias), or to the logits from the tokens
 themselves (a content bias: CoPE, FoX, DAPE); abacus and position coupling read the token ids to
-place digits in their numbers (digits.py). The built-in schemes are registered under the ``relpos_lab.positions`` entry-point group exactly as third-party ones are
+place digits in their numbers (digits.py). The built-in schemes are registered under the
+``relpos_lab.positions`` entry-point group exactly as third-party ones are
 (relpos_lab.api.registry finds them; `relpos-lab positions` lists them), and the Transformer
 builds whatever a config names through `scheme_of(cfg)`.
 """
 from relpos_lab.core.positions.absolute import (
-    Learned, LearnedConfig, LearnedPositions, NoPositions, NoPositionsConfig, Sinusoidal, SinusoidalConfig,
+    Learned,
+    LearnedConfig,
+    LearnedPositions,
+    NoPositions,
+    NoPositionsConfig,
+    Sinusoidal,
+    SinusoidalConfig,
     SinusoidalPositions,
 )
-from relpos_lab.core.positions.base import Drawing, KeyState, PositionConfig, PositionScheme, RelativePositions, scheme_of
+from relpos_lab.core.positions.base import (
+    Drawing,
+    KeyState,
+    PositionConfig,
+    PositionScheme,
+    RelativePositions,
+    scheme_of,
+)
 from relpos_lab.core.positions.bias import (
-    Alibi, AlibiConfig, AlibiPositions, Sandwich, SandwichConfig, SandwichPositions, T5Bias, T5BiasConfig,
-    T5BiasPositions, alibi_slopes,
+    Alibi,
+    AlibiConfig,
+    AlibiPositions,
+    Sandwich,
+    SandwichConfig,
+    SandwichPositions,
+    T5Bias,
+    T5BiasConfig,
+    T5BiasPositions,
+    alibi_slopes,
 )
 from relpos_lab.core.positions.cope import Cope, CopeConfig, CopePositions
 from relpos_lab.core.positions.dape import Dape, DapeConfig, DapePositions
 from relpos_lab.core.positions.digits import (
-    Abacus, AbacusConfig, AbacusPositions, CouplingPositions, PositionCoupling, PositionCouplingConfig,
+    Abacus,
+    AbacusConfig,
+    AbacusPositions,
+    CouplingPositions,
+    PositionCoupling,
+    PositionCouplingConfig,
 )
 from relpos_lab.core.positions.fire import Fire, FireConfig, FirePositions
 from relpos_lab.core.positions.fox import Fox, FoxConfig, FoxPositions
@@ -44,7 +71,8 @@ def builtin_config(scheme: str, **fields) -> PositionConfig:
 
 __all__ = [
     "BUILTIN", "Alibi", "Drawing", "AlibiConfig", "AlibiPositions", "Cope", "CopeConfig", "CopePositions",
-    "Dape", "DapeConfig", "DapePositions", "Fox", "FoxConfig", "FoxPositions", "Fire", "FireConfig", "FirePositions", "KeyState", "Learned", "LearnedConfig", "LearnedPositions",
+    "Dape", "DapeConfig", "DapePositions", "Fox", "FoxConfig", "FoxPositions", "Fire", "FireConfig", "FirePositions",
+    "KeyState", "Learned", "LearnedConfig", "LearnedPositions",
     "NoPositions", "NoPositionsConfig", "PositionConfig", "PositionScheme", "RelativePositions", "Rope",
     "RopeConfig", "RotaryPositions", "Shaw", "ShawConfig", "ShawPositions", "Sinusoidal", "SinusoidalConfig",
     "SinusoidalPositions", "T5Bias", "T5BiasConfig", "T5BiasPositions", "TransformerXL", "TransformerXLConfig",

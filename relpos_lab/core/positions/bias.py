@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from relpos_lab.core.attention.masks import offset_bias
-from relpos_lab.core.attention.masks import reach as offset_reach
+from relpos_lab.core.attention.masks import offset_bias, reach as offset_reach
 from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions
 
 

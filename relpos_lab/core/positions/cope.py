@@ -105,7 +105,8 @@ class CopePositions(RelativePositions):
         p, _ = self.positions(q, k, query_offset, visible)
         return {"positions": Drawing.by_offset(p, visible, query_offset, max_offset,
                                                "contextual position p_ij (gated count)",
-                                               title="CoPE: contextual position on a sample batch: mean ± std per head"),
+                                               title="CoPE: contextual position on a sample batch: "
+                                                     "mean ± std per head"),
                 **super().draw_content(q, k, x, query_offset, visible, max_offset)}
 
 

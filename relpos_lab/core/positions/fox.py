@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
 from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions
 
@@ -66,7 +66,8 @@ class FoxPositions(RelativePositions):
         d = torch.arange(-max_offset, max_offset + 1)
         heads = torch.arange(len(gate))
         return {
-            "gate": Drawing("bars", gate, heads, "σ(b_f)", xlabel="head", title="FoX forget gate per head (content-free)"),
+            "gate": Drawing("bars", gate, heads, "σ(b_f)", xlabel="head",
+                            title="FoX forget gate per head (content-free)"),
             "gate_weight": Drawing("bars", self.gate.weight.detach().float().norm(dim=-1), heads, "‖w_f‖",
                                    xlabel="head", title="FoX: how much the gate reads the input"),
             "bias": Drawing("curves", d.abs()[None] * gate.log()[:, None], d, "score bias added to the logit",

@@ -84,10 +84,13 @@ class RopeConfig(PositionConfig):
         if self.rope_scaling not in SCALINGS:
             raise ValueError(f"model.positions.rope_scaling={self.rope_scaling!r}; choose one of {', '.join(SCALINGS)}")
         if self.rope_scaling != "none" and self.rope_train_length < 1:
-            raise ValueError(f"model.positions.rope_scaling={self.rope_scaling} needs model.positions.rope_train_length "
-                             f"(the training context length, e.g. the lm task's train_length), got {self.rope_train_length}")
+            raise ValueError(f"model.positions.rope_scaling={self.rope_scaling} needs "
+                             "model.positions.rope_train_length "
+                             "(the training context length, e.g. the lm task's train_length), "
+                             f"got {self.rope_train_length}")
         if self.rope_scaling_factor != 0 and self.rope_scaling_factor < 1:
-            raise ValueError(f"model.positions.rope_scaling_factor={self.rope_scaling_factor} must be >= 1 (0: dynamic)")
+            raise ValueError(f"model.positions.rope_scaling_factor={self.rope_scaling_factor} must be >= 1 "
+                             "(0: dynamic)")
         if not 0 < self.yarn_beta_slow < self.yarn_beta_fast:
             raise ValueError(f"model.positions.yarn_beta_slow={self.yarn_beta_slow} and yarn_beta_fast="
                              f"{self.yarn_beta_fast} must satisfy 0 < beta_slow < beta_fast (YaRN: 1 and 32)")
@@ -105,7 +108,8 @@ def scaled_frequencies(theta: Tensor, head_dim: int, base: float, cfg: RopeConfi
     if cfg.rope_scaling == "linear":
         return theta / s, 1.0
     if cfg.rope_scaling == "ntk":
-        ntk = (base * s ** (head_dim / (head_dim - 2))) ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        ntk = ((base * s ** (head_dim / (head_dim - 2)))
+               ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
         return torch.where(theta > 0, ntk, theta), 1.0  # p-RoPE's unrotated pairs stay unrotated
     ramp = yarn_ramp(head_dim, base, cfg.rope_train_length, cfg.yarn_beta_fast, cfg.yarn_beta_slow)
     return ramp * theta / s + (1 - ramp) * theta, 0.1 * math.log(s) + 1.0

@@ -61,11 +61,13 @@ class TransformerXLPositions(RelativePositions):
         the layer adds for distance alone."""
         n_heads, head_dim = self.u.shape
         like = dict(dtype=self.u.dtype, device=self.u.device)  # a float64 model draws too
-        q, k = torch.zeros(1, n_heads, 1, head_dim, **like), torch.zeros(1, n_heads, 2 * max_offset + 1, head_dim, **like)
+        q, k = (torch.zeros(1, n_heads, 1, head_dim, **like),
+                torch.zeros(1, n_heads, 2 * max_offset + 1, head_dim, **like))
         with torch.no_grad():
             bias = self.attention_kwargs(q, k, max_offset)["attn_bias"]
         return {"bias": Drawing("curves", bias.reshape(n_heads, -1).float(), torch.arange(-max_offset, max_offset + 1),
-                                "v·W_R R_(i−j) / √D", title="Transformer-XL position bias per head (content-free part)")}
+                                "v·W_R R_(i−j) / √D",
+                                title="Transformer-XL position bias per head (content-free part)")}
 
 
 class TransformerXL(PositionScheme):
