@@ -133,11 +133,11 @@ def run_job(config: str | Path, overrides: list[str] = ()) -> tuple[Job, DictCon
 
 def _directory(cfg: DictConfig) -> tuple[Path, bool]:
     """The run directory the job trains in, and whether it extends another budget's run there
-    (experiment.training_directory; Lightning is loaded only when such a run exists)."""
+    (planning.training_directory; Lightning is loaded only when such a run exists)."""
     run_dir, extend = run_directory(cfg), OmegaConf.select(cfg, "extend", default=None)
     if extend is False or has_attempt(run_dir) or (not extend and not budget_siblings(cfg)):
         return run_dir, False
-    from relpos_lab.training.experiment import training_directory
+    from relpos_lab.training.planning import training_directory
 
     return training_directory(cfg)
 
@@ -159,7 +159,7 @@ def submit_run(config: str | Path, overrides: list[str] = (), echo=print) -> tup
                         "nothing submitted (scancel it first to submit again)")
     check_request(job, cfg)
     if extending:
-        from relpos_lab.training.experiment import extend_run
+        from relpos_lab.training.planning import extend_run
 
         extend_run(cfg, job.directory, echo)
     snapshot = save_resolved_config(cfg, job.directory)

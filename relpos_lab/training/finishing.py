@@ -1,7 +1,7 @@
 """Finishing a run without a signal leaving it half-finished: results.json is written last.
 
 A run directory holding results.json is finished: the next attempt reports it and trains nothing
-(experiment._plan). So results.json must not exist before everything else finishing leaves is
+(planning.plan_run). So results.json must not exist before everything else finishing leaves is
 written: outputs/, plots/ (and their W&B line plots), the W&B summary, inspect's drawings, and
 the W&B run closed with its offline file complete (the test rows and the last steps). Finishing
 therefore runs as named steps (STEPS) and writes results.json, atomically, as the last one.
