@@ -7,17 +7,11 @@ import pytest
 import torch
 
 from relpos_lab.core.decoding import beam_search, greedy_search, sample
+from relpos_lab.core.embedding import positions_in_order, seed_eval_positions
 from relpos_lab.core.positions import BUILTIN, RotaryPositions, ShawConfig, ShawPositions, builtin_config, scheme_of
 from relpos_lab.core.positions.randomized import sample_positions, spread_mask
 from relpos_lab.core.prefix_lm import PrefixLM
-from relpos_lab.core.transformer import (
-    DecoderLM,
-    EncoderDecoder,
-    ModelConfig,
-    MultiHeadAttention,
-    positions_in_order,
-    seed_eval_positions,
-)
+from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention
 
 from tests.test_positions import attend_with_loop
 

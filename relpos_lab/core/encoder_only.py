@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from relpos_lab.core.transformer import Embedding, Encoder, ModelConfig, seed_eval_positions
+from relpos_lab.core.embedding import Embedding, seed_eval_positions
+from relpos_lab.core.transformer import Encoder, ModelConfig
 
 
 class EncoderOnly(nn.Module):

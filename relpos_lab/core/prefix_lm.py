@@ -27,7 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from relpos_lab.core.cache import DecoderCache
-from relpos_lab.core.transformer import Decoder, Embedding, ModelConfig
+from relpos_lab.core.embedding import Embedding
+from relpos_lab.core.transformer import Decoder, ModelConfig
 
 
 class PrefixLM(nn.Module):

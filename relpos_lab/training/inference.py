@@ -30,7 +30,8 @@ from relpos_lab.api.checkpoint import LoadedModel
 from relpos_lab.api.errors import UserError
 from relpos_lab.api.task import Task
 from relpos_lab.core.decoding import sample
-from relpos_lab.core.transformer import DecoderLM, seed_eval_positions
+from relpos_lab.core.embedding import seed_eval_positions
+from relpos_lab.core.transformer import DecoderLM
 from relpos_lab.training.batching import TokenBatchSampler
 from relpos_lab.training.checkpoints import OVERRIDES_FIX, check_weights_fit, load_checkpoint, task_from_checkpoint
 from relpos_lab.training.module import RelposModule

@@ -39,8 +39,9 @@ from relpos_lab.api import Task, UserError
 from relpos_lab.api.errors import shown_path
 from relpos_lab.api.files import atomic_write
 from relpos_lab.core.attention.capture import AttentionProbe, capturing
+from relpos_lab.core.embedding import positions_in_order
 from relpos_lab.core.positions import RelativePositions
-from relpos_lab.core.transformer import Decoder, Encoder, MultiHeadAttention, positions_in_order
+from relpos_lab.core.transformer import Decoder, Encoder, MultiHeadAttention
 from relpos_lab.records import inspect_plots as plots
 from relpos_lab.records.loggers import RunCSVLogger, build_loggers, close_loggers, log_images, log_samples
 from relpos_lab.records.rundir import writable_directory

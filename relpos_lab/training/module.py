@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from relpos_lab.api.contract import Checked, check
 from relpos_lab.api.evaluation import EvalResult
 from relpos_lab.api.task import Task
-from relpos_lab.core.transformer import seed_eval_positions
+from relpos_lab.core.embedding import seed_eval_positions
 from relpos_lab.records.loggers import log_samples
 from relpos_lab.training.data import EMPTY
 from relpos_lab.training.optim import build_optimizer, build_scheduler

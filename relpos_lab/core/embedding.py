@@ -1,0 +1,107 @@
+"""The token embedding every stack starts with, and evaluation's randomized positions.
+
+`Embedding` scales the token vectors by sqrt(d_model) and adds the scheme's absolute positions, if
+it has any; with randomized positions (positions/randomized.py) it also draws each forward pass's
+positions, which `seed_eval_positions` makes repeat across evaluations and `positions_in_order`
+turns off for `relpos-lab inspect`.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from relpos_lab.core.positions import contract, scheme_of
+from relpos_lab.core.positions.randomized import sample_positions
+
+if TYPE_CHECKING:
+    from relpos_lab.core.transformer import ModelConfig
+
+
+class Embedding(nn.Module):
+    """Token embedding scaled by sqrt(d_model), plus absolute positions if the scheme has them."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, tokens: nn.Embedding | None = None):
+        super().__init__()
+        self.tokens = tokens or nn.Embedding(vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        if tokens is None:
+            nn.init.normal_(self.tokens.weight, std=cfg.d_model**-0.5)
+            with torch.no_grad():
+                self.tokens.weight[cfg.pad_id].zero_()
+        scheme = scheme_of(cfg.positions)
+        self.positions = scheme.embedding(cfg.d_model)
+        self.reads_tokens = scheme.reads_tokens  # its module is called with the ids of every position so far
+        self.scheme = contract.label(cfg.positions)
+        self.unchecked = self.positions is not None  # its output is checked on the first call (contract.py)
+        self.scale, self.dropout = math.sqrt(cfg.d_model), nn.Dropout(cfg.dropout)
+        self.max_random_len = cfg.positions.max_random_len
+        self.randomize_at_eval = cfg.positions.randomize_at_eval
+        # evaluation's draws; the model's embeddings share one (seed_eval_positions)
+        self.eval_draws = torch.Generator().manual_seed(0) if self.randomize_at_eval else None
+
+    def random_positions(self, length: int) -> Tensor | None:
+        """This forward pass's positions for `length` tokens with randomized positions: a fresh draw
+        in training, and in evaluation with randomize_at_eval (from `eval_draws`); None: 0..L-1."""
+        if self.max_random_len is None or not (self.training or self.randomize_at_eval):
+            return None
+        draws = None if self.training else self.eval_draws
+        return sample_positions(length, self.max_random_len, self.tokens.weight.device, draws)
+
+    def decoding_positions(self, max_tokens: int | None) -> Tensor | None:
+        """A generation's positions, drawn up front for the most tokens it may feed (randomize_at_eval,
+        in evaluation): step t takes the t-th. None: 0, 1, ... (and while training, as before)."""
+        if self.training or not self.randomize_at_eval:
+            return None
+        if max_tokens is None:
+            raise ValueError("model.positions.randomize_at_eval draws a generation's positions up front: pass "
+                             "start_decoding(src, max_tokens=...) the most tokens decode_step will be fed "
+                             "(relpos_lab.core.decoding does)")
+        return self.random_positions(max_tokens)
+
+    def forward(self, ids: Tensor, *, offset: int = 0, positions: Tensor | None = None,
+                seen: Tensor | None = None) -> Tensor:
+        """`seen`: with a cache, the ids of every position so far (the cached, then `ids`), for a
+        scheme that `reads_tokens`; without one, `ids` are all there is."""
+        x = self.tokens(ids) * self.scale
+        if self.positions is not None:
+            if self.reads_tokens:
+                placed = self.positions(x, offset, ids if seen is None else seen)
+            else:
+                placed = self.positions(x, offset) if positions is None else x + self._at(positions, x)
+            if self.unchecked:
+                contract.check_embedding(self.scheme, self.positions, placed, x)
+                self.unchecked = False
+            x = placed
+        return self.dropout(x)
+
+    def _at(self, positions: Tensor, x: Tensor) -> Tensor:
+        """The scheme's absolute encodings at `positions`: what it adds to zeros there."""
+        zeros = x.new_zeros(1, int(positions[-1]) + 1, x.shape[-1])  # (1, positions[-1] + 1, d)
+        return self.positions(zeros, 0).index_select(1, positions)  # (1, L, d): x's tokens' slots
+
+
+def seed_eval_positions(model: nn.Module, seed: int) -> None:
+    """Restart evaluation's position draws (randomize_at_eval) from `seed`, one generator for all of
+    `model`'s embeddings (an encoder's and a decoder's draws then differ). RelposModule calls it with
+    the run's seed before every validation and test, so a checkpoint's numbers repeat."""
+    draws = torch.Generator().manual_seed(seed)
+    for module in model.modules():
+        if isinstance(module, Embedding) and module.eval_draws is not None:
+            module.eval_draws = draws
+
+
+@contextmanager
+def positions_in_order(model: nn.Module):
+    """Within the block, evaluation places tokens at 0..L-1 even with randomize_at_eval (`relpos-lab
+    inspect` measures attention by token distance j − i)."""
+    drawing = [m for m in model.modules() if isinstance(m, Embedding) and m.randomize_at_eval]
+    for module in drawing:
+        module.randomize_at_eval = False
+    try:
+        yield
+    finally:
+        for module in drawing:
+            module.randomize_at_eval = True
