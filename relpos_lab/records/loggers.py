@@ -1,424 +1,42 @@
-"""Lightning's CSV and W&B loggers, adjusted so a run directory can be resumed and W&B can fail.
+"""The loggers of a run, configured in one place, and what the rest of the code logs through them.
 
-Two behaviours of the stock loggers clash with this project's contracts, and each class below
-changes only that behaviour:
-
-- Lightning's CSVLogger deletes an existing ``metrics.csv`` when it starts (it assumes a fresh
-  version directory per run). Our run directory is reused when a run resumes, so the earlier rows
-  must survive: `RunCSVLogger` appends to the file and keeps its header.
-- Lightning's WandbLogger lets any W&B error (no network, a broken install, a crashed wandb-core)
-  propagate and kill training. `RunWandbLogger` turns each such error into one warning and goes on
-  without W&B. It also puts the resolved config and provenance (git commit, SLURM ids) in the
-  W&B run config, finishes the W&B run when a fit fails or SLURM requeues it (so everything
-  logged so far is flushed before the process is killed), and never silently logs into another
-  run's W&B run.
-
-build_loggers below is the one place that configures them; W&B is offline unless online mode is
-asked for (config, ``WANDB_MODE``) or an API key is available, and it is a second copy of what the
-run directory holds, so its failures are warnings, never fatal.
+`build_loggers` makes a run's CSV logger (metrics_csv.py: ``metrics.csv``, kept across resumed
+attempts) and, unless disabled, its W&B logger (wandb_run.py: fail-safe, with provenance). W&B is
+offline unless online mode is asked for (config, ``WANDB_MODE``) or an API key is available, and it
+is a second copy of what the run directory holds, so its failures are warnings, never fatal. The
+helpers below log samples, summaries, line plots and images to whichever of them can show them.
 """
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import io
-import netrc
 import os
-import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning.fabric.loggers.logger import rank_zero_experiment
-from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
-from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from relpos_lab.api.files import atomic_write
-from relpos_lab.config.schema import WANDB_MODES
+from relpos_lab.records.metrics_csv import (
+    METRICS,
+    VALID_PREFIX,
+    RunCSVLogger,
+    before_checkpoint,
+    cut_metrics,
+    read_metric_rows,
+)
 from relpos_lab.records.provenance import provenance
-from relpos_lab.records.wandb_offline import STEP, find_run_files, history, read_run, wait_until_complete
-
-METRICS = "metrics.csv"
-WANDB_ID = ".wandb_id"  # a run directory's W&B run id when it is not the default (after a start over)
-
-
-class _AppendingWriter(ExperimentWriter):
-    """Lightning's CSV writer, minus the deletion of an existing metrics file.
-
-    The stock writer knows its column names only from what it logged itself, so it starts from
-    the existing file's header: new columns then trigger Lightning's own rewrite-with-new-header
-    path, which keeps the old rows.
-    """
-
-    def _check_log_dir_exists(self) -> None:
-        if self._fs.isfile(self.metrics_file_path):
-            with self._fs.open(self.metrics_file_path, "r", newline="") as file:
-                self.metrics_keys = next(csv.reader(file), [])
-
-
-class RunCSVLogger(CSVLogger):
-    """CSVLogger that writes exactly ``<run_dir>/metrics.csv`` and appends when it exists.
-
-    Rows logged by an earlier attempt of the same run stay. A resumed attempt first cuts the file
-    back to the step of its checkpoint (`cut_metrics`), so the steps an interrupted attempt logged
-    after that checkpoint are not there twice.
-    """
-
-    def __init__(self, run_dir: str | os.PathLike, flush_logs_every_n_steps: int = 100):
-        run_dir = os.path.abspath(os.fspath(run_dir))
-        # save_dir/name/version with an empty name puts the files in run_dir itself, and makes
-        # Lightning's default checkpoint directory run_dir/checkpoints.
-        super().__init__(
-            save_dir=os.path.dirname(run_dir),
-            name="",
-            version=os.path.basename(run_dir),
-            flush_logs_every_n_steps=flush_logs_every_n_steps,
-        )
-
-    @property
-    @rank_zero_experiment
-    def experiment(self) -> _AppendingWriter:
-        if self._experiment is None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _AppendingWriter(log_dir=self.log_dir)
-        return self._experiment
-
-    _flush_next = False
-
-    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
-        """A checkpoint was written: put every row logged so far on disk, and the next one (the
-        checkpointed step's own row, logged just after the checkpoint), so that a run killed
-        later resumes from the checkpoint without a gap in metrics.csv."""
-        self.save()
-        self._flush_next = True
-
-    @rank_zero_only
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        super().log_metrics(metrics, step)
-        if self._flush_next:
-            self._flush_next = False
-            self.save()
-
-
-VALID_PREFIX = "valid/"  # a validation's metrics (training/module.py logs them at the validated step)
-
-
-def before_checkpoint(row_step: int, metrics: Iterable[str], step: int) -> bool:
-    """Whether a logged row precedes a checkpoint of global step `step`, so that a fit resumed from
-    that checkpoint does not log it again.
-
-    Training rows are logged at Lightning's step, the count of optimizer steps before the batch (the
-    g-th step's loss is row g - 1), so a fit resumed at g logs its training rows from g on. A
-    validation is logged at the step of the weights it validated (`metrics` holds ``valid/`` keys):
-    the validation of step g belongs to the checkpoint of step g, whichever was written first, and
-    a resumed fit does not repeat it (the last step of a run is validated once: final_validation.py).
-    """
-    return row_step < step or (row_step == step and any(str(k).startswith(VALID_PREFIX) for k in metrics))
-
-
-def cut_metrics(run_dir: str | Path, step: int) -> int:
-    """Drop the rows of ``<run_dir>/metrics.csv`` logged after a checkpoint of global step `step`
-    (`before_checkpoint`); return how many.
-
-    They are the interrupted attempt's work after the checkpoint, which the resumed attempt does again.
-    """
-    path = Path(run_dir) / METRICS
-    if not path.is_file():
-        return 0
-    with open(path, newline="") as file:
-        reader = csv.DictReader(file)
-        header, rows = reader.fieldnames or [], list(reader)
-    keep = [row for row in rows if not (row.get("step") or "").isdigit()
-            or before_checkpoint(int(row["step"]), [k for k, v in row.items() if v], step)]
-    if len(keep) == len(rows):
-        return 0
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=header, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(keep)
-    atomic_write(path, text.getvalue())
-    return len(rows) - len(keep)
-
-
-class _NullRun:
-    """Stands in for a W&B run after W&B failed: every attribute and call is a no-op."""
-
-    def __getattr__(self, _name: str) -> _NullRun:
-        return self
-
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-class RunWandbLogger(WandbLogger):
-    """WandbLogger for one run directory: fail-safe, with provenance, one W&B run per run id.
-
-    `run_config` (the resolved config and provenance) is merged into the W&B run config right
-    after ``wandb.init`` rather than passed to it, with changes allowed: a resumed run may differ
-    in keys such as ``resume`` or the SLURM job id. Extra keyword arguments go to ``wandb.init``
-    as in Lightning's WandbLogger.
-    """
-
-    def __init__(self, *, run_config: dict[str, Any] | None = None, rewind_to: int | None = None,
-                 backfill: list[tuple[int, dict[str, float]]] = (), **kwargs: Any):
-        super().__init__(**kwargs)
-        self._backfill = list(backfill)  # (step, metrics) rows the W&B history lacks, logged first
-        if self._wandb_init.get("anonymous") is None:  # wandb 0.31 warns about the key even when None
-            self._wandb_init.pop("anonymous", None)
-        self._run_config = run_config or {}
-        self._failure: str | None = None
-        self._plain_resume: dict[str, Any] | None = None
-        if rewind_to is not None and self._id is not None:
-            # W&B's rewind: the run's history is cut after _step `rewind_to` and continues from
-            # there (recorded offline as the run's branch point; applied by the server on sync).
-            self._plain_resume = dict(self._wandb_init)
-            self._wandb_init.pop("resume", None)
-            self._wandb_init["resume_from"] = f"{self._id}?_step={rewind_to}"
-
-    @property
-    def failed(self) -> bool:
-        """True once W&B raised: the logger then drops everything sent to it."""
-        return self._failure is not None
-
-    @property
-    @rank_zero_experiment
-    def experiment(self) -> Any:
-        if self._failure is not None:
-            return _NullRun()
-        try:
-            if self._experiment is None:
-                self._finish_other_run()
-                try:
-                    super().experiment
-                except Exception as err:
-                    if self._plain_resume is None:
-                        raise
-                    # A server without rewind support: continue the run as W&B resumes one.
-                    rank_zero_warn(f"W&B: could not rewind run {self._id!r} ({type(err).__name__}: {err}); "
-                                   "continuing it without rewinding: its history may repeat steps")
-                    self._wandb_init, self._plain_resume, self._experiment = self._plain_resume, None, None
-                    super().experiment
-                self._experiment.config.update(self._run_config, allow_val_change=True)
-                for step, metrics in self._backfill:  # as WandbLogger.log_metrics logs a row
-                    self._experiment.log({**metrics, STEP: step})
-                self._backfill = []
-            return self._experiment
-        except Exception as err:  # any W&B problem must leave training running
-            self._fail(f"could not start W&B run {self._id!r}", err)
-            return _NullRun()
-
-    @property
-    def version(self) -> str | None:
-        return self._id if self._failure is not None else super().version
-
-    @rank_zero_only
-    def log_hyperparams(self, params: Any) -> None:
-        self._guard("log hyperparameters", super().log_hyperparams, params)
-
-    @rank_zero_only
-    def log_metrics(self, metrics: Any, step: int | None = None) -> None:
-        # log_table, log_text, log_image, ... all go through here.
-        self._guard("log metrics", super().log_metrics, metrics, step)
-
-    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
-        self._guard("record a checkpoint", super().after_save_checkpoint, checkpoint_callback)
-
-    @rank_zero_only
-    def finalize(self, status: str) -> None:
-        """Finish the W&B run when the process is about to end abnormally.
-
-        Lightning calls finalize("success") after every fit/validate/test; the run stays open
-        then, so a test after a fit continues the same W&B run (close() or interpreter exit ends
-        it). "failed" (an exception) and "finished" (SLURM's requeue signal) finish it now, because
-        the process may be killed before exit handlers run.
-        """
-        self._guard("finalize", super().finalize, status)
-        if status == "finished":
-            self.close(preempted=True)
-        elif status == "failed":
-            self.close(exit_code=1)
-
-    def close(self, exit_code: int = 0, preempted: bool = False) -> None:
-        """Finish this logger's W&B run; logging afterwards resumes the same run id."""
-        if self._experiment is None or self._failure is not None:
-            return
-        run, self._experiment = self._experiment, None
-        run_file = Path(run.dir).parent / f"run-{run.id}.wandb"
-        try:
-            if preempted:
-                run.mark_preempting()
-            run.finish(exit_code=exit_code)
-        except Exception as err:
-            self._fail("could not finish the W&B run", err)
-            return
-        if run_file.is_file():  # offline: the run directory is complete when the command returns
-            wait_until_complete(run_file)
-
-    def _finish_other_run(self) -> None:
-        """Finish a different W&B run left open in this process (an earlier run of a sweep).
-
-        Lightning would log into whatever run is open; our run id is a function of the run
-        directory, so writing into another run would mix two experiments.
-        """
-        import wandb
-
-        if wandb.run is not None and self._id is not None and wandb.run.id != self._id:
-            rank_zero_warn(f"finishing W&B run {wandb.run.id!r} left open before starting {self._id!r}")
-            wandb.run.finish()
-
-    def _guard(self, action: str, fn: Any, *args: Any) -> None:
-        if self._failure is not None:
-            return
-        try:
-            fn(*args)
-        except Exception as err:
-            self._fail(f"could not {action}", err)
-
-    def _fail(self, action: str, err: Exception) -> None:
-        self._failure = f"{type(err).__name__}: {err}"
-        self._experiment = None
-        rank_zero_warn(
-            f"W&B: {action} ({self._failure}); training continues without W&B. "
-            "The run directory (metrics.csv, results.json, plots/) has everything logged."
-        )
-        _drop_wandb_service()
-
-
-def _drop_wandb_service() -> None:
-    """Let go of W&B's service process after a failure, so that wandb's own exit hook does not
-    try to reach it again and print a traceback at exit (its usual end when SLURM's SIGTERM has
-    already stopped the service: scancel, requeue, preemption)."""
-    import wandb
-
-    try:
-        wandb.teardown()
-    except Exception:  # the service is gone: nothing left to tear down
-        pass
-
-
-# --- the loggers of a run -----------------------------------------------------------------------
-
-
-def resolve_wandb_mode(configured: str = "offline") -> str:
-    """The W&B mode a run uses: offline unless the user asked for online.
-
-    ``online`` or ``disabled`` in the config is an explicit choice and wins. The default
-    ``offline`` yields to the ``WANDB_MODE`` environment variable (so ``WANDB_MODE=online`` on a
-    cluster works without editing configs), then to an available API key (``WANDB_API_KEY`` or a
-    ``wandb login`` entry in ~/.netrc) meaning online, and otherwise stays offline — never
-    attempting the network on a machine that has none.
-    """
-    if configured not in WANDB_MODES:
-        raise ValueError(f"logging.wandb.mode={configured!r} is not one of {', '.join(WANDB_MODES)}")
-    if configured != "offline":
-        return configured
-    env = os.environ.get("WANDB_MODE")
-    if env:
-        return {"dryrun": "offline", "run": "online"}.get(env, env)
-    return "online" if _has_api_key() else "offline"
-
-
-
-def _has_api_key() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
-        return netrc.netrc().authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
-
-
-
-def wandb_run_id(run_dir: str | Path) -> str:
-    """W&B run id of a run directory: a hash of its absolute path, so a resume keeps the id.
-
-    The directory name alone would not do: the same config run under two roots (say a copy on a
-    laptop and on the cluster) is two runs, and must not append to one W&B run. A run started
-    over in the same place (`new_wandb_run_id`) keeps its own id in ``<run dir>/.wandb_id``.
-    """
-    chosen = Path(run_dir) / WANDB_ID
-    if chosen.is_file():
-        return chosen.read_text().strip()
-    return hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
-
-
-def new_wandb_run_id(run_dir: str | Path) -> str:
-    """Give a run directory that starts over a W&B run id of its own (the old run keeps the old one)."""
-    run_dir = Path(run_dir)
-    seed = f"{run_dir.resolve()}:{time.time_ns()}"
-    run_id = hashlib.sha256(seed.encode()).hexdigest()[:16]
-    atomic_write(run_dir / WANDB_ID, run_id + "\n")
-    return run_id
-
-
-def wandb_resume_plan(run_dir: str | Path, step: int) -> tuple[int | None, list[tuple[int, dict[str, float]]]]:
-    """How a run resumed at training step `step` continues its W&B history: the ``_step`` to rewind
-    to (None: nothing logged before), and the rows of metrics.csv before the checkpoint (`before_checkpoint`)
-    that it lacks.
-
-    Usually the earlier attempts' W&B files hold every row up to the checkpoint and the rewind only
-    drops what an interrupted attempt logged after it. SLURM's SIGTERM (scancel, requeue,
-    preemption) also reaches W&B's service process, which dies without flushing: that attempt's
-    file ends early or is empty. metrics.csv, flushed at every checkpoint, holds those rows: the
-    history is rewound to its last row before the checkpoint and the resumed attempt logs the rows
-    it lacks from metrics.csv before it trains, so W&B ends with every step once, as metrics.csv.
-    """
-    run_id = wandb_run_id(run_dir)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a killed attempt's file ends inside a record
-        attempts = []
-        for path in find_run_files(Path(run_dir) / "wandb", online=True):
-            try:
-                run = read_run(path)
-            except Exception:  # an attempt killed before its run record: nothing logged
-                continue
-            if run.run_id == run_id:
-                attempts.append(run)
-    attempts.sort(key=lambda r: r.start_time)
-    return resume_plan(history(attempts), read_metric_rows(run_dir), step)
-
-
-def resume_plan(logged: list[dict[str, Any]], rows: list[tuple[int, dict[str, float]]],
-                step: int) -> tuple[int | None, list[tuple[int, dict[str, float]]]]:
-    """`wandb_resume_plan` given the W&B history (`history`'s rows) and metrics.csv's rows.
-
-    W&B's file is a prefix of what was logged, in step order, so only its newest step can be
-    partial: of that step, the rows with a metric W&B lacks are logged again too.
-    """
-    rows = [(s, metrics) for s, metrics in rows if before_checkpoint(s, metrics, step)]
-    keys_logged: dict[int, set[str]] = {}  # training step -> metric names W&B holds for it
-    last_row: dict[int, int] = {}  # training step -> the _step of its last W&B row
-    current = None
-    for row in logged:
-        current = row.get(STEP, current)  # rows without a training step belong to the row before
-        if current is None or "_step" not in row or not before_checkpoint(current, row, step):
-            continue
-        keys_logged.setdefault(current, set()).update(row)
-        last_row[current] = int(row["_step"])
-    if not last_row:
-        return None, rows
-    newest = max(last_row)
-    lacking = [(s, m) for s, m in rows if s > newest or (s == newest and not m.keys() <= keys_logged[newest])]
-    return last_row[newest], lacking
-
-
-def read_metric_rows(run_dir: str | Path) -> list[tuple[int, dict[str, float]]]:
-    """The rows of ``<run_dir>/metrics.csv`` as (training step, {metric: value}), empty cells left out."""
-    path = Path(run_dir) / METRICS
-    if not path.is_file():
-        return []
-    with open(path, newline="") as file:
-        rows = []
-        for row in csv.DictReader(file):
-            step = row.pop("step", "") or ""
-            if step.isdigit():
-                rows.append((int(step), {k: int(float(v)) if k == "epoch" else float(v) for k, v in row.items() if v}))
-    return rows
+from relpos_lab.records.wandb_run import (
+    WANDB_ID,
+    RunWandbLogger,
+    new_wandb_run_id,
+    resolve_wandb_mode,
+    resume_plan,
+    wandb_resume_plan,
+    wandb_run_id,
+)
 
 
 def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None = None,
@@ -447,7 +65,9 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
         loggers.append(
             RunWandbLogger(
                 run_config={**OmegaConf.to_container(cfg, resolve=True), **provenance(run_dir)},
-                save_dir=str(run_dir),
+                # absolute: a W&B service started by an earlier run of the process (in another
+                # working directory) resolves a relative one against its own
+                save_dir=os.path.abspath(run_dir),
                 id=wandb_run_id(run_dir),
                 name=run_dir.name,
                 project=OmegaConf.select(cfg, "logging.wandb.project", default="relpos_lab"),
@@ -542,3 +162,9 @@ def log_images(loggers: Iterable[Logger], images: Mapping[str, str | Path], step
 def _wandb_loggers(loggers: Iterable[Logger]) -> list[WandbLogger]:
     return [lg for lg in loggers if isinstance(lg, WandbLogger) and not getattr(lg, "failed", False)]
 
+
+__all__ = [  # metrics_csv's and wandb_run's names too: loggers.py is where the run's code finds them
+    "METRICS", "VALID_PREFIX", "WANDB_ID", "RunCSVLogger", "RunWandbLogger", "before_checkpoint", "build_loggers",
+    "close_loggers", "cut_metrics", "log_images", "log_line_plot", "log_samples", "log_summary", "new_wandb_run_id",
+    "read_metric_rows", "resolve_wandb_mode", "resume_plan", "wandb_resume_plan", "wandb_run_id",
+]

@@ -163,7 +163,7 @@ _quiet = False
 def quiet(verbose: bool = False) -> None:
     """Leave out Lightning's and W&B's chatter for the rest of this process, unless `verbose`.
 
-    W&B is told by the run's loggers (`is_quiet`, records/loggers.py: its failures still reach the
+    W&B is told by the run's loggers (`is_quiet`, records/wandb_run.py: its failures still reach the
     console as relpos-lab's own warnings); Lightning's lines through a filter on its log handlers.
     """
     global _quiet
