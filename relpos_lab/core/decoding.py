@@ -104,10 +104,7 @@ def beam_search(model, src: Tensor | None, *, beam_size: int = 4, length_penalty
     for step in range(max_steps):
         logp = torch.log_softmax(model.decode_step(tokens, cache)[:, -1].float(), dim=-1)
         vocab = logp.shape[-1]
-        force_eos = (step + 1 >= limit).repeat_interleave(k)
-        forced = torch.full_like(logp, float("-inf"))
-        forced[:, eos_id] = logp[:, eos_id]
-        logp = torch.where(force_eos[:, None], forced, logp)
+        logp = _only_eos_where(logp, (step + 1 >= limit).repeat_interleave(k), eos_id)  # at the length limit
 
         cand = (scores[:, :, None] + logp.view(batch, k, vocab)).view(batch, k * vocab)
         top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=-1)
@@ -118,14 +115,8 @@ def beam_search(model, src: Tensor | None, *, beam_size: int = 4, length_penalty
         rank = torch.arange(top_scores.shape[1], device=device)[None, :]
         is_eos = tok == eos_id
         finalise = is_eos & (rank < k) & torch.isfinite(top_scores) & ~done[:, None]
-        normed = top_scores / gnmt_length_penalty(torch.tensor(step + 1, device=device), length_penalty)
-        new_scores = torch.where(finalise, normed, torch.full_like(normed, float("-inf")))
-        padded = torch.full((batch, seqs.shape[1], max_steps), pad_id, dtype=torch.long, device=device)
-        padded[:, :, : step + 1] = seqs
-        pool_scores = torch.cat((fin_scores, new_scores), dim=1)
-        pool_tokens = torch.cat((fin_tokens, padded), dim=1)
-        fin_scores, keep = pool_scores.topk(k, dim=1)
-        fin_tokens = pool_tokens.gather(1, keep[:, :, None].expand(-1, -1, max_steps))
+        fin_scores, fin_tokens = _keep_finished(fin_scores, fin_tokens, top_scores, seqs, finalise, step,
+                                                length_penalty, pad_id)
         # A sentence is done with `beam_size` finished hypotheses, or at its length limit (every
         # live beam was forced to EOS and finalised this step, however few there were).
         done |= torch.isfinite(fin_scores).all(dim=1) | (step + 1 >= limit)
@@ -145,6 +136,27 @@ def beam_search(model, src: Tensor | None, *, beam_size: int = 4, length_penalty
     out = fin_tokens[torch.arange(batch, device=device), best]
     length = int((out == eos_id).long().argmax(-1).max()) + 1  # every finished hypothesis ends in EOS
     return out[:, :length]
+
+
+def _only_eos_where(logp: Tensor, rows: Tensor, eos_id: int) -> Tensor:
+    """`logp` (N, V) with every token but EOS impossible in `rows` (N,): a hypothesis at its length
+    limit can only end."""
+    forced = torch.full_like(logp, float("-inf"))
+    forced[:, eos_id] = logp[:, eos_id]
+    return torch.where(rows[:, None], forced, logp)
+
+
+def _keep_finished(fin_scores: Tensor, fin_tokens: Tensor, top_scores: Tensor, seqs: Tensor, finalise: Tensor,
+                   step: int, length_penalty: float, pad_id: int) -> tuple[Tensor, Tensor]:
+    """The `beam_size` best finished hypotheses (B, k) and their tokens (B, k, max_steps): those kept
+    so far and this step's candidates marked in `finalise` (B, 2k), scored length-normalised."""
+    batch, k, max_steps = fin_tokens.shape
+    normed = top_scores / gnmt_length_penalty(torch.tensor(step + 1, device=top_scores.device), length_penalty)
+    new_scores = torch.where(finalise, normed, torch.full_like(normed, float("-inf")))
+    padded = torch.full((batch, seqs.shape[1], max_steps), pad_id, dtype=torch.long, device=seqs.device)
+    padded[:, :, : step + 1] = seqs
+    fin_scores, keep = torch.cat((fin_scores, new_scores), dim=1).topk(k, dim=1)
+    return fin_scores, torch.cat((fin_tokens, padded), dim=1).gather(1, keep[:, :, None].expand(-1, -1, max_steps))
 
 
 def next_token(logits: Tensor, temperature: float = 1.0, top_k: int = 0,
