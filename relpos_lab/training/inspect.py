@@ -129,17 +129,8 @@ def inspect_model(model: torch.nn.Module, task: Task, cfg: DictConfig, out_dir: 
     scheme = _scheme_name(cfg)
     clip = _clip(cfg)
     batch_size = int(OmegaConf.select(cfg, "data.eval_batch_size", default=64) or 64)
-    data = _Examples(task)
-    sets = {split: (split, data.of(split))}
-    if not sets[split][1]:
-        raise UserError(f"split '{split}' of task '{task.cfg.name}' has no examples to inspect; pick another --split")
+    sets = _example_sets(task, split, lengths)
     train_range = task.train_length_range()
-    if lengths is None:
-        named = task.inspect_lengths(split)
-        lengths = data.default_lengths(train_range, split) if named is None else list(named)
-    for length in lengths:
-        where = data.split_with(split, length)
-        sets[f"length {length}"] = (where, data.of(where, length))
     content = any(isinstance(m, MultiHeadAttention) and m.content for m in model.modules())
     sample = _sample(task, sets[split][1], batch_size, task.max_tokens(split)) if content else []
     was_training = model.training
@@ -187,6 +178,22 @@ def inspect_model(model: torch.nn.Module, task: Task, cfg: DictConfig, out_dir: 
 
 
 # --- which examples -------------------------------------------------------------------------
+
+
+def _example_sets(task: Task, split: str, lengths: Sequence[int] | None) -> dict[str, tuple[str, list]]:
+    """What is measured, by name: the split's examples, then each length's ("length N"), each with
+    the split it comes from; lengths None: the task's `inspect_lengths`, else a default spread."""
+    data = _Examples(task)
+    sets = {split: (split, data.of(split))}
+    if not sets[split][1]:
+        raise UserError(f"split '{split}' of task '{task.cfg.name}' has no examples to inspect; pick another --split")
+    if lengths is None:
+        named = task.inspect_lengths(split)
+        lengths = data.default_lengths(task.train_length_range(), split) if named is None else list(named)
+    for length in lengths:
+        where = data.split_with(split, length)
+        sets[f"length {length}"] = (where, data.of(where, length))
+    return sets
 
 class _Examples:
     """A task's splits, each read once, by length."""
