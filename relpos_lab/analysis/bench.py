@@ -100,6 +100,18 @@ def attention_mask(mask: str, b: int, length: int, device) -> tuple[torch.Tensor
     return keys, mask == "causal"
 
 
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor | None, causal: bool,
+          allowed: torch.Tensor | None):
+    """torch's attention with no more mask than the case needs (none: CUDA may pick its flash kernel)."""
+    def forward():
+        if allowed is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=False)
+        if keys is None and causal:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    return forward
+
+
 def attention_candidate(name: str, b, h, length, d, k, dtype, device, backward=True, mask="none"):
     """A closure running one forward(+backward) of attention candidate `name`."""
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -113,12 +125,7 @@ def attention_candidate(name: str, b, h, length, d, k, dtype, device, backward=T
     allowed = visibility_mask(keys, causal, length, length, 0, device)
 
     if name == "sdpa":
-        def forward():
-            if allowed is None:  # lets CUDA pick its flash kernel
-                return F.scaled_dot_product_attention(q, kk, v, is_causal=False)
-            if keys is None and causal:
-                return F.scaled_dot_product_attention(q, kk, v, is_causal=True)
-            return F.scaled_dot_product_attention(q, kk, v, attn_mask=allowed)
+        forward = _sdpa(q, kk, v, keys, causal, allowed)
     elif name == "flash":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
