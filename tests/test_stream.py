@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from omegaconf import OmegaConf
 
@@ -15,8 +13,8 @@ from relpos_lab.api import ConfigError, Vocabulary, registry
 from relpos_lab.api.stream import Stream, StreamBatches
 from relpos_lab.config import DataConfig, config_from_container
 from relpos_lab.training.data import TaskDataModule
-from relpos_lab.training.module import RelposModule
-from relpos_lab.training.trainer import build_trainer
+
+from tests.test_resume_data import TINY as RESUME_TINY, _fit
 
 
 def create(name: str, **fields):
@@ -79,37 +77,7 @@ def test_two_ranks_draw_together_what_one_process_draws_at_twice_the_batch():
         assert a.shape[1] == b.shape[1] == whole.shape[1]  # one length for the whole step
 
 
-TINY = {
-    "task": {"name": "reverse", "train_lengths": [1, 4], "valid_lengths": [1, 4], "test_lengths": [1, 6],
-             "train_size": 0, "eval_size_per_length": 4},
-    "model": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_encoder_layers": 1, "n_decoder_layers": 1,
-              "dropout": 0.0, "attention_dropout": 0.0, "positions": {"scheme": "shaw", "max_distance": 4}},
-    "data": {"batch_size": 16},
-    "optim": {"lr": 0.003, "warmup_steps": 5},
-    "trainer": {"accelerator": "cpu", "max_steps": 30, "val_every_n_steps": 1000, "num_sanity_val_steps": 0,
-                "enable_progress_bar": False, "enable_model_summary": False},
-}
-
-
-class _Batches(Callback):
-    def __init__(self):
-        self.seen: list[torch.Tensor] = []
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        self.seen.append(batch["src"].clone())
-
-
-def _fit(cfg, tmp_path, *, checkpoint_at=None, resume_from=None):
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
-    module, batches = RelposModule(cfg, task), _Batches()
-    callbacks = [batches]
-    if checkpoint_at:
-        callbacks.append(ModelCheckpoint(dirpath=tmp_path, filename="at-{step}", save_top_k=-1,
-                                         every_n_train_steps=checkpoint_at))
-    trainer = build_trainer(cfg, tmp_path, loggers=[], callbacks=callbacks)
-    trainer.fit(module, datamodule=TaskDataModule(task, cfg.data), ckpt_path=resume_from, weights_only=False)
-    return batches.seen, module.state_dict()
+TINY = {**RESUME_TINY, "task": {**RESUME_TINY["task"], "train_size": 0}}  # the resume test's run, streamed
 
 
 def test_a_streamed_fit_resumed_from_a_checkpoint_continues_the_stream_and_ends_with_the_same_weights(tmp_path):

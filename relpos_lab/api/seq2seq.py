@@ -194,7 +194,7 @@ class Seq2SeqTask(Task):
         on the target (and with `task.loss_on_source`, on the source too: a mean over both's tokens)."""
         pad = self.tgt_vocab.pad_id
         if isinstance(model, EncoderOnly):
-            logits, target = self.at_slots(model, batch)
+            logits, target, _ = self.at_slots(model, batch)
             return label_smoothed_loss(logits, target, smoothing=label_smoothing, ignore_index=pad)
         if not self.cfg.loss_on_source:
             logits = model(batch["src"], batch["tgt_in"])
@@ -228,11 +228,12 @@ class Seq2SeqTask(Task):
         lengths = (src != self.src_vocab.pad_id).sum(-1).tolist()
         return torch.tensor([self.output_length(n) for n in lengths], dtype=torch.long, device=src.device)
 
-    def at_slots(self, model: EncoderOnly, batch: Batch) -> tuple[Tensor, Tensor]:
+    def at_slots(self, model: EncoderOnly, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         """encoder_only: the logits (B, N, V) at each row's slots and what they should predict (B, N),
-        the target then EOS where it is shorter than its slots, pad past them."""
+        the target then EOS where it is shorter than its slots, pad past them; and each row's slots (B,)."""
         n_slots = self.slot_counts(batch["src"])
-        return model(batch["src"], n_slots), slot_targets(batch["tgt_out"], n_slots, self.tgt_vocab, self.cfg.name)
+        target = slot_targets(batch["tgt_out"], n_slots, self.tgt_vocab, self.cfg.name)
+        return model(batch["src"], n_slots), target, n_slots
 
     def decode(self, model: nn.Module, batch: Batch) -> Tensor:
         """Predicted target ids (B, T'), EOS included and pad after it, per `cfg.decoding`
@@ -258,10 +259,10 @@ class Seq2SeqTask(Task):
         """
         pad = self.tgt_vocab.pad_id
         if isinstance(model, EncoderOnly):  # one pass: the slots' argmax is the prediction
-            logits, target = self.at_slots(model, batch)
+            logits, target, n_slots = self.at_slots(model, batch)
             forced = label_smoothed_loss(logits, target, smoothing=0.0, ignore_index=pad)
             evaluation.update_nll(forced.nll_sum, forced.n_tokens)
-            hyps = slot_predictions(logits, self.slot_counts(batch["src"]), pad)
+            hyps = slot_predictions(logits, n_slots, pad)
             evaluation.update(hyps, target, lengths=self.bucket_of(batch["length"]))
             return hyps
         forced = label_smoothed_loss(model(batch["src"], batch["tgt_in"]), batch["tgt_out"],
