@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU section of docs/performance.md: `pytest -m cuda` and every CUDA benchmark, on one GPU.
-#   docs/performance/gpu/run.sh [kernel] [tests] [attention] [peers] [model] [decode] [profile]   (default: all)
+#   docs/performance/gpu/run.sh [kernel | kernel_<part>] [tests] [attention] [peers] [model] [decode] [profile]   (default: all)
 # `kernel` alone is the fused Triton kernel's step (issues 30, 37), sized for one 10-minute call:
 # where its time goes (profile_fused.py, one config), its tests compiled on the GPU (one config:
 # RELPOS_LAB_TRITON_CONFIG, or autotuning every shape spends the call compiling), then the targets'
@@ -18,6 +18,9 @@ mkdir -p "$out"
 pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/gpu_tables.tgz" -C "$out" . ; true; }
 limit=(); [ -n "${STEP_TIMEOUT:-}" ] && limit=(timeout -k 10 "$STEP_TIMEOUT")
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(kernel tests attention peers model decode profile)
+# `kernel` is its parts, the most telling first, so that a call cut short keeps what it measured.
+KERNEL=(kernel_profile kernel_tests kernel_attention kernel_pipelined kernel_causal kernel_model)
+parts=(); for step in "${steps[@]}"; do [ "$step" = kernel ] && parts+=("${KERNEL[@]}") || parts+=("$step"); done
 bench() { name=$1; shift; "${limit[@]}" python3 -m relpos_lab bench "$@" --json "$out/$name.json" 2>&1 | tee "$out/$name.txt"; pack; }
 one_config() { RELPOS_LAB_TRITON_CONFIG=64,64,4,3 "${limit[@]}" "$@"; }
 export COLUMNS=160 PYTHONUNBUFFERED=1
@@ -25,20 +28,25 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
 # Forward + backward of one attention op: bf16, a^K + a^V, k = 16, H = 8, D = 64, B = 32768 tokens / L.
 ATTN=(attention --dtype bfloat16 --tokens 32768 --heads 8 --baseline flash --memory)
-for step in "${steps[@]}"; do
+for step in "${parts[@]}"; do
   case $step in
-    kernel)
-      one_config python3 docs/performance/gpu/profile_fused.py 2>&1 | tee "$out/profile_fused.txt"; pack
-      one_config python3 docs/performance/gpu/profile_fused.py --config 64 64 4 3 1 --no-variants 2>&1 \
-        | tee "$out/profile_fused_pipelined_band.txt"; pack
+    kernel_profile)
+      one_config python3 docs/performance/gpu/profile_fused.py 2>&1 | tee "$out/profile_fused.txt"; pack ;;
+    kernel_tests)
       one_config python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark tests/test_triton_kernel.py 2>&1 \
         | tee "$out/kernel_tests.txt" | tail -5
       one_config python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark -m cuda tests/test_cuda.py -k triton 2>&1 \
-        | tee -a "$out/kernel_tests.txt" | tail -5; pack
+        | tee -a "$out/kernel_tests.txt" | tail -5; pack ;;
+    kernel_attention)
       bench kernel_attention "${ATTN[@]}" --length 2048 8192 --candidates sdpa flex-bias triton-bias \
-        --impl triton banded --repeats 10 --warmup 3
+        --impl triton banded --repeats 10 --warmup 3 ;;
+    kernel_pipelined)
+      one_config python3 docs/performance/gpu/profile_fused.py --config 64 64 4 3 1 --no-variants 2>&1 \
+        | tee "$out/profile_fused_pipelined_band.txt"; pack ;;
+    kernel_causal)
       bench kernel_attention_causal "${ATTN[@]}" --length 2048 8192 --mask causal --candidates triton-bias \
-        --impl triton banded --repeats 10 --warmup 3
+        --impl triton banded --repeats 10 --warmup 3 ;;
+    kernel_model)
       bench kernel_model model --precision bf16-mixed --layers 6 --tokens 16384 --length 128 512 2048 \
         --impl triton gather --attention-dropout 0.1 --repeats 5 --warmup 2
       bench kernel_model_decoder_only model --architecture decoder_only --precision bf16-mixed --layers 6 \
