@@ -295,6 +295,19 @@ def test_dropout_matches_the_definition_with_the_kernels_own_mask(causal):
         torch.testing.assert_close(a.double(), e.double(), atol=2e-5 * max(1.0, e.abs().max().item()), rtol=1e-4)
 
 
+def test_dropout_keeps_one_minus_p_of_the_pairs_independently():
+    """The draws behind the mask: one Philox draw serves eight keys as 16-bit halves, so check
+    the keep rate, per position of a key within its eight, and that neighbours are uncorrelated."""
+    kept = fused.dropout_keep(11, 1, 4, 128, 128, 0.1, DEVICE).float().reshape(-1, 128)
+    assert abs(kept.mean().item() - 0.9) < 0.005  # 65,536 pairs: 5 standard deviations
+    for position in range(8):
+        assert abs(kept[:, position::8].mean().item() - 0.9) < 0.015
+    centred = kept - kept.mean()
+    for shift in (1, 2, 4, 8, 128):  # the next key, the same key's next draw word, the next row
+        a, b = centred.flatten()[:-shift], centred.flatten()[shift:]
+        assert abs((a * b).mean().item() / centred.var().item()) < 0.03
+
+
 @pytest.mark.slow  # 40 s in the interpreter; the mask itself is checked exactly by the tests above
 def test_dropout_averages_to_the_dropout_free_output():
     """Each (batch, head) draws its own mask: 256 copies of one sequence in one call average out."""

@@ -21,7 +21,7 @@ per-label rows of each key block (`add_diagonals`; none of this when the table n
 as ALiBi's). Masks are read inside the kernel: a key-padding mask (B, 1, 1, Lk) as one vector per
 sequence, any other boolean mask tile by tile through its broadcast strides; causality is built
 from indices. Attention dropout is drawn inside the kernels (Philox, keyed by a seed per call and
-head, counted by row and key), so the backward redraws the very mask the forward used.
+head, counted by row and group of eight keys), so the backward redraws the very mask the forward used.
 """
 from __future__ import annotations
 

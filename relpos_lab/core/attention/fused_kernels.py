@@ -223,11 +223,46 @@ def visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MAS
 
 
 @triton.jit
+def interleaved(a, b):
+    """[..., 2N] from two [..., N]: a's and b's elements alternating (join adds the last axis)."""
+    return tl.reshape(tl.join(a, b), (a.shape[0], 2 * a.shape[1]))
+
+
+@triton.jit
+def dropout_words(seed, rows, cols, LK):
+    """The random 16-bit words of a tile's pairs (row i, key j): half j % 8 of one Philox-4x32-10
+    draw whose counter is (i, j // 8), so that a draw serves eight keys (tl.rand would spend one
+    on each). The tile's keys `cols` are consecutive from a multiple of 8, as every tile's are."""
+    N: tl.constexpr = cols.shape[0]
+    first, _ = tl.split(tl.reshape(cols, (N // 8, 2, 2, 2)))
+    first, _ = tl.split(first)
+    first, _ = tl.split(first)  # each group of eight keys' first
+    r0, r1, r2, r3 = tl.randint4x(seed, rows[:, None] * ((LK + 7) // 8) + (first // 8)[None, :])
+    quads = interleaved(interleaved(r0, r2), interleaved(r1, r3))  # word j % 4 for key j // 2
+    return interleaved(quads & 0xFFFF, quads >> 16)
+
+
+@triton.jit
+def dropout_words_at(seed, rows, keys, LK):
+    """dropout_words of arbitrary pairs (rows[:, None], keys): a draw each."""
+    r0, r1, r2, r3 = tl.randint4x(seed, rows[:, None] * ((LK + 7) // 8) + keys // 8)
+    word = (keys % 8) // 2
+    word = tl.where(word == 0, r0, tl.where(word == 1, r1, tl.where(word == 2, r2, r3)))
+    return tl.where(keys % 2 == 0, word & 0xFFFF, word >> 16)
+
+
+@triton.jit
+def kept_under(words, dropout_p):
+    """Dropout keeps a pair whose 16-bit word is at least round(p·2¹⁶): with probability within
+    2⁻¹⁷ of 1 − p (the output is scaled by 1/(1 − p)), from an eighth of a Philox draw."""
+    return words >= tl.cast(dropout_p * 65536.0 + 0.5, tl.uint32)
+
+
+@triton.jit
 def dropped(x, seed, rows, cols, LK, dropout_p, HAS_DROPOUT: tl.constexpr):
-    """x under attention dropout: zero where Philox(seed, row·Lk + key) < p, else x / (1 − p)."""
+    """x under attention dropout: zero where the pair's word (dropout_words) is below p·2¹⁶, else x / (1 − p)."""
     if HAS_DROPOUT:
-        kept = tl.rand(seed, rows[:, None] * LK + cols[None, :]) >= dropout_p
-        x = tl.where(kept, x / (1.0 - dropout_p), 0.0)
+        x = tl.where(kept_under(dropout_words(seed, rows, cols, LK), dropout_p), x / (1.0 - dropout_p), 0.0)
     return x
 
 
@@ -506,7 +541,8 @@ def forward_kernel(
                                    EVEN_M) - lse[:, None])
         if HAS_DROPOUT:
             keys = rows_abs[:, None] + labels[None, :] + 1 - max_distance
-            mass = tl.where(tl.rand(seed + bh, rows[:, None] * LK + keys) >= dropout_p, mass / (1.0 - dropout_p), 0.0)
+            kept = kept_under(dropout_words_at(seed + bh, rows, keys, LK), dropout_p)
+            mass = tl.where(kept, mass / (1.0 - dropout_p), 0.0)
         # m_lo summed the band's interior too
         mass, mass0 = with_edges(mass, m_lo / l_safe - tl.sum(mass, 1), m_hi / l_safe, labels, max_distance)
         store_label_rows(mass_rows, mass, mass0, rows, labels, LQ, EVEN_M)
