@@ -91,7 +91,7 @@ def shaw_wide_keys():
     compiled as above."""
     from relpos_lab.core.attention import fused
 
-    index = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps) for c in fused._configs(False)].index((64, 128, 4))
+    index = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps) for c in fused._configs("dq")].index((64, 128, 4))
     return compiled_records(f"90, config_index={index}, kernels=('forward', 'dq')")
 
 
@@ -103,6 +103,24 @@ def test_a_band_cut_in_narrow_tiles_lets_128_key_tiles_run_without_spills(shaw_w
     assert shaw_wide_keys["forward"]["loops"]["left"] <= 1.05 * shaw_wide_keys["control forward"]["loops"]["full"]
 
 
+def test_the_forwards_register_cap_lets_three_blocks_share_an_sm_without_spilling():
+    """The forward's capped config (fused.REGISTER_CAP, maxnreg) compiles for sm_90 in at most
+    168 registers a thread and no stack: 3 blocks of 4 warps fit an SM's 65,536 registers."""
+    code = """if True:
+        import json
+        from relpos_lab.analysis import kernel_static as ks
+        from relpos_lab.core.attention import fused
+        case = ks.Case("shaw k=16")
+        kernel, args, kwargs = ks.fused_launches(case, 2048)[0]
+        (capped,) = [c for c in fused._configs("forward") if c.maxnreg]
+        record = ks._measure_fused_kernel(kernel, "forward", case, args, kwargs, capped, 90)
+        print(json.dumps([record.config, record.registers, record.stack_bytes]))
+    """
+    config, registers, stack = compiled_subprocess(code)
+    assert config == f"64/64/4/3/r{168}" and registers <= 168 and stack == 0
+    assert 3 * 4 * 32 * registers <= 65536
+
+
 def test_the_autotuner_times_only_configs_that_do_not_spill():
     """fused._spill_free, the autotuner's early_config_prune, on dq of the Shaw default for sm_80
     (where some configs spill): it keeps exactly those that `bench kernel --static` finds spill-free."""
@@ -112,7 +130,7 @@ def test_the_autotuner_times_only_configs_that_do_not_spill():
         from relpos_lab.core.attention import fused
         case = ks.Case("shaw k=16")
         kernel, args, kwargs = ks.fused_launches(case, 2048)[1]
-        configs = fused._configs(window=False)
+        configs = fused._configs("dq")
         kept = fused._spill_free(kernel, capability=(8, 0))(configs, dict(zip(kernel.arg_names, args)), **kwargs)
         stacks = [ks._measure_fused_kernel(kernel, "dq", case, args, kwargs, c, 80).stack_bytes for c in configs]
         print(json.dumps({"kept": [configs.index(c) for c in kept], "stacks": stacks}))

@@ -325,18 +325,19 @@ def test_one_config_from_the_environment_replaces_the_autotuners_list(monkeypatc
     """RELPOS_LAB_TRITON_CONFIG pins every kernel to one config (a GPU lease's tests and profiles);
     a malformed value names the expected form."""
     monkeypatch.setenv(fused.CONFIG_VARIABLE, "64,32,4,2")
-    (config,) = fused._configs(window=True)
-    assert (config.kwargs, config.num_warps, config.num_stages) == (
-        {"BLOCK_M": 64, "BLOCK_N": 32, "WINDOW": 128}, 4, 2)
+    (config,) = fused._configs("dkdv")
+    assert (config.kwargs, config.num_warps, config.num_stages, config.maxnreg) == (
+        {"BLOCK_M": 64, "BLOCK_N": 32, "WINDOW": 128}, 4, 2, None)
     assert fused._spill_free(None)([config], {}) == [config]  # nothing to choose: no static compile
-    assert fused._configs(window=False)[0].kwargs == {"BLOCK_M": 64, "BLOCK_N": 32, "PIPELINE_BAND": False}
-    monkeypatch.setenv(fused.CONFIG_VARIABLE, "64,64,4,3,1")
-    assert fused._configs(window=False)[0].kwargs == {"BLOCK_M": 64, "BLOCK_N": 64, "PIPELINE_BAND": True}
+    assert fused._configs("forward")[0].kwargs == {"BLOCK_M": 64, "BLOCK_N": 32}
+    monkeypatch.setenv(fused.CONFIG_VARIABLE, "64,64,4,3,168")
+    assert [(c.kwargs, c.maxnreg) for c in fused._configs("dq")] == [({"BLOCK_M": 64, "BLOCK_N": 64}, 168)]
     for bad in ("64x64", "64,64,4"):
         monkeypatch.setenv(fused.CONFIG_VARIABLE, bad)
         with pytest.raises(ValueError, match=f"RELPOS_LAB_TRITON_CONFIG='{bad}': expected BM,BN,WARPS,STAGES"):
-            fused._configs(window=False)
+            fused._configs("dq")
     monkeypatch.delenv(fused.CONFIG_VARIABLE)
-    # The autotuner's list: the forward and dq time 64/64 with the band pipelined and not; dk/dv has no band option.
-    assert [c.kwargs["PIPELINE_BAND"] for c in fused._configs(window=False)].count(True) == 1
-    assert len(fused._configs(window=False)) == 6 and len(fused._configs(window=True)) == 5
+    # The autotuner's list: the forward also times 64/64 with its registers capped; dq and dk/dv do not.
+    assert [c.maxnreg for c in fused._configs("forward")] == [None] * 5 + [fused.REGISTER_CAP]
+    assert len(fused._configs("dq")) == len(fused._configs("dkdv")) == 5
+    assert not any(c.maxnreg for c in fused._configs("dq") + fused._configs("dkdv"))

@@ -42,7 +42,7 @@ class Case:
 class Record:
     kernel: str  # forward, dq, dkdv
     case: str
-    config: str  # BM/BN/warps/stages, "/p" where the band is pipelined (PIPELINE_BAND)
+    config: str  # BM/BN/warps/stages, "/r<N>" where registers are capped at N (maxnreg)
     sm: int
     registers: int
     stack_bytes: int
@@ -72,14 +72,15 @@ def measure(kernel, name: str, case: Case, args: tuple, constexprs: dict, config
     """Compile one kernel in one config and read it back. `stages`: the tile loops' names in
     code order; a stage whose range the compiler proved empty has no loop and is dropped, from
     the end (the causal kernels' last stage)."""
-    compiled = compile_for(kernel, args, {**constexprs, **config.kwargs}, sm, config.num_warps, config.num_stages)
+    compiled = compile_for(kernel, args, {**constexprs, **config.kwargs}, sm, config.num_warps, config.num_stages,
+                           config.maxnreg)
     registers, stack = resources(compiled)
     loops, total = tile_loops(cuobjdump(compiled, "-sass"))
     if len(loops) > len(stages):
         raise RuntimeError(f"{name}: {len(loops)} tile loops, expected at most {len(stages)} ({stages})")
     body = dict(zip(stages, loops))
     label = (f"{config.kwargs['BLOCK_M']}/{config.kwargs['BLOCK_N']}/{config.num_warps}/{config.num_stages}"
-             + ("/p" if config.kwargs.get("PIPELINE_BAND") else ""))
+             + (f"/r{config.maxnreg}" if config.maxnreg else ""))
     return Record(name, case.name, label, sm, registers, stack, compiled.metadata.shared, body,
                   total - sum(loops))
 
@@ -153,7 +154,7 @@ def measure_fused(case: Case, sm: int, length: int = 2048) -> list[Record]:
 
     records = []
     for (kernel, args, kwargs), name in zip(fused_launches(case, length), ("forward", "dq", "dkdv")):
-        for config in fused._configs(window=name == "dkdv"):
+        for config in fused._configs(name):
             records.append(_measure_fused_kernel(kernel, name, case, args, kwargs, config, sm))
     return records
 
@@ -178,9 +179,7 @@ def measure_control(case: Case, sm: int, length: int = 2048) -> list[Record]:
     q, k, v = (torch.empty(16, length, case.head_dim, device="meta", dtype=dtype) for _ in range(3))
     mask = torch.empty(16, length, device="meta", dtype=torch.uint8) if case.padding else None
     records = []
-    for config in fused._configs(window=False):
-        if config.kwargs.get("PIPELINE_BAND"):
-            continue  # the control has no band: the same config again
+    for config in fused._configs("dq"):  # the shared list, without the forward's register cap
         blocks = {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_N": config.kwargs["BLOCK_N"]}
         for (kernel, _, args, meta), name in zip(flash_control.launches(q, k, v, case.causal, case.dropout_p, blocks,
                                                                         mask),
@@ -341,9 +340,9 @@ def default_config_records(sm: int = 90, length: int = 2048, config_index: int =
     out = {}
     for (kernel, args, kwargs), name in zip(fused_launches(case, length), ("forward", "dq", "dkdv")):
         if name in kernels:
-            config = fused._configs(window=name == "dkdv")[config_index]
+            config = fused._configs(name)[config_index]
             out[name] = _measure_fused_kernel(kernel, name, case, args, kwargs, config, sm)
-    config = fused._configs(window=False)[config_index]
+    config = fused._configs("dq")[config_index]
     blocks = {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_N": config.kwargs["BLOCK_N"]}
     q = torch.empty(16, length, case.head_dim, device="meta", dtype=torch.bfloat16)
     for (kernel, _, args, meta), name in zip(flash_control.launches(q, q, q, False, 0.0, blocks),

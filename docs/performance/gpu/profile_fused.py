@@ -1,10 +1,10 @@
 """Where the fused kernel's time goes on a GPU: its three kernels beside a FlashAttention-2 control.
 
-    python docs/performance/gpu/profile_fused.py [--lengths 2048 8192] [--tokens 32768] [--config 64 64 4 3 [1]]
+    python docs/performance/gpu/profile_fused.py [--lengths 2048 8192] [--tokens 32768] [--config 64 64 4 3 [168]]
 
 One config for every kernel (no autotuning, so that a lease spends its minutes timing, not
 compiling; 64/64, 4 warps, 3 stages is what the autotuner picked on an H200 at L = 2048; a fifth
-value 1 pipelines the forward's and dq's band tiles, fused.PIPELINE_BAND). Prints:
+value caps the registers a thread holds, maxnreg, as the forward's capped config does). Prints:
 the largest gradient errors of impl="triton" in bf16 against gather in float32; per length, forward
 and forward + backward times (triton.testing.do_bench, Shaw a^K + a^V, k = 16, H = 8, D = 64, bf16)
 beside SDPA's, the host time per call, the CUDA time per call of every kernel (torch.profiler), and
@@ -29,10 +29,10 @@ parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
 parser.add_argument("--tokens", type=int, default=32768)
 parser.add_argument("--no-variants", action="store_true", help="skip the forward's variants (each compiles anew)")
 parser.add_argument("--config", type=int, nargs="+", default=[64, 64, 4, 3],
-                    help="BM BN WARPS STAGES [PIPELINE_BAND]")
+                    help="BM BN WARPS STAGES [MAXNREG]")
 args = parser.parse_args()
 if len(args.config) not in (4, 5):
-    parser.error("--config takes BM BN WARPS STAGES [PIPELINE_BAND]")
+    parser.error("--config takes BM BN WARPS STAGES [MAXNREG]")
 BM, BN, WARPS, STAGES = args.config[:4]
 H, D, K = 8, 64, 16
 os.environ[fused.CONFIG_VARIABLE] = ",".join(map(str, args.config))
@@ -114,7 +114,8 @@ def forward_variants(length):
         print(f"L={length} forward k={k} a^K={int(with_k)} a^V={int(with_v)}: {ms:.3f} ms", flush=True)
 
 
-print(f"config {BM}/{BN}, {WARPS} warps, {STAGES} stages{', band pipelined' if args.config[4:] == [1] else ''}; "
+capped = f", at most {args.config[4]} registers" if args.config[4:5] else ""
+print(f"config {BM}/{BN}, {WARPS} warps, {STAGES} stages{capped}; "
       f"torch {torch.__version__}, triton {triton.__version__}, "
       f"{torch.cuda.get_device_name()}", flush=True)
 check()

@@ -19,7 +19,7 @@ pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/gpu_tables.tgz" -C "$out" . ; true; 
 limit=(); [ -n "${STEP_TIMEOUT:-}" ] && limit=(timeout -k 10 "$STEP_TIMEOUT")
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(kernel tests attention peers model decode profile)
 # `kernel` is its parts, the most telling first, so that a call cut short keeps what it measured.
-KERNEL=(kernel_profile kernel_tests kernel_attention kernel_pipelined kernel_causal kernel_model)
+KERNEL=(kernel_profile kernel_tests kernel_attention kernel_capped kernel_causal kernel_model)
 parts=(); for step in "${steps[@]}"; do [ "$step" = kernel ] && parts+=("${KERNEL[@]}") || parts+=("$step"); done
 bench() { name=$1; shift; "${limit[@]}" python3 -m relpos_lab bench "$@" --json "$out/$name.json" 2>&1 | tee "$out/$name.txt"; pack; }
 one_config() { RELPOS_LAB_TRITON_CONFIG=64,64,4,3 "${limit[@]}" "$@"; }
@@ -40,9 +40,9 @@ for step in "${parts[@]}"; do
     kernel_attention)
       bench kernel_attention "${ATTN[@]}" --length 2048 8192 --candidates sdpa flex-bias triton-bias \
         --impl triton banded --repeats 10 --warmup 3 ;;
-    kernel_pipelined)
-      one_config python3 docs/performance/gpu/profile_fused.py --config 64 64 4 3 1 --no-variants 2>&1 \
-        | tee "$out/profile_fused_pipelined_band.txt"; pack ;;
+    kernel_capped)  # the forward's config with its registers capped (fused.REGISTER_CAP); dk/dv spills there
+      one_config python3 docs/performance/gpu/profile_fused.py --config 64 64 4 3 168 --no-variants 2>&1 \
+        | tee "$out/profile_fused_capped.txt"; pack ;;
     kernel_causal)
       bench kernel_attention_causal "${ATTN[@]}" --length 2048 8192 --mask causal --candidates triton-bias \
         --impl triton banded --repeats 10 --warmup 3 ;;

@@ -17,8 +17,10 @@ def _tools() -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_for(kernel, args: tuple, constexprs: dict, sm: int, num_warps: int, num_stages: int):
-    """Compile a @triton.jit kernel for CUDA sm_<sm>, specialising the arguments as a launch would."""
+def compile_for(kernel, args: tuple, constexprs: dict, sm: int, num_warps: int, num_stages: int,
+                maxnreg: int | None = None):
+    """Compile a @triton.jit kernel for CUDA sm_<sm>, specialising the arguments as a launch would
+    (`maxnreg`: the registers a thread may hold, as triton.Config's)."""
     import triton
     from triton.backends.compiler import BaseBackend, GPUTarget
     from triton.compiler import ASTSource
@@ -40,7 +42,8 @@ def compile_for(kernel, args: tuple, constexprs: dict, sm: int, num_warps: int, 
             attrs[(index,)] = BaseBackend.parse_attr(attr)
     source = ASTSource(kernel, signature, constants, attrs)
     return triton.compile(source, target=GPUTarget("cuda", sm, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+                          options={"num_warps": num_warps, "num_stages": num_stages,
+                                   **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
 def cuobjdump(compiled, *flags: str) -> str:

@@ -49,22 +49,28 @@ if HAS_TRITON:
 
 
 CONFIG_VARIABLE = "RELPOS_LAB_TRITON_CONFIG"
-"""``BM,BN,WARPS,STAGES[,PIPELINE_BAND]`` (e.g. 64,64,4,3 or 64,64,4,3,1): every kernel runs that
-one config, untuned. For a GPU lease's tests and profiles, where autotuning each shape would spend
-the minutes compiling."""
+"""``BM,BN,WARPS,STAGES[,MAXNREG]`` (e.g. 64,64,4,3 or 64,64,4,3,168): every kernel runs that
+one config, untuned (MAXNREG caps the registers a thread may hold; 0 or absent: no cap). For a
+GPU lease's tests and profiles, where autotuning each shape would spend the minutes compiling."""
 
 
-def _configs(window: bool) -> list:
-    """Block sizes, warps and stages the autotuner tries once per shape class on a GPU (Hopper,
-    Ampere). 128/32 with 8 warps is the one that does not spill with causality and dropout
-    (`bench kernel --static`). The forward and dq also take PIPELINE_BAND: their band and fringe
-    tiles prefetch K and V like the plain ones (True) or wait for each tile's loads (False); on an
-    H200 a program's fixed cost looked like serialised memory latency (docs/performance.md), which
-    the instruction counts cannot tell, so the autotuner times both in the config it chose there
-    (64/64, 4 warps). The dk/dv kernel takes WINDOW instead, the power of two holding a tile's
+REGISTER_CAP = 168
+"""Registers a thread of 4 warps may hold for 3 blocks to share an SM's 65,536 (Hopper, Ampere)."""
+
+
+def _configs(kernel: str) -> list:
+    """Block sizes, warps, stages and register caps the autotuner tries once per shape class on
+    a GPU (Hopper, Ampere), for the "forward", "dq" or "dkdv" kernel. 128/32 with 8 warps is the
+    one that does not spill with causality and dropout (`bench kernel --static`). The forward
+    also tries 64/64 capped at REGISTER_CAP: on an H200 its 192 registers let 2 blocks share an
+    SM where the FlashAttention-2 control's 107 let 3, and its plain tiles cost 34% more than
+    the control's at L = 8192 where dq's, 3 blocks on both sides, cost 6% more
+    (docs/performance.md); capped, it compiles without spilling. dq holds 168 already, and dk/dv
+    spills under the cap. The dk/dv kernel takes WINDOW, the power of two holding a tile's
     BM + BN − 1 diagonals (a wide rel_bias's gradient)."""
-    choices = ((128, 64, 8, 3, 0), (64, 64, 4, 3, 0), (64, 64, 4, 3, 1), (128, 32, 4, 3, 0), (64, 128, 4, 2, 0),
-               (128, 32, 8, 2, 0))
+    choices = ((128, 64, 8, 3, 0), (64, 64, 4, 3, 0), (128, 32, 4, 3, 0), (64, 128, 4, 2, 0), (128, 32, 8, 2, 0))
+    if kernel == "forward":
+        choices += ((64, 64, 4, 3, REGISTER_CAP),)
     if os.environ.get(CONFIG_VARIABLE):
         try:
             fields = [int(x) for x in os.environ[CONFIG_VARIABLE].split(",")]
@@ -72,14 +78,11 @@ def _configs(window: bool) -> list:
                 raise ValueError
         except ValueError:
             raise ValueError(f"{CONFIG_VARIABLE}={os.environ[CONFIG_VARIABLE]!r}: expected BM,BN,WARPS,STAGES "
-                             "[,PIPELINE_BAND] such as 64,64,4,3") from None
+                             "[,MAXNREG] such as 64,64,4,3") from None
         choices = ((*fields, 0)[:5],)
-    elif window:  # dk/dv has no PIPELINE_BAND: the variant would be a duplicate
-        choices = tuple(c for c in choices if not c[4])
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn,
-                           **({"WINDOW": _window(bm, bn)} if window else {"PIPELINE_BAND": bool(band)})},
-                          num_warps=w, num_stages=s)
-            for bm, bn, w, s, band in choices]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, **({"WINDOW": _window(bm, bn)} if kernel == "dkdv" else {})},
+                          num_warps=w, num_stages=s, maxnreg=cap or None)
+            for bm, bn, w, s, cap in choices]
 
 
 MIN_BLOCK_N = 16
@@ -108,12 +111,20 @@ def band_block(block_n: int, kernel: str) -> int:
     return min(block_n, BAND_CAP[kernel])
 
 
+def kernel_name(kernel) -> str:
+    """"forward", "dq" or "dkdv": the name `_configs` and `band_block` know a kernel by."""
+    return {kernels.forward_kernel: "forward", kernels.backward_dq_kernel: "dq",
+            kernels.backward_dkdv_kernel: "dkdv"}[kernel]
+
+
 def _heuristics(kernel) -> dict:
     """EVEN_* from the lengths and the config; the forward's and dq's band tile length."""
-    if kernel is kernels.backward_dkdv_kernel:
+    name = kernel_name(kernel)
+    if name == "dkdv":
         return _EVEN
-    name = "forward" if kernel is kernels.forward_kernel else "dq"
     return {**_EVEN, "BAND_BLOCK": lambda a: band_block(a["BLOCK_N"], name)}
+
+
 _kernels = None
 
 
@@ -129,7 +140,7 @@ def _get_kernels():
             # The wide bias's gradient rows are read-modify-written: zeroed again before each
             # configuration the autotuner tries, or its trial runs would add up in them.
             _kernels = tuple(
-                triton.autotune(configs=_configs(window=kernel is kernels.backward_dkdv_kernel), key=_TUNE_KEY,
+                triton.autotune(configs=_configs(kernel_name(kernel)), key=_TUNE_KEY,
                                 prune_configs_by={"early_config_prune": _spill_free(kernel)},
                                 reset_to_zero=["DBIAS"] if kernel is kernels.backward_dkdv_kernel else None)(
                     triton.heuristics(_heuristics(kernel))(kernel))
@@ -157,7 +168,7 @@ def _spill_free(kernel, capability: tuple[int, int] | None = None):
                 constexprs = {**kwargs, **{name: rule(known) for name, rule in _heuristics(kernel).items()},
                               **config.kwargs}
                 binary = compiled.compile_for(kernel, tuple(nargs.values()), constexprs, 10 * major + minor,
-                                              config.num_warps, config.num_stages)
+                                              config.num_warps, config.num_stages, config.maxnreg)
                 if compiled.resources(binary)[1] == 0:
                     free.append(config)
         except Exception as error:  # the check must never keep the kernel from running

@@ -482,7 +482,7 @@ def forward_kernel(
         MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-        PRECISION: tl.constexpr, PIPELINE_BAND: tl.constexpr = False):
+        PRECISION: tl.constexpr):
     """One program: query block start_m of one (batch, head). Writes its rows of O, of the
     log-sum-exp (base 2) and of the mass table; the logit table is its scratch."""
     start_m = tl.program_id(0)
@@ -526,7 +526,7 @@ def forward_kernel(
                 STAGE=PART_STAGE[part], HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, MASK=MASK, CAUSAL=CAUSAL,
                 HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
                 BLOCK_N=BLOCK_N if PART_STAGE[part] != BAND and not PART_FRINGE[part] else BAND_BLOCK,
-                PIPELINED=PIPELINE_BAND or (PART_STAGE[part] != BAND and not PART_FRINGE[part]), PRECISION=PRECISION)
+                PIPELINED=PART_STAGE[part] != BAND and not PART_FRINGE[part], PRECISION=PRECISION)
 
     # A fully masked row attends to nothing: its acc, masses and l are 0, its output zeros, and
     # its log-sum-exp +inf, so the backward gives it no gradient.
@@ -629,7 +629,7 @@ def backward_dq_kernel(
         NEEDS_G: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-        PRECISION: tl.constexpr, PIPELINE_BAND: tl.constexpr = False):
+        PRECISION: tl.constexpr):
     """One program: query block start_m of one (batch, head). Writes its rows of dQ, delta, the
     edge statistics, and the logit, value and grad tables, which the dk/dv kernel and the tables'
     gradients read."""
@@ -686,7 +686,7 @@ def backward_dq_kernel(
                 STAGE=PART_STAGE[part], HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, NEEDS_G=NEEDS_G, MASK=MASK,
                 CAUSAL=CAUSAL, HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
                 BLOCK_N=BLOCK_N if PART_STAGE[part] != BAND and not PART_FRINGE[part] else BAND_BLOCK,
-                PIPELINED=PIPELINE_BAND or (PART_STAGE[part] != BAND and not PART_FRINGE[part]), PRECISION=PRECISION)
+                PIPELINED=PART_STAGE[part] != BAND and not PART_FRINGE[part], PRECISION=PRECISION)
 
     if NEEDS_G:
         # The grad table's rows, whole: interior values the band stored, label 2k from row sums,
