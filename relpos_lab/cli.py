@@ -506,7 +506,7 @@ def show_deprecations() -> None:
     """Show relpos_lab's own DeprecationWarnings (a moved import path) wherever they are raised:
     Python shows them only in __main__, and a plugin module never is. -W / PYTHONWARNINGS still decide."""
     if not sys.warnoptions:
-        warnings.filterwarnings("default", r"relpos_lab\.\w+ is deprecated", DeprecationWarning)
+        warnings.filterwarnings("default", r"relpos_lab\.[\w.]+ is deprecated", DeprecationWarning)
 
 
 def _is_override(word: str) -> bool:

@@ -7,6 +7,7 @@ warnings itself (pytest.warns / warnings.catch_warnings).
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import re
 import subprocess
@@ -189,6 +190,43 @@ def test_relpos_lab_shows_the_deprecation_to_plugin_authors(tmp_path):
     shown = stderr("from relpos_lab import cli; cli.show_deprecations(); import old_readme_tasks")
     assert "old_readme_tasks.py:6: DeprecationWarning: relpos_lab.task is deprecated" in shown, shown[-2000:]
     assert "relpos_lab.task is deprecated" not in stderr("import old_readme_tasks")
+
+
+# --- names renamed in 0.2.0 (issue 41, item 3): the old ones warn and give the new object --------
+
+RENAMED = {
+    "relpos_lab.core.positions": {
+        "SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding", "NoPositions": "NoPE",
+        "NoPositionsConfig": "NoPEConfig", "AbacusPositions": "AbacusEmbedding",
+        "CouplingPositions": "CouplingEmbedding"},
+    "relpos_lab.core.positions.absolute": {
+        "SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding", "NoPositions": "NoPE",
+        "NoPositionsConfig": "NoPEConfig"},
+    "relpos_lab.core.positions.digits": {
+        "AbacusPositions": "AbacusEmbedding", "CouplingPositions": "CouplingEmbedding"},
+    "relpos_lab.core.positions.rotary": {"rotate_half": "apply_rotation"},
+    "relpos_lab.core.attention.masks": {"relative_positions": "relative_labels"},
+}
+
+
+@pytest.mark.parametrize("module, old, new", [(m, o, n) for m, names in RENAMED.items() for o, n in names.items()])
+def test_a_renamed_name_warns_naming_the_new_one_and_is_the_new_object(module, old, new):
+    imported = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=rf"^{re.escape(module)}\.{old} is deprecated: it is .*\.{new} now"):
+        assert getattr(imported, old) is getattr(imported, new)
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchName'"):
+        imported.NoSuchName  # noqa: B018
+    assert re.search(rf"`[\w.]*\b{old}\b", (REPO / "CHANGELOG.md").read_text()), f"CHANGELOG.md does not name {old}"
+
+
+def test_relpos_lab_shows_a_renamed_names_deprecation_to_plugin_authors(tmp_path):
+    (tmp_path / "old_names_plugin.py").write_text("from relpos_lab.core.positions import SinusoidalPositions\n")
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    shown = subprocess.run([sys.executable, "-c", "from relpos_lab import cli; cli.show_deprecations(); "
+                            "import old_names_plugin"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=120).stderr
+    assert ("old_names_plugin.py:1: DeprecationWarning: relpos_lab.core.positions.SinusoidalPositions is deprecated: "
+            "it is relpos_lab.core.positions.SinusoidalEmbedding now") in shown, shown[-2000:]
 
 
 def test_the_version_is_the_changelogs_latest_release():

@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from relpos_lab.core.attention import banded, flex, gather, relative_attention
-from relpos_lab.core.attention.masks import relative_positions
+from relpos_lab.core.attention.masks import relative_labels
 
 EXACT_IMPLS = ["naive", "batched", "gather", "flex", "auto"]
 
@@ -129,7 +129,7 @@ def test_label_maps_over_row_blocks_equal_gather_and_scatter_add(monkeypatch, bl
     # Small blocks put every row block's left tail, window and right tail to work.
     monkeypatch.setattr(gather, "_LABEL_BLOCK", block)
     g = torch.Generator().manual_seed(lq * lk + kmax)
-    labels = relative_positions(lq, lk, kmax, offset).expand(2, 3, lq, lk)
+    labels = relative_labels(lq, lk, kmax, offset).expand(2, 3, lq, lk)
     x = torch.randn(2, 3, lq, lk, generator=g, dtype=torch.float64)
     w = torch.randn(2, 3, lq, 2 * kmax + 1, generator=g, dtype=torch.float64)
     torch.testing.assert_close(gather.add_by_label(x.clone(), w, kmax, offset), x + w.gather(-1, labels))

@@ -15,7 +15,7 @@ from torch import nn
 
 from relpos_lab.api import PositionConfig, PositionScheme, RelativePositions
 from relpos_lab.api.testing import DECODING_CHECKS, check_scheme, check_task
-from relpos_lab.core.attention.masks import relative_positions
+from relpos_lab.core.attention.masks import relative_labels
 from relpos_lab.core.positions import BUILTIN
 from relpos_lab_tasks.synthetic import ReverseTask
 
@@ -44,7 +44,7 @@ class OffsetBlindBias(RelativePositions):
         self.bias = nn.Parameter(torch.randn(n_heads, 9))
 
     def attention_kwargs(self, q, k, query_offset):
-        label = relative_positions(q.shape[-2], k.shape[-2], 4, 0, q.device)  # should pass query_offset
+        label = relative_labels(q.shape[-2], k.shape[-2], 4, 0, q.device)  # should pass query_offset
         return {"attn_bias": self.bias[:, label]}
 
 

@@ -34,7 +34,7 @@ from relpos_lab.core.positions import (
     PolarPositions,
     RopeConfig,
     RotaryPositions,
-    SinusoidalPositions,
+    SinusoidalEmbedding,
     T5BiasConfig,
     T5BiasPositions,
     XposConfig,
@@ -215,7 +215,7 @@ def check_t5_buckets(golden):
 def check_sinusoidal_transformers(golden):
     for case in golden["cases"]:
         d, n = case["d_model"], case["positions"]
-        close(SinusoidalPositions(d)(torch.zeros(1, n, d))[0], case["embeddings"], golden, f"sinusoids, d_model {d}")
+        close(SinusoidalEmbedding(d)(torch.zeros(1, n, d))[0], case["embeddings"], golden, f"sinusoids, d_model {d}")
 
 
 def check_sinusoidal_x_transformers(golden):
@@ -224,7 +224,7 @@ def check_sinusoidal_x_transformers(golden):
         # Theirs: sin in dims 0..d/2−1, cos in d/2.., times a scale; ours interleaves sin (2t) and cos (2t+1).
         interleaved = [i // 2 + (d // 2) * (i % 2) for i in range(d)]
         theirs = torch.tensor(case["embeddings"], dtype=torch.float64)[:, interleaved] / case["scale"]
-        close(SinusoidalPositions(d)(torch.zeros(1, n, d))[0], theirs, golden, f"sinusoids, d_model {d}")
+        close(SinusoidalEmbedding(d)(torch.zeros(1, n, d))[0], theirs, golden, f"sinusoids, d_model {d}")
 
 
 def check_pope_x_transformers(golden):
@@ -243,7 +243,7 @@ def check_positions_deepmind(golden):
     order); its sin/cos and ALiBi differ from ours in two ways, held here exactly (golden["differences"])."""
     for case in golden["sin_cos"]:
         n, d = case["length"], case["hidden_size"]
-        ours = SinusoidalPositions(d)(torch.zeros(1, n + 1, d))[0]  # positions 0..n
+        ours = SinusoidalEmbedding(d)(torch.zeros(1, n + 1, d))[0]  # positions 0..n
         interleaved = [i // 2 + (d // 2) * (i % 2) for i in range(d)]
         theirs = torch.tensor(case["encodings"], dtype=torch.float64)[:, interleaved]
         # Their row t, the encoding of token t, is position n − t: ours at n, n − 1, .., 1.

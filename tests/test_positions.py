@@ -8,17 +8,17 @@ from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.attention.masks import offset_bias
 from relpos_lab.core.positions import (
     BUILTIN,
-    AbacusPositions,
+    AbacusEmbedding,
     AlibiPositions,
-    CouplingPositions,
+    CouplingEmbedding,
     FireConfig,
     FirePositions,
-    LearnedPositions,
+    LearnedEmbedding,
     RelativePositions,
     RotaryPositions,
     ShawConfig,
     ShawPositions,
-    SinusoidalPositions,
+    SinusoidalEmbedding,
     T5BiasConfig,
     T5BiasPositions,
     TransformerXLPositions,
@@ -34,14 +34,14 @@ def qk(lq, lk, heads=2, dim=8):
 
 
 def test_sinusoids_follow_the_formula_and_offset():
-    pe = SinusoidalPositions(6)(torch.zeros(1, 5, 6), offset=3)[0]
+    pe = SinusoidalEmbedding(6)(torch.zeros(1, 5, 6), offset=3)[0]
     pos, i = 4, 1  # row 1 is absolute position 4; column 2i is sin(pos / 10000^(2i/d))
     assert pe[1, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 6)), abs=1e-6)
     assert pe[1, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / 6)), abs=1e-6)
 
 
 def test_learned_positions_refuse_lengths_beyond_max_len():
-    emb = LearnedPositions(4, max_len=8)
+    emb = LearnedEmbedding(4, max_len=8)
     assert emb(torch.zeros(2, 8, 4)).shape == (2, 8, 4)
     with pytest.raises(ValueError, match="max_len=8"):
         emb(torch.zeros(1, 3, 4), offset=6)
@@ -102,8 +102,8 @@ def test_t5s_offset_table_is_its_bucketed_bias_at_every_distance(bidirectional):
 # module hands relative_attention (keyword arguments) or does to q and k (rotation).
 CONTRIBUTIONS = {
     "none": (None, set(), False),
-    "sinusoidal": (SinusoidalPositions, set(), False),
-    "learned": (LearnedPositions, set(), False),
+    "sinusoidal": (SinusoidalEmbedding, set(), False),
+    "learned": (LearnedEmbedding, set(), False),
     "shaw": (None, {"rel_k", "rel_v", "max_distance"}, False),
     "rope": (None, set(), True),
     "alibi": (None, {"rel_bias", "max_distance"}, False),
@@ -116,8 +116,8 @@ CONTRIBUTIONS = {
     "cope": (None, set(), False),  # content_bias only (tests/test_content_positions.py)
     "fox": (None, set(), False),
     "dape": (None, set(), False),
-    "abacus": (AbacusPositions, set(), False),  # reads the token ids (tests/test_digit_positions.py)
-    "position_coupling": (CouplingPositions, set(), False),
+    "abacus": (AbacusEmbedding, set(), False),  # reads the token ids (tests/test_digit_positions.py)
+    "position_coupling": (CouplingEmbedding, set(), False),
 }
 
 
@@ -153,7 +153,7 @@ def test_a_negative_clipping_distance_is_a_clear_error():
 
 def test_shaw_with_sinusoids_adds_absolute_positions():
     assert scheme_of(ShawConfig()).embedding(8) is None
-    assert isinstance(scheme_of(ShawConfig(add_sinusoids=True)).embedding(8), SinusoidalPositions)
+    assert isinstance(scheme_of(ShawConfig(add_sinusoids=True)).embedding(8), SinusoidalEmbedding)
 
 
 @pytest.mark.parametrize("left,right", [(2, 2), (1, 3), (3, 0), (0, 2)])

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from relpos_lab.core.attention import fused, relative_attention
-from relpos_lab.core.attention.masks import offset_bias, relative_positions
+from relpos_lab.core.attention.masks import offset_bias, relative_labels
 from relpos_lab.core.positions import builtin_config
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
 
@@ -31,7 +31,7 @@ def definition(q, k, v, rel_k, rel_v, rel_bias, kmax, keep, causal, offset, drop
     q, k, v = q.double(), k.double(), v.double()
     b, h, lq, d = q.shape
     lk = k.shape[-2]
-    label = relative_positions(lq, lk, kmax, offset, q.device)
+    label = relative_labels(lq, lk, kmax, offset, q.device)
 
     def table(t, head):
         return None if t is None else (t[head] if t.dim() == 3 else t).double()

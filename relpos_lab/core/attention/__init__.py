@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from relpos_lab.core.attention import banded, capture, flex, fused, gather, reference
-from relpos_lab.core.attention.masks import dense_terms, relative_positions, visibility_mask
+from relpos_lab.core.attention.masks import dense_terms, relative_labels, visibility_mask
 
 
 def _sdpa_unsupported(q, k, v, *, rel_k, rel_v, rel_bias, attn_bias, **call) -> str | None:
@@ -141,7 +141,7 @@ def _at_positions(q, k, v, rel_k, rel_v, max_distance, attn_mask, is_causal, que
         raise ValueError(f"positions must be (Lk,) = ({lk},) with query_offset + Lq <= Lk; got "
                          f"{tuple(positions.shape)}, query_offset={query_offset}, Lq={lq}")
     positions = positions.to(q.device)
-    labels = relative_positions(lq, lk, max_distance, query_offset, q.device, positions)
+    labels = relative_labels(lq, lk, max_distance, query_offset, q.device, positions)
     allowed, attn_bias = dense_terms(q, k, rel_bias, max_distance, attn_mask, is_causal, query_offset, attn_bias,
                                      positions)
     return gather.attend_at(q, k, v, rel_k, rel_v, labels, allowed, attn_bias, dropout_p, 1.0 / math.sqrt(q.shape[-1]))

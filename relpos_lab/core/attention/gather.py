@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relpos_lab.core.attention.masks import attention_probs, dense_terms, relative_positions
+from relpos_lab.core.attention.masks import attention_probs, dense_terms, relative_labels
 
 _LABEL_BLOCK = 64  # query rows per block: the window is _LABEL_BLOCK + 2k - 1 keys wide
 
@@ -30,7 +30,7 @@ def _label_blocks(lq, lk, kmax, query_offset, device):
         r1 = min(r0 + block, lq)
         c0 = min(max(r0 + query_offset - kmax + 1, 0), lk)  # keys left of c0: label 0 for all rows
         c1 = max(min(r1 - 1 + query_offset + kmax, lk), c0)  # keys from c1 on: label 2k for all rows
-        labels = relative_positions(r1 - r0, c1 - c0, kmax, r0 + query_offset - c0, device)
+        labels = relative_labels(r1 - r0, c1 - c0, kmax, r0 + query_offset - c0, device)
         yield slice(r0, r1), c0, c1, labels
 
 

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from relpos_lab.core.renamed import renamed
+
 
 def reach(lq: int, lk: int, query_offset: int = 0) -> int:
     """The largest |j − i| between a query row (at query_offset + r) and a key: a clipping
@@ -15,7 +17,7 @@ def reach(lq: int, lk: int, query_offset: int = 0) -> int:
     return max(query_offset + lq - 1, lk - 1 - query_offset, 0)
 
 
-def relative_positions(
+def relative_labels(
     lq: int, lk: int, max_distance: int, query_offset: int = 0, device=None, positions: Tensor | None = None
 ) -> Tensor:
     """(Lq, Lk) long tensor of clipped distances shifted to table rows: clip(j - i, k) + k; with
@@ -31,8 +33,8 @@ def relative_positions(
 def offset_bias(rel_bias: Tensor, lq: int, lk: int, max_distance: int, query_offset: int = 0,
                 positions: Tensor | None = None) -> Tensor:
     """(1, H, Lq, Lk) dense form of a per-head offset bias (H, 2k+1): rel_bias[h, clip(j − i, k) + k]
-    (with `positions`, the distances between the tokens' positions, as `relative_positions`)."""
-    return rel_bias[:, relative_positions(lq, lk, max_distance, query_offset, rel_bias.device, positions)].unsqueeze(0)
+    (with `positions`, the distances between the tokens' positions, as `relative_labels`)."""
+    return rel_bias[:, relative_labels(lq, lk, max_distance, query_offset, rel_bias.device, positions)].unsqueeze(0)
 
 
 def dense_terms(q: Tensor, k: Tensor, rel_bias: Tensor | None, max_distance: int, attn_mask: Tensor | None,
@@ -107,3 +109,5 @@ class _MaskLogits(torch.autograd.Function):
     def backward(ctx, grad):
         return grad, None
 
+
+__getattr__ = renamed(__name__, {"relative_positions": "relative_labels"}, globals())

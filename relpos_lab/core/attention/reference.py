@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from relpos_lab.core.attention.masks import attention_probs, dense_terms, relative_positions
+from relpos_lab.core.attention.masks import attention_probs, dense_terms, relative_labels
 
 
 def unsupported(q, k, v, **call) -> str | None:
@@ -25,7 +25,7 @@ def naive(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal
     """The definition, every a_ij built: what the other implementations are tested against."""
     allowed, attn_bias = dense_terms(q, k, rel_bias, max_distance, attn_mask, is_causal, query_offset, attn_bias)
     kmax = max_distance
-    idx = relative_positions(q.shape[-2], k.shape[-2], kmax, query_offset, q.device)  # (Lq, Lk): clip(j − i) + k
+    idx = relative_labels(q.shape[-2], k.shape[-2], kmax, query_offset, q.device)  # (Lq, Lk): clip(j − i) + k
     e = q @ k.transpose(-2, -1)  # (B, H, Lq, Lk): q_i k_jᵀ
     if rel_k is not None:
         a_k = rel_k[..., idx, :].to(q.dtype)  # a^K: (Lq, Lk, D), or (H, Lq, Lk, D) per head
@@ -44,7 +44,7 @@ def batched(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_caus
     efficient on accelerators: q reshaped to (Lq, B·H, D) against a^K as (Lq, D, Lk)."""
     allowed, attn_bias = dense_terms(q, k, rel_bias, max_distance, attn_mask, is_causal, query_offset, attn_bias)
     kmax = max_distance
-    idx = relative_positions(q.shape[-2], k.shape[-2], kmax, query_offset, q.device)
+    idx = relative_labels(q.shape[-2], k.shape[-2], kmax, query_offset, q.device)
     e = q @ k.transpose(-2, -1)
     if rel_k is not None:
         e = e + _batched_logits(q, rel_k[..., idx, :].to(q.dtype))

@@ -11,12 +11,12 @@ builds whatever a config names through `scheme_of(cfg)`.
 from relpos_lab.core.positions.absolute import (
     Learned,
     LearnedConfig,
-    LearnedPositions,
-    NoPositions,
-    NoPositionsConfig,
+    LearnedEmbedding,
+    NoPE,
+    NoPEConfig,
     Sinusoidal,
     SinusoidalConfig,
-    SinusoidalPositions,
+    SinusoidalEmbedding,
 )
 from relpos_lab.core.positions.base import (
     Drawing,
@@ -43,8 +43,8 @@ from relpos_lab.core.positions.dape import Dape, DapeConfig, DapePositions
 from relpos_lab.core.positions.digits import (
     Abacus,
     AbacusConfig,
-    AbacusPositions,
-    CouplingPositions,
+    AbacusEmbedding,
+    CouplingEmbedding,
     PositionCoupling,
     PositionCouplingConfig,
 )
@@ -54,8 +54,9 @@ from relpos_lab.core.positions.polar import PolarPositions, Pope, PopeConfig
 from relpos_lab.core.positions.rotary import Rope, RopeConfig, RotaryPositions, Xpos, XposConfig, XposPositions
 from relpos_lab.core.positions.shaw import Shaw, ShawConfig, ShawPositions
 from relpos_lab.core.positions.transformer_xl import TransformerXL, TransformerXLConfig, TransformerXLPositions
+from relpos_lab.core.renamed import renamed
 
-BUILTIN = {"none": NoPositions, "sinusoidal": Sinusoidal, "learned": Learned, "shaw": Shaw, "rope": Rope,
+BUILTIN = {"none": NoPE, "sinusoidal": Sinusoidal, "learned": Learned, "shaw": Shaw, "rope": Rope,
            "alibi": Alibi, "t5_bias": T5Bias, "transformer_xl": TransformerXL,
            "fire": Fire, "sandwich": Sandwich, "xpos": Xpos, "pope": Pope, "cope": Cope, "fox": Fox,
            "dape": Dape, "abacus": Abacus, "position_coupling": PositionCoupling}
@@ -72,12 +73,17 @@ def builtin_config(scheme: str, **fields) -> PositionConfig:
 __all__ = [
     "BUILTIN", "Alibi", "Drawing", "AlibiConfig", "AlibiPositions", "Cope", "CopeConfig", "CopePositions",
     "Dape", "DapeConfig", "DapePositions", "Fox", "FoxConfig", "FoxPositions", "Fire", "FireConfig", "FirePositions",
-    "KeyState", "Learned", "LearnedConfig", "LearnedPositions",
-    "NoPositions", "NoPositionsConfig", "PositionConfig", "PositionScheme", "RelativePositions", "Rope",
+    "KeyState", "Learned", "LearnedConfig", "LearnedEmbedding",
+    "NoPE", "NoPEConfig", "PositionConfig", "PositionScheme", "RelativePositions", "Rope",
     "RopeConfig", "RotaryPositions", "Shaw", "ShawConfig", "ShawPositions", "Sinusoidal", "SinusoidalConfig",
-    "SinusoidalPositions", "T5Bias", "T5BiasConfig", "T5BiasPositions", "TransformerXL", "TransformerXLConfig",
+    "SinusoidalEmbedding", "T5Bias", "T5BiasConfig", "T5BiasPositions", "TransformerXL", "TransformerXLConfig",
     "TransformerXLPositions", "alibi_slopes", "builtin_config", "scheme_of",
     "Sandwich", "SandwichConfig", "SandwichPositions", "Xpos", "XposConfig", "XposPositions", "Pope", "PopeConfig",
-    "PolarPositions", "Abacus", "AbacusConfig", "AbacusPositions", "PositionCoupling", "PositionCouplingConfig",
-    "CouplingPositions",
+    "PolarPositions", "Abacus", "AbacusConfig", "AbacusEmbedding", "PositionCoupling", "PositionCouplingConfig",
+    "CouplingEmbedding",
 ]
+
+__getattr__ = renamed(__name__, {"SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding",
+                                 "NoPositions": "NoPE", "NoPositionsConfig": "NoPEConfig",
+                                 "AbacusPositions": "AbacusEmbedding", "CouplingPositions": "CouplingEmbedding"},
+                      globals())

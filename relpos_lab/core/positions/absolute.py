@@ -8,9 +8,10 @@ import torch
 from torch import Tensor, nn
 
 from relpos_lab.core.positions.base import PositionConfig, PositionScheme
+from relpos_lab.core.renamed import renamed
 
 
-class SinusoidalPositions(nn.Module):
+class SinusoidalEmbedding(nn.Module):
     """The fixed sinusoids of Vaswani et al.; computed on the fly, so any length works."""
 
     def __init__(self, d_model: int):
@@ -26,7 +27,7 @@ class SinusoidalPositions(nn.Module):
         return x + pe.to(x.dtype)
 
 
-class LearnedPositions(nn.Module):
+class LearnedEmbedding(nn.Module):
     """Trained absolute embeddings; cannot represent positions beyond max_len."""
 
     def __init__(self, d_model: int, max_len: int):
@@ -45,15 +46,15 @@ class LearnedPositions(nn.Module):
 
 
 @dataclass
-class NoPositionsConfig(PositionConfig):
+class NoPEConfig(PositionConfig):
     scheme: str = "none"
     """none: no position information at all (NoPE; a decoder still sees order through causality)"""
 
 
-class NoPositions(PositionScheme):
+class NoPE(PositionScheme):
     """No position information (NoPE): the model sees a bag of tokens, or causal order in a decoder."""
 
-    config_class = NoPositionsConfig
+    config_class = NoPEConfig
     contributes_nothing = True
 
 
@@ -69,7 +70,7 @@ class Sinusoidal(PositionScheme):
     config_class = SinusoidalConfig
 
     def embedding(self, d_model):
-        return SinusoidalPositions(d_model)
+        return SinusoidalEmbedding(d_model)
 
 
 @dataclass
@@ -90,4 +91,8 @@ class Learned(PositionScheme):
     config_class = LearnedConfig
 
     def embedding(self, d_model):
-        return LearnedPositions(d_model, self.cfg.max_len)
+        return LearnedEmbedding(d_model, self.cfg.max_len)
+
+
+__getattr__ = renamed(__name__, {"SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding",
+                  "NoPositions": "NoPE", "NoPositionsConfig": "NoPEConfig"}, globals())

@@ -31,7 +31,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from relpos_lab.core.attention.masks import relative_positions
+from relpos_lab.core.attention.masks import relative_labels
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Drawing:
         shape = torch.broadcast_shapes(values.shape, counted.shape, (1, 1, 1, 1))  # (B, H, Lq, Lk)
         lq, lk = shape[-2:]
         reach = query_offset + lq + lk  # no pair is further apart: every offset keeps its own label
-        labels = relative_positions(lq, lk, reach, query_offset, values.device).expand(shape).reshape(*shape[:-2], -1)
+        labels = relative_labels(lq, lk, reach, query_offset, values.device).expand(shape).reshape(*shape[:-2], -1)
         weight = counted.expand(shape).reshape(labels.shape).to(torch.float64)
         values = values.expand(shape).reshape(labels.shape) * weight
 

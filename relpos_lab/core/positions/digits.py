@@ -55,6 +55,7 @@ import torch
 from torch import Tensor, nn
 
 from relpos_lab.core.positions.base import PositionConfig, PositionScheme
+from relpos_lab.core.renamed import renamed
 
 DIGIT_SYMBOLS = tuple(str(d) for d in range(10))
 DEFAULT_DIGIT_IDS = tuple(range(4, 14))
@@ -184,7 +185,7 @@ class AbacusConfig(DigitRunsConfig):
                              f"{self.max_offset + 1}: the offset would push one-digit numbers past the table")
 
 
-class AbacusPositions(DigitEmbedding):
+class AbacusEmbedding(DigitEmbedding):
     """1 + a digit's index (its significance, or its index as written), + k in training; 0 elsewhere."""
 
     def __init__(self, d_model: int, cfg: AbacusConfig, digits: Tensor):
@@ -210,7 +211,7 @@ class Abacus(DigitRunsScheme):
         self.supports_cache = cfg.order == "written"
 
     def embedding(self, d_model):
-        return AbacusPositions(d_model, self.cfg, self.digits())
+        return AbacusEmbedding(d_model, self.cfg, self.digits())
 
 
 # --- position coupling --------------------------------------------------------------------------
@@ -231,7 +232,7 @@ class PositionCouplingConfig(DigitRunsConfig):
                              "(a one-digit sum with its carry needs ids 0..2)")
 
 
-class CouplingPositions(DigitEmbedding):
+class CouplingEmbedding(DigitEmbedding):
     """start + 1 + significance for digits, start for every other token; start is 0 in evaluation
     and, in training, uniform per example over the starts that keep its ids below max_position."""
 
@@ -253,4 +254,8 @@ class PositionCoupling(DigitRunsScheme):
     config_class = PositionCouplingConfig
 
     def embedding(self, d_model):
-        return CouplingPositions(d_model, self.cfg, self.digits())
+        return CouplingEmbedding(d_model, self.cfg, self.digits())
+
+
+__getattr__ = renamed(__name__, {"AbacusPositions": "AbacusEmbedding", "CouplingPositions": "CouplingEmbedding"},
+                      globals())

@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions
+from relpos_lab.core.renamed import renamed
 
 SCALINGS = ("none", "linear", "ntk", "yarn")
 
@@ -128,7 +129,7 @@ def yarn_ramp(head_dim: int, base: float, train_length: int, beta_fast: float, b
     return ((t - low) / ((high - low) or 0.001)).clamp(0, 1)
 
 
-def rotate_half(x: Tensor, angles: Tensor) -> Tensor:
+def apply_rotation(x: Tensor, angles: Tensor) -> Tensor:
     """Rotate pair t = dims (t, t + D/2) of x (…, L, D) by angles (L, D/2)."""
     cos, sin = angles.cos().repeat(1, 2).to(x.dtype), angles.sin().repeat(1, 2).to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
@@ -164,7 +165,7 @@ class RotaryPositions(RelativePositions):
         """x (…, L, D) at positions offset.. rotated by θ (default: the training frequencies)."""
         theta = (self.theta if theta is None else theta).double()  # float64 even in a model cast to half
         pos = torch.arange(offset, offset + x.shape[-2], device=theta.device, dtype=torch.float64)
-        return rotate_half(x, pos[:, None] * theta[None, :])  # float64 angles: exact at long positions
+        return apply_rotation(x, pos[:, None] * theta[None, :])  # float64 angles: exact at long positions
 
     def rotate(self, q, k, offset):
         # New keys sit at the same absolute positions as the new queries; cached keys were
@@ -276,3 +277,6 @@ class Xpos(PositionScheme):
     def check(self, d_model, n_heads):
         if (d_model // n_heads) % 2:
             raise ValueError(f"xpos needs an even head dimension; d_model/n_heads = {d_model // n_heads}")
+
+
+__getattr__ = renamed(__name__, {"rotate_half": "apply_rotation"}, globals())

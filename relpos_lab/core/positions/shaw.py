@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from relpos_lab.core.positions.absolute import SinusoidalPositions
+from relpos_lab.core.positions.absolute import SinusoidalEmbedding
 from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions
 
 
@@ -102,7 +102,7 @@ class Shaw(PositionScheme):
     config_class = ShawConfig
 
     def embedding(self, d_model):
-        return SinusoidalPositions(d_model) if self.cfg.add_sinusoids else None
+        return SinusoidalEmbedding(d_model) if self.cfg.add_sinusoids else None
 
     def attention(self, head_dim, n_heads, causal):
         return ShawPositions(self.cfg, head_dim, n_heads)
