@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The GPU section of docs/performance.md: `pytest -m cuda` and every CUDA benchmark, on one GPU.
 #   docs/performance/gpu/run.sh [kernel | kernel_<part>] [tests] [attention] [peers] [model] [decode] [profile]   (default: all)
-# `kernel` alone is the fused Triton kernel's step (issues 30, 37), sized for one 10-minute call:
-# where its time goes (profile_fused.py, one config), its tests compiled on the GPU (one config:
-# RELPOS_LAB_TRITON_CONFIG, or autotuning every shape spends the call compiling), then the targets'
-# benchmarks, autotuned (Shaw and a learned rel_bias vs flash at L = 2048 and 8192 with peak memory,
-# causal, and the 6+6 model and the decoder-only LM in bf16-mixed against their sinusoidal twins).
+# `kernel` alone is the fused Triton kernel's step (issues 30, 37), sized for one 10-minute call, in
+# parts, the most telling first, so that a call cut short keeps what it measured: where its time
+# goes (profile_fused.py, one config), the same with the forward's registers capped, the 6+6 model
+# and the decoder-only LM in bf16-mixed with attention dropout against their sinusoidal twins, its
+# tests compiled on the GPU, Shaw and a learned rel_bias vs flash at L = 2048 and 8192 with peak
+# memory, plain and causal (all in one config: RELPOS_LAB_TRITON_CONFIG; autotuning every shape
+# spends minutes compiling), and last the same attention autotuned at L = 2048.
+# Seen on an H200 (2026-11-26): profile ~70 s, capped ~60 s, models ~190 s, tests ~200 s, the
+# one-config attention ~45 s; the autotuned attention did not finish in 170 s.
 # Writes docs/performance/gpu/*.txt (the tables) and *.json next to this script; where $OUT is set
 # (a lent GPU machine, which returns at most 8 files) all of them packed in $OUT/gpu_tables.tgz,
 # after every step. STEP_TIMEOUT=<seconds> bounds each command. On a bare machine first:
@@ -18,11 +22,14 @@ mkdir -p "$out"
 pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/gpu_tables.tgz" -C "$out" . ; true; }
 limit=(); [ -n "${STEP_TIMEOUT:-}" ] && limit=(timeout -k 10 "$STEP_TIMEOUT")
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(kernel tests attention peers model decode profile)
-# `kernel` is its parts, the most telling first, so that a call cut short keeps what it measured.
-KERNEL=(kernel_profile kernel_tests kernel_attention kernel_capped kernel_causal kernel_model)
+KERNEL=(kernel_profile kernel_capped kernel_model kernel_tests kernel_attention kernel_causal kernel_autotuned)
 parts=(); for step in "${steps[@]}"; do [ "$step" = kernel ] && parts+=("${KERNEL[@]}") || parts+=("$step"); done
-bench() { name=$1; shift; "${limit[@]}" python3 -m relpos_lab bench "$@" --json "$out/$name.json" 2>&1 | tee "$out/$name.txt"; pack; }
-one_config() { RELPOS_LAB_TRITON_CONFIG=64,64,4,3 "${limit[@]}" "$@"; }
+bench() {  # PIN_BENCH=1: in one config
+  name=$1; shift; pin=(); [ -n "${PIN_BENCH:-}" ] && pin=("$PIN")
+  env "${pin[@]}" "${limit[@]}" python3 -m relpos_lab bench "$@" --json "$out/$name.json" 2>&1 | tee "$out/$name.txt"; pack
+}
+PIN=RELPOS_LAB_TRITON_CONFIG=64,64,4,3
+one_config() { env "$PIN" "${limit[@]}" "$@"; }
 export COLUMNS=160 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
@@ -37,20 +44,24 @@ for step in "${parts[@]}"; do
         | tee "$out/kernel_tests.txt" | tail -5
       one_config python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark -m cuda tests/test_cuda.py -k triton 2>&1 \
         | tee -a "$out/kernel_tests.txt" | tail -5; pack ;;
-    kernel_attention)
-      bench kernel_attention "${ATTN[@]}" --length 2048 8192 --candidates sdpa flex-bias triton-bias \
-        --impl triton banded --repeats 10 --warmup 3 ;;
     kernel_capped)  # the forward's config with its registers capped (fused.REGISTER_CAP); dk/dv spills there
       one_config python3 docs/performance/gpu/profile_fused.py --config 64 64 4 3 168 --no-variants 2>&1 \
         | tee "$out/profile_fused_capped.txt"; pack ;;
-    kernel_causal)
-      bench kernel_attention_causal "${ATTN[@]}" --length 2048 8192 --mask causal --candidates triton-bias \
-        --impl triton banded --repeats 10 --warmup 3 ;;
     kernel_model)
-      bench kernel_model model --precision bf16-mixed --layers 6 --tokens 16384 --length 128 512 2048 \
-        --impl triton gather --attention-dropout 0.1 --repeats 5 --warmup 2
-      bench kernel_model_decoder_only model --architecture decoder_only --precision bf16-mixed --layers 6 \
-        --tokens 16384 --length 512 2048 --impl triton gather --attention-dropout 0.1 --repeats 5 --warmup 2 ;;
+      PIN_BENCH=1 bench kernel_model_one_config model --precision bf16-mixed --layers 6 --tokens 16384 \
+        --length 512 2048 --impl triton gather --attention-dropout 0.1 --repeats 5 --warmup 2
+      PIN_BENCH=1 bench kernel_model_decoder_only_one_config model --architecture decoder_only --precision bf16-mixed \
+        --layers 6 --tokens 16384 --length 512 2048 --impl triton gather --attention-dropout 0.1 --repeats 5 \
+        --warmup 2 ;;
+    kernel_attention)
+      PIN_BENCH=1 bench kernel_attention_one_config "${ATTN[@]}" --length 2048 8192 --candidates sdpa triton-bias \
+        --impl triton --repeats 10 --warmup 3 ;;
+    kernel_causal)
+      PIN_BENCH=1 bench kernel_attention_causal_one_config "${ATTN[@]}" --length 2048 8192 --mask causal \
+        --candidates triton-bias --impl triton --repeats 10 --warmup 3 ;;
+    kernel_autotuned)
+      bench kernel_attention "${ATTN[@]}" --length 2048 --candidates sdpa triton-bias --impl triton \
+        --repeats 10 --warmup 3 ;;
     tests)  # the CUDA tier; -n spreads FlexAttention's compiles over the CPU cores (~6 min on 16)
       python3 -m pytest -m cuda tests/test_cuda.py -q -n 8 -p no:benchmark 2>&1 | tee "$out/cuda_tests.txt" | tail -40 ;;
     attention)
