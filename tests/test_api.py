@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import pickle
 import re
 import subprocess
 import sys
@@ -227,6 +228,52 @@ def test_relpos_lab_shows_a_renamed_names_deprecation_to_plugin_authors(tmp_path
                            timeout=120).stderr
     assert ("old_names_plugin.py:1: DeprecationWarning: relpos_lab.core.positions.SinusoidalPositions is deprecated: "
             "it is relpos_lab.core.positions.SinusoidalEmbedding now") in shown, shown[-2000:]
+
+
+def tiny_model(scheme: str):
+    from relpos_lab.api.testing import tiny_model_config
+    from relpos_lab.core.positions import builtin_config
+    from relpos_lab.core.transformer import EncoderDecoder
+    return EncoderDecoder(tiny_model_config(builtin_config(scheme))).double().eval()
+
+
+@pytest.mark.parametrize("scheme, where, owner, old, new", [
+    ("shaw", "encoder.layers.0.self_attn.inner", "relpos_lab.core.transformer.MultiHeadAttention", "positions",
+     "relative"),
+    ("learned", "decoder.embed", "relpos_lab.core.embedding.Embedding", "positions", "absolute"),
+])
+def test_a_renamed_attribute_warns_naming_the_new_one_and_is_the_new_object(scheme, where, owner, old, new):
+    module = tiny_model(scheme).get_submodule(where)
+    assert f"{type(module).__module__}.{type(module).__qualname__}" == owner
+    with pytest.warns(DeprecationWarning, match=rf"^{re.escape(owner)}\.{old} is deprecated: it is "
+                                                rf"{re.escape(owner)}\.{new} now \(CHANGELOG.md\)$"):
+        assert getattr(module, old) is getattr(module, new) is not None
+    assert f"`{owner.rsplit('.', 1)[1]}.{old}`" in (REPO / "CHANGELOG.md").read_text()
+
+
+@pytest.mark.parametrize("scheme, old_key", [("shaw", "encoder.layers.0.self_attn.inner.positions.rel_k"),
+                                             ("learned", "decoder.embed.positions.embedding.weight")])
+def test_a_state_dict_saved_before_the_renames_loads_strictly_with_the_same_outputs(scheme, old_key):
+    """Checkpoints from before MultiHeadAttention.relative and Embedding.absolute (issue 41) name the
+    scheme's modules `positions`: a load_state_dict pre-hook reads their keys under the new names."""
+    torch.manual_seed(0)
+    saved = tiny_model(scheme)
+
+    def before_the_rename(key: str) -> str:
+        return re.sub(r"(^|\.)(relative|absolute)(\.|$)", r"\1positions\3", key)
+
+    state = saved.state_dict()
+    old = type(state)((before_the_rename(k), v) for k, v in state.items())
+    old._metadata = type(state._metadata)((before_the_rename(k), v) for k, v in state._metadata.items())
+    assert old_key in old and not any(".relative." in k or ".absolute." in k for k in old)
+    src, tgt_in = torch.randint(1, 12, (2, 7)), torch.randint(1, 12, (2, 5))
+    want = saved(src, tgt_in)
+    torch.manual_seed(1)
+    fresh = pickle.loads(pickle.dumps(tiny_model(scheme)))  # the hooks pickle with the model
+    assert not torch.equal(fresh(src, tgt_in), want)
+    fresh.load_state_dict(old)  # strict
+    assert torch.equal(fresh(src, tgt_in), want)
+    assert old_key in old  # the caller's state dict keeps its keys
 
 
 def test_the_version_is_the_changelogs_latest_release():

@@ -331,7 +331,7 @@ def test_the_fox_cache_keeps_the_cumulative_log_forget_gates_of_every_key():
         model.decode_step(tokens[:, 4:], cache)
         layer = cache.layers[0].self_attn
         x = model.decoder.embed(tokens)
-        c = torch.nn.functional.logsigmoid(model.decoder.layers[0].self_attn.inner.positions.gate(x)).cumsum(1)
+        c = torch.nn.functional.logsigmoid(model.decoder.layers[0].self_attn.inner.relative.gate(x)).cumsum(1)
     assert layer.state.value.shape == (2, 2, 6) and layer.k.shape[-2] == 6
     torch.testing.assert_close(layer.state.value, c.transpose(1, 2))
 

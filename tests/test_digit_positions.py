@@ -159,7 +159,7 @@ def test_gradients_reach_the_digit_table_from_both_sides(scheme):
     src, tgt_in = sums()
     model(src, tgt_in).square().mean().backward()
     for embed in (model.encoder.embed, model.decoder.embed):
-        grad = embed.positions.embedding.weight.grad
+        grad = embed.absolute.embedding.weight.grad
         assert grad is not None and grad.abs().sum() > 0
 
 
@@ -236,7 +236,7 @@ def test_the_addition_task_hands_its_digit_ids_to_the_scheme():
     model = task.build_model(cfg)
     want = [task.vocab.index[str(d)] for d in range(10)]
     assert model.cfg.positions.digit_ids == want
-    assert model.decoder.embed.positions.digits.tolist() == want
+    assert model.decoder.embed.absolute.digits.tolist() == want
 
 
 @pytest.mark.parametrize("positions", [PositionCouplingConfig(), AbacusConfig(order="significance")])

@@ -52,8 +52,8 @@ def test_a_model_whose_encoder_looks_one_token_left_gives_exact_masses():
             proj.weight.zero_()
             proj.bias.zero_()
         attn.q_proj.bias[0] = 1.0
-        attn.positions.rel_k.zero_()
-        attn.positions.rel_k[2 - 1, 0] = 1e4  # the row of offset -1
+        attn.relative.rel_k.zero_()
+        attn.relative.rel_k[2 - 1, 0] = 1e4  # the row of offset -1
     examples = [(torch.tensor([3, 4, 5, 6, 7]), torch.tensor([1, 3])), (torch.tensor([3, 4, 5]), torch.tensor([1, 3]))]
     probe = inspection._measure(model, _Stub(), examples, batch_size=2)
     offsets, mass = probe.mean_by_offset(("encoder_self", 0))

@@ -66,7 +66,7 @@ def test_a_content_scheme_draws_its_bias_over_the_real_pairs_of_a_padded_batch(p
                 (torch.tensor([3, 4, 5]), torch.tensor([1, 3]))]
     batch = inspection._measure(model, _Stub(), examples, 2, keep_content=True)
     drawn = inspection._content_drawings(model, batch, max_offset=4)
-    modules = {inspection.site_of(name): m.positions for name, m in model.named_modules()
+    modules = {inspection.site_of(name): m.relative for name, m in model.named_modules()
                if isinstance(m, MultiHeadAttention) and m.content}
     assert set(modules) == {("encoder_self", 0), ("decoder_self", 0)}
     for kind in ("encoder_self", "decoder_self"):

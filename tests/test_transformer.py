@@ -319,7 +319,7 @@ def test_t5_bias_runs_at_the_fewest_buckets_validation_accepts():
         assert prefix_lm(positions=fewest, bidirectional=bidirectional)(*prefix_batch()).isfinite().all()
     # j − i = −5..5. The encoder: 0 the query itself (its one exact distance), 1 behind, 3 ahead (2, ahead
     # by 0, is never used); the decoder: 0 and 1 exact, 2 and 3 log-spaced up to max_distance
-    encoder, decoder = (stack.layers[0].self_attn.inner.positions for stack in (model.encoder, model.decoder))
+    encoder, decoder = (stack.layers[0].self_attn.inner.relative for stack in (model.encoder, model.decoder))
     assert encoder.bucket(torch.arange(-5, 6)).tolist() == [1, 1, 1, 1, 1, 0, 3, 3, 3, 3, 3]
     assert decoder.bucket(torch.arange(-5, 1)).tolist() == [3, 3, 3, 2, 1, 0]
 

@@ -270,7 +270,7 @@ def _gradients(model, arch, src, tgt) -> str:
     logits.log_softmax(-1).mean().neg().backward()
     bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
     assert not bad, f"non-finite gradients in {', '.join(bad)}"
-    own = {n: p for n, p in model.named_parameters() if ".positions." in f".{n}"}
+    own = {n: p for n, p in model.named_parameters() if ".relative." in f".{n}" or ".absolute." in f".{n}"}
     dead = [n for n, p in own.items() if p.grad is None or not p.grad.abs().sum() > 0]
     assert not dead, f"the scheme's parameters get no gradient: {', '.join(dead)}"
     return f"{len(own)} scheme parameter tensors" if own else "the scheme has no parameters"
@@ -408,8 +408,8 @@ def _trains(model, arch, src, tgt) -> str:
 def _drawings(model, arch: str, src, tgt) -> str:
     """`draw` of the first layer's module and, for a content-dependent one, `draw_content` on the
     arguments its content_bias got in a forward pass (as `relpos-lab inspect` calls them)."""
-    module = next((m.positions for m in model.modules() if hasattr(m, "positions") and hasattr(m.positions, "draw")),
-                  None)
+    module = next((m.relative for m in model.modules() if isinstance(m, MultiHeadAttention)
+                   and hasattr(m.relative, "draw")), None)
     drawn = module.draw(6) if module is not None else {}
     _check_panels("draw()", drawn)
     content = _content_drawing(model, arch, src, tgt)
@@ -427,7 +427,7 @@ def _content_drawing(model, arch: str, src, tgt) -> dict:
     try:
         with capturing(probe), torch.no_grad():
             _logits(model, arch, src, tgt)
-            return layer.positions.draw_content(*probe.content["layer"], 6)
+            return layer.relative.draw_content(*probe.content["layer"], 6)
     finally:
         handle.remove()
 

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from relpos_lab.core.positions import contract, scheme_of
 from relpos_lab.core.positions.randomized import sample_positions
+from relpos_lab.core.renamed import renamed_attribute, renamed_state_dict_keys
 
 if TYPE_CHECKING:
     from relpos_lab.core.transformer import ModelConfig
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 
 class Embedding(nn.Module):
     """Token embedding scaled by sqrt(d_model), plus absolute positions if the scheme has them."""
+
+    positions = renamed_attribute(f"{__name__}.Embedding", "positions", "absolute")
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, tokens: nn.Embedding | None = None):
         super().__init__()
@@ -32,15 +35,16 @@ class Embedding(nn.Module):
             with torch.no_grad():
                 self.tokens.weight[cfg.pad_id].zero_()
         scheme = scheme_of(cfg.positions)
-        self.positions = scheme.embedding(cfg.d_model)
+        self.absolute = scheme.embedding(cfg.d_model)  # the scheme's module, or None; was `positions` (old keys load)
         self.reads_tokens = scheme.reads_tokens  # its module is called with the ids of every position so far
         self.scheme = contract.label(cfg.positions)
-        self.unchecked = self.positions is not None  # its output is checked on the first call (contract.py)
+        self.unchecked = self.absolute is not None  # its output is checked on the first call (contract.py)
         self.scale, self.dropout = math.sqrt(cfg.d_model), nn.Dropout(cfg.dropout)
         self.max_random_len = cfg.positions.max_random_len
         self.randomize_at_eval = cfg.positions.randomize_at_eval
         # evaluation's draws; the model's embeddings share one (seed_eval_positions)
         self.eval_draws = torch.Generator().manual_seed(0) if self.randomize_at_eval else None
+        self.register_load_state_dict_pre_hook(renamed_state_dict_keys("positions", "absolute"))
 
     def random_positions(self, length: int) -> Tensor | None:
         """This forward pass's positions for `length` tokens with randomized positions: a fresh draw
@@ -61,26 +65,27 @@ class Embedding(nn.Module):
                              "(relpos_lab.core.decoding does)")
         return self.random_positions(max_tokens)
 
-    def forward(self, ids: Tensor, *, offset: int = 0, positions: Tensor | None = None,
+    def forward(self, ids: Tensor, *, offset: int = 0, input_pos: Tensor | None = None,
                 seen: Tensor | None = None) -> Tensor:
-        """`seen`: with a cache, the ids of every position so far (the cached, then `ids`), for a
+        """`input_pos`: the positions of `ids` (randomized positions), else offset, offset + 1, ...
+        `seen`: with a cache, the ids of every position so far (the cached, then `ids`), for a
         scheme that `reads_tokens`; without one, `ids` are all there is."""
         x = self.tokens(ids) * self.scale
-        if self.positions is not None:
+        if self.absolute is not None:
             if self.reads_tokens:
-                placed = self.positions(x, offset, ids if seen is None else seen)
+                placed = self.absolute(x, offset, ids if seen is None else seen)
             else:
-                placed = self.positions(x, offset) if positions is None else x + self._at(positions, x)
+                placed = self.absolute(x, offset) if input_pos is None else x + self._at(input_pos, x)
             if self.unchecked:
-                contract.check_embedding(self.scheme, self.positions, placed, x)
+                contract.check_embedding(self.scheme, self.absolute, placed, x)
                 self.unchecked = False
             x = placed
         return self.dropout(x)
 
-    def _at(self, positions: Tensor, x: Tensor) -> Tensor:
-        """The scheme's absolute encodings at `positions`: what it adds to zeros there."""
-        zeros = x.new_zeros(1, int(positions[-1]) + 1, x.shape[-1])  # (1, positions[-1] + 1, d)
-        return self.positions(zeros, 0).index_select(1, positions)  # (1, L, d): x's tokens' slots
+    def _at(self, input_pos: Tensor, x: Tensor) -> Tensor:
+        """The scheme's absolute encodings at `input_pos`: what it adds to zeros there."""
+        zeros = x.new_zeros(1, int(input_pos[-1]) + 1, x.shape[-1])  # (1, input_pos[-1] + 1, d)
+        return self.absolute(zeros, 0).index_select(1, input_pos)  # (1, L, d): x's tokens' slots
 
 
 def seed_eval_positions(model: nn.Module, seed: int) -> None:

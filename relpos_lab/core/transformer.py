@@ -20,6 +20,7 @@ from relpos_lab.core.cache import DecoderCache, KVCache, LayerCache
 from relpos_lab.core.embedding import Embedding, seed_eval_positions
 from relpos_lab.core.positions import KeyState, PositionConfig, RelativePositions, ShawConfig, contract, scheme_of
 from relpos_lab.core.positions.randomized import spread, spread_mask
+from relpos_lab.core.renamed import renamed_attribute, renamed_state_dict_keys
 
 ARCHITECTURES = ("encoder_decoder", "decoder_only", "encoder_only")
 """encoder_decoder: EncoderDecoder; decoder_only: PrefixLM (prefix_lm.py), `source <sep> target` as one
@@ -152,14 +153,16 @@ class MultiHeadAttention(nn.Module):
         L    tokens of x: the queries, and the output's rows
         Lk   keys: L in self-attention, the context's length in cross-attention, and with a cache
              every position so far
-        P    slots a randomized-position path spreads x's tokens over: positions[-1] + 1 (decoding:
+        P    slots a randomized-position path spreads x's tokens over: input_pos[-1] + 1 (decoding:
              the slots from the cache's end to the last position)
         H    heads (n_heads)
         D    a head's width, d_model / H
         d    d_model
     """
 
-    def __init__(self, cfg: ModelConfig, positions: RelativePositions | None = None):
+    positions = renamed_attribute(f"{__name__}.MultiHeadAttention", "positions", "relative")
+
+    def __init__(self, cfg: ModelConfig, relative: RelativePositions | None = None):
         super().__init__()
         self.n_heads, self.impl = cfg.n_heads, cfg.attention_impl
         self.dropout = cfg.attention_dropout
@@ -167,10 +170,11 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.v_proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.positions = positions or RelativePositions()
+        self.relative = relative or RelativePositions()  # the scheme's module; was `positions` (old keys load)
         self.scheme = contract.label(cfg.positions)
-        self.unchecked = positions is not None  # the scheme's hooks are checked on their first call
-        self.content = positions is not None and contract.has_content_bias(positions)
+        self.unchecked = relative is not None  # the scheme's hooks are checked on their first call
+        self.content = relative is not None and contract.has_content_bias(relative)
+        self.register_load_state_dict_pre_hook(renamed_state_dict_keys("positions", "relative"))
 
     def _heads(self, x: Tensor) -> Tensor:
         """(B, L, d) -> (B, H, L, D): each head its slice of the width."""
@@ -178,22 +182,22 @@ class MultiHeadAttention(nn.Module):
         return x.view(b, n, self.n_heads, d // self.n_heads).transpose(1, 2)  # (B, L, H, D) -> (B, H, L, D)
 
     def forward(self, x, *, context=None, attn_mask=None, is_causal=False, cache: KVCache | None = None,
-                positions: Tensor | None = None) -> Tensor:
+                input_pos: Tensor | None = None) -> Tensor:
         """Self-attention when context is None, else cross-attention over context. x: (B, L, d),
         context: (B, Lk, d); returns (B, L, d).
 
         With a cache, self-attention's queries start at the cache's length (their absolute
         positions, which relative schemes need) and attend to everything cached; cross-attention
         projects the context on its first step only, since the memory never changes.
-        `positions` (increasing, one per token) places self-attention's tokens there instead of
+        `input_pos` (increasing, one per token) places self-attention's tokens there instead of
         0..L-1 (randomized positions; see positions/randomized.py); with a cache, it holds the
         positions of every token so far, x's last.
         """
-        if positions is not None and cache is not None:
-            return self._decode_at_positions(x, attn_mask=attn_mask, is_causal=is_causal, positions=positions,
+        if input_pos is not None and cache is not None:
+            return self._decode_at_input_pos(x, attn_mask=attn_mask, is_causal=is_causal, input_pos=input_pos,
                                              cache=cache)
-        if positions is not None:
-            return self._at_positions(x, attn_mask=attn_mask, is_causal=is_causal, positions=positions)
+        if input_pos is not None:
+            return self._at_input_pos(x, attn_mask=attn_mask, is_causal=is_causal, input_pos=input_pos)
         q = self._heads(self.q_proj(x))  # (B, H, L, D)
         offset = 0
         if context is None:
@@ -211,33 +215,33 @@ class MultiHeadAttention(nn.Module):
         scheme = self._scheme_kwargs(q, k, x, offset, attn_mask, is_causal, cache)
         return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, query_offset=offset, **scheme)
 
-    def _at_positions(self, x, *, attn_mask, is_causal, positions: Tensor) -> Tensor:
-        """The scheme's hooks see the tokens spread over a sequence of positions[-1] + 1 slots (gaps
-        masked), so every scheme places them at `positions` unchanged; attention itself runs over
-        the real tokens only, with the labels of their positions: O(L²), not O(positions[-1]²)."""
+    def _at_input_pos(self, x, *, attn_mask, is_causal, input_pos: Tensor) -> Tensor:
+        """The scheme's hooks see the tokens spread over a sequence of input_pos[-1] + 1 slots (gaps
+        masked), so every scheme places them at `input_pos` unchanged; attention itself runs over
+        the real tokens only, with the labels of their positions: O(L²), not O(input_pos[-1]²)."""
         q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))  # (B, H, L, D)
-        q, k = self._rotate(spread(q, positions, dim=2), spread(k, positions, dim=2), 0)  # (B, H, P, D)
+        q, k = self._rotate(spread(q, input_pos, dim=2), spread(k, input_pos, dim=2), 0)  # (B, H, P, D)
         # (…, P, P); gaps: keys no query sees (content schemes skip them)
-        mask = spread_mask(attn_mask, is_causal, positions)
-        extra = self._scheme_kwargs(q, k, spread(x, positions, dim=1), 0, mask, False, None)
+        mask = spread_mask(attn_mask, is_causal, input_pos)
+        extra = self._scheme_kwargs(q, k, spread(x, input_pos, dim=1), 0, mask, False, None)
         if extra.get("attn_bias") is not None:  # a dense bias over the slots: the real tokens' rows and columns
             bias = extra["attn_bias"]
             for dim in (-2, -1):
-                bias = bias.index_select(dim, positions) if bias.shape[dim] > 1 else bias
+                bias = bias.index_select(dim, input_pos) if bias.shape[dim] > 1 else bias
             extra["attn_bias"] = bias  # (…, P, P) -> (…, L, L)
-        q, k = q.index_select(2, positions), k.index_select(2, positions)  # (B, H, L, D)
-        return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, positions=positions, **extra)
+        q, k = q.index_select(2, input_pos), k.index_select(2, input_pos)  # (B, H, L, D)
+        return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, positions=input_pos, **extra)
 
-    def _decode_at_positions(self, x, *, attn_mask, is_causal, positions: Tensor, cache: KVCache) -> Tensor:
-        """x's tokens at `positions`: spread over the slots from the cache's end to the last
+    def _decode_at_input_pos(self, x, *, attn_mask, is_causal, input_pos: Tensor, cache: KVCache) -> Tensor:
+        """x's tokens at `input_pos`: spread over the slots from the cache's end to the last
         position, gaps masked; the cache keeps the spread keys, so a step sees what a full pass sees."""
         offset = cache.length
-        new = positions[-x.shape[1]:] - offset  # x's slots in this segment
+        new = input_pos[-x.shape[1]:] - offset  # x's slots in this segment
         q, k, v = (spread(self._heads(proj(x)), new, dim=2)  # (B, H, P, D)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
         q, k = self._rotate(q, k, offset)
         k, v = cache.append(k, v)  # (B, H, Lk, D): every slot so far
-        mask = spread_mask(attn_mask, is_causal, positions)[..., offset:, :]  # (…, P, Lk); gaps: keys no query sees
+        mask = spread_mask(attn_mask, is_causal, input_pos)[..., offset:, :]  # (…, P, Lk); gaps: keys no query sees
         scheme = self._scheme_kwargs(q, k, spread(x, new, dim=1), offset, mask, False, cache)
         return self._attend(q, k, v, rows=new, attn_mask=mask, query_offset=offset, **scheme)
 
@@ -254,24 +258,24 @@ class MultiHeadAttention(nn.Module):
     # The scheme's hooks; what they return is checked on the first call only (positions/contract.py).
 
     def _rotate(self, q: Tensor, k: Tensor, offset: int) -> tuple[Tensor, Tensor]:
-        rotated = self.positions.rotate(q, k, offset)
+        rotated = self.relative.rotate(q, k, offset)
         if self.unchecked:
-            contract.check_rotate(self.scheme, self.positions, rotated, q, k)
+            contract.check_rotate(self.scheme, self.relative, rotated, q, k)
         return rotated
 
     def _scheme_kwargs(self, q: Tensor, k: Tensor, x: Tensor, offset: int, attn_mask: Tensor | None,
                        is_causal: bool, cache: KVCache | None) -> dict:
         """What the scheme adds to the attention call: its attention_kwargs, and the content_bias of
         a scheme that has one (computed from q, k and the layer input x) in attn_bias."""
-        extra = self.positions.attention_kwargs(q, k, offset)
+        extra = self.relative.attention_kwargs(q, k, offset)
         if self.unchecked:
-            contract.check_attention_kwargs(self.scheme, self.positions, extra, q, k)
+            contract.check_attention_kwargs(self.scheme, self.relative, extra, q, k)
         if self.content:
             visible = visibility_mask(attn_mask, is_causal, q.shape[-2], k.shape[-2], offset, q.device)
             state = cache.state if cache is not None else KeyState()
-            bias = self.positions.content_bias(q, k, x, offset, visible, state)
+            bias = self.relative.content_bias(q, k, x, offset, visible, state)
             if self.unchecked:
-                contract.check_content_bias(self.scheme, self.positions, bias, q, k, state)
+                contract.check_content_bias(self.scheme, self.relative, bias, q, k, state)
             if capture.ACTIVE is not None:  # inspect: what the scheme draws of its bias (draw_content)
                 capture.ACTIVE.observe_content(q, k, x, offset, visible)
             extra = {**extra, "attn_bias": bias if extra.get("attn_bias") is None else extra["attn_bias"] + bias}
@@ -310,8 +314,8 @@ class EncoderLayer(nn.Module):
         self.self_attn = Sublayer(cfg, MultiHeadAttention(cfg, rel))
         self.ffn = Sublayer(cfg, FeedForward(cfg))
 
-    def forward(self, x, *, key_mask: Tensor, positions: Tensor | None = None):
-        return self.ffn(self.self_attn(x, attn_mask=key_mask, positions=positions))
+    def forward(self, x, *, key_mask: Tensor, input_pos: Tensor | None = None):
+        return self.ffn(self.self_attn(x, attn_mask=key_mask, input_pos=input_pos))
 
 
 class DecoderLayer(nn.Module):
@@ -322,10 +326,10 @@ class DecoderLayer(nn.Module):
         self.cross_attn = Sublayer(cfg, MultiHeadAttention(cfg)) if cross_attention else None
         self.ffn = Sublayer(cfg, FeedForward(cfg))
 
-    def forward(self, x, *, memory=None, memory_mask=None, cache: LayerCache | None = None, positions=None,
+    def forward(self, x, *, memory=None, memory_mask=None, cache: LayerCache | None = None, input_pos=None,
                 self_mask=None, causal: bool = True):
         x = self.self_attn(x, attn_mask=self_mask, is_causal=causal,
-                           cache=cache.self_attn if cache is not None else None, positions=positions)
+                           cache=cache.self_attn if cache is not None else None, input_pos=input_pos)
         if self.cross_attn is not None:
             x = self.cross_attn(x, context=memory, attn_mask=memory_mask,
                                 cache=cache.cross_attn if cache is not None else None)
@@ -342,10 +346,10 @@ class Encoder(nn.Module):
     def forward(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """Returns the memory and its key mask (B, 1, 1, S), True at real tokens."""
         key_mask = (src != self.pad_id)[:, None, None, :]
-        positions = self.embed.random_positions(src.shape[1])
-        x = self.embed(src, positions=positions)
+        input_pos = self.embed.random_positions(src.shape[1])
+        x = self.embed(src, input_pos=input_pos)
         for layer in self.layers:
-            x = layer(x, key_mask=key_mask, positions=positions)
+            x = layer(x, key_mask=key_mask, input_pos=input_pos)
         return self.norm(x), key_mask
 
 
@@ -356,7 +360,7 @@ class Decoder(nn.Module):
     bidirectional prefix: T5's bidirectional buckets); each call still says how it attends:
     `causal` and `self_mask` (bool, True = may attend) go to every self-attention.
 
-    `positions` (increasing, one per token of tgt) places the tokens there; by default they are
+    `input_pos` (increasing, one per token of tgt) places the tokens there; by default they are
     drawn as positions/randomized.py says (while decoding, taken from the cache's draw), else 0..L-1.
     """
 
@@ -370,16 +374,16 @@ class Decoder(nn.Module):
             self.output.weight = embed.tokens.weight
 
     def forward(self, tgt: Tensor, memory=None, memory_mask=None, cache: DecoderCache | None = None,
-                self_mask: Tensor | None = None, causal: bool = True, positions: Tensor | None = None) -> Tensor:
+                self_mask: Tensor | None = None, causal: bool = True, input_pos: Tensor | None = None) -> Tensor:
         offset = cache.length if cache is not None else 0
         n = tgt.shape[1]
-        if positions is None:
-            positions = self.embed.random_positions(n) if cache is None else cache.positions_with(n)
+        if input_pos is None:
+            input_pos = self.embed.random_positions(n) if cache is None else cache.positions_with(n)
         seen = cache.remember(tgt) if cache is not None and self.embed.reads_tokens else None
-        x = self.embed(tgt, offset=offset, positions=None if positions is None else positions[-n:], seen=seen)
+        x = self.embed(tgt, offset=offset, input_pos=None if input_pos is None else input_pos[-n:], seen=seen)
         for i, layer in enumerate(self.layers):
             x = layer(x, memory=memory, memory_mask=memory_mask, cache=cache.layers[i] if cache is not None else None,
-                      positions=positions, self_mask=self_mask, causal=causal)
+                      input_pos=input_pos, self_mask=self_mask, causal=causal)
         return self.output(self.norm(x))
 
 
@@ -413,8 +417,8 @@ class EncoderDecoder(nn.Module):
         decoder layer's keys and values. max_tokens: the most tokens decode_step will be fed (BOS
         included), for which randomize_at_eval draws the decoder's positions up front."""
         memory, memory_mask = self.encoder(src)
-        positions = self.decoder.embed.decoding_positions(max_tokens)
-        return DecoderCache(len(self.decoder.layers), memory, memory_mask, positions)
+        input_pos = self.decoder.embed.decoding_positions(max_tokens)
+        return DecoderCache(len(self.decoder.layers), memory, memory_mask, input_pos)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """Logits (B, N, V) for `tokens` (B, N): one or several new positions (a multi-token prefill)
@@ -441,7 +445,7 @@ class DecoderLM(nn.Module):
     def start_decoding(self, src: Tensor | None = None, max_tokens: int | None = None) -> DecoderCache:
         """An empty KV cache (`src` is unused: the signature is the encoder-decoder's, for decoding.py);
         max_tokens: the most tokens decode_step will be fed (randomize_at_eval draws their positions)."""
-        return DecoderCache(len(self.decoder.layers), positions=self.decoder.embed.decoding_positions(max_tokens))
+        return DecoderCache(len(self.decoder.layers), input_pos=self.decoder.embed.decoding_positions(max_tokens))
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """Logits (B, N, V) for `tokens` (B, N) placed after the cache's positions (the first call

@@ -77,7 +77,7 @@ class InspectSummary:
 
 def has_relative_positions(model: torch.nn.Module) -> bool:
     """Whether any attention of `model` carries a scheme's relative part (Shaw, RoPE, a bias)."""
-    return any(isinstance(m, MultiHeadAttention) and type(m.positions) is not RelativePositions
+    return any(isinstance(m, MultiHeadAttention) and type(m.relative) is not RelativePositions
                for m in model.modules())
 
 
@@ -347,8 +347,8 @@ def _rounded(a: np.ndarray) -> list:
 def _drawings(model, max_offset: int) -> dict:
     out: dict = {}
     for name, module in model.named_modules():
-        if isinstance(module, MultiHeadAttention) and hasattr(module.positions, "draw"):
-            found = module.positions.draw(max_offset)
+        if isinstance(module, MultiHeadAttention) and hasattr(module.relative, "draw"):
+            found = module.relative.draw(max_offset)
             if found:
                 kind, layer = site_of(name)
                 out.setdefault(kind, {})[layer] = found
@@ -362,7 +362,7 @@ def _content_drawings(model, probe: AttentionProbe, max_offset: int) -> dict:
         where = site_of(name)
         if isinstance(module, MultiHeadAttention) and module.content and where in probe.content:
             with torch.no_grad():
-                found = module.positions.draw_content(*probe.content[where], max_offset)
+                found = module.relative.draw_content(*probe.content[where], max_offset)
             if found:
                 out.setdefault(where[0], {})[where[1]] = found
     return out
@@ -371,7 +371,7 @@ def _content_drawings(model, probe: AttentionProbe, max_offset: int) -> dict:
 def _nothing_drawn(model) -> str:
     """The line saying that the scheme draws nothing, and why."""
     layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    own = sorted({type(m.positions).__name__ for m in layers if type(m.positions) is not RelativePositions})
+    own = sorted({type(m.relative).__name__ for m in layers if type(m.relative) is not RelativePositions})
     why = (f"its per-layer module {', '.join(own)} gives no panels from draw() and has no content_bias" if own
            else "it has no module in the attention layers to draw")
     label = layers[0].scheme if layers else "the position scheme"
