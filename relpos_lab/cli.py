@@ -446,7 +446,7 @@ def report(args: argparse.Namespace) -> None:
          arg("doc", help="the Markdown file; DIR in its markers is relative to it"),
          arg("--check", action="store_true", help="change nothing; exit 1 if a table is out of date"))
 def tables(args: argparse.Namespace) -> int:
-    from relpos_lab.analysis.report import refresh_tables
+    from relpos_lab.analysis.doc_tables import refresh_tables
 
     text, blocks = refresh_tables(args.doc)
     if Path(args.doc).read_text() == text:

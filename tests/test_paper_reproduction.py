@@ -14,7 +14,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from relpos_lab import cli
-from relpos_lab.analysis.report import refresh_tables, write_report
+from relpos_lab.analysis.doc_tables import refresh_tables
+from relpos_lab.analysis.report import write_report
 from relpos_lab.records.rundir import run_directory
 
 ROOT = Path(__file__).resolve().parents[1]
