@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from relpos_lab.analysis import bench
+from relpos_lab.analysis import bench, candidates
 
 TINY = ["--batch", "1", "--heads", "2", "--head-dim", "8", "--d-model", "16", "--d-ff", "32",
         "--layers", "1", "--length", "16", "--max-distance", "2", "--repeats", "2", "--warmup", "1"]
@@ -91,14 +91,14 @@ def test_peak_memory_is_the_candidates_own_even_after_a_large_parent_peak():
     ballast = torch.ones(96 * 2**20)  # 384 MiB touched in this (parent) process
     del ballast
     # unfused forward+backward at B=2, H=4, L=1024 holds several 32 MiB attention matrices
-    peak = bench.peak_memory_mb("unfused", 2, 4, 1024, 16, 2, torch.float32, torch.device("cpu"), 1)
+    peak = candidates.peak_memory_mb("unfused", 2, 4, 1024, 16, 2, torch.float32, torch.device("cpu"), 1)
     assert peak > 64, peak
 
 
 def test_attention_bench_with_masks_compares_masked_candidates(tmp_path):
     import torch
 
-    keys, causal = bench.attention_mask("causal", 4, 16, torch.device("cpu"))
+    keys, causal = candidates.attention_mask("causal", 4, 16, torch.device("cpu"))
     assert causal and keys.shape == (4, 1, 1, 16)
     assert keys.sum(-1).flatten().tolist() == [16, 15, 14, 12]  # unequal lengths, the longest unpadded
     out = tmp_path / "bench.json"
