@@ -13,7 +13,6 @@ bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import traceback
@@ -26,7 +25,16 @@ from typing import Any
 from rich.table import Table
 
 from relpos_lab.api.errors import PROG, UserError, own_error, shown_path
-from relpos_lab.terminal import console, echo, show_plugins, show_report, show_submission, show_summary, show_table
+from relpos_lab.terminal import (
+    console,
+    echo,
+    show_configs,
+    show_plugins,
+    show_position_schemes,
+    show_report,
+    show_submission,
+    show_summary,
+)
 from relpos_lab.training.threads import quiet_openmp
 
 
@@ -82,37 +90,17 @@ EXPERIMENT = "experiment YAML file, or the name of one (./configs/experiment/, t
 def train(args: argparse.Namespace) -> None:
     from relpos_lab.config import load_config
     from relpos_lab.training import experiment
+    from relpos_lab.training.planning import check_own_run_directory
     from relpos_lab.training.progress import quiet
 
     quiet(args.verbose)
     if args.extend and args.force:
         raise UserError("--extend continues a run and --force starts one over: give one of them")
     cfg = load_config(args.config, [*args.overrides, *(["extend=true"] if args.extend else [])])
-    _check_own_run_directory(Path(args.config), cfg)
+    check_own_run_directory(Path(args.config), cfg)
     summary = experiment.train(cfg, echo=echo, force=args.force)
     if summary.metrics:  # rank 0 of a distributed run
         show_summary(summary, f"{cfg.name}: " + ("finished earlier" if summary.finished_before else "trained"))
-
-
-def _check_own_run_directory(config: Path, cfg) -> None:
-    """A run's own config.yaml (what a requeued job trains) must still resolve to that run.
-
-    It stops resolving there when the code's config schema gains a field or changes a default (the
-    run directory hashes the whole resolved config), an override changes the experiment, or
-    logging.root points elsewhere: training would then start from scratch in another directory.
-    """
-    from relpos_lab.records.rundir import run_directory
-
-    home = config.resolve().parent
-    if config.name != "config.yaml" or not (home / "checkpoints").is_dir():
-        return
-    resolved = run_directory(cfg)
-    if resolved.resolve() != home:
-        raise UserError(f"{shown_path(config)} belongs to the run in {shown_path(home)}, "
-                        f"but now resolves to {shown_path(resolved)}: "
-                        "an override changed the experiment, logging.root points elsewhere (run from the directory "
-                        "the run was started in), or the config schema changed since the run started (continue it "
-                        "with the code it started with: `git log` at its start time). Nothing was trained.")
 
 
 @command("eval", "evaluate a checkpoint on a split (the same evaluation as validation)",
@@ -226,24 +214,7 @@ def tasks(args: argparse.Namespace) -> None:
 @command("positions", "list installed position schemes (built-in and plugins) with their fields, and any that "
          "failed to load; select one with model.positions.scheme=NAME")
 def positions(args: argparse.Namespace) -> None:
-    from relpos_lab.api import registry
-    from relpos_lab.config.help import field_help
-    from relpos_lab.core.positions import PositionConfig
-
-    common = {f.name for f in dataclasses.fields(PositionConfig)}
-
-    def describe(cls) -> str:
-        helps, fields = field_help(cls.config_class), dataclasses.fields(cls.config_class)
-        own = [f"  {f.name}={f.default!r}: {helps.get(f.name, '')}" for f in fields if f.name not in common]
-        first = cls.describe() + ("" if getattr(cls, "supports_bidirectional", True) else
-                                  " (causal only: decoder-only models without bidirectional_prefix)")
-        return "\n".join([first, *own]) if own else first
-
-    show_plugins(registry.POSITIONS, describe)
-    helps = field_help(PositionConfig)
-    for name in sorted(common - {"scheme"}):
-        console.print(f"Every scheme also takes {name} (default {getattr(PositionConfig, name)!r}): "
-                      f"{helps.get(name, '')}")
+    show_position_schemes()
 
 
 @command("check-scheme", "the conformance kit on a position scheme (yours or built in): shapes, gradients, "
@@ -253,6 +224,7 @@ def positions(args: argparse.Namespace) -> None:
          arg("fields", nargs="*", metavar="FIELD=VALUE", help="fields of its config, e.g. max_distance=4"))
 def check_scheme(args: argparse.Namespace) -> int:
     from relpos_lab.api.testing import check_scheme as run_checks
+    from relpos_lab.config.load import parse_fields
 
     return show_report(run_checks(args.name, **parse_fields(args.fields)))
 
@@ -263,42 +235,15 @@ def check_scheme(args: argparse.Namespace) -> int:
          arg("fields", nargs="*", metavar="FIELD=VALUE", help="fields of its config, e.g. train_size=200"))
 def check_task(args: argparse.Namespace) -> int:
     from relpos_lab.api.testing import check_task as run_checks
+    from relpos_lab.config.load import parse_fields
 
     return show_report(run_checks(args.name, **parse_fields(args.fields)))
-
-
-def parse_fields(words: list[str]) -> dict:
-    """FIELD=VALUE words as YAML values (numbers, lists, booleans), as config overrides read them."""
-    import yaml
-
-    fields = {}
-    for word in words:
-        key, sep, value = word.partition("=")
-        if not sep or not key:
-            raise UserError(f"{word!r} is not FIELD=VALUE")
-        fields[key] = yaml.safe_load(value)
-    return fields
 
 
 @command("configs", "list the configs that can be named: experiments, sweeps, and the pieces of each group "
          "(model=NAME, trainer=NAME, ...), from ./configs and shipped with the package")
 def configs(args: argparse.Namespace) -> None:
-    from relpos_lab.config.find import catalogue, roots
-
-    entries = catalogue()
-    where = ", then ".join(f"{label} {shown_path(root)}" for label, root in roots())
-    table = Table(title=f"configs ({where})", title_justify="left")
-    for column in ("group", "name", "from"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("description", overflow="fold")
-    for e in entries:
-        origin = f"{e.where} (hidden by the local one)" if e.shadowed else e.where
-        style = "dim" if e.shadowed else None
-        table.add_row(e.group, e.name, origin, e.description, style=style)
-    show_table(table)
-    console.print(f"{PROG} train NAME (experiment), {PROG} sweep NAME (sweep); on the command line GROUP=NAME "
-                  "(e.g. model=shaw_small) lays a group's file over its section, and an overlay is a bare word "
-                  "(e.g. debug)", markup=False, highlight=False)
+    show_configs()
 
 
 @command("config", "print the resolved config (defaults, extends, overrides) as YAML, or what the keys of a "
@@ -310,19 +255,12 @@ def configs(args: argparse.Namespace) -> None:
          arg("--task", default=None, help="with --help-keys task: the task (default: the config's task)"))
 def show_config(args: argparse.Namespace) -> None:
     from relpos_lab.config import load_config, to_yaml
-    from relpos_lab.config.help import describe_keys, section_class
+    from relpos_lab.config.help import keys_help
 
     if args.help_keys is not None:
         if args.config and "=" in args.config and not Path(args.config).exists():  # `--help-keys S key=value`
             args.config, args.overrides = None, [args.config, *args.overrides]
-        task, scheme = args.task, None
-        if task is None and args.config and args.help_keys.startswith("task"):
-            task = load_config(args.config, args.overrides).task.name
-        if args.help_keys == "model.positions":  # the scheme the command line chooses, else the config's
-            chosen = [o.split("=", 1)[1] for o in args.overrides if o.startswith("model.positions.scheme=")]
-            scheme = chosen[-1] if chosen else (load_config(args.config, args.overrides).model.positions.scheme
-                                                if args.config else None)
-        print("\n".join(describe_keys(section_class(args.help_keys, task, scheme), args.help_keys)))
+        print(keys_help(args.help_keys, args.config, args.overrides, args.task))
         return
     if not args.config:
         raise UserError("config: give an experiment (a YAML file or a name), or --help-keys SECTION")
@@ -344,9 +282,7 @@ def show_config(args: argparse.Namespace) -> None:
              "sweep under the same logging root instead of training them again"),
          OVERRIDES)
 def sweep(args: argparse.Namespace) -> int:
-    from relpos_lab.config import load_config
-    from relpos_lab.launch.sweep import is_dangling, is_finished, link_identical_runs, load_sweep, run_locally
-    from relpos_lab.training import experiment
+    from relpos_lab.launch.sweep import link_identical_runs, load_sweep, run_locally
 
     if args.dry_run and not args.slurm:  # a user who asks for a dry run must never get a real one
         raise UserError("--dry-run goes with --slurm (it prints the sbatch script); to see the grid without "
@@ -358,33 +294,48 @@ def sweep(args: argparse.Namespace) -> int:
     if args.slurm:
         return submit_sweep(grid, args.dry_run)
     if args.point is not None:
-        if not 0 <= args.point < len(grid.points):
-            raise UserError(f"--point {args.point} is outside the grid of {grid.path} (0..{len(grid.points) - 1})")
-        point = grid.points[args.point]
-        if is_dangling(point):
-            raise UserError(f"{grid.name} point {args.point}: its run directory {point.run_dir} links to a run that is "
-                            "gone; rerun with --reuse (it removes the link) or delete the link")
-        if is_finished(point):  # e.g. a requeued array task, or a point linked by --reuse
-            echo(f"{grid.name} point {args.point} {point.labels} is finished ({shown_path(Path(point.run_dir))}): "
-                  "nothing to train")
-            return 0
-        cfg = load_config(grid.experiment, [*grid.overrides_of(args.point), "resume=true"])
-        summary = experiment.train(cfg, echo=echo)
-        if summary.metrics:
-            show_summary(summary, f"{grid.name} point {args.point} {grid.points[args.point].labels}")
-        return 0
+        return train_sweep_point(grid, args.point)
     manifest = grid.write_manifest()
     if args.list:
-        table = Table(*grid.axes, "point", "status", "run directory", title=f"sweep {grid.name} ({manifest})")
-        for p in grid.points:
-            table.add_row(*p.labels.values(), str(p.index), "finished" if is_finished(p) else "to run",
-                          shown_path(Path(p.run_dir)))
-        console.print(table)
-        return 0
+        return list_sweep(grid, manifest)
     failed = run_locally(grid, args.max_parallel, echo=echo)
     console.print(f"sweep {grid.name}: {len(grid.points) - len(failed)}/{len(grid.points)} points finished; "
                   f"report with: {PROG} report {shown_path(grid.directory)}")
     return 1 if failed else 0
+
+
+def train_sweep_point(grid, index: int) -> int:
+    """`sweep --point I`: that point alone, in this process (what each task of a job array runs)."""
+    from relpos_lab.config import load_config
+    from relpos_lab.launch.sweep import is_dangling, is_finished
+    from relpos_lab.training import experiment
+
+    if not 0 <= index < len(grid.points):
+        raise UserError(f"--point {index} is outside the grid of {grid.path} (0..{len(grid.points) - 1})")
+    point = grid.points[index]
+    if is_dangling(point):
+        raise UserError(f"{grid.name} point {index}: its run directory {point.run_dir} links to a run that is "
+                        "gone; rerun with --reuse (it removes the link) or delete the link")
+    if is_finished(point):  # e.g. a requeued array task, or a point linked by --reuse
+        echo(f"{grid.name} point {index} {point.labels} is finished ({shown_path(Path(point.run_dir))}): "
+             "nothing to train")
+        return 0
+    summary = experiment.train(load_config(grid.experiment, [*grid.overrides_of(index), "resume=true"]), echo=echo)
+    if summary.metrics:
+        show_summary(summary, f"{grid.name} point {index} {point.labels}")
+    return 0
+
+
+def list_sweep(grid, manifest) -> int:
+    """`sweep --list`: the grid and each point's status; nothing runs."""
+    from relpos_lab.launch.sweep import is_finished
+
+    table = Table(*grid.axes, "point", "status", "run directory", title=f"sweep {grid.name} ({manifest})")
+    for p in grid.points:
+        table.add_row(*p.labels.values(), str(p.index), "finished" if is_finished(p) else "to run",
+                      shown_path(Path(p.run_dir)))
+    console.print(table)
+    return 0
 
 
 @command("submit", "submit an experiment to SLURM: trainer.num_nodes nodes, trainer.devices processes each",

@@ -132,3 +132,48 @@ def show_submission(job, job_id: str) -> None:
 
 def echo(message: str) -> None:
     console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def show_position_schemes() -> None:
+    """`relpos-lab positions`: every installed scheme with its own fields, then the fields all take."""
+    import dataclasses
+
+    from relpos_lab.api import registry
+    from relpos_lab.config.help import field_help
+    from relpos_lab.core.positions import PositionConfig
+
+    common = {f.name for f in dataclasses.fields(PositionConfig)}
+
+    def describe(cls) -> str:
+        helps, fields = field_help(cls.config_class), dataclasses.fields(cls.config_class)
+        own = [f"  {f.name}={f.default!r}: {helps.get(f.name, '')}" for f in fields if f.name not in common]
+        first = cls.describe() + ("" if getattr(cls, "supports_bidirectional", True) else
+                                  " (causal only: decoder-only models without bidirectional_prefix)")
+        return "\n".join([first, *own]) if own else first
+
+    show_plugins(registry.POSITIONS, describe)
+    helps = field_help(PositionConfig)
+    for name in sorted(common - {"scheme"}):
+        console.print(f"Every scheme also takes {name} (default {getattr(PositionConfig, name)!r}): "
+                      f"{helps.get(name, '')}")
+
+
+def show_configs() -> None:
+    """`relpos-lab configs`: what can be named, local configs before the shipped ones."""
+    from relpos_lab.api.errors import PROG
+    from relpos_lab.config.find import catalogue, roots
+
+    entries = catalogue()
+    where = ", then ".join(f"{label} {shown_path(root)}" for label, root in roots())
+    table = Table(title=f"configs ({where})", title_justify="left")
+    for column in ("group", "name", "from"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("description", overflow="fold")
+    for e in entries:
+        origin = f"{e.where} (hidden by the local one)" if e.shadowed else e.where
+        style = "dim" if e.shadowed else None
+        table.add_row(e.group, e.name, origin, e.description, style=style)
+    show_table(table)
+    console.print(f"{PROG} train NAME (experiment), {PROG} sweep NAME (sweep); on the command line GROUP=NAME "
+                  "(e.g. model=shaw_small) lays a group's file over its section, and an overlay is a bare word "
+                  "(e.g. debug)", markup=False, highlight=False)

@@ -152,6 +152,17 @@ def command_line_sources(overrides: list[str]) -> list[Source]:
     return sources + [parse_overrides(dotlist)]
 
 
+def parse_fields(words: list[str]) -> dict:
+    """FIELD=VALUE words as YAML values (numbers, lists, booleans), as config overrides read them."""
+    fields = {}
+    for word in words:
+        key, sep, value = word.partition("=")
+        if not sep or not key:
+            raise UserError(f"{word!r} is not FIELD=VALUE")
+        fields[key] = yaml.safe_load(value)
+    return fields
+
+
 def parse_overrides(overrides: list[str]) -> Source:
     """`key=value` strings as one source; the value is parsed as YAML (`[1, 8]`, `true`, `1e-3`)."""
     for item in overrides:

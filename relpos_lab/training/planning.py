@@ -175,6 +175,25 @@ def plan_run(cfg: DictConfig, run_dir: Path, force: bool, echo: Callable[[str], 
     return resume_from
 
 
+def check_own_run_directory(config: Path, cfg: DictConfig) -> None:
+    """A run's own config.yaml (what a requeued job trains) must still resolve to that run.
+
+    It stops resolving there when the code's config schema gains a field or changes a default (the
+    run directory hashes the whole resolved config), an override changes the experiment, or
+    logging.root points elsewhere: training would then start from scratch in another directory.
+    """
+    home = config.resolve().parent
+    if config.name != "config.yaml" or not (home / "checkpoints").is_dir():
+        return
+    resolved = run_directory(cfg)
+    if resolved.resolve() != home:
+        raise UserError(f"{shown_path(config)} belongs to the run in {shown_path(home)}, "
+                        f"but now resolves to {shown_path(resolved)}: "
+                        "an override changed the experiment, logging.root points elsewhere (run from the directory "
+                        "the run was started in), or the config schema changed since the run started (continue it "
+                        "with the code it started with: `git log` at its start time). Nothing was trained.")
+
+
 def finished_summary(run_dir: Path) -> RunSummary:
     results = json.loads((run_dir / "results.json").read_text())
     checkpoint = run_dir / results["checkpoint"] if results.get("checkpoint") else None
