@@ -9,28 +9,7 @@ return a `Report`: one line per check, so a plugin author sees every failure at 
 `relpos-lab check-scheme` / `check-task` print it (the very same function); in pytest,
 `check_scheme("mine").raise_on_failure()`.
 
-The decoding checks compare the logits of cached decoding (core.cache's DecoderCache, fed
-through `decode_step` in chunks: a multi-token prefill, one-token and multi-token steps) with the
-full pass, in float64, to CACHE_TOLERANCE (1e-9), in each family:
-
-- plain: one batch without padding (the encoder-decoder's target; the decoder-only LM's sequence);
-- padding: the encoder-decoder with right-padded sources (key padding, masked in the encoder and
-  the cross-attention), which must also equal each row without its padding; a prefix LM (PrefixLM,
-  the decoder-only model of sequence-to-sequence tasks) trained on rows of different source lengths,
-  decoded one source length at a time as `decoding.by_source_length` does;
-- beam search: the cache's `reorder`, called as `decoding.beam_search` calls it, in the middle of
-  decoding (hypotheses duplicated and swapped); what a scheme keeps per key must follow its rows;
-- `model.bidirectional_prefix=true`: the prefix LM's two checks again, its source bidirectional.
-
-The encoder-only family decodes nothing; its padding check asks that each row's output slots,
-which follow that row's own source, equal the row's without padding.
-
-The plain check is the one that catches a scheme that places queries at 0..L-1 instead of at
-`query_offset` (tests/test_conformance.py keeps such a scheme as the negative control); the
-reorder check catches one that keeps its per-key state outside the KeyState the cache reorders
-(tests/test_conformance_decoding.py). A scheme that declares `supports_cache = False` (position
-coupling: a source digit's place needs its number's end) has its decoding checks reported as not
-checked; its own tests check the decoding paths it does support.
+The decoding checks are relpos_lab.api.decoding_checks's (its docstring says what each compares).
 
 A scheme that declares `supports_bidirectional = False` (causal-only) is not built into models with
 a bidirectional self-attention layer: the checks of the encoder-decoder and encoder-only families and
@@ -50,6 +29,16 @@ from torch import nn
 
 from relpos_lab.api import registry
 from relpos_lab.api.contract import check as check_verb
+from relpos_lab.api.decoding_checks import (
+    CACHE_TOLERANCE,
+    beam_reorder,
+    by_source_length,
+    cache_equals_full,
+    model_logits,
+    padded_slots,
+    padded_source,
+    random_tokens,
+)
 from relpos_lab.api.errors import UserError
 from relpos_lab.api.task import Task
 from relpos_lab.core.attention.capture import AttentionProbe, capturing
@@ -58,9 +47,6 @@ from relpos_lab.core.positions.base import Drawing, PositionScheme, scheme_of
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import ARCHITECTURES, DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention
 
-CACHE_TOLERANCE = 1e-9
-"""float64: every decoding check's largest difference of logits (cached against the full pass); the
-built-in schemes stay below 1e-14 (rounding); a misplaced position or a lost state is off by 1e-2 or more."""
 DRAW_KINDS = ("curves", "matrix", "bars")
 BIDIRECTIONAL = "decoder_only, bidirectional_prefix=true"
 """The decoding checks' third family: a prefix LM whose source attends to all of itself."""
@@ -82,16 +68,6 @@ DECODING_CHECKS = {"encoder_decoder": (f"encoder_decoder: {PADDED}", f"encoder_d
                    BIDIRECTIONAL: (f"{BIDIRECTIONAL}: {BY_LENGTH}", f"{BIDIRECTIONAL}: prefix LM, {REORDERED}")}
 """The decoding checks after the plain one, by family: padding, then beam search's reorder."""
 NOT_CHECKED = "not checked: the scheme declares supports_cache=False"
-SOURCE_LENGTHS = (7, 3, 7)
-"""The padded batch's rows: sources of 7, 3 and 7 tokens, right-padded to 7 (two groups by length)."""
-BEAM = 2
-"""Hypotheses per sentence in the beam-reorder checks."""
-PLACEMENT = ("do the scheme's hooks place query row r at query_offset + r (and does a content_bias keep what later "
-             "steps need in its KeyState)?")
-PADDING_HINT = ("do the scheme's hooks place query row r at query_offset + r, and does its content_bias leave out "
-                "the keys that `visible` hides (padding)?")
-REORDER_HINT = ("does the scheme keep what it remembers per key in the KeyState it is handed (the cache reorders "
-                "that with the keys), not on its module?")
 
 
 @dataclass
@@ -185,7 +161,7 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
             report.skip(f"{arch}: builds", unsupported[arch])
         else:
             report.run(f"{arch}: builds", build(arch))
-    src, tgt = _tokens(3, 7, seed=1), _tokens(3, 6, seed=2)
+    src, tgt = random_tokens(3, 7, seed=1), random_tokens(3, 6, seed=2)
     decodes = scheme_of(positions).supports_cache
     for arch in ARCHITECTURES:
         names = (f"{arch}: output shape, finite gradients reaching the scheme's parameters",
@@ -201,11 +177,11 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
         model = models[arch]
         report.run(names[0], lambda model=model, arch=arch: _gradients(model, arch, src, tgt))
         if arch in DECODED:
-            report.run(names[1], lambda model=model, arch=arch: _cache_equals_full(model, arch, src, tgt)
+            report.run(names[1], lambda model=model, arch=arch: cache_equals_full(model, arch, src, tgt)
                        if decodes else NOT_CHECKED)
             _decoding_checks(report, arch, positions, model if arch == "encoder_decoder" else None, src, tgt, decodes)
         else:
-            report.run(names[1], lambda model=model: _padded_slots(model, src, tgt))
+            report.run(names[1], lambda model=model: padded_slots(model, src, tgt))
         report.run(names[-1], lambda model=model, arch=arch: _trains(model, arch, src, tgt))
     if BIDIRECTIONAL in unsupported:
         for name in DECODING_CHECKS[BIDIRECTIONAL]:
@@ -245,26 +221,15 @@ def _decoding_checks(report: Report, family: str, positions, model, src, tgt, de
 
     padded, reordered = DECODING_CHECKS[family]
     if family == "encoder_decoder":
-        report.run(padded, lambda: _padded_source(model, src, tgt) if decodes else NOT_CHECKED)
+        report.run(padded, lambda: padded_source(model, src, tgt) if decodes else NOT_CHECKED)
     else:
-        report.run(padded, lambda: _by_source_length(prefix_lm(), src, tgt) if decodes else NOT_CHECKED)
-    report.run(reordered, lambda: _beam_reorder(model or prefix_lm(), src, tgt) if decodes else NOT_CHECKED)
-
-
-def _tokens(batch: int, length: int, seed: int) -> torch.Tensor:
-    return torch.randint(3, 12, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-def _logits(model: nn.Module, arch: str, src, tgt):
-    """encoder_decoder: teacher forcing on tgt; encoder_only: tgt's length in slots; decoder_only: src + tgt."""
-    if arch == "encoder_only":
-        return model(src, torch.full((src.shape[0],), tgt.shape[1]))
-    return model(src, tgt) if arch == "encoder_decoder" else model(torch.cat([src, tgt], 1))
+        report.run(padded, lambda: by_source_length(prefix_lm(), src, tgt) if decodes else NOT_CHECKED)
+    report.run(reordered, lambda: beam_reorder(model or prefix_lm(), src, tgt) if decodes else NOT_CHECKED)
 
 
 def _gradients(model, arch, src, tgt) -> str:
     model.train().zero_grad()
-    logits = _logits(model, arch, src, tgt)
+    logits = model_logits(model, arch, src, tgt)
     want = (src.shape[0], tgt.shape[1] if arch != "decoder_only" else src.shape[1] + tgt.shape[1], 12)
     assert tuple(logits.shape) == want, f"logits of shape {tuple(logits.shape)}, expected {want}"
     logits.log_softmax(-1).mean().neg().backward()
@@ -276,125 +241,13 @@ def _gradients(model, arch, src, tgt) -> str:
     return f"{len(own)} scheme parameter tensors" if own else "the scheme has no parameters"
 
 
-def _decode(model, cache, tokens, bounds=(2, 3)) -> torch.Tensor:
-    """`tokens` fed to decode_step in chunks (up to each bound, then the rest): a multi-token
-    prefill, a one-token step and a multi-token step; their logits, concatenated."""
-    cuts = [0, *(b for b in bounds if b < tokens.shape[1]), tokens.shape[1]]
-    return torch.cat([model.decode_step(tokens[:, a:b], cache) for a, b in zip(cuts, cuts[1:]) if b > a], 1)
-
-
-def _difference(cached, full, what: str, hint: str, against: str = "the full pass") -> float:
-    """The largest difference; above CACHE_TOLERANCE, an AssertionError saying what differs and a hint."""
-    err = (cached - full).abs().max().item()
-    assert err <= CACHE_TOLERANCE, f"{what} differ from {against} by {err:.3g} (> {CACHE_TOLERANCE:g}): {hint}"
-    return err
-
-
-def _cache_equals_full(model, arch, src, tgt) -> str:
-    """Decode the target (or the whole sequence) in chunks of 2, 1 and the rest on the cache."""
-    model.eval()
-    with torch.no_grad():
-        full = _logits(model, arch, src, tgt)
-        if arch == "encoder_decoder":
-            cached = _decode(model, model.start_decoding(src), tgt)
-        else:
-            cached = _decode(model, model.start_decoding(), torch.cat([src, tgt], 1))
-    err = _difference(cached, full, "cached logits", PLACEMENT)
-    return f"max difference {err:.1e}"
-
-
-def _pad(src: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """`src` with row r cut to SOURCE_LENGTHS[r] tokens and right-padded with pad_id."""
-    lengths = torch.tensor(SOURCE_LENGTHS[:src.shape[0]])
-    return src.masked_fill(torch.arange(src.shape[1])[None, :] >= lengths[:, None], pad_id)
-
-
-def _padded_source(model, src, tgt) -> str:
-    """Encoder-decoder, right-padded sources: the padding is masked as keys of the encoder's
-    self-attention and of the decoder's cross-attention. Cached decoding of the padded batch equals
-    its full pass, and that equals each row's full pass without padding."""
-    model.eval()
-    src = _pad(src, model.cfg.pad_id)
-    with torch.no_grad():
-        full = model(src, tgt)
-        cached = _decode(model, model.start_decoding(src), tgt)
-        alone = torch.cat([model(src[r:r + 1, :n], tgt[r:r + 1]) for r, n in enumerate(SOURCE_LENGTHS)])
-    err = _difference(cached, full, "cached logits of the padded batch", PADDING_HINT)
-    row = _difference(alone, full, "each row's logits without its padding", "does the padding reach the scheme's "
-                      "positions? content_bias must leave out the keys that `visible` hides",
-                      against="the padded batch's full pass")
-    return f"source lengths {', '.join(map(str, SOURCE_LENGTHS))}; max difference {max(err, row):.1e}"
-
-
-def _padded_slots(model, src, tgt) -> str:
-    """Encoder-only, right-padded sources: each row's slots follow its own source, so the padded
-    batch's slot logits equal each row's without padding."""
-    model.eval()
-    src = _pad(src, model.cfg.pad_id)
-    n_slots = torch.full((1,), tgt.shape[1])
-    with torch.no_grad():
-        full = model(src, n_slots.expand(src.shape[0]))
-        alone = torch.cat([model(src[r:r + 1, :n], n_slots) for r, n in enumerate(SOURCE_LENGTHS)])
-    err = _difference(alone, full, "each row's slot logits without its padding", PADDING_HINT,
-                      against="the padded batch's")
-    return f"source lengths {', '.join(map(str, SOURCE_LENGTHS))}; max difference {err:.1e}"
-
-
-def _by_source_length(model, src, tgt) -> str:
-    """A prefix LM trains on a padded batch (each row's target right after its own source) and
-    decodes one source length at a time, unpadded (decoding.by_source_length, since padding inside
-    the prefix would shift positions): the per-length cached logits equal the padded full pass."""
-    model.eval()
-    src = _pad(src, model.cfg.pad_id)
-    lengths = (src != model.cfg.pad_id).sum(-1)
-    with torch.no_grad():
-        full = model(src, tgt)
-        cached = torch.empty_like(full)
-        for n in lengths.unique().tolist():  # the groups of decoding.by_source_length
-            rows = (lengths == n).nonzero().squeeze(1)
-            cached[rows] = _decode(model, model.start_decoding(src[rows, :n]), tgt[rows])
-    err = _difference(cached, full, "cached logits, one source length at a time,", PADDING_HINT)
-    return f"source lengths {', '.join(map(str, SOURCE_LENGTHS))}; max difference {err:.1e}"
-
-
-def _beam_reorder(model, src, tgt) -> str:
-    """The cache's reorder, as decoding.beam_search calls it: every sentence's BEAM hypotheses
-    share its encoding (or prefilled source) by `reorder(rows)`; after a few steps `reorder(parent)`
-    keeps the surviving hypotheses, some twice, some from another hypothesis of the sentence. The
-    steps before and after it equal the full pass over the tokens each kept hypothesis was fed."""
-    model.eval()
-    if isinstance(model, EncoderDecoder):
-        src = _pad(src, model.cfg.pad_id)  # the memory's key mask is reordered too
-    batch, fed, steps = src.shape[0], 3, tgt.shape[1]
-    rows = torch.arange(batch).repeat_interleave(BEAM)  # beam_search: start_decoding, then reorder(rows)
-    hypotheses = _tokens(batch * BEAM, steps, seed=3)  # each hypothesis's own tokens, diverging from the first
-    parent = torch.arange(batch * BEAM).view(batch, BEAM).flip(1).flatten()  # every hypothesis from another
-    parent[0] = parent[1]  # and sentence 0 keeps one hypothesis twice
-    with torch.no_grad():
-        cache = model.start_decoding(src)
-        cache.reorder(rows)
-        kept = torch.cat([hypotheses[parent, :fed], hypotheses[:, fed:]], 1)
-        try:
-            before = _decode(model, cache, hypotheses[:, :fed], bounds=(2,))  # the prefix at once, then a step
-            cache.reorder(parent)  # beam_search: cache.reorder(parent) before every next step
-            after = _decode(model, cache, kept[:, fed:], bounds=(1,))
-        except Exception as err:  # a state kept outside the cache no longer fits the reordered rows
-            where = traceback.extract_tb(err.__traceback__)[-1]
-            raise AssertionError(f"decoding after cache.reorder raised {type(err).__name__}: {err} "
-                                 f"({where.filename}:{where.lineno}); {REORDER_HINT}") from err
-        full = model(src[rows][parent], kept)
-    err = _difference(before[parent], full[:, :fed], "before the reorder, cached logits", PLACEMENT)
-    err = max(err, _difference(after, full[:, fed:], "after the reorder, cached logits", REORDER_HINT))
-    return f"{BEAM} hypotheses per sentence, reordered after {fed} tokens; max difference {err:.1e}"
-
-
 def _trains(model, arch, src, tgt) -> str:
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     target = tgt if arch != "decoder_only" else torch.cat([src, tgt], 1)
     losses = []
     for _ in range(40):
-        logits = _logits(model, arch, src, tgt)[:, :-1]
+        logits = model_logits(model, arch, src, tgt)[:, :-1]
         loss = nn.functional.cross_entropy(logits.flatten(0, 1), target[:, 1:].flatten())
         opt.zero_grad()
         loss.backward()
@@ -426,7 +279,7 @@ def _content_drawing(model, arch: str, src, tgt) -> dict:
     handle = layer.register_forward_pre_hook(lambda module, args: setattr(probe, "where", "layer"))
     try:
         with capturing(probe), torch.no_grad():
-            _logits(model, arch, src, tgt)
+            model_logits(model, arch, src, tgt)
             return layer.relative.draw_content(*probe.content["layer"], 6)
     finally:
         handle.remove()
@@ -503,4 +356,4 @@ def _task_steps(t: Task, arch: str, batches: dict) -> str:
     return f"loss {out.loss.item():.3f}; {evaluated} {t.main_metric} {float(metrics[t.main_metric]):.3f}"
 
 
-__all__ = ["Check", "Report", "check_scheme", "check_task", "tiny_model_config"]
+__all__ = ["CACHE_TOLERANCE", "Check", "Report", "check_scheme", "check_task", "tiny_model_config"]
