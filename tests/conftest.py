@@ -11,6 +11,22 @@ if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers share the machine's cores: torch's default (a thread per core) in each would
+    # oversubscribe them. Runs the tests start pick their own share (training/threads.py).
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that submit jobs to the SLURM dev cluster run on one worker, one after another
+    (--dist loadgroup): the cluster's two nodes are one shared resource."""
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 @pytest.fixture
 def offline_wandb(tmp_path, monkeypatch):
     """Keep every W&B file of a test under tmp_path, offline, quiet, with no API key in sight."""
