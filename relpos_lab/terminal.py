@@ -9,7 +9,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.table import Table
 
-from relpos_lab.api.errors import shown_path
+from relpos_lab.api.errors import PROG, shown_path
 
 
 def _console() -> Console:
@@ -160,7 +160,6 @@ def show_position_schemes() -> None:
 
 def show_configs() -> None:
     """`relpos-lab configs`: what can be named, local configs before the shipped ones."""
-    from relpos_lab.api.errors import PROG
     from relpos_lab.config.find import catalogue, roots
 
     entries = catalogue()

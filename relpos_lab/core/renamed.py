@@ -8,13 +8,17 @@ import functools
 import warnings
 
 
+def _warn(owner: str, old: str, new: str) -> None:
+    warnings.warn(f"{owner}.{old} is deprecated: it is {owner}.{new} now (CHANGELOG.md)", DeprecationWarning,
+                  stacklevel=3)
+
+
 def renamed(module: str, old_to_new: dict[str, str], namespace: dict):
     """The `__getattr__` of `module`, whose globals are `namespace`."""
     def __getattr__(name: str):
         if name not in old_to_new:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        warnings.warn(f"{module}.{name} is deprecated: it is {module}.{old_to_new[name]} now (CHANGELOG.md)",
-                      DeprecationWarning, stacklevel=2)
+        _warn(module, name, old_to_new[name])
         return namespace[old_to_new[name]]
 
     return __getattr__
@@ -23,8 +27,7 @@ def renamed(module: str, old_to_new: dict[str, str], namespace: dict):
 def renamed_attribute(owner: str, old: str, new: str) -> property:
     """A read-only property `old` of class `owner` (dotted) that warns and returns attribute `new`."""
     def get(self):
-        warnings.warn(f"{owner}.{old} is deprecated: it is {owner}.{new} now (CHANGELOG.md)",
-                      DeprecationWarning, stacklevel=2)
+        _warn(owner, old, new)
         return getattr(self, new)
 
     return property(get, doc=f"Deprecated: {owner}.{new}.")
