@@ -141,6 +141,23 @@ def test_the_autotuner_times_only_configs_that_do_not_spill():
     assert out["kept"] == spill_free
 
 
+@pytest.mark.slow  # one compile, ~1 min
+def test_dkdv_has_a_config_that_does_not_spill_on_ampere_with_causality_and_dropout():
+    """Causal with dropout, every 3-stage config of dk/dv (and of the control) spills on sm_80:
+    the autotuner would have nothing spill-free to choose but for 64/64 in two stages."""
+    code = """if True:
+        import json
+        from relpos_lab.analysis import kernel_static as ks
+        from relpos_lab.core.attention import fused
+        case = ks.Case("shaw k=16 causal dropout 0.1", causal=True, dropout_p=0.1)
+        kernel, args, kwargs = ks.fused_launches(case, 2048)[2]
+        (config,) = [c for c in fused._configs("dkdv") if c.num_stages == 2 and c.kwargs["BLOCK_N"] == 64]
+        record = ks._measure_fused_kernel(kernel, "dkdv", case, args, kwargs, config, 80)
+        print(json.dumps([record.config, record.stack_bytes]))
+    """
+    assert compiled_subprocess(code) == ["64/64/4/2", 0]
+
+
 def test_the_shaw_default_compiles_for_hopper_with_every_stage_a_loop(shaw_default):
     """dq's band is cut in 32-key tiles within 64-key ones: fringes of plain 32-key tiles join them."""
     for name in ("forward", "dkdv"):
