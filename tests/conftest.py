@@ -20,11 +20,22 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests that submit jobs to the SLURM dev cluster run on one worker, one after another
-    (--dist loadgroup): the cluster's two nodes are one shared resource."""
+    """Worker groups (--dist loadgroup). Tests that submit jobs to the SLURM dev cluster run on one
+    worker, one after another: the cluster's two nodes are one shared resource. Tests that share
+    a fixture built once per module (a trained run, a compiled kernel) run on one worker, so that
+    it is built once, not once on each worker."""
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif uses_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def uses_a_module_fixture(item) -> bool:
+    definitions = getattr(item, "_fixtureinfo", None)  # pytest's resolved fixtures of the test
+    if definitions is None:
+        return False
+    return any(defs and defs[-1].scope == "module" for defs in definitions.name2fixturedefs.values())
 
 
 @pytest.fixture

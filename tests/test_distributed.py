@@ -147,8 +147,9 @@ def test_two_processes_validate_the_last_step_and_choose_the_best_over_every_val
 SMALL_SPLITS = {1: ([1, 1], 1), 3: ([1, 3], 1), 100: ([1, 5], 20)}  # examples -> (lengths, per length)
 
 
-@pytest.mark.parametrize("examples", [1, pytest.param(3, marks=pytest.mark.slow),  # 3: as 1, smaller than the world
-                                      100])
+# 3: as 1, smaller than the world; 100: as the sharded evaluation of `runs` above
+@pytest.mark.parametrize("examples", [1, pytest.param(3, marks=pytest.mark.slow),
+                                      pytest.param(100, marks=pytest.mark.slow)])
 def test_two_processes_evaluate_splits_of_any_size_as_one_process_does(examples, tmp_path, monkeypatch):
     """1 example leaves rank 1 without an example; it must still join the metrics' gather (it
     used to fail Lightning's zero-length check, or hang the other rank), and the numbers of the

@@ -111,7 +111,8 @@ def check(root: Path, step: str, signal: str) -> None:
         assert "(resuming from last.ckpt)" in output
 
 
-@pytest.mark.parametrize("step, signal", [("wandb", "TERM"), ("inspect", "USR1")])
+# USR1 by default; TERM during finishing also in tests/test_rerun.py (exit 143, evaluated again)
+@pytest.mark.parametrize("step, signal", [pytest.param("wandb", "TERM", marks=pytest.mark.slow), ("inspect", "USR1")])
 def test_a_signal_while_finishing_leaves_the_run_resumable_and_the_next_attempt_finishes_it(root, step, signal):
     check(root, step, signal)
 

@@ -57,7 +57,8 @@ def test_the_paper_sweeps_cross_three_learning_rates_with_ten_seeds(name, rates)
     assert sorted(sweep.config(i).optim.lr for i in firsts.values()) == sorted(rates)
 
 
-@pytest.mark.parametrize("scheme", ["shaw", "rope"])
+# rope: every scheme in the encoder-only model is tests/test_encoder_only.py's, in-process
+@pytest.mark.parametrize("scheme", ["shaw", pytest.param("rope", marks=pytest.mark.slow)])
 def test_the_small_protocol_trains_an_encoder_only_model(tmp_path, scheme):
     out = run_cli(tmp_path, "train", "deletang2023_paper_small", "task.name=reverse_string",
                   f"model.positions.scheme={scheme}", "trainer.max_steps=20", "trainer.val_every_n_steps=20",

@@ -204,6 +204,7 @@ def test_a_sweep_runs_as_one_job_array_with_a_run_directory_per_point(workdir, c
     assert len({p["run_dir"] for p in manifest["points"]}) == 2
 
 
+@pytest.mark.slow  # ~25 s; tests/test_slurm_two_nodes.py requeues by USR1 and scontrol by default
 def test_a_signalled_job_checkpoints_requeues_and_finishes_from_its_checkpoint(workdir, capsys):
     # Logging every step makes the step of the hpc checkpoint a logged one, wherever the signal lands.
     steps, every = 150, 20
@@ -245,7 +246,7 @@ def test_a_signalled_job_checkpoints_requeues_and_finishes_from_its_checkpoint(w
 def test_sigusr1_to_the_batch_shell_is_passed_on_to_the_step_and_requeues_the_job(workdir, capsys):
     """`scancel -s USR1 --batch` (as `--signal=B:USR1@<s>`) reaches the batch shell only: job.sbatch
     traps it and passes it on to srun's tasks, which checkpoint and requeue; untrapped, it killed
-    the shell and failed the job. One task: the step's handling of the signal is the test above's."""
+    the shell and failed the job. One task: the step's handling of the signal is the two-node test's."""
     job_id = submit(capsys, "submit", "tiny.yaml", "trainer.max_steps=400", "trainer.checkpoint_every_n_steps=20")
     try:
         first_periodic_checkpoint(workdir)
@@ -326,7 +327,7 @@ def test_a_job_whose_steps_get_sigterm_without_a_requeue_fails_with_143_instead_
     assert "Stopped by SIGTERM at step " in text and not (run_dir / "results.json").exists()
 
 
-@pytest.mark.slow  # ~25 s; the requeue path itself is checked by the signalled-job test
+@pytest.mark.slow  # ~25 s; the requeue path itself is checked by tests/test_slurm_two_nodes.py
 def test_a_job_signalled_during_its_final_evaluation_requeues_and_evaluates_again(workdir, capsys):
     # A long test split (reversing up to 40 tokens, greedy) keeps the job in its final evaluation.
     steps = 40

@@ -153,6 +153,7 @@ def test_a_two_node_job_requeued_by_sigusr1_and_by_scontrol_resumes_on_both_node
 
     results = json.loads((run_dir / "results.json").read_text())
     assert global_step(run_dir / "checkpoints" / "last.ckpt") == steps == results["global_step"]
+    assert not list(run_dir.glob("hpc_ckpt_*.ckpt"))  # the requeue checkpoint is gone once the run is finished
     assert sorted(logged_steps(run_dir, "train/loss")) == list(range(steps))  # every step once
     # One W&B run: SLURM's SIGTERM also reaches W&B's service process, so the second attempt's
     # file lacks rows (often all, and then it is no attempt): the third logs them from metrics.csv.
