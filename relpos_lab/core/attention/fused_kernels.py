@@ -229,6 +229,12 @@ def interleaved(a, b):
 
 
 @triton.jit
+def dropout_counter(rows, key_groups, LK):
+    """The Philox counter of row i's group of eight keys j // 8: rows of ⌈Lk / 8⌉ counters."""
+    return rows * ((LK + 7) // 8) + key_groups
+
+
+@triton.jit
 def dropout_words(seed, rows, cols, LK):
     """The random 16-bit words of a tile's pairs (row i, key j): half j % 8 of one Philox-4x32-10
     draw whose counter is (i, j // 8), so that a draw serves eight keys (tl.rand would spend one
@@ -237,7 +243,7 @@ def dropout_words(seed, rows, cols, LK):
     first, _ = tl.split(tl.reshape(cols, (N // 8, 2, 2, 2)))
     first, _ = tl.split(first)
     first, _ = tl.split(first)  # each group of eight keys' first
-    r0, r1, r2, r3 = tl.randint4x(seed, rows[:, None] * ((LK + 7) // 8) + (first // 8)[None, :])
+    r0, r1, r2, r3 = tl.randint4x(seed, dropout_counter(rows[:, None], (first // 8)[None, :], LK))
     quads = interleaved(interleaved(r0, r2), interleaved(r1, r3))  # word j % 4 for key j // 2
     return interleaved(quads & 0xFFFF, quads >> 16)
 
@@ -245,7 +251,7 @@ def dropout_words(seed, rows, cols, LK):
 @triton.jit
 def dropout_words_at(seed, rows, keys, LK):
     """dropout_words of arbitrary pairs (rows[:, None], keys): a draw each."""
-    r0, r1, r2, r3 = tl.randint4x(seed, rows[:, None] * ((LK + 7) // 8) + keys // 8)
+    r0, r1, r2, r3 = tl.randint4x(seed, dropout_counter(rows[:, None], keys // 8, LK))
     word = (keys % 8) // 2
     word = tl.where(word == 0, r0, tl.where(word == 1, r1, tl.where(word == 2, r2, r3)))
     return tl.where(keys % 2 == 0, word & 0xFFFF, word >> 16)
