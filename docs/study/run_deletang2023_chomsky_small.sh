@@ -15,12 +15,13 @@ out=${OUT:-docs/study/$sweep}
 mkdir -p logs
 relpos-lab sweep "$sweep" --list > /dev/null  # writes runs/$sweep/sweep.json
 python - "$seeds" "$schemes" "$sweep" > "logs/${sweep}_points.txt" <<'PY'
-import json, sys
+import json, os, sys
 seeds, schemes = sys.argv[1].split(), sys.argv[2].split()
 points = json.load(open(f"runs/{sys.argv[3]}/sweep.json"))["points"]
 for seed in seeds:
     for p in points:
-        if p["labels"]["seed"] == seed and (not schemes or p["labels"]["scheme"] in schemes):
+        finished = os.path.exists(os.path.join(p["run_dir"], "results.json"))  # no process start to skip it
+        if p["labels"]["seed"] == seed and (not schemes or p["labels"]["scheme"] in schemes) and not finished:
             print(p["index"])
 PY
 xargs -P 2 -I{} sh -c "relpos-lab sweep $sweep --point {} > logs/$sweep-point-{}.log 2>&1 || echo \"point {} failed: logs/$sweep-point-{}.log\"" < "logs/${sweep}_points.txt"
