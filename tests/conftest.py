@@ -19,6 +19,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """Worker groups (--dist loadgroup). Tests that submit jobs to the SLURM dev cluster run on one
     worker, one after another: the cluster's two nodes are one shared resource. Tests that share
