@@ -9,6 +9,9 @@ if shutil.which("nvidia-smi") is None:
     # Without a GPU, Triton kernels run in Triton's interpreter (tests/test_triton_kernel.py). It
     # is read when triton and the kernels are first imported, so it is set before anything else.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    from interpreter_patching import patch_once_per_launch
+
+    patch_once_per_launch()
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -23,20 +26,32 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 def pytest_collection_modifyitems(config, items):
     """Worker groups (--dist loadgroup). Tests that submit jobs to the SLURM dev cluster run on one
     worker, one after another: the cluster's two nodes are one shared resource. Tests that share
-    a fixture built once per module (a trained run, a compiled kernel) run on one worker, so that
-    it is built once, not once on each worker."""
+    a fixture built once per module or session (a trained run, a compiled kernel) run on one
+    worker, so that it is built once, not once on each worker."""
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif uses_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        elif group := shared_fixture_group(item):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
-def uses_a_module_fixture(item) -> bool:
+def shared_fixture_group(item) -> str | None:
+    """The group of a test that uses one of our fixtures built once per session (the fixture's
+    name: its users may sit in several modules) or once per module (the module's name)."""
     definitions = getattr(item, "_fixtureinfo", None)  # pytest's resolved fixtures of the test
     if definitions is None:
-        return False
-    return any(defs and defs[-1].scope == "module" for defs in definitions.name2fixturedefs.values())
+        return None
+    ours = [defs[-1] for defs in definitions.name2fixturedefs.values() if defs and defined_here(defs[-1].func)]
+    if session := sorted(d.argname for d in ours if d.scope == "session"):
+        return session[0]
+    if any(d.scope == "module" for d in ours):
+        return item.module.__name__
+    return None
+
+
+def defined_here(function) -> bool:
+    code = getattr(function, "__code__", None)
+    return code is not None and Path(code.co_filename).parent == Path(__file__).parent
 
 
 @pytest.fixture

@@ -112,6 +112,7 @@ def finish_and_check(root: Path, run_dir: Path, resumed_at: int, rewound_at_end:
     out = run_cli(*LONG, cwd=root)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "(resuming from last.ckpt)" in out.stdout
+    assert "not resumable" not in out.stderr  # Lightning restores the loader's place in the epoch
     assert the_run_dir(root) == run_dir
     results = json.loads((run_dir / "results.json").read_text())
     assert results["started_at_step"] == resumed_at and results["global_step"] == STEPS

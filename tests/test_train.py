@@ -203,6 +203,7 @@ def test_a_run_being_trained_elsewhere_is_not_trained_twice(trained, monkeypatch
         pass
 
 
+@pytest.mark.slow  # test_rerun.py's SIGKILL case checks the same resume, with one history, by default
 def test_killed_run_resumes_from_last_checkpoint_in_the_same_directory(tmp_path):
     (tmp_path / "tiny.yaml").write_text(TINY)
     args = ["train", "tiny.yaml", "trainer.max_steps=300", "trainer.val_every_n_steps=150",
