@@ -70,17 +70,17 @@ def root(tmp_path: Path) -> Path:
 
 def test_a_scheme_that_breaks_its_contract_in_the_first_step_is_one_line_and_leaves_nothing_behind(root):
     train = ["train", "tiny.yaml", "model.positions.scheme=wide_bias"]
-    for attempt in range(2):  # a retry finds nothing to move aside
-        out = run_cli(root, *train)
-        assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-        assert out.stderr == MESSAGE + "\n", out.stderr[-3000:]
-        assert out.stdout.startswith("Run directory: ") and out.stdout.count("\n") == 1, out.stdout
-        assert not (root / "runs").exists(), list((root / "runs").rglob("*"))  # no W&B run, no .old-<time>
+    out = run_cli(root, *train)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stderr == MESSAGE + "\n", out.stderr[-3000:]
+    assert out.stdout.startswith("Run directory: ") and out.stdout.count("\n") == 1, out.stdout
+    assert not (root / "runs").exists(), list((root / "runs").rglob("*"))  # no W&B run, no .old-<time>
 
-    out = run_cli(root, *train, "-v")
+    out = run_cli(root, *train, "-v")  # the retry, with the traceback: again nothing to move aside
     assert out.returncode == 1
     assert "Traceback (most recent call last)" in out.stderr and "contract.py" in out.stderr
     assert out.stderr.endswith("\n" + MESSAGE + "\n")
+    assert not (root / "runs").exists(), list((root / "runs").rglob("*"))
 
 
 def test_the_projects_own_error_is_found_behind_the_exception_raised_while_handling_it():
