@@ -156,6 +156,7 @@ def test_a_two_task_job_trains_with_ddp_to_completion(workdir, capsys):
     assert "is finished (results.json): nothing to submit" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~28 s; tests/test_extend.py extends a run and checks the script `submit --extend` writes
 def test_a_finished_ddp_run_extended_through_sbatch_continues_one_run(workdir, capsys):
     """`submit --extend` on a finished two-rank run: the job resumes the run's last.ckpt in its own
     directory (no second one) and every step, validation and W&B attempt lands in one history."""
