@@ -161,6 +161,7 @@ from pathlib import Path
 from relpos_lab import cli
 from relpos_lab.api.errors import ConfigError
 from relpos_lab.config import load_config
+from relpos_lab.launch.sweep import load_sweep
 
 root = Path(sys.argv[1])
 checked = 0
@@ -169,8 +170,11 @@ for path in sorted(root.rglob("*.yaml")):
     if group == "sweep":
         continue  # a sweep file is not an experiment; its points are the experiments below
     load_config(path, partial=group != "experiment")
+    if group == "experiment":  # with the groups an experiment is commonly run with
+        load_config(path.stem, ["debug", "model=shaw_small", "trainer=cpu"])
     checked += 1
 assert checked > 10, checked
+load_sweep("shaw2018_abs_vs_rel")  # one sweep: the loader is the same for all, and each point costs ~0.1 s
 assert cli.main(["config", str(root / "experiment" / "reverse_shaw.yaml")]) == 0
 try:
     load_config(root / "experiment" / "reverse_shaw.yaml", ["optim.lrr=1"])
@@ -186,6 +190,7 @@ assert not loaded, loaded
 
 
 def test_reading_and_checking_every_shipped_config_never_imports_lightning():
+    """`relpos-lab config`, every shipped config, a sweep and config errors answer without Lightning."""
     result = subprocess.run([sys.executable, "-c", CONFIG_ONLY, str(REPO / "configs")],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
