@@ -487,22 +487,24 @@ def test_a_sweep_is_found_by_name_and_takes_an_overlay_after_its_options(tmp_pat
     assert manifest["overrides"] == ["debug"] and len(manifest["points"]) == 2
 
 
-def test_configs_lists_every_group_with_descriptions_local_ones_first(tmp_path):
-    import subprocess
-    import sys
+def test_configs_lists_every_group_with_descriptions_local_ones_first(tmp_path, monkeypatch, capsys):
+    from relpos_lab import cli
 
-    env = {**__import__("os").environ, "COLUMNS": "250"}
-    command = [sys.executable, "-m", "relpos_lab", "configs"]
-    out = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    rows = {tuple(cell.strip() for cell in line.split("│")[1:4]) for line in out.stdout.splitlines() if "│" in line}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "250")
+
+    def listing() -> str:
+        assert cli.main(["configs"]) == 0
+        return capsys.readouterr().out
+
+    out = listing()
+    rows = {tuple(cell.strip() for cell in line.split("│")[1:4]) for line in out.splitlines() if "│" in line}
     for path in SHIPPED:
         assert (path.parent.name, path.stem, "shipped") in rows
-    assert "A tiny model trained for a few steps" in out.stdout  # overlay/debug.yaml's first comment line
-    assert "relpos-lab train configs/experiment" not in out.stdout  # a command is no description
+    assert "A tiny model trained for a few steps" in out  # overlay/debug.yaml's first comment line
+    assert "relpos-lab train configs/experiment" not in out  # a command is no description
     write(tmp_path, "configs/experiment/reverse_shaw.yaml", "# My own reverse.\nextends: copy_shaw.yaml\n")
-    out = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    lines = [line for line in out.stdout.splitlines() if "│ reverse_shaw " in line]
+    lines = [line for line in listing().splitlines() if "│ reverse_shaw " in line]
     assert len(lines) == 2 and "local" in lines[0] and "My own reverse." in lines[0]
     assert "shipped (hidden by the local one)" in lines[1]
 
