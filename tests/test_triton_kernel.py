@@ -138,6 +138,16 @@ def test_a_band_in_whole_blocks_matches_too(name, monkeypatch):
     check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
 
 
+@pytest.mark.parametrize("name", ["odd length, shared tables and bias", "padding and causal"])
+def test_a_register_capped_forward_writes_the_same_tables(name, monkeypatch):
+    """With w^K and w^V the forward writes each interior logit over the logit term it has read;
+    under a register cap at the address it computes again (fused.low_registers), else at the
+    load's: that other path, here."""
+    monkeypatch.setattr(fused, "low_registers", lambda meta: True)
+    make_kwargs, check_kwargs = CASES[name]
+    check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
+
+
 @pytest.mark.parametrize("shape", ["prefix (B, 1, Lq, Lk)", "per head (B, H, Lq, Lk)", "shared (Lq, Lk)"])
 def test_dense_masks_are_read_tile_by_tile(shape):
     """A prefix LM's mask (the source sees all of itself, the target is causal) and arbitrary masks."""

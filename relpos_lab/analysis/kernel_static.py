@@ -139,7 +139,7 @@ def _derived(kernel, args: tuple, constexprs: dict, config) -> dict:
     """The launch's constexprs with what the kernel's heuristics derive from them and the config."""
     from relpos_lab.core.attention import fused
 
-    known = {**dict(zip(kernel.arg_names, args)), **constexprs, **config.kwargs}
+    known = {**dict(zip(kernel.arg_names, args)), **constexprs, **config.all_kwargs()}
     return {**constexprs, **{name: rule(known) for name, rule in fused._heuristics(kernel).items()}}
 
 

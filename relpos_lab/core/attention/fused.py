@@ -126,7 +126,17 @@ def _heuristics(kernel) -> dict:
     name = kernel_name(kernel)
     if name == "dkdv":
         return _EVEN
-    return {**_EVEN, "BAND_BLOCK": lambda a: band_block(a["BLOCK_N"], name)}
+    rules = {**_EVEN, "BAND_BLOCK": lambda a: band_block(a["BLOCK_N"], name)}
+    if name == "forward":
+        rules["LOW_REGISTERS"] = lambda a: low_registers(a)
+    return rules
+
+
+def low_registers(meta: dict) -> bool:
+    """Whether the forward runs under a register cap (the autotuner passes a config's `maxnreg`
+    with its kwargs): its band then computes the addresses of its interior stores again rather
+    than keep its loads' (32 registers more: the capped config would spill)."""
+    return bool(meta.get("maxnreg"))
 
 
 _kernels = None
@@ -168,7 +178,7 @@ def _spill_free(kernel, capability: tuple[int, int] | None = None):
             major, minor = capability or torch.cuda.get_device_capability()
             free = []
             for config in configs:
-                known = {**nargs, **kwargs, **config.kwargs}
+                known = {**nargs, **kwargs, **config.all_kwargs()}
                 constexprs = {**kwargs, **{name: rule(known) for name, rule in _heuristics(kernel).items()},
                               **config.kwargs}
                 binary = compiled.compile_for(kernel, tuple(nargs.values()), constexprs, 10 * major + minor,
@@ -305,8 +315,10 @@ class _FusedRelativeAttention(torch.autograd.Function):
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty(b * h * lq, device=q.device, dtype=torch.float32)
         args = _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
-        logits = _label_table(b, h, lq, args, q, needed=rel_k is not None)
         mass = _label_table(b, h, lq, args, q, needed=rel_v is not None)
+        # with both tables the forward writes the masses over its logits (fused_kernels.forward_kernel)
+        logits = mass if rel_k is not None and rel_v is not None else _label_table(b, h, lq, args, q,
+                                                                                  needed=rel_k is not None)
         fwd, _, _, _ = _get_kernels()
         fwd[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)](
             q, k, v, *args["tables"], args["mask"], o, lse, logits, mass,

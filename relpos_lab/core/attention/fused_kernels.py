@@ -27,8 +27,10 @@ constexpr, so that a tile of labels is stored and loaded without bounds checks):
     GRAD   (G)   G_il = Σ_{l(i,j)=l} dS_ij                                written by dq
 
 An interior label l (0 < l < 2k) meets each row at one key only (j = i + l − k), so M and G
-take interior values by plain stores, the edges by row sums (G's label 0 not even that: a row
-of dS sums to zero; its label 2k, off the band, by the tensor cores, dS times a column of ones).
+take interior values by plain stores (in the forward with w^K, M is R's own buffer: each interior
+entry is read by its one pair before that pair's logit is stored over it), the edges by row sums
+(G's label 0 not even that: a row of dS sums to zero; its label 2k, off the band, by the tensor
+cores, dS times a column of ones).
 The tables' gradients are small matmuls outside the kernels (dw^K = scale·Σ Gᵀq, db = Σ G,
 dw^V = Σ Mᵀ dO): no atomics. dq also writes each row's edge terms beside lse and delta
 (EDGE_STATS), so that the dk/dv kernel's plain tiles read them as a flash kernel reads lse.
@@ -192,6 +194,22 @@ def store_interior(table_rows, x, index, max_distance, rows, LQ, EVEN_M: tl.cons
         if not EVEN_M:
             interior = interior & (rows < LQ)[:, None]
         tl.store((table_rows + 1)[:, None] + index, x, mask=interior)
+
+
+@triton.jit
+def store_interior_over(ptrs, x, index, max_distance, rows, LQ, EVEN_M: tl.constexpr):
+    """store_interior at the addresses the tile's logits were just loaded from, when the logit
+    table becomes the mass table: an interior entry is read by its one pair only, so that pair's
+    logit s takes its place, at the load's own address (no address arithmetic per pair)."""
+    if EVEN_M and INLINE_PTX:
+        tl.inline_asm_elementwise("{ .reg .pred p; setp.lt.u32 p, $2, $3; @p st.global.f32 [$1], $4; } mov.u32 $0, 0;",
+                                  "=r,l,r,r,f", [ptrs.to(tl.int64), index, tl.maximum(2 * max_distance - 1, 0), x],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        interior = (index >= 0) & (index < 2 * max_distance - 1)
+        if not EVEN_M:
+            interior = interior & (rows < LQ)[:, None]
+        tl.store(ptrs, x, mask=interior)
 
 
 @triton.jit
@@ -400,10 +418,10 @@ def load_row_stats(lse_ptr, delta_ptr, rows, LQ, EVEN_M: tl.constexpr):
 def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, K_ptr, V_ptr,
                    mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, lo, hi,
                    LQ, LK, D, max_distance, qk_scale, seed, dropout_p,
-                   STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr,
-                   MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
-                   EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, PIPELINED: tl.constexpr,
-                   PRECISION: tl.constexpr):
+                   STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr, IN_PLACE: tl.constexpr,
+                   LOW_REGISTERS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                   EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   PIPELINED: tl.constexpr, PRECISION: tl.constexpr):
     """The online softmax over key tiles [lo, hi) of one stage (acc, l_i, m_i: FlashAttention-2's).
 
     The value term's masses, unnormalised like acc: m_hi sums label 2k; m_lo sums every other
@@ -420,13 +438,18 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
             offset = pair_offsets(rows_abs, cols)
             distance = clipped(offset, max_distance)
             s = qk * qk_scale
+            logit_ptrs = (logit_rows + max_distance)[:, None] + distance
             if HAS_LOGITS:
-                s += load_by_row((logit_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M)
+                s += load_by_row(logit_ptrs, rows, LQ, EVEN_M)
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
             row_max = tl.max(s, 1)
-            if HAS_RV:  # interior logits by label
-                store_interior(mass_rows, s, interior_index(rows_abs, cols, max_distance), max_distance, rows, LQ,
-                               EVEN_M)
+            if HAS_RV:  # interior logits by label (with w^K: over the logit terms just read)
+                if IN_PLACE and not LOW_REGISTERS:
+                    store_interior_over(logit_ptrs, s, interior_index(rows_abs, cols, max_distance), max_distance,
+                                        rows, LQ, EVEN_M)
+                else:
+                    store_interior(mass_rows, s, interior_index(rows_abs, cols, max_distance), max_distance, rows,
+                                   LQ, EVEN_M)
                 at_hi = offset >= max_distance
         else:
             # One label per side: its logit term r_edge is a row offset.
@@ -488,9 +511,11 @@ def forward_kernel(
         MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-        PRECISION: tl.constexpr):
+        PRECISION: tl.constexpr, LOW_REGISTERS: tl.constexpr):
     """One program: query block start_m of one (batch, head). Writes its rows of O, of the
-    log-sum-exp (base 2) and of the mass table; the logit table is its scratch."""
+    log-sum-exp (base 2) and of the mass table; the logit table is its scratch (with w^K and
+    w^V the same rows: the masses are written over the logits). LOW_REGISTERS (a config with a
+    register cap): the band computes its stores' addresses again rather than keep its loads'."""
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -510,6 +535,10 @@ def forward_kernel(
                                rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, EVEN_M, PRECISION)
     if HAS_RK:
         tl.debug_barrier()
+    # With w^K and w^V one table (the launch passes one buffer as both): the band stores each
+    # interior logit over the logit term it has just read (read by that pair alone), the epilogue
+    # the masses over those.
+    IN_PLACE: tl.constexpr = HAS_RK and HAS_RV
     mass_rows = MASS + table_offset + rows * (LABELS + 1)
 
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -529,8 +558,9 @@ def forward_kernel(
                 mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
                 bounds[PART_FROM[part]], bounds[PART_FROM[part] + 1],
                 LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
-                STAGE=PART_STAGE[part], HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, MASK=MASK, CAUSAL=CAUSAL,
-                HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+                STAGE=PART_STAGE[part], HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, IN_PLACE=IN_PLACE,
+                LOW_REGISTERS=LOW_REGISTERS, MASK=MASK,
+                CAUSAL=CAUSAL, HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
                 BLOCK_N=BLOCK_N if PART_STAGE[part] != BAND and not PART_FRINGE[part] else BAND_BLOCK,
                 PIPELINED=PART_STAGE[part] != BAND and not PART_FRINGE[part], PRECISION=PRECISION)
 
