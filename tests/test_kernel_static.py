@@ -141,6 +141,40 @@ def test_the_autotuner_times_only_configs_that_do_not_spill():
     assert out["kept"] == spill_free
 
 
+@pytest.mark.slow  # five compiles for sm_80, ~30 s
+def test_a_forward_config_that_spills_is_offered_with_the_bands_addresses_recomputed():
+    """The forward keeps its band's load addresses for the stores over the logit table (32
+    registers); with causality and dropout on sm_80 64/128 then spills, and the autotuner is
+    offered its low_register_variant, which does not. The capped config, low already, is dropped."""
+    code = """if True:
+        import json
+        from relpos_lab.analysis import kernel_static as ks
+        from relpos_lab.core.attention import fused
+        case = ks.Case("shaw k=16 causal dropout 0.1", causal=True, dropout_p=0.1)
+        kernel, args, kwargs = ks.fused_launches(case, 2048)[0]
+        configs = [c for c in fused._configs("forward") if c.kwargs["BLOCK_N"] == 128 or c.maxnreg]
+        kept = fused._spill_free(kernel, capability=(8, 0))(configs, dict(zip(kernel.arg_names, args)), **kwargs)
+        stacks = [ks._measure_fused_kernel(kernel, "forward", case, args, kwargs, c, 80).stack_bytes
+                  for c in configs + kept]
+        print(json.dumps({"kept": [[c.kwargs, c.maxnreg] for c in kept], "stacks": stacks}))
+    """
+    out = compiled_subprocess(code)
+    assert out["stacks"][0] > 0 and out["stacks"][1] > 0, out  # 64/128 and the capped 64/64 spill
+    assert out["kept"] == [[{"BLOCK_M": 64, "BLOCK_N": 128, "LOW_REGISTERS": True}, None]], out
+    assert out["stacks"][2] == 0, out
+
+
+def test_a_low_register_variant_keeps_the_blocks_and_a_capped_config_needs_none():
+    from relpos_lab.core.attention import fused
+
+    plain, capped = fused._configs("forward")[0], [c for c in fused._configs("forward") if c.maxnreg][0]
+    variant = fused.low_register_variant(plain)
+    assert variant.kwargs == {**plain.kwargs, "LOW_REGISTERS": True}
+    assert (variant.num_warps, variant.num_stages, variant.maxnreg) == (plain.num_warps, plain.num_stages, None)
+    assert fused.low_registers(variant.all_kwargs()) and fused.low_registers(capped.all_kwargs())
+    assert not fused.low_registers(plain.all_kwargs()) and fused.low_register_variant(capped) is None
+
+
 @pytest.mark.slow  # one compile, ~1 min
 def test_dkdv_has_a_config_that_does_not_spill_on_ampere_with_causality_and_dropout():
     """Causal with dropout, every 3-stage config of dk/dv (and of the control) spills on sm_80:

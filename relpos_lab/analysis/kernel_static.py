@@ -42,7 +42,7 @@ class Case:
 class Record:
     kernel: str  # forward, dq, dkdv
     case: str
-    config: str  # BM/BN/warps/stages, "/r<N>" where registers are capped at N (maxnreg)
+    config: str  # BM/BN/warps/stages, "/r<N>" where registers are capped at N (maxnreg), "/low": LOW_REGISTERS
     sm: int
     registers: int
     stack_bytes: int
@@ -80,7 +80,8 @@ def measure(kernel, name: str, case: Case, args: tuple, constexprs: dict, config
         raise RuntimeError(f"{name}: {len(loops)} tile loops, expected at most {len(stages)} ({stages})")
     body = dict(zip(stages, loops))
     label = (f"{config.kwargs['BLOCK_M']}/{config.kwargs['BLOCK_N']}/{config.num_warps}/{config.num_stages}"
-             + (f"/r{config.maxnreg}" if config.maxnreg else ""))
+             + (f"/r{config.maxnreg}" if config.maxnreg else "")
+             + ("/low" if config.kwargs.get("LOW_REGISTERS") else ""))
     return Record(name, case.name, label, sm, registers, stack, compiled.metadata.shared, body,
                   total - sum(loops))
 
@@ -156,6 +157,9 @@ def measure_fused(case: Case, sm: int, length: int = 2048) -> list[Record]:
     for (kernel, args, kwargs), name in zip(fused_launches(case, length), ("forward", "dq", "dkdv")):
         for config in fused._configs(name):
             records.append(_measure_fused_kernel(kernel, name, case, args, kwargs, config, sm))
+            variant = fused.low_register_variant(config) if name == "forward" and records[-1].stack_bytes else None
+            if variant is not None:  # what the autotuner is offered instead (fused._spill_free)
+                records.append(_measure_fused_kernel(kernel, name, case, args, kwargs, variant, sm))
     return records
 
 

@@ -133,10 +133,19 @@ def _heuristics(kernel) -> dict:
 
 
 def low_registers(meta: dict) -> bool:
-    """Whether the forward runs under a register cap (the autotuner passes a config's `maxnreg`
-    with its kwargs): its band then computes the addresses of its interior stores again rather
-    than keep its loads' (32 registers more: the capped config would spill)."""
-    return bool(meta.get("maxnreg"))
+    """Whether the forward's band computes the addresses of its interior stores again rather than
+    keep its loads' (32 registers fewer): under a register cap (the autotuner passes a config's
+    `maxnreg` with its kwargs), or in a config's `low_register_variant`."""
+    return bool(meta.get("LOW_REGISTERS", meta.get("maxnreg")))
+
+
+def low_register_variant(config):
+    """The forward `config` with LOW_REGISTERS, which `_spill_free` offers where the config spills
+    (None where it has it already)."""
+    if low_registers(config.all_kwargs()):
+        return None
+    return triton.Config({**config.kwargs, "LOW_REGISTERS": True}, num_warps=config.num_warps,
+                         num_stages=config.num_stages, maxnreg=config.maxnreg)
 
 
 _kernels = None
@@ -166,8 +175,9 @@ def _get_kernels():
 def _spill_free(kernel, capability: tuple[int, int] | None = None):
     """The autotuner's early_config_prune for `kernel`: of the configs, those whose compiled
     kernel spills nothing to the stack on this GPU (`capability`: another one's), so that a
-    config the autotuner times can never be one that spills; all of them if every one does, or
-    if the check cannot run. It compiles each config once more, statically (`compiled.py`),
+    config the autotuner times can never be one that spills (a forward config that spills is
+    offered as its `low_register_variant` where that does not); all of them if every one does,
+    or if the check cannot run. It compiles each config once more, statically (`compiled.py`),
     once per autotuning key and then from Triton's cache."""
     def prune(configs: list, nargs: dict, **kwargs) -> list:
         from relpos_lab.core.attention import compiled
@@ -176,15 +186,23 @@ def _spill_free(kernel, capability: tuple[int, int] | None = None):
             return configs
         try:
             major, minor = capability or torch.cuda.get_device_capability()
-            free = []
-            for config in configs:
+
+            def spills(config) -> bool:
                 known = {**nargs, **kwargs, **config.all_kwargs()}
                 constexprs = {**kwargs, **{name: rule(known) for name, rule in _heuristics(kernel).items()},
                               **config.kwargs}
                 binary = compiled.compile_for(kernel, tuple(nargs.values()), constexprs, 10 * major + minor,
                                               config.num_warps, config.num_stages, config.maxnreg)
-                if compiled.resources(binary)[1] == 0:
-                    free.append(config)
+                return compiled.resources(binary)[1] > 0
+
+            free = []
+            for config in configs:
+                if spills(config):
+                    variant = low_register_variant(config) if kernel is kernels.forward_kernel else None
+                    if variant is None or spills(variant):
+                        continue
+                    config = variant  # the same blocks with the band's addresses recomputed
+                free.append(config)
         except Exception as error:  # the check must never keep the kernel from running
             warnings.warn(f"impl='triton': could not check the autotune configs for spills ({error!r}); "
                           "all of them are timed", RuntimeWarning, stacklevel=2)
