@@ -122,7 +122,8 @@ def kernel_name(kernel) -> str:
 
 
 def _heuristics(kernel) -> dict:
-    """EVEN_* from the lengths and the config; the forward's and dq's band tile length."""
+    """EVEN_* from the lengths and the config; the forward's and dq's band tile length; the
+    forward's LOW_REGISTERS."""
     name = kernel_name(kernel)
     if name == "dkdv":
         return _EVEN

@@ -514,8 +514,9 @@ def forward_kernel(
         PRECISION: tl.constexpr, LOW_REGISTERS: tl.constexpr):
     """One program: query block start_m of one (batch, head). Writes its rows of O, of the
     log-sum-exp (base 2) and of the mass table; the logit table is its scratch (with w^K and
-    w^V the same rows: the masses are written over the logits). LOW_REGISTERS (a config with a
-    register cap): the band computes its stores' addresses again rather than keep its loads'."""
+    w^V the same rows: the launch passes one buffer as LOGITS and MASS). LOW_REGISTERS
+    (`fused.low_registers`): the band computes its stores' addresses again rather than keep its
+    loads'."""
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
