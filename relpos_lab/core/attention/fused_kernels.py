@@ -190,10 +190,16 @@ def store_interior(table_rows, x, index, max_distance, rows, LQ, EVEN_M: tl.cons
                                   [(table_rows + 1).to(tl.int64)[:, None], index,
                                    tl.maximum(2 * max_distance - 1, 0), x], dtype=tl.int32, is_pure=False, pack=1)
     else:
-        interior = (index >= 0) & (index < 2 * max_distance - 1)
-        if not EVEN_M:
-            interior = interior & (rows < LQ)[:, None]
-        tl.store((table_rows + 1)[:, None] + index, x, mask=interior)
+        tl.store((table_rows + 1)[:, None] + index, x, mask=interior_pairs(index, max_distance, rows, LQ, EVEN_M))
+
+
+@triton.jit
+def interior_pairs(index, max_distance, rows, LQ, EVEN_M: tl.constexpr):
+    """The pairs of a band tile with an interior label (`interior_index` in 0..2k−2), in rows below Lq."""
+    interior = (index >= 0) & (index < 2 * max_distance - 1)
+    if not EVEN_M:
+        interior = interior & (rows < LQ)[:, None]
+    return interior
 
 
 @triton.jit
@@ -206,10 +212,7 @@ def store_interior_over(ptrs, x, index, max_distance, rows, LQ, EVEN_M: tl.const
                                   "=r,l,r,r,f", [ptrs.to(tl.int64), index, tl.maximum(2 * max_distance - 1, 0), x],
                                   dtype=tl.int32, is_pure=False, pack=1)
     else:
-        interior = (index >= 0) & (index < 2 * max_distance - 1)
-        if not EVEN_M:
-            interior = interior & (rows < LQ)[:, None]
-        tl.store(ptrs, x, mask=interior)
+        tl.store(ptrs, x, mask=interior_pairs(index, max_distance, rows, LQ, EVEN_M))
 
 
 @triton.jit
