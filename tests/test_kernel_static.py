@@ -193,9 +193,12 @@ def test_dkdv_has_a_config_that_does_not_spill_on_ampere_with_causality_and_drop
 
 
 def test_the_shaw_default_compiles_for_hopper_with_every_stage_a_loop(shaw_default):
-    """dq's band is cut in 32-key tiles within 64-key ones: fringes of plain 32-key tiles join them."""
-    for name in ("forward", "dkdv"):
-        assert set(shaw_default[name]["loops"]) == {"band", "left", "right"}, name
+    """The forward's 64-key band tiles start at a multiple of 32: narrow fringes of plain 32-key
+    tiles join them to the 64-key ones. dq's band is cut in 32-key tiles within 64-key ones:
+    (wide) fringes of plain 32-key tiles join them."""
+    assert set(shaw_default["dkdv"]["loops"]) == {"band", "left", "right"}
+    assert set(shaw_default["forward"]["loops"]) == {"band", "left narrow fringe", "left", "right narrow fringe",
+                                                     "right"}
     assert set(shaw_default["dq"]["loops"]) == {"band", "left fringe", "left", "right fringe", "right"}
     assert shaw_default["forward"]["config"] == "128/64/8/3"
 

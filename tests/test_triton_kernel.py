@@ -138,6 +138,25 @@ def test_a_band_in_whole_blocks_matches_too(name, monkeypatch):
     check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
 
 
+NARROW_FRINGE_CASES = {
+    **{name: CASES[name] for name in ("odd length, shared tables and bias", "k = 16", "cross lengths",
+                                      "padding and causal")},
+    "lengths that fill the blocks": (dict(lq=64, b=1), dict(kmax=4)),
+}
+
+
+@pytest.mark.parametrize("name", NARROW_FRINGE_CASES)
+def test_a_band_from_a_narrow_fringes_boundary_matches_too(name, monkeypatch):
+    """On a GPU the band's 64-key tiles start at a multiple of 32, with 32-key fringes beside
+    them, and end at Lk where the lengths fill the blocks; here 16-key band tiles from a
+    multiple of 8, in 32-key blocks: band, wide and narrow fringes and the band moved back from
+    Lk, as compiled."""
+    monkeypatch.setattr(fused, "_INTERPRETER_BLOCKS", {"BLOCK_M": 16, "BLOCK_N": 32})
+    monkeypatch.setattr(fused, "BAND_CAP", {"forward": 16, "dq": 16})
+    make_kwargs, check_kwargs = NARROW_FRINGE_CASES[name]
+    check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
+
+
 @pytest.mark.parametrize("name", ["odd length, shared tables and bias", "padding and causal"])
 def test_a_register_capped_forward_writes_the_same_tables(name, monkeypatch):
     """With w^K and w^V the forward writes each interior logit over the logit term it has read;

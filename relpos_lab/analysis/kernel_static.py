@@ -144,7 +144,7 @@ def _derived(kernel, args: tuple, constexprs: dict, config) -> dict:
     return {**constexprs, **{name: rule(known) for name, rule in fused._heuristics(kernel).items()}}
 
 
-KEY_PARTS = ["band", "left fringe", "left", "right fringe", "right"]
+KEY_PARTS = ["band", "left fringe", "left narrow fringe", "left", "right narrow fringe", "right fringe", "right"]
 """The forward's and dq's key loops in code order (fused_kernels.PART_*)."""
 CONTROL_STAGES = ["full", "diagonal"]
 
@@ -170,7 +170,8 @@ def _measure_fused_kernel(kernel, name: str, case: Case, args: tuple, kwargs: di
     stages = ["band", "left", "right"]
     if name != "dkdv":  # the key loops that are compiled at all, in code order
         stages = [part for index, part in enumerate(KEY_PARTS)
-                  if kernels.runs.fn(index, case.causal, config.kwargs["BLOCK_N"], constexprs["BAND_BLOCK"])]
+                  if kernels.runs.fn(index, case.causal, config.kwargs["BLOCK_N"], constexprs["BAND_BLOCK"],
+                                     constexprs["FRINGE_BLOCK"])]
     return measure(kernel, name, case, args, constexprs, config, sm, stages)
 
 
@@ -200,7 +201,8 @@ def measure_control(case: Case, sm: int, length: int = 2048) -> list[Record]:
 def _tiles(name: str, stage_fn, length: int, max_distance: int, causal: bool, block_m: int, block_n: int,
            control: bool) -> list[dict]:
     """Per program of one (batch, head): how many tiles each stage runs, from the kernels' own bounds."""
-    from relpos_lab.core.attention.fused import band_block
+    from relpos_lab.core.attention import fused_kernels as kernels
+    from relpos_lab.core.attention.fused import band_block, fringe_block
 
     out = []
     if name in ("forward", "dq"):
@@ -209,12 +211,14 @@ def _tiles(name: str, stage_fn, length: int, max_distance: int, causal: bool, bl
                 diagonal_lo, hi = stage_fn(m0, length, causal, block_m, block_n)
                 out.append({"full": -(-diagonal_lo // block_n), "diagonal": -(-(hi - diagonal_lo) // block_n)})
             else:
-                bb = band_block(block_n, name)
-                _, left_hi, band_lo, band_hi, right_lo, hi = stage_fn(m0, 0, length, max_distance, causal, block_m,
-                                                                      block_n, bb)
-                out.append({"band": -(-(band_hi - band_lo) // bb), "left fringe": -(-(band_lo - left_hi) // bb),
-                            "left": -(-left_hi // block_n), "right fringe": -(-(right_lo - band_hi) // bb),
-                            "right": -(-(hi - right_lo) // block_n)})
+                bb, fb = band_block(block_n, name), fringe_block(block_n, name)
+                bounds = stage_fn(m0, 0, length, max_distance, causal, block_m, block_n, bb, fb)
+                tiles = {}
+                for part, name_ in enumerate(KEY_PARTS):
+                    start = bounds[kernels.PART_FROM.value[part]]
+                    width = kernels.part_width(part, block_n, bb, fb)
+                    tiles[name_] = max(-(-(bounds[kernels.PART_FROM.value[part] + 1] - start) // width), 0)
+                out.append(tiles)
     else:
         for n0 in range(0, length, block_n):
             if control:

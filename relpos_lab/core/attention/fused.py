@@ -115,6 +115,17 @@ def band_block(block_n: int, kernel: str) -> int:
     return min(block_n, BAND_CAP[kernel])
 
 
+FRINGE_CAP = 8 if HAS_TRITON and INTERPRETED else 32
+"""The narrow fringes' tiles are at most this many keys, and the band starts at a multiple of
+it: with BAND_BLOCK 64, the band of a 64-row block with k = 16 is two tiles from a multiple of
+32, not three from a multiple of 64 (`bench kernel --static`)."""
+
+
+def fringe_block(block_n: int, kernel: str) -> int:
+    """FRINGE_BLOCK of the "forward" or "dq" kernel in a config with `block_n`."""
+    return min(band_block(block_n, kernel), FRINGE_CAP)
+
+
 def kernel_name(kernel) -> str:
     """"forward", "dq" or "dkdv": the name `_configs` and `band_block` know a kernel by."""
     return {kernels.forward_kernel: "forward", kernels.backward_dq_kernel: "dq",
@@ -127,7 +138,8 @@ def _heuristics(kernel) -> dict:
     name = kernel_name(kernel)
     if name == "dkdv":
         return _EVEN
-    rules = {**_EVEN, "BAND_BLOCK": lambda a: band_block(a["BLOCK_N"], name)}
+    rules = {**_EVEN, "BAND_BLOCK": lambda a: band_block(a["BLOCK_N"], name),
+             "FRINGE_BLOCK": lambda a: fringe_block(a["BLOCK_N"], name)}
     if name == "forward":
         rules["LOW_REGISTERS"] = lambda a: low_registers(a)
     return rules

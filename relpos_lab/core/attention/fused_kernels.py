@@ -14,8 +14,9 @@ can need, is applied there alone. The band's loop is not software-pipelined: it 
 long, a pipeline's prologue would cost more than it hides, and its label loads would be copied
 through shared memory (`bench kernel --static` measures both). In the forward and dq the band's
 tiles are BAND_BLOCK keys (`fused.band_block`: 64 and 32), narrower than BN: a 128-key band tile
-spills, and a narrow band holds fewer pairs that need no label. Fringes of plain BAND_BLOCK
-tiles join it to the BN-aligned plain stages (`key_stages`).
+spills, and a narrow band holds fewer pairs that need no label. It starts at a multiple of
+FRINGE_BLOCK (32), and fringes of plain BAND_BLOCK and FRINGE_BLOCK tiles join it to the
+BN-aligned plain stages (`key_stages`).
 
 Per-pair label work goes through small tables in memory, one row per query row, read and written
 at `row · (LABELS + 1) + l(i, j)` (L1-resident, and no register gather; LABELS + 1 ≥ 2k + 1, a
@@ -28,7 +29,8 @@ constexpr, so that a tile of labels is stored and loaded without bounds checks):
 
 An interior label l (0 < l < 2k) meets each row at one key only (j = i + l − k), so M and G
 take interior values by plain stores (in the forward with w^K, M is R's own buffer: each interior
-entry is read by its one pair before that pair's logit is stored over it), the edges by row sums
+entry is read by its one pair before that pair's logit is stored over it, −inf where dropout drops
+the pair, so that the epilogue needs no draw of its own), the edges by row sums
 (G's label 0 not even that: a row of dS sums to zero; its label 2k, off the band, by the tensor
 cores, dS times a column of ones).
 The tables' gradients are small matmuls outside the kernels (dw^K = scale·Σ Gᵀq, db = Σ G,
@@ -55,42 +57,70 @@ LEFT = tl.constexpr(1)
 RIGHT = tl.constexpr(2)
 
 
-# A query block's key loops in code order: the band, LEFT's fringe and BN tiles, RIGHT's fringe
-# and BN tiles. Each runs [bounds[PART_FROM], bounds[PART_FROM + 1]) of `key_stages`.
-PART_STAGE = tl.constexpr((0, 1, 1, 2, 2))
-PART_FRINGE = tl.constexpr((False, True, False, True, False))
-PART_FROM = tl.constexpr((2, 1, 0, 3, 4))
+# A query block's key loops in code order: the band; LEFT's wide fringe, narrow fringe and BN
+# tiles; RIGHT's narrow fringe, wide fringe and BN tiles. Each runs [bounds[PART_FROM],
+# bounds[PART_FROM + 1]) of `key_stages` in tiles of its kind's width (BAND_TILES and WIDE:
+# BAND_BLOCK, NARROW: FRINGE_BLOCK, PLAIN: BN).
+BAND_TILES = tl.constexpr(0)
+WIDE = tl.constexpr(1)
+NARROW = tl.constexpr(2)
+PLAIN = tl.constexpr(3)
+PART_STAGE = tl.constexpr((0, 1, 1, 1, 2, 2, 2))
+PART_KIND = tl.constexpr((0, 1, 2, 3, 2, 1, 3))
+PART_FROM = tl.constexpr((3, 1, 2, 0, 4, 5, 6))
 
 
 @triton.jit
-def runs(part: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr):
-    """Whether a key loop is compiled at all: fringes only where the band's tiles are narrower
-    than BN, RIGHT's loops only without causality (its keys are the future)."""
-    return (not PART_FRINGE[part] or BAND_BLOCK < BLOCK_N) and not (CAUSAL and PART_STAGE[part] == RIGHT)
+def runs(part: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr,
+         FRINGE_BLOCK: tl.constexpr):
+    """Whether a key loop is compiled at all: wide fringes only where the band's tiles are
+    narrower than BN, narrow ones where a fringe tile is narrower still (never with causality,
+    whose band keeps BAND_BLOCK's alignment), RIGHT's loops only without causality (its keys are
+    the future)."""
+    kind: tl.constexpr = PART_KIND[part]
+    return ((kind != WIDE or BAND_BLOCK < BLOCK_N) and (kind != NARROW or (FRINGE_BLOCK < BAND_BLOCK and not CAUSAL))
+            and not (CAUSAL and PART_STAGE[part] == RIGHT))
+
+
+@triton.constexpr_function
+def part_width(part, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK):
+    """The keys of a key loop's tiles."""
+    kind = PART_KIND.value[part]
+    return BLOCK_N if kind == PLAIN.value else (FRINGE_BLOCK if kind == NARROW.value else BAND_BLOCK)
 
 
 @triton.jit
 def key_stages(m0, OFFSET, LK, max_distance, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr):
-    """(0, left_hi, band_lo, band_hi, right_lo, hi): the key bounds of query block [m0, m0 + BM).
-    The band [band_lo, band_hi) is aligned to BAND_BLOCK, the plain stages' BN tiles to BN, and a
-    fringe of BAND_BLOCK tiles joins them: LEFT is [0, left_hi) + [left_hi, band_lo), RIGHT
-    [band_hi, right_lo) + [right_lo, hi). A fringe tile does a plain tile's work on fewer keys
-    (its per-tile costs weigh a little more), a band tile about twice that: the band holds only
-    the tiles that have labels to read. Plain integer arithmetic, so `bench kernel --static`
-    counts tiles by calling it from Python (`.fn`)."""
+               BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, FRINGE_BLOCK: tl.constexpr):
+    """(0, left_hi, left_narrow, band_lo, band_hi, right_wide, right_lo, hi): the key bounds of
+    query block [m0, m0 + BM). The band [band_lo, band_hi) is the fewest BAND_BLOCK tiles, from
+    a FRINGE_BLOCK boundary, that hold every key with an interior label (with k = 16, BM = 64:
+    two tiles of 64 from a multiple of 32, where a multiple of 64 needs three); it ends at Lk at
+    the latest where Lk is a multiple of FRINGE_BLOCK. The plain stages' BN tiles are aligned
+    to BN, and fringes join them to the band: LEFT is [0, left_hi) + [left_hi, left_narrow) in
+    BAND_BLOCK tiles + [left_narrow, band_lo) in FRINGE_BLOCK tiles; RIGHT [band_hi, right_wide)
+    in FRINGE_BLOCK tiles + [right_wide, right_lo) in BAND_BLOCK tiles + [right_lo, hi). A fringe
+    tile does a plain tile's work on fewer keys (its per-tile costs weigh a little more), a band
+    tile about twice that: the band holds only the tiles that have labels to read. With
+    causality the band runs to the diagonal, aligned to BAND_BLOCK. Plain integer arithmetic,
+    so `bench kernel --static` counts tiles by calling it from Python (`.fn`)."""
     a0 = m0 + OFFSET
     a1 = a0 + BLOCK_M - 1
     hi = LK
-    if CAUSAL:
-        hi = max(min(LK, a1 + 1), 0)
-    band_lo = min(max(a0 - max_distance + 1, 0) // BAND_BLOCK * BAND_BLOCK, hi)
-    band_hi = max(min((a1 + max_distance + BAND_BLOCK - 1) // BAND_BLOCK * BAND_BLOCK, hi), band_lo)
     if CAUSAL:  # the diagonal's tiles need the causal mask: they are band tiles, whatever k
+        hi = max(min(LK, a1 + 1), 0)
+        band_lo = min(max(a0 - max_distance + 1, 0) // BAND_BLOCK * BAND_BLOCK, hi)
         band_hi = hi
+    else:
+        band_lo = min(max(a0 - max_distance + 1, 0) // FRINGE_BLOCK * FRINGE_BLOCK, hi)
+        tiles = (max(min(a1 + max_distance, hi) - band_lo, 0) + BAND_BLOCK - 1) // BAND_BLOCK
+        band_lo = max(band_lo - max(band_lo + tiles * BAND_BLOCK - hi, 0) // FRINGE_BLOCK * FRINGE_BLOCK, 0)
+        band_hi = band_lo + tiles * BAND_BLOCK
     left_hi = band_lo // BLOCK_N * BLOCK_N
+    left_narrow = band_lo // BAND_BLOCK * BAND_BLOCK
     right_lo = min((band_hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N, hi)
-    return 0, left_hi, band_lo, band_hi, right_lo, hi
+    right_wide = min((band_hi + BAND_BLOCK - 1) // BAND_BLOCK * BAND_BLOCK, right_lo)
+    return 0, left_hi, left_narrow, band_lo, band_hi, right_wide, right_lo, hi
 
 
 @triton.jit
@@ -156,6 +186,18 @@ def store_by_row(ptrs, x, rows, LQ, EVEN_M: tl.constexpr):
         tl.store(ptrs, x)
     else:
         tl.store(ptrs, x, mask=(rows < LQ)[:, None])
+
+
+@triton.jit
+def stored_by_row(ptrs, x, rows, LQ, EVEN_M: tl.constexpr):
+    """x, after a `store_by_row` of it: a store the caller orders by using its result. Compiled, the
+    PTX is pure, so that a tile whose layout holds each element in several registers (a narrow
+    tile in a wide dot's layout) is stored once per element, not once per copy."""
+    if EVEN_M and INLINE_PTX:
+        return tl.inline_asm_elementwise("st.global.f32 [$1], $2; mov.b32 $0, $2;", "=f,l,f",
+                                         [ptrs.to(tl.int64), x], dtype=tl.float32, is_pure=True, pack=1)
+    store_by_row(ptrs, x, rows, LQ, EVEN_M)
+    return x
 
 
 @triton.jit
@@ -270,15 +312,6 @@ def dropout_words(seed, rows, cols, LK):
 
 
 @triton.jit
-def dropout_words_at(seed, rows, keys, LK):
-    """dropout_words of arbitrary pairs (rows[:, None], keys): a draw each."""
-    r0, r1, r2, r3 = tl.randint4x(seed, dropout_counter(rows[:, None], keys // 8, LK))
-    word = (keys % 8) // 2
-    word = tl.where(word == 0, r0, tl.where(word == 1, r1, tl.where(word == 2, r2, r3)))
-    return tl.where(keys % 2 == 0, word & 0xFFFF, word >> 16)
-
-
-@triton.jit
 def kept_under(words, dropout_p):
     """Dropout keeps a pair whose 16-bit word is at least round(p·2¹⁶): with probability within
     2⁻¹⁷ of 1 − p (the output is scaled by 1/(1 − p)), from an eighth of a Philox draw."""
@@ -286,10 +319,16 @@ def kept_under(words, dropout_p):
 
 
 @triton.jit
+def kept_pairs(seed, rows, cols, LK, dropout_p):
+    """(BM, BN) which pairs of a tile dropout keeps."""
+    return kept_under(dropout_words(seed, rows, cols, LK), dropout_p)
+
+
+@triton.jit
 def dropped(x, seed, rows, cols, LK, dropout_p, HAS_DROPOUT: tl.constexpr):
     """x under attention dropout: zero where the pair's word (dropout_words) is below p·2¹⁶, else x / (1 − p)."""
     if HAS_DROPOUT:
-        x = tl.where(kept_under(dropout_words(seed, rows, cols, LK), dropout_p), x / (1.0 - dropout_p), 0.0)
+        x = tl.where(kept_pairs(seed, rows, cols, LK, dropout_p), x / (1.0 - dropout_p), 0.0)
     return x
 
 
@@ -341,12 +380,11 @@ def interior_of(table_rows, rows, rows_abs, labels, max_distance, LQ, LK, other,
     band visited (j = i + l − k); `other` for the rest, whose entries may be stale. Every
     address stays in the (padded) row."""
     label = labels[None, :] + 1
-    key = rows_abs[:, None] + label - max_distance
-    ok = (label < 2 * max_distance) & (key >= 0) & (key < LK)
+    first = max_distance - rows_abs  # the label of key 0
+    end = tl.minimum(max_distance + 1 if CAUSAL else 2 * max_distance, first + LK)  # past the last one
+    ok = (label - first[:, None]).to(tl.uint32) < tl.maximum(end - first, 0).to(tl.uint32)[:, None]
     if not EVEN_M:
         ok = ok & (rows < LQ)[:, None]
-    if CAUSAL:
-        ok = ok & (label <= max_distance)
     return tl.where(ok, load_by_row(table_rows[:, None] + label, rows, LQ, EVEN_M), other)
 
 
@@ -428,7 +466,8 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
     """The online softmax over key tiles [lo, hi) of one stage (acc, l_i, m_i: FlashAttention-2's).
 
     The value term's masses, unnormalised like acc: m_hi sums label 2k; m_lo sums every other
-    label (the band's interior is taken out at the end, from the logits it stores by label).
+    label (the band's interior is taken out at the end, from the logits it stores by label); only
+    with dropout, which takes mass out of the pairs and not out of l_i: without, m_lo = l_i − m_hi.
     With dropout, off the band, the kept mass is summed by the tensor cores with P·V: p times a
     column of ones, in `kept`, rescaled like acc."""
     kept = tl.zeros((rows.shape[0], 16), dtype=tl.float32)  # the stage's kept mass, 16 times over
@@ -446,13 +485,18 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
                 s += load_by_row(logit_ptrs, rows, LQ, EVEN_M)
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
             row_max = tl.max(s, 1)
-            if HAS_RV:  # interior logits by label (with w^K: over the logit terms just read)
+            if HAS_RV:  # interior logits by label (with w^K: over the logit terms just read), −inf if dropped
+                if HAS_DROPOUT:
+                    keep = kept_pairs(seed, rows, cols, LK, dropout_p)
+                    stored = tl.where(keep, s, float("-inf"))
+                else:
+                    stored = s
                 if IN_PLACE and not LOW_REGISTERS:
-                    store_interior_over(logit_ptrs, s, interior_index(rows_abs, cols, max_distance), max_distance,
+                    store_interior_over(logit_ptrs, stored, interior_index(rows_abs, cols, max_distance), max_distance,
                                         rows, LQ, EVEN_M)
                 else:
-                    store_interior(mass_rows, s, interior_index(rows_abs, cols, max_distance), max_distance, rows,
-                                   LQ, EVEN_M)
+                    store_interior(mass_rows, stored, interior_index(rows_abs, cols, max_distance), max_distance,
+                                   rows, LQ, EVEN_M)
                 at_hi = offset >= max_distance
         else:
             # One label per side: its logit term r_edge is a row offset.
@@ -469,7 +513,10 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
             p = tl.exp2(qk * qk_scale - (m_safe - r_edge)[:, None])
         row_sum = tl.sum(p, 1)
         l_i = l_i * alpha + row_sum
-        p = dropped(p, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)  # after the normaliser
+        if STAGE == BAND and HAS_RV and HAS_DROPOUT:  # after the normaliser
+            p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
+        else:
+            p = dropped(p, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
         v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         if HAS_RV:
@@ -477,7 +524,8 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
                 if HAS_DROPOUT:
                     row_sum = tl.sum(p, 1)
                 hi_part = tl.sum(tl.where(at_hi, p, 0.0), 1)
-                m_lo = m_lo * alpha + (row_sum - hi_part)
+                if HAS_DROPOUT:
+                    m_lo = m_lo * alpha + (row_sum - hi_part)
                 m_hi = m_hi * alpha + hi_part
             elif HAS_DROPOUT:
                 kept = tl.dot(p.to(v.dtype), tl.full((BLOCK_N, 16), 1.0, v.dtype), kept * alpha[:, None],
@@ -485,10 +533,8 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
                 m_lo = m_lo * alpha
                 m_hi = m_hi * alpha
             elif STAGE == LEFT:
-                m_lo = m_lo * alpha + row_sum
                 m_hi = m_hi * alpha
             else:
-                m_lo = m_lo * alpha
                 m_hi = m_hi * alpha + row_sum
         m_i = m_new
     if HAS_RV and HAS_DROPOUT and STAGE == LEFT:
@@ -513,7 +559,8 @@ def forward_kernel(
         LABELS: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
         MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, FRINGE_BLOCK: tl.constexpr,
+        BLOCK_D: tl.constexpr,
         PRECISION: tl.constexpr, LOW_REGISTERS: tl.constexpr):
     """One program: query block start_m of one (batch, head). Writes its rows of O, of the
     log-sum-exp (base 2) and of the mass table; the logit table is its scratch (with w^K and
@@ -550,12 +597,13 @@ def forward_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     m_lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    bounds = key_stages(start_m * BLOCK_M, OFFSET, LK, max_distance, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK)
+    bounds = key_stages(start_m * BLOCK_M, OFFSET, LK, max_distance, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK,
+                        FRINGE_BLOCK)
     K_ptr = K + b * stride_kb + h * stride_kh
     V_ptr = V + b * stride_vb + h * stride_vh
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
-    for part in tl.static_range(5):  # the band, then LEFT's fringe and tiles, RIGHT's
-        if runs(part, CAUSAL, BLOCK_N, BAND_BLOCK):
+    for part in tl.static_range(7):  # the band, then LEFT's fringes and tiles, RIGHT's
+        if runs(part, CAUSAL, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK):
             acc, l_i, m_i, m_lo, m_hi = _forward_tiles(
                 acc, l_i, m_i, m_lo, m_hi, q, logit_rows,
                 edge_column(logit_rows, rows, LQ, 0 if PART_STAGE[part] == LEFT else 2 * max_distance, HAS_LOGITS),
@@ -565,8 +613,8 @@ def forward_kernel(
                 STAGE=PART_STAGE[part], HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, IN_PLACE=IN_PLACE,
                 LOW_REGISTERS=LOW_REGISTERS, MASK=MASK,
                 CAUSAL=CAUSAL, HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
-                BLOCK_N=BLOCK_N if PART_STAGE[part] != BAND and not PART_FRINGE[part] else BAND_BLOCK,
-                PIPELINED=PART_STAGE[part] != BAND and not PART_FRINGE[part], PRECISION=PRECISION)
+                BLOCK_N=part_width(part, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK), PIPELINED=PART_KIND[part] == PLAIN,
+                PRECISION=PRECISION)
 
     # A fully masked row attends to nothing: its acc, masses and l are 0, its output zeros, and
     # its log-sum-exp +inf, so the backward gives it no gradient.
@@ -579,13 +627,14 @@ def forward_kernel(
         tl.debug_barrier()
         mass = tl.exp2(interior_of(mass_rows, rows, rows_abs, labels, max_distance, LQ, LK, float("-inf"), CAUSAL,
                                    EVEN_M) - lse[:, None])
-        if HAS_DROPOUT:
-            keys = rows_abs[:, None] + labels[None, :] + 1 - max_distance
-            kept = kept_under(dropout_words_at(seed + bh, rows, keys, LK), dropout_p)
-            mass = tl.where(kept, mass / (1.0 - dropout_p), 0.0)
+        if HAS_DROPOUT:  # (the band stored −inf for the pairs it dropped)
+            mass = mass / (1.0 - dropout_p)
+        if not HAS_DROPOUT:  # all mass but label 2k's (undropped, l is the masses' sum)
+            m_lo = l_i - m_hi
         # m_lo summed the band's interior too
         mass, mass0 = with_edges(mass, m_lo / l_safe - tl.sum(mass, 1), m_hi / l_safe, labels, max_distance)
-        store_label_rows(mass_rows, mass, mass0, rows, labels, LQ, EVEN_M)
+        mass = stored_by_row(mass_rows[:, None] + 1 + labels[None, :], mass, rows, LQ, EVEN_M)
+        tl.store(mass_rows, mass0, mask=rows < LQ)
         out += table_combination(mass, mass0, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D, PRECISION)
     O_rows = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :]
     tl.store(O_rows, out.to(O.dtype.element_ty), mask=(rows[:, None] < LQ) & (dims[None, :] < D))
@@ -668,7 +717,8 @@ def backward_dq_kernel(
         LABELS: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
         NEEDS_G: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, FRINGE_BLOCK: tl.constexpr,
+        BLOCK_D: tl.constexpr,
         PRECISION: tl.constexpr):
     """One program: query block start_m of one (batch, head). Writes its rows of dQ, delta, the
     edge statistics, and the logit, value and grad tables, which the dk/dv kernel and the tables'
@@ -711,12 +761,13 @@ def backward_dq_kernel(
 
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     g_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    bounds = key_stages(start_m * BLOCK_M, OFFSET, LK, max_distance, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK)
+    bounds = key_stages(start_m * BLOCK_M, OFFSET, LK, max_distance, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK,
+                        FRINGE_BLOCK)
     K_ptr = K + b * stride_kb + h * stride_kh
     V_ptr = V + b * stride_vb + h * stride_vh
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
-    for part in tl.static_range(5):  # the band, then LEFT's fringe and tiles, RIGHT's
-        if runs(part, CAUSAL, BLOCK_N, BAND_BLOCK):
+    for part in tl.static_range(7):  # the band, then LEFT's fringes and tiles, RIGHT's
+        if runs(part, CAUSAL, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK):
             dq, g_hi = _dq_tiles(
                 dq, g_hi, q, do, lse, delta, logit_rows, r_lo if PART_STAGE[part] == LEFT else r_hi,
                 value_rows, dw_lo if PART_STAGE[part] == LEFT else dw_hi, grad_rows,
@@ -725,8 +776,8 @@ def backward_dq_kernel(
                 LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
                 STAGE=PART_STAGE[part], HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, NEEDS_G=NEEDS_G, MASK=MASK,
                 CAUSAL=CAUSAL, HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
-                BLOCK_N=BLOCK_N if PART_STAGE[part] != BAND and not PART_FRINGE[part] else BAND_BLOCK,
-                PIPELINED=PART_STAGE[part] != BAND and not PART_FRINGE[part], PRECISION=PRECISION)
+                BLOCK_N=part_width(part, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK), PIPELINED=PART_KIND[part] == PLAIN,
+                PRECISION=PRECISION)
 
     if NEEDS_G:
         # The grad table's rows, whole: interior values the band stored, label 2k from row sums,
