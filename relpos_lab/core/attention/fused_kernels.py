@@ -591,6 +591,8 @@ def forward_kernel(
     # the masses over those.
     IN_PLACE: tl.constexpr = HAS_RK and HAS_RV
     mass_rows = MASS + table_offset + rows * (LABELS + 1)
+    r_lo = edge_column(logit_rows, rows, LQ, 0, HAS_LOGITS)  # the edge labels' logit terms, row offsets off the band
+    r_hi = edge_column(logit_rows, rows, LQ, 2 * max_distance, HAS_LOGITS)
 
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -605,9 +607,7 @@ def forward_kernel(
     for part in tl.static_range(7):  # the band, then LEFT's fringes and tiles, RIGHT's
         if runs(part, CAUSAL, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK):
             acc, l_i, m_i, m_lo, m_hi = _forward_tiles(
-                acc, l_i, m_i, m_lo, m_hi, q, logit_rows,
-                edge_column(logit_rows, rows, LQ, 0 if PART_STAGE[part] == LEFT else 2 * max_distance, HAS_LOGITS),
-                mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
+                acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_lo if PART_STAGE[part] == LEFT else r_hi, mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
                 bounds[PART_FROM[part]], bounds[PART_FROM[part] + 1],
                 LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
                 STAGE=PART_STAGE[part], HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, IN_PLACE=IN_PLACE,
