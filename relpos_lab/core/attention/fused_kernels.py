@@ -398,18 +398,24 @@ def with_edges(tile, lo, hi, labels, max_distance):
 
 @triton.jit
 def logit_rows_of(q, WK, stride_wkl, BIAS, LOGITS, rows, labels, dims, n_labels, LQ, D, qk_scale,
-                  HAS_RK: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr, PRECISION: tl.constexpr):
+                  HAS_RK: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr, PRECISION: tl.constexpr,
+                  QK_UNITS: tl.constexpr = False):
     """(BM,) pointers to the logit table's rows, which the band reads by label. With w^K: this
     block's R · log2 e = (scale · q·w^Kᵀ + b) · log2 e, written here (the caller's barrier makes
-    it visible to the block); without: the bias row itself (already · log2 e), for every query."""
+    it visible to the block), or with QK_UNITS that over scale · log2 e, the units of q·k (the
+    forward's band adds it to q·k and scales the sum once: one FFMA); without w^K: the bias row
+    itself (already · log2 e), for every query."""
     logit_rows = BIAS + rows * 0
     if HAS_RK:
         r, r0 = table_product(q, WK, stride_wkl, labels, dims, n_labels, D, PRECISION)
-        r *= qk_scale
-        r0 *= qk_scale
+        bias_scale = 1.0 / qk_scale
+        if not QK_UNITS:
+            r *= qk_scale
+            r0 *= qk_scale
+            bias_scale = 1.0
         if HAS_BIAS:
-            r += tl.load(BIAS + 1 + labels, mask=labels + 1 < n_labels, other=0.0)[None, :]
-            r0 += tl.load(BIAS)
+            r += tl.load(BIAS + 1 + labels, mask=labels + 1 < n_labels, other=0.0)[None, :] * bias_scale
+            r0 += tl.load(BIAS) * bias_scale
         logit_rows = LOGITS + rows * (labels.shape[0] + 1)
         store_label_rows(logit_rows, r, r0, rows, labels, LQ, EVEN_M)
     return logit_rows
@@ -456,7 +462,7 @@ def load_row_stats(lse_ptr, delta_ptr, rows, LQ, EVEN_M: tl.constexpr):
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, K_ptr, V_ptr,
+def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge, mass_rows, K_ptr, V_ptr,
                    mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, lo, hi,
                    LQ, LK, D, max_distance, qk_scale, seed, dropout_p,
                    STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr, IN_PLACE: tl.constexpr,
@@ -479,12 +485,12 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
             # Pair by pair: the logit term by label (log2 units), then every mask.
             offset = pair_offsets(rows_abs, cols)
             distance = clipped(offset, max_distance)
-            s = qk * qk_scale
+            s = qk  # in the units of q·k: scaled once, with the row maximum
             logit_ptrs = (logit_rows + max_distance)[:, None] + distance
             if HAS_LOGITS:
-                s += load_by_row(logit_ptrs, rows, LQ, EVEN_M)
+                s += load_by_row(logit_ptrs, rows, LQ, EVEN_M) * table_to_qk
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
-            row_max = tl.max(s, 1)
+            row_max = tl.max(s, 1) * qk_scale
             if HAS_RV:  # interior logits by label (with w^K: over the logit terms just read), −inf if dropped
                 if HAS_DROPOUT:
                     keep = kept_pairs(seed, rows, cols, LK, dropout_p)
@@ -508,7 +514,7 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_edge, mass_rows, 
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
         alpha = tl.exp2(m_i - m_safe)
         if STAGE == BAND:
-            p = tl.exp2(s - m_safe[:, None])
+            p = tl.exp2(s * qk_scale - m_safe[:, None])
         else:
             p = tl.exp2(qk * qk_scale - (m_safe - r_edge)[:, None])
         row_sum = tl.sum(p, 1)
@@ -583,7 +589,8 @@ def forward_kernel(
     HAS_LOGITS: tl.constexpr = HAS_RK or HAS_BIAS
     table_offset = bh * LQ * (LABELS + 1)
     logit_rows = logit_rows_of(q, WK + h * stride_wkh, stride_wkl, BIAS + h * stride_bh, LOGITS + table_offset,
-                               rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, EVEN_M, PRECISION)
+                               rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, EVEN_M, PRECISION,
+                               QK_UNITS=True)
     if HAS_RK:
         tl.debug_barrier()
     # With w^K and w^V one table (the launch passes one buffer as both): the band stores each
@@ -591,8 +598,11 @@ def forward_kernel(
     # the masses over those.
     IN_PLACE: tl.constexpr = HAS_RK and HAS_RV
     mass_rows = MASS + table_offset + rows * (LABELS + 1)
-    r_lo = edge_column(logit_rows, rows, LQ, 0, HAS_LOGITS)  # the edge labels' logit terms, row offsets off the band
-    r_hi = edge_column(logit_rows, rows, LQ, 2 * max_distance, HAS_LOGITS)
+    # The table is in the units of q·k with w^K, of log2 e with a bias alone: the band takes its
+    # entries in the first, the edge labels' terms (row offsets off the band) in the second.
+    table_to_qk = 1.0 if HAS_RK else 1.0 / qk_scale
+    r_lo = edge_column(logit_rows, rows, LQ, 0, HAS_LOGITS) * (table_to_qk * qk_scale)
+    r_hi = edge_column(logit_rows, rows, LQ, 2 * max_distance, HAS_LOGITS) * (table_to_qk * qk_scale)
 
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -607,7 +617,8 @@ def forward_kernel(
     for part in tl.static_range(7):  # the band, then LEFT's fringes and tiles, RIGHT's
         if runs(part, CAUSAL, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK):
             acc, l_i, m_i, m_lo, m_hi = _forward_tiles(
-                acc, l_i, m_i, m_lo, m_hi, q, logit_rows, r_lo if PART_STAGE[part] == LEFT else r_hi, mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
+                acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_lo if PART_STAGE[part] == LEFT else r_hi,
+                mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
                 bounds[PART_FROM[part]], bounds[PART_FROM[part] + 1],
                 LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
                 STAGE=PART_STAGE[part], HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, IN_PLACE=IN_PLACE,
@@ -626,7 +637,7 @@ def forward_kernel(
         # The masses, normalised: interior ones from the logits the band stored, edges from row sums.
         tl.debug_barrier()
         mass = tl.exp2(interior_of(mass_rows, rows, rows_abs, labels, max_distance, LQ, LK, float("-inf"), CAUSAL,
-                                   EVEN_M) - lse[:, None])
+                                   EVEN_M) * qk_scale - lse[:, None])
         if HAS_DROPOUT:  # (the band stored −inf for the pairs it dropped)
             mass = mass / (1.0 - dropout_p)
         if not HAS_DROPOUT:  # all mass but label 2k's (undropped, l is the masses' sum)
