@@ -308,15 +308,20 @@ def test_dropout_is_reproducible_from_the_seed():
     assert not torch.equal(first, other)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_dropout_matches_the_definition_with_the_kernels_own_mask(causal):
+@pytest.mark.parametrize("causal, length, narrow_fringes", [(False, 26, False), (True, 26, False), (False, 64, True)])
+def test_dropout_matches_the_definition_with_the_kernels_own_mask(causal, length, narrow_fringes, monkeypatch):
     """Outputs and every gradient, with the mask the kernels drew rebuilt by `fused.dropout_keep`:
-    the backward redraws exactly the forward's mask, and both value terms see it."""
-    case = make(lq=26, padding=True)
+    the backward redraws exactly the forward's mask, and both value terms see it (the forward's
+    interior masses from the pairs its band kept). Also with the band from a narrow fringe's
+    boundary (see test_a_band_from_a_narrow_fringes_boundary_matches_too)."""
+    if narrow_fringes:
+        monkeypatch.setattr(fused, "_INTERPRETER_BLOCKS", {"BLOCK_M": 16, "BLOCK_N": 32})
+        monkeypatch.setattr(fused, "BAND_CAP", {"forward": 16, "dq": 16})
+    case = make(lq=length, padding=True)
     torch.manual_seed(3)
     seed = int(torch.randint(0, 2**30, (1,)).item())  # the draw fused.attend makes after the same seed
     out = dropout_run(case, 3, attn_mask=case["keep"][:, None, None, :], is_causal=causal)
-    kept = fused.dropout_keep(seed, 2, 3, 26, 26, 0.3, DEVICE)
+    kept = fused.dropout_keep(seed, 2, 3, length, length, 0.3, DEVICE)
     assert 0.6 < kept.float().mean() < 0.8
     leaves = [case[n] for n in ("q", "k", "v", "rel_k", "rel_v", "rel_bias")]
     want = definition(*leaves, 4, case["keep"], causal, 0, dropped=kept, dropout_p=0.3)
