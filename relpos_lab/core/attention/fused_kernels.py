@@ -22,7 +22,7 @@ Per-pair label work goes through small tables in memory, one row per query row, 
 at `row · (LABELS + 1) + l(i, j)` (L1-resident, and no register gather; LABELS + 1 ≥ 2k + 1, a
 constexpr, so that a tile of labels is stored and loaded without bounds checks):
 
-    LOGITS (R)   R_il · log2 e = (scale · q_i·w^K_l + b_l) · log2 e      written by forward and dq
+    LOGITS (R)   R_il / scale = q_i·w^K_l + b_l / scale (units of q·k)   written by forward and dq
     VALUES (DW)  dO_i·w^V_l, the value term's share of dP                 written by dq
     MASS   (M)   M_il = Σ_{l(i,j)=l} p_ij, normalised, dropout applied    written by forward
     GRAD   (G)   G_il = Σ_{l(i,j)=l} dS_ij                                written by dq
@@ -398,24 +398,18 @@ def with_edges(tile, lo, hi, labels, max_distance):
 
 @triton.jit
 def logit_rows_of(q, WK, stride_wkl, BIAS, LOGITS, rows, labels, dims, n_labels, LQ, D, qk_scale,
-                  HAS_RK: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr, PRECISION: tl.constexpr,
-                  QK_UNITS: tl.constexpr = False):
+                  HAS_RK: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr, PRECISION: tl.constexpr):
     """(BM,) pointers to the logit table's rows, which the band reads by label. With w^K: this
-    block's R · log2 e = (scale · q·w^Kᵀ + b) · log2 e, written here (the caller's barrier makes
-    it visible to the block), or with QK_UNITS that over scale · log2 e, the units of q·k (the
-    forward's band adds it to q·k and scales the sum once: one FFMA); without w^K: the bias row
-    itself (already · log2 e), for every query."""
+    block's R in the units of q·k, q·w^Kᵀ + b / scale (the band adds it to q·k and scales the sum
+    once, into exp2: one FFMA), written here (the caller's barrier makes it visible to the
+    block); without: the bias row itself (· log2 e, the units of exp2), for every query."""
     logit_rows = BIAS + rows * 0
     if HAS_RK:
         r, r0 = table_product(q, WK, stride_wkl, labels, dims, n_labels, D, PRECISION)
-        bias_scale = 1.0 / qk_scale
-        if not QK_UNITS:
-            r *= qk_scale
-            r0 *= qk_scale
-            bias_scale = 1.0
         if HAS_BIAS:
-            r += tl.load(BIAS + 1 + labels, mask=labels + 1 < n_labels, other=0.0)[None, :] * bias_scale
-            r0 += tl.load(BIAS) * bias_scale
+            to_qk = 1.0 / qk_scale
+            r += tl.load(BIAS + 1 + labels, mask=labels + 1 < n_labels, other=0.0)[None, :] * to_qk
+            r0 += tl.load(BIAS) * to_qk
         logit_rows = LOGITS + rows * (labels.shape[0] + 1)
         store_label_rows(logit_rows, r, r0, rows, labels, LQ, EVEN_M)
     return logit_rows
@@ -589,8 +583,7 @@ def forward_kernel(
     HAS_LOGITS: tl.constexpr = HAS_RK or HAS_BIAS
     table_offset = bh * LQ * (LABELS + 1)
     logit_rows = logit_rows_of(q, WK + h * stride_wkh, stride_wkl, BIAS + h * stride_bh, LOGITS + table_offset,
-                               rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, EVEN_M, PRECISION,
-                               QK_UNITS=True)
+                               rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, EVEN_M, PRECISION)
     if HAS_RK:
         tl.debug_barrier()
     # With w^K and w^V one table (the launch passes one buffer as both): the band stores each
@@ -657,7 +650,7 @@ def forward_kernel(
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows, dw_edge, grad_rows,
+def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, table_to_qk, r_edge, value_rows, dw_edge, grad_rows,
               K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, lo, hi,
               LQ, LK, D, max_distance, qk_scale, seed, dropout_p,
               STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr, NEEDS_G: tl.constexpr,
@@ -672,19 +665,19 @@ def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, r_edge, value_rows, dw_ed
         cols = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
         v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
-        # Recompute p from the saved log-sum-exp.
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        # Recompute p from the saved log-sum-exp (in the units of q·k, scaled as exp2 takes it).
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if STAGE == BAND:
             offset = pair_offsets(rows_abs, cols)
             distance = clipped(offset, max_distance)
             if HAS_LOGITS:
-                s += load_by_row((logit_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M)
+                s += load_by_row((logit_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M) * table_to_qk
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
-            p = tl.exp2(s - lse[:, None])
+            p = tl.exp2(s * qk_scale - lse[:, None])
         else:
             if MASK != 0 or not EVEN_N:
                 s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
-            p = tl.exp2(s - (lse - r_edge)[:, None])
+            p = tl.exp2(s * qk_scale - (lse - r_edge)[:, None])
         # dP = dO·(v_j + w^V_l), dropped as p was; dS = p (dP − delta).
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         row_delta = delta
@@ -756,6 +749,7 @@ def backward_dq_kernel(
     table_offset = bh * LQ * (LABELS + 1)
     logit_rows = logit_rows_of(q, WK + h * stride_wkh, stride_wkl, BIAS + h * stride_bh, LOGITS + table_offset,
                                rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, EVEN_M, PRECISION)
+    table_to_qk = 1.0 if HAS_RK else 1.0 / qk_scale  # (as the forward's)
     value_rows = VALUES + table_offset + rows * (LABELS + 1)
     if HAS_RV:
         dw, dw0 = table_product(do, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D, PRECISION)
@@ -763,8 +757,8 @@ def backward_dq_kernel(
     tl.debug_barrier()
     grad_rows = GRAD + table_offset + rows * (LABELS + 1)
     # Each edge label's terms, per row: off the band the dk/dv kernel reads them like lse and delta.
-    r_lo = edge_column(logit_rows, rows, LQ, 0, HAS_LOGITS)
-    r_hi = edge_column(logit_rows, rows, LQ, 2 * max_distance, HAS_LOGITS)
+    r_lo = edge_column(logit_rows, rows, LQ, 0, HAS_LOGITS) * (table_to_qk * qk_scale)
+    r_hi = edge_column(logit_rows, rows, LQ, 2 * max_distance, HAS_LOGITS) * (table_to_qk * qk_scale)
     dw_lo = edge_column(value_rows, rows, LQ, 0, HAS_RV)
     dw_hi = edge_column(value_rows, rows, LQ, 2 * max_distance, HAS_RV)
     store_edge_stats(EDGES + bh * EDGE_STATS * LQ, rows, LQ, lse - r_lo, lse - r_hi, delta - dw_lo, delta - dw_hi,
@@ -780,7 +774,7 @@ def backward_dq_kernel(
     for part in tl.static_range(7):  # the band, then LEFT's fringes and tiles, RIGHT's
         if runs(part, CAUSAL, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK):
             dq, g_hi = _dq_tiles(
-                dq, g_hi, q, do, lse, delta, logit_rows, r_lo if PART_STAGE[part] == LEFT else r_hi,
+                dq, g_hi, q, do, lse, delta, logit_rows, table_to_qk, r_lo if PART_STAGE[part] == LEFT else r_hi,
                 value_rows, dw_lo if PART_STAGE[part] == LEFT else dw_hi, grad_rows,
                 K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
                 bounds[PART_FROM[part]], bounds[PART_FROM[part] + 1],
@@ -828,8 +822,8 @@ def add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, max_distance, BLOCK_M: tl.con
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, value_base, dbias_ptr, Q_ptr, DO_ptr, lse_ptr, delta_ptr,
-                dw_ptr,
+def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, table_to_qk, value_base, dbias_ptr, Q_ptr, DO_ptr, lse_ptr,
+                delta_ptr, dw_ptr,
                 stride_qm, stride_dom, cols, mask_ptr, stride_mq, stride_mk, dims, lo, hi,
                 LQ, LK, D, OFFSET, max_distance, qk_scale, seed, dropout_p,
                 TABLE_ROW: tl.constexpr, STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr,
@@ -849,19 +843,17 @@ def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, value_base, dbias_ptr, Q
         lse, delta = load_row_stats(lse_ptr, delta_ptr, rows, LQ, EVEN_M)
         logit_rows = logit_base + rows * logit_stride
         value_rows = value_base + rows * TABLE_ROW
-        # Recompute p from the saved log-sum-exp.
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        # Recompute p from the saved log-sum-exp (in the units of q·k, scaled as exp2 takes it).
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if STAGE == BAND:
             offset = pair_offsets(rows_abs, cols)
             distance = clipped(offset, max_distance)
             if HAS_LOGITS:
-                s += load_by_row((logit_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M)
+                s += load_by_row((logit_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M) * table_to_qk
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
-            p = tl.exp2(s - lse[:, None])
-        else:
-            if MASK != 0 or not EVEN_N:
-                s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
-            p = tl.exp2(s - lse[:, None])
+        elif MASK != 0 or not EVEN_N:
+            s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
+        p = tl.exp2(s * qk_scale - lse[:, None])
         dv += tl.dot(tl.trans(dropped(p, seed, rows, cols, LK, dropout_p, HAS_DROPOUT).to(do.dtype)), do,
                      input_precision=PRECISION)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -916,9 +908,10 @@ def backward_dkdv_kernel(
     table_offset = bh * LQ * (LABELS + 1)
     logit_base = BIAS + h * stride_bh
     logit_stride = 0
-    if HAS_RK:
+    if HAS_RK:  # dq's table, in the units of q·k
         logit_base = LOGITS + table_offset
         logit_stride = LABELS + 1
+    table_to_qk = 1.0 if HAS_RK else 1.0 / qk_scale
     dbias_ptr = DBIAS + (bh * DBIAS_ROWS + start_n) * n_labels  # this program's own row
 
     lo, band_lo, band_hi = query_stages(n0, OFFSET, LQ, max_distance, CAUSAL, BLOCK_M, BLOCK_N)
@@ -928,7 +921,7 @@ def backward_dkdv_kernel(
     for stage in tl.static_range(3):  # BAND, then queries after the keys (label 0), before them (2k)
         side = 0 if stage == LEFT else 1
         dk, dv = _dkdv_tiles(
-            dk, dv, k, v, logit_base, logit_stride, VALUES + table_offset, dbias_ptr,
+            dk, dv, k, v, logit_base, logit_stride, table_to_qk, VALUES + table_offset, dbias_ptr,
             Q + b * stride_qb + h * stride_qh, DO + b * stride_dob + h * stride_doh,
             LSE + bh * LQ if stage == BAND else edges + side * LQ,
             DELTA + bh * LQ if stage == BAND or HAS_DROPOUT else edges + (2 + side) * LQ, edges + (4 + side) * LQ,
