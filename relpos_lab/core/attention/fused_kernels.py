@@ -476,7 +476,7 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
         k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
         if STAGE == BAND:
-            # Pair by pair: the logit term by label (log2 units), then every mask.
+            # Pair by pair: the logit term by label, then every mask.
             offset = pair_offsets(rows_abs, cols)
             distance = clipped(offset, max_distance)
             s = qk  # in the units of q·k: scaled once, with the row maximum
