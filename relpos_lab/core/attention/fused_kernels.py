@@ -590,7 +590,7 @@ def forward_kernel(
     # interior logit over the logit term it has just read (read by that pair alone), the epilogue
     # the masses over those.
     IN_PLACE: tl.constexpr = HAS_RK and HAS_RV
-    mass_rows = MASS + table_offset + rows * (LABELS + 1)
+    mass_rows = logit_rows if IN_PLACE else MASS + table_offset + rows * (LABELS + 1)  # (one pointer fewer)
     # The table is in the units of q·k with w^K, of log2 e with a bias alone: the band takes its
     # entries in the first, the edge labels' terms (row offsets off the band) in the second.
     table_to_qk = 1.0 if HAS_RK else 1.0 / qk_scale
