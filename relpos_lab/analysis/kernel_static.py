@@ -214,10 +214,9 @@ def _tiles(name: str, stage_fn, length: int, max_distance: int, causal: bool, bl
                 bb, fb = band_block(block_n, name), fringe_block(block_n, name)
                 bounds = stage_fn(m0, 0, length, max_distance, causal, block_m, block_n, bb, fb)
                 tiles = {}
-                for part, name_ in enumerate(KEY_PARTS):
-                    start = bounds[kernels.PART_FROM.value[part]]
-                    width = kernels.part_width(part, block_n, bb, fb)
-                    tiles[name_] = max(-(-(bounds[kernels.PART_FROM.value[part] + 1] - start) // width), 0)
+                for part, stage in enumerate(KEY_PARTS):
+                    start, end = (bounds[kernels.PART_FROM.value[part] + i] for i in (0, 1))
+                    tiles[stage] = max(-(-(end - start) // kernels.part_width(part, block_n, bb, fb)), 0)
                 out.append(tiles)
     else:
         for n0 in range(0, length, block_n):

@@ -416,6 +416,23 @@ def logit_rows_of(q, WK, stride_wkl, BIAS, LOGITS, rows, labels, dims, n_labels,
 
 
 @triton.jit
+def table_to_qk_units(qk_scale, HAS_RK: tl.constexpr):
+    """The factor that takes the logit table's entries to the units of q·k, in which the band adds
+    them: 1 for a table of w^K (`logit_rows_of` writes it so), 1 / (scale · log2 e) for a bias
+    row alone (stored · log2 e, the units of exp2)."""
+    return 1.0 if HAS_RK else 1.0 / qk_scale
+
+
+@triton.jit
+def edge_logits(logit_rows, rows, LQ, max_distance, qk_scale, HAS_RK: tl.constexpr, HAS_LOGITS: tl.constexpr):
+    """(BM,) × 2: each row's logit terms of labels 0 and 2k in the units of exp2, the row offsets
+    of the stages off the band."""
+    to_exp2 = table_to_qk_units(qk_scale, HAS_RK) * qk_scale
+    return (edge_column(logit_rows, rows, LQ, 0, HAS_LOGITS) * to_exp2,
+            edge_column(logit_rows, rows, LQ, 2 * max_distance, HAS_LOGITS) * to_exp2)
+
+
+@triton.jit
 def edge_column(table_rows, rows, LQ, label, PRESENT: tl.constexpr):
     """(BM,) each row's entry for one label of a label table (zeros without one): the logit term
     or dO·w^V of a stage off the band, loaded as that stage starts."""
@@ -591,11 +608,8 @@ def forward_kernel(
     # the masses over those.
     IN_PLACE: tl.constexpr = HAS_RK and HAS_RV
     mass_rows = logit_rows if IN_PLACE else MASS + table_offset + rows * (LABELS + 1)  # (one pointer fewer)
-    # The table is in the units of q·k with w^K, of log2 e with a bias alone: the band takes its
-    # entries in the first, the edge labels' terms (row offsets off the band) in the second.
-    table_to_qk = 1.0 if HAS_RK else 1.0 / qk_scale
-    r_lo = edge_column(logit_rows, rows, LQ, 0, HAS_LOGITS) * (table_to_qk * qk_scale)
-    r_hi = edge_column(logit_rows, rows, LQ, 2 * max_distance, HAS_LOGITS) * (table_to_qk * qk_scale)
+    table_to_qk = table_to_qk_units(qk_scale, HAS_RK)
+    r_lo, r_hi = edge_logits(logit_rows, rows, LQ, max_distance, qk_scale, HAS_RK, HAS_LOGITS)
 
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -749,7 +763,7 @@ def backward_dq_kernel(
     table_offset = bh * LQ * (LABELS + 1)
     logit_rows = logit_rows_of(q, WK + h * stride_wkh, stride_wkl, BIAS + h * stride_bh, LOGITS + table_offset,
                                rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, EVEN_M, PRECISION)
-    table_to_qk = 1.0 if HAS_RK else 1.0 / qk_scale  # (as the forward's)
+    table_to_qk = table_to_qk_units(qk_scale, HAS_RK)
     value_rows = VALUES + table_offset + rows * (LABELS + 1)
     if HAS_RV:
         dw, dw0 = table_product(do, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D, PRECISION)
@@ -757,8 +771,7 @@ def backward_dq_kernel(
     tl.debug_barrier()
     grad_rows = GRAD + table_offset + rows * (LABELS + 1)
     # Each edge label's terms, per row: off the band the dk/dv kernel reads them like lse and delta.
-    r_lo = edge_column(logit_rows, rows, LQ, 0, HAS_LOGITS) * (table_to_qk * qk_scale)
-    r_hi = edge_column(logit_rows, rows, LQ, 2 * max_distance, HAS_LOGITS) * (table_to_qk * qk_scale)
+    r_lo, r_hi = edge_logits(logit_rows, rows, LQ, max_distance, qk_scale, HAS_RK, HAS_LOGITS)
     dw_lo = edge_column(value_rows, rows, LQ, 0, HAS_RV)
     dw_hi = edge_column(value_rows, rows, LQ, 2 * max_distance, HAS_RV)
     store_edge_stats(EDGES + bh * EDGE_STATS * LQ, rows, LQ, lse - r_lo, lse - r_hi, delta - dw_lo, delta - dw_hi,
@@ -911,7 +924,7 @@ def backward_dkdv_kernel(
     if HAS_RK:  # dq's table, in the units of q·k
         logit_base = LOGITS + table_offset
         logit_stride = LABELS + 1
-    table_to_qk = 1.0 if HAS_RK else 1.0 / qk_scale
+    table_to_qk = table_to_qk_units(qk_scale, HAS_RK)
     dbias_ptr = DBIAS + (bh * DBIAS_ROWS + start_n) * n_labels  # this program's own row
 
     lo, band_lo, band_hi = query_stages(n0, OFFSET, LQ, max_distance, CAUSAL, BLOCK_M, BLOCK_N)
