@@ -211,6 +211,17 @@ def test_a_wide_rel_bias_alone_is_read_per_tile_and_reduced_along_diagonals(name
     check_against_definition(case, **check_kwargs)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_window_of_minus_inf_edge_biases_matches(causal):
+    """rel_bias −inf at labels 0 and 2k: every key farther than k − 1 is out of reach. The stages
+    off the band keep their row maximum less that term (floored at −2²⁰), and give nothing."""
+    case = make(lq=45, b=1, kmax=4)
+    with torch.no_grad():
+        case["rel_bias"][:, 0] = float("-inf")
+        case["rel_bias"][:, -1] = float("-inf")
+    check_against_definition(case, kmax=4, causal=causal)
+
+
 def test_rows_that_see_nothing_are_zero_with_zero_gradients():
     case = make(lq=17, lk=17, b=2)
     keep = torch.ones(2, 17, dtype=torch.bool, device=DEVICE)

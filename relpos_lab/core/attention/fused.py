@@ -351,7 +351,7 @@ class _FusedRelativeAttention(torch.autograd.Function):
         logits = mass if rel_k is not None and rel_v is not None else _label_table(b, h, lq, args, q,
                                                                                   needed=rel_k is not None)
         fwd, _, _, _ = _get_kernels()
-        fwd[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)](
+        fwd[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), h, b)](
             q, k, v, *args["tables"], args["mask"], o, lse, logits, mass,
             *_strides(q, k, v), *args["strides"], *_strides(o), *args["scalars"], **args["meta"])
         ctx.save_for_backward(q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass)
@@ -384,12 +384,12 @@ class _FusedRelativeAttention(torch.autograd.Function):
         _, bwd_dq, bwd_dkdv, _ = _get_kernels()
         # dq's kernel writes delta, the edge statistics and the logit and value tables, which the dk/dv
         # kernel reads: it runs first.
-        bwd_dq[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)](
+        bwd_dq[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), h, b)](
             q, k, v, *args["tables"], args["mask"], o, do, lse, dq, delta, edges, logits, values, grad,
             *_strides(q, k, v), *args["strides"], *_strides(o, do, dq), *args["scalars"], **args["meta"],
             NEEDS_G=needs_g)
         meta = args["meta"]
-        bwd_dkdv[lambda meta: (triton.cdiv(lk, meta["BLOCK_N"]), b * h)](
+        bwd_dkdv[lambda meta: (triton.cdiv(lk, meta["BLOCK_N"]), h, b)](
             q, k, v, args["tables"][2], args["mask"], do, lse, delta, edges, logits, values, dk, dv, dbias_rows, rows,
             *_strides(q, k, v), args["strides"][4], *args["strides"][5:], *_strides(do, dk, dv), *args["scalars"],
             **meta, BIAS_GRAD=wide_grad,

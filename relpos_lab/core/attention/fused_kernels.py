@@ -352,12 +352,13 @@ def table_product(x, W, stride_wl, labels, dims, n_labels, D, PRECISION: tl.cons
 
 
 @triton.jit
-def table_combination(tile, column0, W, stride_wl, labels, dims, n_labels, D, PRECISION: tl.constexpr):
-    """(BM, D) Σ_l m_il w_l: the tile's labels 1..2k by one dot, label 0 by another."""
+def table_combination(acc, tile, column0, W, stride_wl, labels, dims, n_labels, D, PRECISION: tl.constexpr):
+    """acc + Σ_l m_il w_l, (BM, D): the tile's labels 1..2k by one dot, label 0 by another, both
+    accumulating into acc (no adds of their own)."""
     w = tl.load(W + (labels[:, None] + 1) * stride_wl + dims[None, :],
                 mask=(labels[:, None] + 1 < n_labels) & (dims[None, :] < D), other=0.0)
     first = tl.arange(0, 16)[None, :] == 0
-    out = tl.dot(tile.to(w.dtype), w, input_precision=PRECISION)
+    out = tl.dot(tile.to(w.dtype), w, acc, input_precision=PRECISION)
     return tl.dot(tl.where(first, column0[:, None], 0.0).to(w.dtype), label_zero(W, dims, D), out,
                   input_precision=PRECISION)
 
@@ -472,21 +473,50 @@ def load_row_stats(lse_ptr, delta_ptr, rows, LQ, EVEN_M: tl.constexpr):
 # Forward
 # ---------------------------------------------------------------------------------------------
 
+LOGIT_FLOOR = tl.constexpr(-2.0 ** 20)
+"""Edge logit terms (exp2 units) below this count as this in a stage that keeps its row maximum
+less its term (−inf would make it nan): a key beyond a window of −inf edge biases adds exp2(−2²⁰)
+= 0 to any row that sees a key within it. (A row that sees none, only keys beyond, attends to
+those by q·k where the definition attends to nothing.)"""
+
+
+@triton.jit
+def floor_of(r):
+    return tl.maximum(r, LOGIT_FLOOR)
+
+
+@triton.jit
+def out_of_stage(m_stage, m_entry, r_edge):
+    """The row maximum in true units again after a stage that kept it less r_edge: exactly the
+    one it entered with where the stage raised it nowhere (adding r_edge back would round)."""
+    return tl.where(m_stage == m_entry - r_edge, m_entry, m_stage + r_edge)
+
+
+@triton.jit
+def rescale(m_from, m_to):
+    """exp2(m_from − m_to): what a sum kept at row maximum m_from is multiplied by at m_to ≥ m_from
+    (0 for a row that had seen nothing at m_from)."""
+    return tl.exp2(m_from - tl.where(m_to == float("-inf"), 0.0, m_to))
+
+
 @triton.jit
 def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge, mass_rows, K_ptr, V_ptr,
                    mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, lo, hi,
                    LQ, LK, D, max_distance, qk_scale, seed, dropout_p,
-                   STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr, IN_PLACE: tl.constexpr,
-                   LOW_REGISTERS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                   STAGE: tl.constexpr, IN_STAGE_UNITS: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr,
+                   IN_PLACE: tl.constexpr, LOW_REGISTERS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                   HAS_DROPOUT: tl.constexpr,
                    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    PIPELINED: tl.constexpr, PRECISION: tl.constexpr):
     """The online softmax over key tiles [lo, hi) of one stage (acc, l_i, m_i: FlashAttention-2's).
 
-    The value term's masses, unnormalised like acc: m_hi sums label 2k; m_lo sums every other
-    label (the band's interior is taken out at the end, from the logits it stores by label); only
-    with dropout, which takes mass out of the pairs and not out of l_i: without, m_lo = l_i − m_hi.
-    With dropout, off the band, the kept mass is summed by the tensor cores with P·V: p times a
-    column of ones, in `kept`, rescaled like acc."""
+    IN_STAGE_UNITS: off the band, m_i is the row maximum less r_edge (the caller's conversion).
+    The value term's masses, unnormalised like acc: m_hi sums label 2k, in the band (and, with
+    dropout, off it: without, the caller takes it from l); m_lo sums every other label (the band's
+    interior is taken out at the end, from the logits it stores by label), only with dropout, which
+    takes mass out of the pairs and not out of l_i: without, m_lo = l_i − m_hi. With dropout, off
+    the band, the kept mass is summed by the tensor cores with P·V: p times a column of ones, in
+    `kept`, rescaled like acc."""
     kept = tl.zeros((rows.shape[0], 16), dtype=tl.float32)  # the stage's kept mass, 16 times over
     for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
         cols = n0 + tl.arange(0, BLOCK_N)
@@ -519,7 +549,9 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
             # One label per side: its logit term r_edge is a row offset.
             if MASK != 0 or not EVEN_N:
                 qk = visible(qk, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
-            row_max = tl.max(qk, 1) * qk_scale + r_edge
+            row_max = tl.max(qk, 1) * qk_scale
+            if not IN_STAGE_UNITS:
+                row_max += r_edge
         # Online softmax: rescale what came before to the new row maximum.
         m_new = tl.maximum(m_i, row_max)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
@@ -527,7 +559,7 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
         if STAGE == BAND:
             p = tl.exp2(s * qk_scale - m_safe[:, None])
         else:
-            p = tl.exp2(qk * qk_scale - (m_safe - r_edge)[:, None])
+            p = tl.exp2(qk * qk_scale - (m_safe if IN_STAGE_UNITS else m_safe - r_edge)[:, None])
         row_sum = tl.sum(p, 1)
         l_i = l_i * alpha + row_sum
         if STAGE == BAND and HAS_RV and HAS_DROPOUT:  # after the normaliser
@@ -549,10 +581,6 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
                               input_precision=PRECISION)
                 m_lo = m_lo * alpha
                 m_hi = m_hi * alpha
-            elif STAGE == LEFT:
-                m_hi = m_hi * alpha
-            else:
-                m_hi = m_hi * alpha + row_sum
         m_i = m_new
     if HAS_RV and HAS_DROPOUT and STAGE == LEFT:
         m_lo += tl.sum(kept, 1) / 16
@@ -585,9 +613,9 @@ def forward_kernel(
     (`fused.low_registers`): the band computes its stores' addresses again rather than keep its
     loads'."""
     start_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    bh = b * H + h
     n_labels = 2 * max_distance + 1
     qk_scale = sm_scale * 1.4426950408889634
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -621,18 +649,45 @@ def forward_kernel(
     K_ptr = K + b * stride_kb + h * stride_kh
     V_ptr = V + b * stride_vb + h * stride_vh
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
+    # Off the band every pair of a stage has the row's logit term r_edge: the stage keeps m_i less
+    # it (`out_of_stage` adds it back), so that its tiles are plain flash tiles. Nor do they sum
+    # m_hi: LEFT adds nothing to it and RIGHT all it adds to l, so it stays at the maximum it was
+    # last brought to (m_ref) until RIGHT starts and the end (`rescale`). Not with dropout, whose
+    # tiles sum their kept mass apart (and with it, m_i less r_edge spills on sm_80).
+    LAZY_HI: tl.constexpr = HAS_RV and not HAS_DROPOUT
+    IN_STAGE_UNITS: tl.constexpr = not HAS_DROPOUT
+    if IN_STAGE_UNITS:
+        r_lo = floor_of(r_lo)
+        r_hi = floor_of(r_hi)
+    m_ref = m_i
     for part in tl.static_range(7):  # the band, then LEFT's fringes and tiles, RIGHT's
+        if part == 1:
+            m_ref = m_i
+            if IN_STAGE_UNITS:
+                m_i = m_i - r_lo
+        if part == 4:
+            if IN_STAGE_UNITS:
+                m_i = out_of_stage(m_i, m_ref, r_lo)
+            if not CAUSAL:
+                if LAZY_HI:  # from here on l's growth is label 2k's
+                    m_hi = m_hi * rescale(m_ref, m_i) - l_i
+                m_ref = m_i
+                if IN_STAGE_UNITS:
+                    m_i = m_i - r_hi
         if runs(part, CAUSAL, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK):
             acc, l_i, m_i, m_lo, m_hi = _forward_tiles(
                 acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_lo if PART_STAGE[part] == LEFT else r_hi,
                 mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
                 bounds[PART_FROM[part]], bounds[PART_FROM[part] + 1],
                 LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
-                STAGE=PART_STAGE[part], HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, IN_PLACE=IN_PLACE,
-                LOW_REGISTERS=LOW_REGISTERS, MASK=MASK,
+                STAGE=PART_STAGE[part], IN_STAGE_UNITS=IN_STAGE_UNITS, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV,
+                IN_PLACE=IN_PLACE, LOW_REGISTERS=LOW_REGISTERS, MASK=MASK,
                 CAUSAL=CAUSAL, HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
                 BLOCK_N=part_width(part, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK), PIPELINED=PART_KIND[part] == PLAIN,
                 PRECISION=PRECISION)
+
+    if IN_STAGE_UNITS and not CAUSAL:
+        m_i = out_of_stage(m_i, m_ref, r_hi)
 
     # A fully masked row attends to nothing: its acc, masses and l are 0, its output zeros, and
     # its log-sum-exp +inf, so the backward gives it no gradient.
@@ -648,12 +703,13 @@ def forward_kernel(
         if HAS_DROPOUT:  # (the band stored −inf for the pairs it dropped)
             mass = mass / (1.0 - dropout_p)
         if not HAS_DROPOUT:  # all mass but label 2k's (undropped, l is the masses' sum)
+            m_hi = m_hi * rescale(m_ref, m_i) + (0.0 if CAUSAL else l_i)
             m_lo = l_i - m_hi
         # m_lo summed the band's interior too
         mass, mass0 = with_edges(mass, m_lo / l_safe - tl.sum(mass, 1), m_hi / l_safe, labels, max_distance)
         mass = stored_by_row(mass_rows[:, None] + 1 + labels[None, :], mass, rows, LQ, EVEN_M)
         tl.store(mass_rows, mass0, mask=rows < LQ)
-        out += table_combination(mass, mass0, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D, PRECISION)
+        out = table_combination(out, mass, mass0, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D, PRECISION)
     O_rows = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :]
     tl.store(O_rows, out.to(O.dtype.element_ty), mask=(rows[:, None] < LQ) & (dims[None, :] < D))
     tl.store(LSE + bh * LQ + rows, lse, mask=rows < LQ)
@@ -742,9 +798,9 @@ def backward_dq_kernel(
     edge statistics, and the logit, value and grad tables, which the dk/dv kernel and the tables'
     gradients read."""
     start_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    bh = b * H + h
     n_labels = 2 * max_distance + 1
     qk_scale = sm_scale * 1.4426950408889634
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -805,7 +861,7 @@ def backward_dq_kernel(
         g, g0 = with_edges(g, -(g_hi + tl.sum(g, 1)), g_hi, labels, max_distance)
         store_label_rows(grad_rows, g, g0, rows, labels, LQ, EVEN_M)
         if HAS_RK:  # Σ_l G_il w^K_l, the key term's share of dq
-            dq += table_combination(g, g0, WK + h * stride_wkh, stride_wkl, labels, dims, n_labels, D, PRECISION)
+            dq = table_combination(dq, g, g0, WK + h * stride_wkh, stride_wkl, labels, dims, n_labels, D, PRECISION)
     DQ_rows = DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + dims[None, :]
     tl.store(DQ_rows, (dq * sm_scale).to(DQ.dtype.element_ty), mask=(rows[:, None] < LQ) & (dims[None, :] < D))
 
@@ -907,9 +963,9 @@ def backward_dkdv_kernel(
     """One program: key block start_n of one (batch, head). Writes its rows of dK and dV and,
     for a wide rel_bias that needs a gradient, its own row of per-label sums in DBIAS."""
     start_n = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    bh = b * H + h
     n_labels = 2 * max_distance + 1
     qk_scale = sm_scale * 1.4426950408889634
     n0 = start_n * BLOCK_N
