@@ -422,7 +422,7 @@ def _label_sums(table: Tensor, x: Tensor, args: dict, n_labels: int) -> Tensor:
     blocks = triton.cdiv(lq, block)
     shares = torch.empty((b * h * blocks, meta["LABELS"] + 1, meta["BLOCK_D"]), device=x.device, dtype=torch.float32)
     _, _, _, sums = _get_kernels()
-    sums[(blocks, b * h)](table, x, shares, *x.stride()[:3], h, lq, d, blocks, LABELS=meta["LABELS"],
+    sums[(blocks, h, b)](table, x, shares, *x.stride()[:3], h, lq, d, blocks, LABELS=meta["LABELS"],
                           BLOCK_M=block, BLOCK_D=meta["BLOCK_D"], PRECISION=meta["PRECISION"])
     return shares.view(b, h, blocks, *shares.shape[1:])[..., :n_labels, :d].sum((0, 2))
 

@@ -1018,11 +1018,13 @@ def label_sums_kernel(TABLE, X, OUT, stride_xb, stride_xh, stride_xm, H, LQ, D, 
     order (no atomics). The tile in x's dtype on the tensor cores, as `impl="gather"` takes it
     under autocast. Its own kernel: in dq's epilogue it made dq spill on sm_80."""
     start_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    bh = b * H + h
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
     labels = tl.arange(0, LABELS)
-    x = load_rows(X + (bh // H) * stride_xb + (bh % H) * stride_xh, rows, stride_xm, dims, LQ, D, False, False)
+    x = load_rows(X + b * stride_xb + h * stride_xh, rows, stride_xm, dims, LQ, D, False, False)
     table_rows = TABLE + (bh * LQ + rows) * (LABELS + 1)
     tile = tl.load(table_rows[:, None] + 1 + labels[None, :], mask=(rows < LQ)[:, None], other=0.0)
     column0 = tl.load(table_rows, mask=rows < LQ, other=0.0)
