@@ -90,6 +90,15 @@ def part_width(part, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK):
 
 
 @triton.jit
+def head_of_program(H):
+    """(b, h, b·H + h): the (batch, head) of a program on the (blocks, H, B) grid (no division
+    by H, as a (blocks, B·H) grid would need)."""
+    b = tl.program_id(2)
+    h = tl.program_id(1)
+    return b, h, b * H + h
+
+
+@triton.jit
 def key_stages(m0, OFFSET, LK, max_distance, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, FRINGE_BLOCK: tl.constexpr):
     """(0, left_hi, left_narrow, band_lo, band_hi, right_wide, right_lo, hi): the key bounds of
@@ -481,11 +490,6 @@ those by q·k where the definition attends to nothing.)"""
 
 
 @triton.jit
-def floor_of(r):
-    return tl.maximum(r, LOGIT_FLOOR)
-
-
-@triton.jit
 def out_of_stage(m_stage, m_entry, r_edge):
     """The row maximum in true units again after a stage that kept it less r_edge: exactly the
     one it entered with where the stage raised it nowhere (adding r_edge back would round)."""
@@ -613,9 +617,7 @@ def forward_kernel(
     (`fused.low_registers`): the band computes its stores' addresses again rather than keep its
     loads'."""
     start_m = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    bh = b * H + h
+    b, h, bh = head_of_program(H)
     n_labels = 2 * max_distance + 1
     qk_scale = sm_scale * 1.4426950408889634
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -654,11 +656,11 @@ def forward_kernel(
     # m_hi: LEFT adds nothing to it and RIGHT all it adds to l, so it stays at the maximum it was
     # last brought to (m_ref) until RIGHT starts and the end (`rescale`). Not with dropout, whose
     # tiles sum their kept mass apart (and with it, m_i less r_edge spills on sm_80).
-    LAZY_HI: tl.constexpr = HAS_RV and not HAS_DROPOUT
     IN_STAGE_UNITS: tl.constexpr = not HAS_DROPOUT
+    LAZY_HI: tl.constexpr = HAS_RV and IN_STAGE_UNITS
     if IN_STAGE_UNITS:
-        r_lo = floor_of(r_lo)
-        r_hi = floor_of(r_hi)
+        r_lo = tl.maximum(r_lo, LOGIT_FLOOR)
+        r_hi = tl.maximum(r_hi, LOGIT_FLOOR)
     m_ref = m_i
     for part in tl.static_range(7):  # the band, then LEFT's fringes and tiles, RIGHT's
         if part == 1:
@@ -702,7 +704,7 @@ def forward_kernel(
                                    EVEN_M) * qk_scale - lse[:, None])
         if HAS_DROPOUT:  # (the band stored −inf for the pairs it dropped)
             mass = mass / (1.0 - dropout_p)
-        if not HAS_DROPOUT:  # all mass but label 2k's (undropped, l is the masses' sum)
+        if LAZY_HI:  # all mass but label 2k's (undropped, l is the masses' sum)
             m_hi = m_hi * rescale(m_ref, m_i) + (0.0 if CAUSAL else l_i)
             m_lo = l_i - m_hi
         # m_lo summed the band's interior too
@@ -798,9 +800,7 @@ def backward_dq_kernel(
     edge statistics, and the logit, value and grad tables, which the dk/dv kernel and the tables'
     gradients read."""
     start_m = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    bh = b * H + h
+    b, h, bh = head_of_program(H)
     n_labels = 2 * max_distance + 1
     qk_scale = sm_scale * 1.4426950408889634
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -963,9 +963,7 @@ def backward_dkdv_kernel(
     """One program: key block start_n of one (batch, head). Writes its rows of dK and dV and,
     for a wide rel_bias that needs a gradient, its own row of per-label sums in DBIAS."""
     start_n = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    bh = b * H + h
+    b, h, bh = head_of_program(H)
     n_labels = 2 * max_distance + 1
     qk_scale = sm_scale * 1.4426950408889634
     n0 = start_n * BLOCK_N
@@ -1018,9 +1016,7 @@ def label_sums_kernel(TABLE, X, OUT, stride_xb, stride_xh, stride_xm, H, LQ, D, 
     order (no atomics). The tile in x's dtype on the tensor cores, as `impl="gather"` takes it
     under autocast. Its own kernel: in dq's epilogue it made dq spill on sm_80."""
     start_m = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    bh = b * H + h
+    b, h, bh = head_of_program(H)
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
     labels = tl.arange(0, LABELS)
