@@ -114,11 +114,25 @@ def test_the_forwards_register_cap_lets_three_blocks_share_an_sm_without_spillin
         kernel, args, kwargs = ks.fused_launches(case, 2048)[0]
         (capped,) = [c for c in fused._configs("forward") if c.maxnreg]
         record = ks._measure_fused_kernel(kernel, "forward", case, args, kwargs, capped, 90)
-        print(json.dumps([record.config, record.registers, record.stack_bytes]))
+        print(json.dumps([record.config, record.registers, record.stack_bytes, record.blocks_per_sm]))
     """
-    config, registers, stack = compiled_subprocess(code)
+    config, registers, stack, blocks = compiled_subprocess(code)
     assert config == f"64/64/4/3/r{168}" and registers <= 168 and stack == 0
-    assert 3 * 4 * 32 * registers <= 65536
+    assert blocks == 3
+
+
+def test_blocks_per_sm_follows_cudas_occupancy_rules():
+    """Registers allocated per warp in units of 256, 1 KiB of shared memory reserved per block,
+    the SM's limits of 64 warps and 32 blocks."""
+    from relpos_lab.analysis.kernel_static import blocks_per_sm
+
+    assert blocks_per_sm(186, 4, 57344, 90) == 2  # 192 x 32 = 6,144 registers a warp: 10 warps of 65,536
+    assert blocks_per_sm(168, 4, 57344, 90) == 3  # fused.REGISTER_CAP
+    assert blocks_per_sm(107, 4, 57344, 90) == 4  # 4 x (56 + 1) KiB: Hopper's 228 KiB exactly
+    assert blocks_per_sm(107, 4, 57345, 90) == 3
+    assert blocks_per_sm(107, 4, 57344, 80) == 2  # Ampere's 164 KiB
+    assert blocks_per_sm(32, 4, 0, 90) == 16  # the warps' limit
+    assert blocks_per_sm(16, 1, 0, 90) == 32  # the blocks' limit
 
 
 def test_the_autotuner_times_only_configs_that_do_not_spill():

@@ -8,9 +8,11 @@ per program). With the kernels' own stage bounds (`key_stages` / `query_stages`,
 Python) that gives warp-instructions per (batch, head) at a length, against the plain
 FlashAttention-2 control (flash_control.py) compiled the same way.
 
-What the estimate is not: a time. It says nothing of latency, memory traffic, occupancy or how
-well the tensor cores are fed; it counts every instruction alike. It does catch what a GPU cannot
-hide: spills, and work per tile that a plain flash kernel does not do.
+What the estimate is not: a time. It says nothing of latency, memory traffic or how well the
+tensor cores are fed; it counts every instruction alike. It does catch what a GPU cannot hide:
+spills, and work per tile that a plain flash kernel does not do. Occupancy, the blocks an SM
+holds at once, is reported beside it (`blocks_per_sm`): on an H200 it was where the count and the
+time parted (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -49,7 +51,23 @@ class Record:
     shared_bytes: int
     loops: dict  # stage -> instructions per tile
     outside: int  # instructions outside the tile loops (once per program)
+    blocks_per_sm: int = 0  # blocks of this config an SM holds at once (`blocks_per_sm`)
     estimate: dict = field(default_factory=dict)  # length -> warp-instructions per (batch, head)
+
+
+SM_RESOURCES = {80: (65536, 64, 32, 164 * 1024), 90: (65536, 64, 32, 228 * 1024)}
+"""Registers, warps, blocks and shared-memory bytes an SM holds (CUDA's table per compute capability)."""
+
+
+def blocks_per_sm(registers: int, warps: int, shared_bytes: int, sm: int) -> int:
+    """How many blocks of a kernel an SM runs at once, by the rules of CUDA's occupancy calculator:
+    registers are allocated per warp in units of 256, and each block reserves 1 KiB of shared
+    memory beside its own. A block fewer than the control's leaves the SM fewer warps to hide
+    latency with: at L = 8192 on an H200 the kernels that fit 2 blocks where the control fits 3 or 4
+    took 20-25% more time than their instruction counts said, dq (3 and 3) about what it said."""
+    register_file, max_warps, max_blocks, shared = SM_RESOURCES[sm]
+    per_warp = -(-registers * 32 // 256) * 256
+    return min(max_blocks, max_warps // warps, register_file // per_warp // warps, shared // (shared_bytes + 1024))
 
 
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
@@ -82,8 +100,9 @@ def measure(kernel, name: str, case: Case, args: tuple, constexprs: dict, config
     label = (f"{config.kwargs['BLOCK_M']}/{config.kwargs['BLOCK_N']}/{config.num_warps}/{config.num_stages}"
              + (f"/r{config.maxnreg}" if config.maxnreg else "")
              + ("/low" if config.kwargs.get("LOW_REGISTERS") else ""))
-    return Record(name, case.name, label, sm, registers, stack, compiled.metadata.shared, body,
-                  total - sum(loops))
+    shared = compiled.metadata.shared
+    return Record(name, case.name, label, sm, registers, stack, shared, body, total - sum(loops),
+                  blocks_per_sm(registers, config.num_warps, shared, sm))
 
 
 def _meta_tensors(case: Case, length: int, batch: int = 2, heads: int = 8):
@@ -287,6 +306,11 @@ def run(cases: list[Case], sms: list[int], lengths=LENGTHS) -> dict:
                     best = {side: sum(min(r.estimate[n] for r in _offered(recs, kname)) for kname in kernels)
                             for side, recs in (("ours", ours), ("control", control))}
                     summary[f"{phase} L={n}"] = round(best["ours"] / best["control"], 3)
+            if 2048 in lengths:  # ours/control, in the config each would take there
+                summary["blocks per SM at L=2048"] = {
+                    kname: "/".join(str(min(_offered(recs, kname), key=lambda r: r.estimate[2048]).blocks_per_sm)
+                                    for recs in (ours, control))
+                    for kname in ("forward", "dq", "dkdv")}
             summary["spill-free configs"] = {
                 kname: f"{sum(1 for r in ours if r.kernel == kname and r.stack_bytes == 0)} of "
                        f"{sum(1 for r in ours if r.kernel == kname)}"
@@ -296,20 +320,23 @@ def run(cases: list[Case], sms: list[int], lengths=LENGTHS) -> dict:
 
 
 def format_table(results: dict) -> str:
-    lines = ["Per kernel and config: registers, stack bytes (spills), instructions per tile by stage, "
-             "and outside the loops (once per program).", ""]
-    header = f"{'sm':>3} {'case':<34} {'kernel':<8} {'config':<12} {'regs':>4} {'stack':>5} {'outside':>7}  loops"
+    lines = ["Per kernel and config: registers, stack bytes (spills), blocks an SM holds at once, instructions "
+             "per tile by stage, and outside the loops (once per program).", ""]
+    header = (f"{'sm':>3} {'case':<34} {'kernel':<8} {'config':<12} {'regs':>4} {'stack':>5} {'blocks':>6} "
+              f"{'outside':>7}  loops")
     lines += [header, "-" * len(header)]
     for r in results["records"]:
         loops = " ".join(f"{k}={v}" for k, v in r["loops"].items())
         lines.append(f"{r['sm']:>3} {r['case'][:34]:<34} {r['kernel']:<8} {r['config']:<12} {r['registers']:>4} "
-                     f"{r['stack_bytes']:>5} {r['outside']:>7}  {loops}")
+                     f"{r['stack_bytes']:>5} {r['blocks_per_sm']:>6} {r['outside']:>7}  {loops}")
     lines += ["", "Estimated warp-instructions per (batch, head), the fused kernel's cheapest spill-free config "
               "over the flash control's cheapest (forward; backward = dq + dk/dv):", ""]
     for s in results["summary"]:
         ratios = "  ".join(f"{k} {v:.2f}x" for k, v in s.items() if " L=" in k)
         free = ", ".join(f"{kernel} {count}" for kernel, count in s["spill-free configs"].items())
-        lines.append(f"sm_{s['sm']} {s['case']:<34} {ratios}  spill-free configs: {free}")
+        blocks = ", ".join(f"{kernel} {both}" for kernel, both in s.get("blocks per SM at L=2048", {}).items())
+        lines.append(f"sm_{s['sm']} {s['case']:<34} {ratios}  spill-free configs: {free}"
+                     + (f"  blocks per SM at L=2048, ours/control: {blocks}" if blocks else ""))
     return "\n".join(lines)
 
 
