@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -119,6 +120,27 @@ def test_the_forwards_register_cap_lets_three_blocks_share_an_sm_without_spillin
     config, registers, stack, blocks = compiled_subprocess(code)
     assert config == f"64/64/4/3/r{168}" and registers <= 168 and stack == 0
     assert blocks == 3
+
+
+def test_the_summary_takes_each_sides_cheapest_config_that_does_not_spill():
+    """Ratios of the cheapest offered configs, the blocks per SM of the ones taken at L = 2048,
+    and the table that prints them (records made by hand: nothing is compiled)."""
+    from relpos_lab.analysis.kernel_static import Record, format_table, summarize
+
+    def record(kernel, config, estimate, stack=0, blocks=2):
+        return Record(kernel, "x", config, 90, 128, stack, 0, {}, 0, blocks, {2048: estimate, 8192: 4 * estimate})
+
+    ours = [record("forward", "a", 120), record("forward", "b", 100, stack=8, blocks=4),
+            record("forward", "c", 115, blocks=3), record("dq", "a", 60), record("dkdv", "a", 90, blocks=1)]
+    control = [record("forward", "a", 100, blocks=4), record("dq", "a", 50, blocks=3),
+               record("dkdv", "a", 100, blocks=3)]
+    summary = summarize("x", 90, ours, control, lengths=(2048, 8192))
+    assert summary["ratios"] == {"forward L=2048": 1.15, "forward L=8192": 1.15, "backward L=2048": 1.0,
+                                 "backward L=8192": 1.0}  # the spilling 100 is not offered
+    assert summary["blocks per SM at L=2048"] == {"forward": "3/4", "dq": "2/3", "dkdv": "1/3"}
+    assert summary["spill-free configs"] == {"forward": "2 of 3", "dq": "1 of 1", "dkdv": "1 of 1"}
+    table = format_table({"records": [asdict(r) for r in ours + control], "summary": [summary]})
+    assert "forward L=2048 1.15x" in table and "forward 3/4, dq 2/3, dkdv 1/3" in table
 
 
 def test_blocks_per_sm_follows_cudas_occupancy_rules():

@@ -300,23 +300,32 @@ def run(cases: list[Case], sms: list[int], lengths=LENGTHS) -> dict:
             for record in ours + control:
                 record.estimate = {n: estimate(record, n, case.max_distance, case.causal) for n in lengths}
             results["records"] += [asdict(r) for r in ours + control]
-            summary = {"case": case.name, "sm": sm}
-            for phase, kernels in (("forward", ("forward",)), ("backward", ("dq", "dkdv"))):
-                for n in lengths:
-                    best = {side: sum(min(r.estimate[n] for r in _offered(recs, kname)) for kname in kernels)
-                            for side, recs in (("ours", ours), ("control", control))}
-                    summary[f"{phase} L={n}"] = round(best["ours"] / best["control"], 3)
-            if 2048 in lengths:  # ours/control, in the config each would take there
-                summary["blocks per SM at L=2048"] = {
-                    kname: "/".join(str(min(_offered(recs, kname), key=lambda r: r.estimate[2048]).blocks_per_sm)
-                                    for recs in (ours, control))
-                    for kname in ("forward", "dq", "dkdv")}
-            summary["spill-free configs"] = {
-                kname: f"{sum(1 for r in ours if r.kernel == kname and r.stack_bytes == 0)} of "
-                       f"{sum(1 for r in ours if r.kernel == kname)}"
-                for kname in ("forward", "dq", "dkdv")}
-            results["summary"].append(summary)
+            results["summary"].append(summarize(case.name, sm, ours, control, lengths))
     return results
+
+
+def summarize(case: str, sm: int, ours: list[Record], control: list[Record], lengths=LENGTHS) -> dict:
+    """Per length, our cheapest offered configs' estimate over the control's (forward; backward =
+    dq + dk/dv); the blocks per SM of the configs each side takes at L = 2048; how many configs
+    of each kernel do not spill."""
+    kernel_names = ("forward", "dq", "dkdv")
+    sides = {"ours": ours, "control": control}
+    summary = {"case": case, "sm": sm, "ratios": {}}
+    for phase, kernels in (("forward", ("forward",)), ("backward", ("dq", "dkdv"))):
+        for n in lengths:
+            best = {side: sum(min(r.estimate[n] for r in _offered(recs, kname)) for kname in kernels)
+                    for side, recs in sides.items()}
+            summary["ratios"][f"{phase} L={n}"] = round(best["ours"] / best["control"], 3)
+    if 2048 in lengths:
+        summary["blocks per SM at L=2048"] = {
+            kname: "/".join(str(min(_offered(recs, kname), key=lambda r: r.estimate[2048]).blocks_per_sm)
+                            for recs in sides.values())
+            for kname in kernel_names}
+    summary["spill-free configs"] = {
+        kname: f"{sum(1 for r in ours if r.kernel == kname and r.stack_bytes == 0)} of "
+               f"{sum(1 for r in ours if r.kernel == kname)}"
+        for kname in kernel_names}
+    return summary
 
 
 def format_table(results: dict) -> str:
@@ -332,7 +341,7 @@ def format_table(results: dict) -> str:
     lines += ["", "Estimated warp-instructions per (batch, head), the fused kernel's cheapest spill-free config "
               "over the flash control's cheapest (forward; backward = dq + dk/dv):", ""]
     for s in results["summary"]:
-        ratios = "  ".join(f"{k} {v:.2f}x" for k, v in s.items() if " L=" in k)
+        ratios = "  ".join(f"{k} {v:.2f}x" for k, v in s["ratios"].items())
         free = ", ".join(f"{kernel} {count}" for kernel, count in s["spill-free configs"].items())
         blocks = ", ".join(f"{kernel} {both}" for kernel, both in s.get("blocks per SM at L=2048", {}).items())
         lines.append(f"sm_{s['sm']} {s['case']:<34} {ratios}  spill-free configs: {free}"
