@@ -104,17 +104,19 @@ def test_a_band_cut_in_narrow_tiles_lets_128_key_tiles_run_without_spills(shaw_w
     assert shaw_wide_keys["forward"]["loops"]["left"] <= 1.05 * shaw_wide_keys["control forward"]["loops"]["full"]
 
 
-def test_the_forwards_register_cap_lets_three_blocks_share_an_sm_without_spilling():
-    """The forward's capped config (fused.REGISTER_CAP, maxnreg) compiles for sm_90 in at most
-    168 registers a thread and no stack: 3 blocks of 4 warps fit an SM's 65,536 registers."""
-    code = """if True:
+@pytest.mark.parametrize("index, name", [(0, "forward"), (2, "dkdv")])
+def test_a_register_cap_lets_three_blocks_share_an_sm_without_spilling(index, name):
+    """The forward's and dk/dv's capped configs (fused.REGISTER_CAP, maxnreg) compile for sm_90
+    in at most 168 registers a thread and no stack (dk/dv's band in half-height tiles): 3 blocks
+    of 4 warps fit an SM's 65,536 registers, as the control's dk/dv does."""
+    code = f"""if True:
         import json
         from relpos_lab.analysis import kernel_static as ks
         from relpos_lab.core.attention import fused
         case = ks.Case("shaw k=16")
-        kernel, args, kwargs = ks.fused_launches(case, 2048)[0]
-        (capped,) = [c for c in fused._configs("forward") if c.maxnreg]
-        record = ks._measure_fused_kernel(kernel, "forward", case, args, kwargs, capped, 90)
+        kernel, args, kwargs = ks.fused_launches(case, 2048)[{index}]
+        (capped,) = [c for c in fused._configs("{name}") if c.maxnreg]
+        record = ks._measure_fused_kernel(kernel, "{name}", case, args, kwargs, capped, 90)
         print(json.dumps([record.config, record.registers, record.stack_bytes, record.blocks_per_sm]))
     """
     config, registers, stack, blocks = compiled_subprocess(code)

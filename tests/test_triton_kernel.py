@@ -167,6 +167,21 @@ def test_a_register_capped_forward_writes_the_same_tables(name, monkeypatch):
     check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
 
 
+@pytest.mark.parametrize("name", ["odd length, shared tables and bias", "padding and causal", "k = 16",
+                                  "prefill on a cache", "wide bias, causal with padding"])
+def test_dkdv_in_half_height_band_tiles_matches(name, monkeypatch):
+    """Under a register cap dk/dv runs its band in tiles of half the block's rows
+    (fused.band_rows): that path, here, a wide rel_bias's diagonals included."""
+    monkeypatch.setattr(fused, "band_rows", lambda meta: meta["BLOCK_M"] // 2)
+    if name.startswith("wide bias"):
+        monkeypatch.setattr(fused, "MAX_LABELS", 16)
+        make_kwargs, check_kwargs = WIDE_CASES["causal with padding"]
+        make_kwargs = {**make_kwargs, "use_k": False, "use_v": False}
+    else:
+        make_kwargs, check_kwargs = CASES[name]
+    check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
+
+
 @pytest.mark.parametrize("shape", ["prefix (B, 1, Lq, Lk)", "per head (B, H, Lq, Lk)", "shared (Lq, Lk)"])
 def test_dense_masks_are_read_tile_by_tile(shape):
     """A prefix LM's mask (the source sees all of itself, the target is causal) and arbitrary masks."""
@@ -319,12 +334,18 @@ def test_dropout_is_reproducible_from_the_seed():
     assert not torch.equal(first, other)
 
 
-@pytest.mark.parametrize("causal, length, narrow_fringes", [(False, 26, False), (True, 26, False), (False, 64, True)])
-def test_dropout_matches_the_definition_with_the_kernels_own_mask(causal, length, narrow_fringes, monkeypatch):
+@pytest.mark.parametrize("causal, length, narrow_fringes, half_band",
+                         [(False, 26, False, False), (True, 26, False, False), (False, 64, True, False),
+                          (True, 26, False, True)])
+def test_dropout_matches_the_definition_with_the_kernels_own_mask(causal, length, narrow_fringes, half_band,
+                                                                  monkeypatch):
     """Outputs and every gradient, with the mask the kernels drew rebuilt by `fused.dropout_keep`:
     the backward redraws exactly the forward's mask, and both value terms see it (the forward's
     interior masses from the pairs its band kept). Also with the band from a narrow fringe's
-    boundary (see test_a_band_from_a_narrow_fringes_boundary_matches_too)."""
+    boundary (see test_a_band_from_a_narrow_fringes_boundary_matches_too), and with dk/dv's band
+    in half-height tiles (test_dkdv_in_half_height_band_tiles_matches)."""
+    if half_band:
+        monkeypatch.setattr(fused, "band_rows", lambda meta: meta["BLOCK_M"] // 2)
     if narrow_fringes:
         monkeypatch.setattr(fused, "_INTERPRETER_BLOCKS", {"BLOCK_M": 16, "BLOCK_N": 32})
         monkeypatch.setattr(fused, "BAND_CAP", {"forward": 16, "dq": 16})
@@ -384,10 +405,10 @@ def test_one_config_from_the_environment_replaces_the_autotuners_list(monkeypatc
         with pytest.raises(ValueError, match=f"RELPOS_LAB_TRITON_CONFIG='{bad}': expected BM,BN,WARPS,STAGES"):
             fused._configs("dq")
     monkeypatch.delenv(fused.CONFIG_VARIABLE)
-    # The autotuner's list: the forward also times 64/64 with its registers capped, dk/dv 64/64 in
-    # two stages (its one spill-free config on sm_80 with causality and dropout); dq neither.
+    # The autotuner's list: the forward and dk/dv also time 64/64 with their registers capped, dk/dv
+    # 64/64 in two stages (its one spill-free config on sm_80 with causality and dropout); dq neither.
     assert [c.maxnreg for c in fused._configs("forward")] == [None] * 5 + [fused.REGISTER_CAP]
     assert len(fused._configs("dq")) == 5
-    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
-            for c in fused._configs("dkdv")][5:] == [(64, 64, 4, 2)]
-    assert not any(c.maxnreg for c in fused._configs("dq") + fused._configs("dkdv"))
+    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages, c.maxnreg)
+            for c in fused._configs("dkdv")][5:] == [(64, 64, 4, 2, None), (64, 64, 4, 3, fused.REGISTER_CAP)]
+    assert not any(c.maxnreg for c in fused._configs("dq") + fused._configs("dkdv")[:6])

@@ -206,7 +206,7 @@ def measure_control(case: Case, sm: int, length: int = 2048) -> list[Record]:
     records = []
     for index, name in enumerate(("forward", "dq", "dkdv")):
         for config in fused._configs(name):
-            if config.maxnreg:  # our forward's register cap: the control's forward is far below it
+            if config.maxnreg:  # our register cap: the control is far below it
                 continue
             blocks = {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_N": config.kwargs["BLOCK_N"]}
             kernel, _, args, meta = flash_control.launches(q, k, v, case.causal, case.dropout_p, blocks, mask)[index]
@@ -218,10 +218,10 @@ def measure_control(case: Case, sm: int, length: int = 2048) -> list[Record]:
 
 
 def _tiles(name: str, stage_fn, length: int, max_distance: int, causal: bool, block_m: int, block_n: int,
-           control: bool) -> list[dict]:
+           control: bool, maxnreg: int = 0) -> list[dict]:
     """Per program of one (batch, head): how many tiles each stage runs, from the kernels' own bounds."""
     from relpos_lab.core.attention import fused_kernels as kernels
-    from relpos_lab.core.attention.fused import band_block, fringe_block
+    from relpos_lab.core.attention.fused import band_block, band_rows, fringe_block
 
     out = []
     if name in ("forward", "dq"):
@@ -245,7 +245,8 @@ def _tiles(name: str, stage_fn, length: int, max_distance: int, causal: bool, bl
                             "full": -(-(length - diagonal_hi) // block_m)})
             else:
                 lo, band_lo, band_hi = stage_fn(n0, 0, length, max_distance, causal, block_m, block_n)
-                out.append({"band": -(-(band_hi - band_lo) // block_m), "left": -(-(length - band_hi) // block_m),
+                rows = band_rows({"BLOCK_M": block_m, "maxnreg": maxnreg})
+                out.append({"band": -(-(band_hi - band_lo) // rows), "left": -(-(length - band_hi) // block_m),
                             "right": -(-(band_lo - lo) // block_m)})
     return out
 
@@ -258,10 +259,11 @@ def estimate(record: Record, length: int, max_distance: int, causal: bool) -> in
 
     control = record.case.startswith(CONTROL)
     bm, bn, warps = (int(x) for x in record.config.split("/")[:3])
+    maxnreg = next((int(part[1:]) for part in record.config.split("/")[4:] if part.startswith("r")), 0)
     module = flash_control if control else kernels
     stage_fn = (module.key_stages if record.kernel in ("forward", "dq") else module.query_stages).fn
     total = 0
-    for tiles in _tiles(record.kernel, stage_fn, length, max_distance, causal, bm, bn, control):
+    for tiles in _tiles(record.kernel, stage_fn, length, max_distance, causal, bm, bn, control, maxnreg):
         total += record.outside + sum(record.loops.get(stage, 0) * count for stage, count in tiles.items())
     return total * warps
 

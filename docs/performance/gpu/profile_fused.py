@@ -4,13 +4,14 @@
 
 One config for every kernel (no autotuning, so that a lease spends its minutes timing, not
 compiling; 64/64, 4 warps, 3 stages is what the autotuner picked on an H200 at L = 2048; a fifth
-value caps the registers a thread holds, maxnreg, as the forward's capped config does). Prints:
+value caps the registers a thread holds, maxnreg, as the forward's and dk/dv's capped configs do). Prints:
 the largest gradient errors of impl="triton" in bf16 against gather in float32; per length, forward
 and forward + backward times (triton.testing.do_bench, Shaw a^K + a^V, k = 16, H = 8, D = 64, bf16)
 beside SDPA's, the host time per call, the CUDA time per call of every kernel (torch.profiler), and
 the project's FlashAttention-2 control (relpos_lab/analysis/flash_control.py) per kernel in the same
-config; causal attention with dropout 0.1 at the first length beside SDPA's; then the forward at
-the first length with a^K alone, a^V alone, and k = 4 and 63.
+config; causal attention without and with dropout 0.1 at the first length beside SDPA's, with the
+host's time per step; then the forward at the first length with a^K alone, a^V alone, and k = 4
+and 63.
 """
 import argparse
 import os
@@ -115,20 +116,29 @@ def forward_variants(length):
         print(f"L={length} forward k={k} a^K={int(with_k)} a^V={int(with_v)}: {ms:.3f} ms", flush=True)
 
 
-def with_dropout(length, dropout_p=0.1):
-    """Causal attention with dropout, as a decoder trains: Shaw fwd+bwd and SDPA's (flash draws its
-    mask in the kernel too), then the kernels' times: what the draws cost beside the softmax."""
+def causal(length, dropout_p):
+    """Causal attention, as a decoder trains: Shaw fwd+bwd and SDPA's (flash draws its dropout mask
+    in the kernel too), the host's time to issue a step, then the kernels' times: whether the
+    host or the kernels bound a step, and what dropout's draws cost beside the softmax."""
     batch = max(1, args.tokens // length)
     q, kk, v, rel_k, rel_v = tensors(batch, length, K, torch.bfloat16)
     grad_out = torch.randn_like(q)
     ours = lambda: relative_attention(q, kk, v, rel_k=rel_k, rel_v=rel_v, max_distance=K, is_causal=True,
                                       dropout_p=dropout_p, impl="triton").backward(grad_out)
     sdpa = lambda: F.scaled_dot_product_attention(q, kk, v, is_causal=True, dropout_p=dropout_p).backward(grad_out)
+    label = f"L={length} causal dropout {dropout_p}"
     for name, fn in (("shaw", ours), ("sdpa", sdpa)):
-        print(f"L={length} causal dropout {dropout_p} {name} fwd+bwd: {do_bench(fn, warmup=5, rep=50):.3f} ms",
-              flush=True)
+        print(f"{label} {name} fwd+bwd: {do_bench(fn, warmup=5, rep=50):.3f} ms", flush=True)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(20):
+        ours()
+    issued = time.perf_counter()
+    torch.cuda.synchronize()
+    print(f"{label} host per fwd+bwd {(issued - started) / 20 * 1e3:.3f} ms "
+          f"(wall {(time.perf_counter() - started) / 20 * 1e3:.3f} ms)", flush=True)
     for name, ms in kernel_times(ours).items():
-        print(f"L={length} causal dropout   {ms:7.3f} ms  {name}", flush=True)
+        print(f"{label}   {ms:7.3f} ms  {name}", flush=True)
 
 
 capped = f", at most {args.config[4]} registers" if args.config[4:5] else ""
@@ -138,6 +148,7 @@ print(f"config {BM}/{BN}, {WARPS} warps, {STAGES} stages{capped}; "
 check()
 for length in args.lengths:
     profile_length(length)
-with_dropout(args.lengths[0])
+for dropout_p in (0.0, 0.1):
+    causal(args.lengths[0], dropout_p)
 if not args.no_variants:
     forward_variants(args.lengths[0])

@@ -3,13 +3,17 @@
 #   docs/performance/gpu/run.sh [kernel | kernel_<part>] [tests] [attention] [peers] [model] [decode] [profile]   (default: all)
 # `kernel` alone is the fused Triton kernel's step (issues 30, 37), sized for one 10-minute call, in
 # parts, the most telling first, so that a call cut short keeps what it measured: where its time
-# goes (profile_fused.py, one config), the same with the forward's registers capped, the 6+6 model
-# and the decoder-only LM in bf16-mixed with attention dropout against their sinusoidal twins, its
-# tests compiled on the GPU, Shaw and a learned rel_bias vs flash at L = 2048 and 8192 with peak
-# memory, plain and causal (all in one config: RELPOS_LAB_TRITON_CONFIG; autotuning every shape
-# spends minutes compiling), and last the same attention autotuned at L = 2048.
-# Seen on an H200 (2026-11-26): profile ~70 s, capped ~60 s, models ~190 s, tests ~200 s, the
-# one-config attention ~45 s; the autotuned attention did not finish in 170 s.
+# goes (profile_fused.py, one config) with every kernel's registers capped (3 blocks per SM) and
+# then uncapped, Shaw and a learned rel_bias vs flash at L = 2048 and 8192 with peak memory, plain
+# and causal, its tests compiled on the GPU, the 6+6 model and the decoder-only LM in bf16-mixed
+# with attention dropout against their sinusoidal twins (all in one config:
+# RELPOS_LAB_TRITON_CONFIG; autotuning every shape spends minutes compiling), and last the same
+# attention autotuned at L = 2048.
+# Seen on an H200 (2026-11-26): profile ~70 s and capped ~60 s (before each profiled causal
+# attention without dropout too), one-config attention ~45 s plain and ~45 s causal, kernel tests
+# ~200 s (the CUDA tier's triton tests need more), models ~165 s; the autotuned attention did not
+# finish in 170 s. On a lease of 15 minutes: `STEP_TIMEOUT=210 run.sh kernel` in one 10-minute
+# call, then what it did not reach.
 # Writes docs/performance/gpu/*.txt (the tables) and *.json next to this script; where $OUT is set
 # (a lent GPU machine, which returns at most 8 files) all of them packed in $OUT/gpu_tables.tgz,
 # after every step. STEP_TIMEOUT=<seconds> bounds each command. On a bare machine first:
@@ -22,7 +26,7 @@ mkdir -p "$out"
 pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/gpu_tables.tgz" -C "$out" . ; true; }
 limit=(); [ -n "${STEP_TIMEOUT:-}" ] && limit=(timeout -k 10 "$STEP_TIMEOUT")
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(kernel tests attention peers model decode profile)
-KERNEL=(kernel_profile kernel_capped kernel_model kernel_tests kernel_attention kernel_causal kernel_autotuned)
+KERNEL=(kernel_capped kernel_profile kernel_attention kernel_causal kernel_tests kernel_model kernel_autotuned)
 parts=(); for step in "${steps[@]}"; do [ "$step" = kernel ] && parts+=("${KERNEL[@]}") || parts+=("$step"); done
 bench() {  # PIN_BENCH=1: in one config
   name=$1; shift; pin=(); [ -n "${PIN_BENCH:-}" ] && pin=("$PIN")
@@ -44,7 +48,7 @@ for step in "${parts[@]}"; do
         | tee "$out/kernel_tests.txt" | tail -5
       one_config python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark -m cuda tests/test_cuda.py -k triton 2>&1 \
         | tee -a "$out/kernel_tests.txt" | tail -5; pack ;;
-    kernel_capped)  # the forward's config with its registers capped (fused.REGISTER_CAP); dk/dv spills there
+    kernel_capped)  # every kernel capped at fused.REGISTER_CAP (3 blocks per SM; dk/dv's band in half-height tiles)
       one_config python3 docs/performance/gpu/profile_fused.py --config 64 64 4 3 168 --no-variants 2>&1 \
         | tee "$out/profile_fused_capped.txt"; pack ;;
     kernel_model)

@@ -62,19 +62,19 @@ def _configs(kernel: str) -> list:
     """Block sizes, warps, stages and register caps the autotuner tries once per shape class on
     a GPU (Hopper, Ampere), for the "forward", "dq" or "dkdv" kernel. 128/32 with 8 warps is the
     one that does not spill with causality and dropout (`bench kernel --static`). The forward
-    also tries 64/64 capped at REGISTER_CAP: on an H200 its 192 registers let 2 blocks share an
-    SM where the FlashAttention-2 control's 107 let 3, and its plain tiles cost 34% more than
-    the control's at L = 8192 where dq's, 3 blocks on both sides, cost 6% more
-    (docs/performance.md); capped, it compiles without spilling. dq holds 168 already, and dk/dv
-    spills under the cap. dk/dv also tries 64/64 in two stages: with causality and dropout on
-    sm_80 it is the one config that does not spill (the control spills in all). The dk/dv kernel
-    takes WINDOW, the power of two holding a tile's BM + BN − 1 diagonals (a wide rel_bias's
-    gradient)."""
+    and dk/dv also try 64/64 capped at REGISTER_CAP: on an H200 their 186 and 250 registers let
+    2 blocks share an SM where the FlashAttention-2 control's let 4 and 3, and at L = 8192 they
+    took 29% and 23% more time than the control where dq, 3 blocks on both sides, took 6% more
+    (docs/performance.md). Capped, the forward compiles without spilling, and dk/dv does with its
+    band in tiles of half the block's rows (`band_rows`); dq holds 166 already. dk/dv also tries
+    64/64 in two stages: with causality and dropout on sm_80 it is the one config that does not
+    spill (the control spills in all). The dk/dv kernel takes WINDOW, the power of two holding a
+    tile's BM + BN − 1 diagonals (a wide rel_bias's gradient)."""
     choices = ((128, 64, 8, 3, 0), (64, 64, 4, 3, 0), (128, 32, 4, 3, 0), (64, 128, 4, 2, 0), (128, 32, 8, 2, 0))
     if kernel == "forward":
         choices += ((64, 64, 4, 3, REGISTER_CAP),)
     if kernel == "dkdv":
-        choices += ((64, 64, 4, 2, 0),)
+        choices += ((64, 64, 4, 2, 0), (64, 64, 4, 3, REGISTER_CAP))
     if os.environ.get(CONFIG_VARIABLE):
         try:
             fields = [int(x) for x in os.environ[CONFIG_VARIABLE].split(",")]
@@ -137,7 +137,7 @@ def _heuristics(kernel) -> dict:
     forward's LOW_REGISTERS."""
     name = kernel_name(kernel)
     if name == "dkdv":
-        return _EVEN
+        return {**_EVEN, "BAND_ROWS": lambda a: band_rows(a)}
     rules = {**_EVEN, "BAND_BLOCK": lambda a: band_block(a["BLOCK_N"], name),
              "FRINGE_BLOCK": lambda a: fringe_block(a["BLOCK_N"], name)}
     if name == "forward":
@@ -150,6 +150,13 @@ def low_registers(meta: dict) -> bool:
     keep its loads' (32 registers fewer): under a register cap (the autotuner passes a config's
     `maxnreg` with its kwargs), or in a config's `low_register_variant`."""
     return bool(meta.get("LOW_REGISTERS", meta.get("maxnreg")))
+
+
+def band_rows(meta: dict) -> int:
+    """dk/dv's band tile height: under a register cap half the block's rows, the tiles whose
+    per-pair work held dk/dv at 250 registers (sm_90, 64/64, 4 warps); capped at REGISTER_CAP
+    with 64-row band tiles it spills, with 32-row ones it does not (`bench kernel --static`)."""
+    return meta["BLOCK_M"] // 2 if meta.get("maxnreg") else meta["BLOCK_M"]
 
 
 def low_register_variant(config):

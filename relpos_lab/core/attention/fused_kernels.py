@@ -959,9 +959,10 @@ def backward_dkdv_kernel(
         BIAS_GRAD: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, WINDOW: tl.constexpr,
-        PRECISION: tl.constexpr):
+        BAND_ROWS: tl.constexpr, PRECISION: tl.constexpr):
     """One program: key block start_n of one (batch, head). Writes its rows of dK and dV and,
-    for a wide rel_bias that needs a gradient, its own row of per-label sums in DBIAS."""
+    for a wide rel_bias that needs a gradient, its own row of per-label sums in DBIAS. The band's
+    query tiles are BAND_ROWS high (a divisor of BLOCK_M)."""
     start_n = tl.program_id(0)
     b, h, bh = head_of_program(H)
     n_labels = 2 * max_distance + 1
@@ -998,8 +999,8 @@ def backward_dkdv_kernel(
             LQ, LK, D, OFFSET, max_distance, qk_scale, seed + bh, dropout_p,
             TABLE_ROW=LABELS + 1, STAGE=stage, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, BIAS_GRAD=BIAS_GRAD, MASK=MASK,
             CAUSAL=CAUSAL,
-            HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M,
-            BLOCK_N=BLOCK_N, WINDOW=WINDOW, PRECISION=PRECISION)
+            HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+            BLOCK_M=BAND_ROWS if stage == BAND else BLOCK_M, BLOCK_N=BLOCK_N, WINDOW=WINDOW, PRECISION=PRECISION)
     col_mask = (cols[:, None] < LK) & (dims[None, :] < D)
     tl.store(DK + b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :],
              (dk * sm_scale).to(DK.dtype.element_ty), mask=col_mask)
