@@ -104,11 +104,11 @@ def test_a_band_cut_in_narrow_tiles_lets_128_key_tiles_run_without_spills(shaw_w
     assert shaw_wide_keys["forward"]["loops"]["left"] <= 1.05 * shaw_wide_keys["control forward"]["loops"]["full"]
 
 
-@pytest.mark.parametrize("index, name", [(0, "forward"), (2, "dkdv")])
-def test_a_register_cap_lets_three_blocks_share_an_sm_without_spilling(index, name):
-    """The forward's and dk/dv's capped configs (fused.REGISTER_CAP, maxnreg) compile for sm_90
-    in at most 168 registers a thread and no stack (dk/dv's band in half-height tiles): 3 blocks
-    of 4 warps fit an SM's 65,536 registers, as the control's dk/dv does."""
+@pytest.mark.parametrize("index, name, cap, blocks", [(0, "forward", 128, 4), (2, "dkdv", 168, 3)])
+def test_a_register_cap_fits_the_controls_blocks_per_sm_without_spilling(index, name, cap, blocks):
+    """The forward's and dk/dv's capped configs (fused.REGISTER_CAPS, maxnreg) compile for sm_90
+    without a stack (the forward's band in 32-key tiles, dk/dv's in half-height ones): 4 and 3
+    blocks of 4 warps share an SM, as the control's forward and dk/dv do in that config."""
     code = f"""if True:
         import json
         from relpos_lab.analysis import kernel_static as ks
@@ -119,9 +119,9 @@ def test_a_register_cap_lets_three_blocks_share_an_sm_without_spilling(index, na
         record = ks._measure_fused_kernel(kernel, "{name}", case, args, kwargs, capped, 90)
         print(json.dumps([record.config, record.registers, record.stack_bytes, record.blocks_per_sm]))
     """
-    config, registers, stack, blocks = compiled_subprocess(code)
-    assert config == f"64/64/4/3/r{168}" and registers <= 168 and stack == 0
-    assert blocks == 3
+    config, registers, stack, blocks_per_sm = compiled_subprocess(code)
+    assert config == f"64/64/4/3/r{cap}" and registers <= cap and stack == 0
+    assert blocks_per_sm == blocks
 
 
 def test_the_summary_takes_each_sides_cheapest_config_that_does_not_spill():
@@ -151,7 +151,7 @@ def test_blocks_per_sm_follows_cudas_occupancy_rules():
     from relpos_lab.analysis.kernel_static import blocks_per_sm
 
     assert blocks_per_sm(186, 4, 57344, 90) == 2  # 192 x 32 = 6,144 registers a warp: 10 warps of 65,536
-    assert blocks_per_sm(168, 4, 57344, 90) == 3  # fused.REGISTER_CAP
+    assert blocks_per_sm(168, 4, 57344, 90) == 3  # fused.REGISTER_CAPS["dkdv"]
     assert blocks_per_sm(107, 4, 57344, 90) == 4  # 4 x (56 + 1) KiB: Hopper's 228 KiB exactly
     assert blocks_per_sm(107, 4, 57345, 90) == 3
     assert blocks_per_sm(107, 4, 57344, 80) == 2  # Ampere's 164 KiB

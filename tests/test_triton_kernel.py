@@ -400,15 +400,18 @@ def test_one_config_from_the_environment_replaces_the_autotuners_list(monkeypatc
     assert fused._configs("forward")[0].kwargs == {"BLOCK_M": 64, "BLOCK_N": 32}
     monkeypatch.setenv(fused.CONFIG_VARIABLE, "64,64,4,3,168")
     assert [(c.kwargs, c.maxnreg) for c in fused._configs("dq")] == [({"BLOCK_M": 64, "BLOCK_N": 64}, 168)]
-    for bad in ("64x64", "64,64,4"):
+    monkeypatch.setenv(fused.CONFIG_VARIABLE, "64,64,4,3,capped")  # each kernel's own cap, or none
+    assert [fused._configs(name)[0].maxnreg for name in ("forward", "dq", "dkdv")] == [
+        fused.REGISTER_CAPS["forward"], None, fused.REGISTER_CAPS["dkdv"]]
+    for bad in ("64x64", "64,64,4", "64,64,4,3,most"):
         monkeypatch.setenv(fused.CONFIG_VARIABLE, bad)
         with pytest.raises(ValueError, match=f"RELPOS_LAB_TRITON_CONFIG='{bad}': expected BM,BN,WARPS,STAGES"):
             fused._configs("dq")
     monkeypatch.delenv(fused.CONFIG_VARIABLE)
     # The autotuner's list: the forward and dk/dv also time 64/64 with their registers capped, dk/dv
     # 64/64 in two stages (its one spill-free config on sm_80 with causality and dropout); dq neither.
-    assert [c.maxnreg for c in fused._configs("forward")] == [None] * 5 + [fused.REGISTER_CAP]
+    assert [c.maxnreg for c in fused._configs("forward")] == [None] * 5 + [fused.REGISTER_CAPS["forward"]]
     assert len(fused._configs("dq")) == 5
     assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages, c.maxnreg)
-            for c in fused._configs("dkdv")][5:] == [(64, 64, 4, 2, None), (64, 64, 4, 3, fused.REGISTER_CAP)]
+            for c in fused._configs("dkdv")][5:] == [(64, 64, 4, 2, None), (64, 64, 4, 3, fused.REGISTER_CAPS["dkdv"])]
     assert not any(c.maxnreg for c in fused._configs("dq") + fused._configs("dkdv")[:6])

@@ -230,7 +230,7 @@ def _tiles(name: str, stage_fn, length: int, max_distance: int, causal: bool, bl
                 diagonal_lo, hi = stage_fn(m0, length, causal, block_m, block_n)
                 out.append({"full": -(-diagonal_lo // block_n), "diagonal": -(-(hi - diagonal_lo) // block_n)})
             else:
-                bb, fb = band_block(block_n, name), fringe_block(block_n, name)
+                bb, fb = band_block(block_n, name, bool(maxnreg)), fringe_block(block_n, name, bool(maxnreg))
                 bounds = stage_fn(m0, 0, length, max_distance, causal, block_m, block_n, bb, fb)
                 tiles = {}
                 for part, stage in enumerate(KEY_PARTS):

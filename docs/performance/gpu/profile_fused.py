@@ -1,10 +1,11 @@
 """Where the fused kernel's time goes on a GPU: its three kernels beside a FlashAttention-2 control.
 
-    python docs/performance/gpu/profile_fused.py [--lengths 2048 8192] [--tokens 32768] [--config 64 64 4 3 [168]]
+    python docs/performance/gpu/profile_fused.py [--lengths 2048 8192] [--tokens 32768] [--config 64 64 4 3 [capped]]
 
 One config for every kernel (no autotuning, so that a lease spends its minutes timing, not
 compiling; 64/64, 4 warps, 3 stages is what the autotuner picked on an H200 at L = 2048; a fifth
-value caps the registers a thread holds, maxnreg, as the forward's and dk/dv's capped configs do). Prints:
+value caps the registers a thread holds, maxnreg: a number, or `capped` for the forward's and dk/dv's
+own caps, fused.REGISTER_CAPS, as their capped configs have them). Prints:
 the largest gradient errors of impl="triton" in bf16 against gather in float32; per length, forward
 and forward + backward times (triton.testing.do_bench, Shaw a^K + a^V, k = 16, H = 8, D = 64, bf16)
 beside SDPA's, the host time per call, the CUDA time per call of every kernel (torch.profiler), and
@@ -30,12 +31,12 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
 parser.add_argument("--tokens", type=int, default=32768)
 parser.add_argument("--no-variants", action="store_true", help="skip the forward's variants (each compiles anew)")
-parser.add_argument("--config", type=int, nargs="+", default=[64, 64, 4, 3],
-                    help="BM BN WARPS STAGES [MAXNREG]")
+parser.add_argument("--config", nargs="+", default=["64", "64", "4", "3"],
+                    help="BM BN WARPS STAGES [MAXNREG, or capped: each kernel's fused.REGISTER_CAPS]")
 args = parser.parse_args()
 if len(args.config) not in (4, 5):
-    parser.error("--config takes BM BN WARPS STAGES [MAXNREG]")
-BM, BN, WARPS, STAGES = args.config[:4]
+    parser.error("--config takes BM BN WARPS STAGES [MAXNREG or capped]")
+BM, BN, WARPS, STAGES = (int(x) for x in args.config[:4])
 H, D, K = 8, 64, 16
 os.environ[fused.CONFIG_VARIABLE] = ",".join(map(str, args.config))
 
@@ -141,7 +142,8 @@ def causal(length, dropout_p):
         print(f"{label}   {ms:7.3f} ms  {name}", flush=True)
 
 
-capped = f", at most {args.config[4]} registers" if args.config[4:5] else ""
+cap = args.config[4] if args.config[4:] else None
+capped = "" if cap is None else f", registers capped at {fused.REGISTER_CAPS if cap == 'capped' else cap}"
 print(f"config {BM}/{BN}, {WARPS} warps, {STAGES} stages{capped}; "
       f"torch {torch.__version__}, triton {triton.__version__}, "
       f"{torch.cuda.get_device_name()}", flush=True)

@@ -3,12 +3,12 @@
 #   docs/performance/gpu/run.sh [kernel | kernel_<part>] [tests] [attention] [peers] [model] [decode] [profile]   (default: all)
 # `kernel` alone is the fused Triton kernel's step (issues 30, 37), sized for one 10-minute call, in
 # parts, the most telling first, so that a call cut short keeps what it measured: where its time
-# goes (profile_fused.py, one config) with every kernel's registers capped (3 blocks per SM) and
-# then uncapped, Shaw and a learned rel_bias vs flash at L = 2048 and 8192 with peak memory, plain
-# and causal, its tests compiled on the GPU, the 6+6 model and the decoder-only LM in bf16-mixed
-# with attention dropout against their sinusoidal twins (all in one config:
-# RELPOS_LAB_TRITON_CONFIG; autotuning every shape spends minutes compiling), and last the same
-# attention autotuned at L = 2048.
+# goes (profile_fused.py, one config) with the forward's and dk/dv's registers capped (as many
+# blocks per SM as the control's) and then uncapped, Shaw and a learned rel_bias vs flash at
+# L = 2048 and 8192 with peak memory, plain and causal, its tests compiled on the GPU, the 6+6
+# model and the decoder-only LM in bf16-mixed with attention dropout against their sinusoidal
+# twins (all in one config: RELPOS_LAB_TRITON_CONFIG; autotuning every shape spends minutes
+# compiling), and last the same attention autotuned at L = 2048.
 # Seen on an H200 (2026-11-26): profile ~70 s and capped ~60 s (before each profiled causal
 # attention without dropout too), one-config attention ~45 s plain and ~45 s causal, kernel tests
 # ~200 s (the CUDA tier's triton tests need more), models ~165 s; the autotuned attention did not
@@ -48,8 +48,8 @@ for step in "${parts[@]}"; do
         | tee "$out/kernel_tests.txt" | tail -5
       one_config python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark -m cuda tests/test_cuda.py -k triton 2>&1 \
         | tee -a "$out/kernel_tests.txt" | tail -5; pack ;;
-    kernel_capped)  # every kernel capped at fused.REGISTER_CAP (3 blocks per SM; dk/dv's band in half-height tiles)
-      one_config python3 docs/performance/gpu/profile_fused.py --config 64 64 4 3 168 --no-variants 2>&1 \
+    kernel_capped)  # the forward and dk/dv capped (fused.REGISTER_CAPS: 4 and 3 blocks per SM, as the control's)
+      one_config python3 docs/performance/gpu/profile_fused.py --config 64 64 4 3 capped --no-variants 2>&1 \
         | tee "$out/profile_fused_capped.txt"; pack ;;
     kernel_model)
       PIN_BENCH=1 bench kernel_model_one_config model --precision bf16-mixed --layers 6 --tokens 16384 \

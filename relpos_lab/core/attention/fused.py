@@ -50,40 +50,45 @@ if HAS_TRITON:
 
 CONFIG_VARIABLE = "RELPOS_LAB_TRITON_CONFIG"
 """``BM,BN,WARPS,STAGES[,MAXNREG]`` (e.g. 64,64,4,3 or 64,64,4,3,168): every kernel runs that
-one config, untuned (MAXNREG caps the registers a thread may hold; 0 or absent: no cap). For a
-GPU lease's tests and profiles, where autotuning each shape would spend the minutes compiling."""
+one config, untuned (MAXNREG caps the registers a thread may hold; 0 or absent: no cap; ``capped``:
+each kernel's own cap, REGISTER_CAPS). For a GPU lease's tests and profiles, where autotuning each
+shape would spend the minutes compiling."""
 
 
-REGISTER_CAP = 168
-"""Registers a thread of 4 warps may hold for 3 blocks to share an SM's 65,536 (Hopper, Ampere)."""
+REGISTER_CAPS = {"forward": 128, "dkdv": 168}
+"""Registers a thread may hold in the forward's and dk/dv's capped 64/64, 4-warp configs: 128 lets
+4 blocks share an SM's 65,536, 168 lets 3; what the FlashAttention-2 control's forward and dk/dv
+fit in that config on Hopper (`bench kernel --static`'s blocks column)."""
 
 
 def _configs(kernel: str) -> list:
     """Block sizes, warps, stages and register caps the autotuner tries once per shape class on
     a GPU (Hopper, Ampere), for the "forward", "dq" or "dkdv" kernel. 128/32 with 8 warps is the
     one that does not spill with causality and dropout (`bench kernel --static`). The forward
-    and dk/dv also try 64/64 capped at REGISTER_CAP: on an H200 their 186 and 250 registers let
+    and dk/dv also try 64/64 capped (REGISTER_CAPS): on an H200 their 186 and 250 registers let
     2 blocks share an SM where the FlashAttention-2 control's let 4 and 3, and at L = 8192 they
     took 29% and 23% more time than the control where dq, 3 blocks on both sides, took 6% more
-    (docs/performance.md). Capped, the forward compiles without spilling, and dk/dv does with its
-    band in tiles of half the block's rows (`band_rows`); dq holds 166 already. dk/dv also tries
+    (docs/performance.md). Capped, they compile without spilling with the forward's band in
+    32-key tiles (`band_block`) and dk/dv's in tiles of half the block's rows (`band_rows`); dq
+    holds 166 already. dk/dv also tries
     64/64 in two stages: with causality and dropout on sm_80 it is the one config that does not
     spill (the control spills in all). The dk/dv kernel takes WINDOW, the power of two holding a
     tile's BM + BN − 1 diagonals (a wide rel_bias's gradient)."""
     choices = ((128, 64, 8, 3, 0), (64, 64, 4, 3, 0), (128, 32, 4, 3, 0), (64, 128, 4, 2, 0), (128, 32, 8, 2, 0))
-    if kernel == "forward":
-        choices += ((64, 64, 4, 3, REGISTER_CAP),)
     if kernel == "dkdv":
-        choices += ((64, 64, 4, 2, 0), (64, 64, 4, 3, REGISTER_CAP))
+        choices += ((64, 64, 4, 2, 0),)
+    if kernel in REGISTER_CAPS:
+        choices += ((64, 64, 4, 3, REGISTER_CAPS[kernel]),)
     if os.environ.get(CONFIG_VARIABLE):
         try:
-            fields = [int(x) for x in os.environ[CONFIG_VARIABLE].split(",")]
+            fields = os.environ[CONFIG_VARIABLE].split(",")
             if len(fields) not in (4, 5):
                 raise ValueError
+            *blocks, cap = (fields + ["0"])[:5]
+            choices = ((*(int(x) for x in blocks), REGISTER_CAPS.get(kernel, 0) if cap == "capped" else int(cap)),)
         except ValueError:
             raise ValueError(f"{CONFIG_VARIABLE}={os.environ[CONFIG_VARIABLE]!r}: expected BM,BN,WARPS,STAGES "
-                             "[,MAXNREG] such as 64,64,4,3") from None
-        choices = ((*fields, 0)[:5],)
+                             "[,MAXNREG or capped] such as 64,64,4,3") from None
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, **({"WINDOW": _window(bm, bn)} if kernel == "dkdv" else {})},
                           num_warps=w, num_stages=s, maxnreg=cap or None)
             for bm, bn, w, s, cap in choices]
@@ -110,9 +115,11 @@ of `bench kernel --static`. The interpreter cuts its 16-key blocks in two, so th
 band, the fringes and the plain tiles."""
 
 
-def band_block(block_n: int, kernel: str) -> int:
-    """BAND_BLOCK of the "forward" or "dq" kernel in a config with `block_n`."""
-    return min(block_n, BAND_CAP[kernel])
+def band_block(block_n: int, kernel: str, capped: bool = False) -> int:
+    """BAND_BLOCK of the "forward" or "dq" kernel in a config with `block_n`; under a register cap
+    at most FRINGE_CAP keys, whose per-pair work fits fewer registers (the forward capped at 128
+    spills with 64-key band tiles on sm_90, not with 32-key ones)."""
+    return min(block_n, BAND_CAP[kernel], FRINGE_CAP if capped else block_n)
 
 
 FRINGE_CAP = 8 if HAS_TRITON and INTERPRETED else 32
@@ -121,9 +128,9 @@ it: with BAND_BLOCK 64, the band of a 64-row block with k = 16 is two tiles from
 32, not three from a multiple of 64 (`bench kernel --static`)."""
 
 
-def fringe_block(block_n: int, kernel: str) -> int:
+def fringe_block(block_n: int, kernel: str, capped: bool = False) -> int:
     """FRINGE_BLOCK of the "forward" or "dq" kernel in a config with `block_n`."""
-    return min(band_block(block_n, kernel), FRINGE_CAP)
+    return min(band_block(block_n, kernel, capped), FRINGE_CAP)
 
 
 def kernel_name(kernel) -> str:
@@ -138,8 +145,8 @@ def _heuristics(kernel) -> dict:
     name = kernel_name(kernel)
     if name == "dkdv":
         return {**_EVEN, "BAND_ROWS": lambda a: band_rows(a)}
-    rules = {**_EVEN, "BAND_BLOCK": lambda a: band_block(a["BLOCK_N"], name),
-             "FRINGE_BLOCK": lambda a: fringe_block(a["BLOCK_N"], name)}
+    rules = {**_EVEN, "BAND_BLOCK": lambda a: band_block(a["BLOCK_N"], name, bool(a.get("maxnreg"))),
+             "FRINGE_BLOCK": lambda a: fringe_block(a["BLOCK_N"], name, bool(a.get("maxnreg")))}
     if name == "forward":
         rules["LOW_REGISTERS"] = lambda a: low_registers(a)
     return rules
@@ -154,8 +161,8 @@ def low_registers(meta: dict) -> bool:
 
 def band_rows(meta: dict) -> int:
     """dk/dv's band tile height: under a register cap half the block's rows, the tiles whose
-    per-pair work held dk/dv at 250 registers (sm_90, 64/64, 4 warps); capped at REGISTER_CAP
-    with 64-row band tiles it spills, with 32-row ones it does not (`bench kernel --static`)."""
+    per-pair work held dk/dv at 250 registers (sm_90, 64/64, 4 warps); capped at 168 with
+    64-row band tiles it spills, with 32-row ones it does not (`bench kernel --static`)."""
     return meta["BLOCK_M"] // 2 if meta.get("maxnreg") else meta["BLOCK_M"]
 
 
