@@ -11,8 +11,8 @@ and forward + backward times (triton.testing.do_bench, Shaw a^K + a^V, k = 16, H
 beside SDPA's, the host time per call, the CUDA time per call of every kernel (torch.profiler), and
 the project's FlashAttention-2 control (relpos_lab/analysis/flash_control.py) per kernel in the same
 config; causal attention without and with dropout 0.1 at the first length beside SDPA's, with the
-host's time per step; then the forward at the first length with a^K alone, a^V alone, and k = 4
-and 63.
+host's time per step; where the host's time goes (cProfile); then the forward at the first length
+with a^K alone, a^V alone, and k = 4 and 63.
 """
 import argparse
 import os
@@ -108,6 +108,32 @@ def profile_length(length):
         print(f"L={length}   {ms:7.3f} ms  flash control {kernel.fn.__name__}", flush=True)
 
 
+def host_profile(length, steps=20, top=25):
+    """Where the host's time per fwd+bwd goes (cProfile over `steps` steps, the GPU left to
+    queue): our launch code, Triton's launchers (autotuner, heuristics, binder), torch's ops."""
+    import cProfile
+    import pstats
+
+    batch = max(1, args.tokens // length)
+    q, kk, v, rel_k, rel_v = tensors(batch, length, K, torch.bfloat16)
+    grad_out = torch.randn_like(q)
+    step = lambda: shaw(q, kk, v, rel_k, rel_v, K).backward(grad_out)
+    step()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    profiler.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profiler)
+    print(f"L={length} host profile, per fwd+bwd ({steps} steps), the {top} largest by own time:", flush=True)
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:top]
+    for (path, line, name), (_, calls, own, cumulative, _) in rows:
+        print(f"L={length}   own {own / steps * 1e3:7.3f} ms  with callees {cumulative / steps * 1e3:7.3f} ms  "
+              f"calls {calls // steps:4d}  {name} ({os.path.basename(path)}:{line})", flush=True)
+
+
 def forward_variants(length):
     batch = max(1, args.tokens // length)
     for k, with_k, with_v in ((K, True, False), (K, False, True), (K, True, True), (4, True, True), (63, True, True)):
@@ -152,5 +178,6 @@ for length in args.lengths:
     profile_length(length)
 for dropout_p in (0.0, 0.1):
     causal(args.lengths[0], dropout_p)
+host_profile(args.lengths[0])
 if not args.no_variants:
     forward_variants(args.lengths[0])
