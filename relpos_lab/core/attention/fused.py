@@ -98,8 +98,19 @@ MIN_BLOCK_N = 16
 """At most the smallest key block of any config: a wide rel_bias's gradient has a row per key block."""
 
 
+def _cdiv(a: int, b: int) -> int:
+    """triton.cdiv as plain arithmetic: Triton's is a constexpr function, whose wrapping cost the
+    host ~4 µs a call, 11 calls a forward + backward (docs/performance/launch_host.py)."""
+    return -(-a // b)
+
+
+def _power_of_2_at_least(n: int) -> int:
+    """triton.next_power_of_2 for n >= 1, as plain arithmetic (see _cdiv)."""
+    return 1 << (n - 1).bit_length()
+
+
 def _window(block_m: int, block_n: int) -> int:
-    return triton.next_power_of_2(block_m + block_n - 1)
+    return _power_of_2_at_least(block_m + block_n - 1)
 
 
 _TUNE_KEY = ["L_BUCKET", "LABELS", "BLOCK_D", "HAS_RK", "HAS_RV", "HAS_BIAS", "MASK", "CAUSAL", "HAS_DROPOUT"]
@@ -270,7 +281,7 @@ def _reach(lq: int, lk: int, kmax: int, query_offset: int) -> int:
 
 def _label_space(kmax: int) -> int:
     """Columns of the kernels' label tiles: labels 1..2k (label 0 is a row vector of its own)."""
-    return max(16, triton.next_power_of_2(2 * kmax)) if HAS_TRITON else 2 * kmax
+    return max(16, _power_of_2_at_least(2 * kmax)) if HAS_TRITON else 2 * kmax
 
 
 def _bias_is_wide(rel_k, rel_v, rel_bias, kmax: int) -> bool:
@@ -313,7 +324,7 @@ def dropout_keep(seed: int, batch: int, heads: int, lq: int, lk: int, dropout_p:
     for tests that rebuild a dropped-out reference."""
     out = torch.empty(batch * heads, lq, lk, dtype=torch.int8, device=device)
     block = 16
-    kernels.dropout_keep_kernel[(triton.cdiv(lq, block), triton.cdiv(lk, block), batch * heads)](
+    kernels.dropout_keep_kernel[(_cdiv(lq, block), _cdiv(lk, block), batch * heads)](
         out, seed, lq, lk, dropout_p, BLOCK=block)
     return out.bool().reshape(batch, heads, lq, lk)
 
@@ -365,7 +376,7 @@ class _FusedRelativeAttention(torch.autograd.Function):
         logits = mass if rel_k is not None and rel_v is not None else _label_table(b, h, lq, args, q,
                                                                                   needed=rel_k is not None)
         fwd, _, _, _ = _get_kernels()
-        fwd[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), h, b)](
+        fwd[lambda meta: (_cdiv(lq, meta["BLOCK_M"]), h, b)](
             q, k, v, *args["tables"], args["mask"], o, lse, logits, mass,
             *_strides(q, k, v), *args["strides"], *_strides(o), *args["scalars"], **args["meta"])
         ctx.save_for_backward(q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass)
@@ -393,17 +404,17 @@ class _FusedRelativeAttention(torch.autograd.Function):
         values = _label_table(b, h, lq, args, q, needed=rel_v is not None)
         grad = _label_table(b, h, lq, args, q, needed=needs_g)
         wide_grad = wide and ctx.needs_input_grad[5]  # ALiBi's fixed table needs none
-        rows = triton.cdiv(lk, _INTERPRETER_BLOCKS["BLOCK_N"] if INTERPRETED else MIN_BLOCK_N) if wide_grad else 1
+        rows = _cdiv(lk, _INTERPRETER_BLOCKS["BLOCK_N"] if INTERPRETED else MIN_BLOCK_N) if wide_grad else 1
         dbias_rows = torch.zeros((b * h, rows, nl) if wide_grad else (1,), device=q.device, dtype=torch.float32)
         _, bwd_dq, bwd_dkdv, _ = _get_kernels()
         # dq's kernel writes delta, the edge statistics and the logit and value tables, which the dk/dv
         # kernel reads: it runs first.
-        bwd_dq[lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), h, b)](
+        bwd_dq[lambda meta: (_cdiv(lq, meta["BLOCK_M"]), h, b)](
             q, k, v, *args["tables"], args["mask"], o, do, lse, dq, delta, edges, logits, values, grad,
             *_strides(q, k, v), *args["strides"], *_strides(o, do, dq), *args["scalars"], **args["meta"],
             NEEDS_G=needs_g)
         meta = args["meta"]
-        bwd_dkdv[lambda meta: (triton.cdiv(lk, meta["BLOCK_N"]), h, b)](
+        bwd_dkdv[lambda meta: (_cdiv(lk, meta["BLOCK_N"]), h, b)](
             q, k, v, args["tables"][2], args["mask"], do, lse, delta, edges, logits, values, dk, dv, dbias_rows, rows,
             *_strides(q, k, v), args["strides"][4], *args["strides"][5:], *_strides(do, dk, dv), *args["scalars"],
             **meta, BIAS_GRAD=wide_grad,
@@ -422,7 +433,7 @@ class _FusedRelativeAttention(torch.autograd.Function):
 
 def _bucket(lq: int, lk: int) -> int:
     """The autotuning key's length: a power of two, so varying batch lengths do not re-tune."""
-    return triton.next_power_of_2(max(lq, lk))
+    return _power_of_2_at_least(max(lq, lk))
 
 
 def _label_sums(table: Tensor, x: Tensor, args: dict, n_labels: int) -> Tensor:
@@ -433,7 +444,7 @@ def _label_sums(table: Tensor, x: Tensor, args: dict, n_labels: int) -> Tensor:
     b, h, lq, d = x.shape
     meta = args["meta"]
     block = _INTERPRETER_BLOCKS["BLOCK_M"] if INTERPRETED else 64
-    blocks = triton.cdiv(lq, block)
+    blocks = _cdiv(lq, block)
     shares = torch.empty((b * h * blocks, meta["LABELS"] + 1, meta["BLOCK_D"]), device=x.device, dtype=torch.float32)
     _, _, _, sums = _get_kernels()
     sums[(blocks, h, b)](table, x, shares, *x.stride()[:3], h, lq, d, blocks, LABELS=meta["LABELS"],
@@ -455,7 +466,7 @@ def _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> dict
     meta = dict(LABELS=_label_space(launch.kmax) if not _bias_is_wide(rel_k, rel_v, rel_bias, launch.kmax) else 16,
                 HAS_RK=rel_k is not None, HAS_RV=rel_v is not None, HAS_BIAS=rel_bias is not None,
                 MASK=_mask_kind(mask), CAUSAL=launch.causal, HAS_DROPOUT=launch.dropout_p > 0,
-                BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
+                BLOCK_D=max(16, _power_of_2_at_least(q.shape[-1])),
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     if INTERPRETED:
         meta.update(_INTERPRETER_BLOCKS)
