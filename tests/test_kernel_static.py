@@ -271,3 +271,17 @@ def test_issue_37_backward_targets(shaw_default):
     (measured: 1.15x, 1.03x; 1.18x before the band took q·k units)."""
     assert ratio(shaw_default, 2048, ["dq", "dkdv"]) <= 1.25
     assert ratio(shaw_default, 8192, ["dq", "dkdv"]) <= 1.1
+
+
+def test_the_host_time_of_a_call_is_measured_with_launches_that_do_nothing():
+    """docs/performance/launch_host.py runs the fused path's launch code, Triton's included, with
+    a stand-in driver (kernels compiled for sm_90, nothing launched) and splits its time."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = os.path.join(os.path.dirname(__file__), "..", "docs", "performance", "launch_host.py")
+    done = subprocess.run([sys.executable, script, "--steps", "3", "--repeats", "1", "--top", "20"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "host time per forward + backward:" in done.stdout
+    layers = [line.split("ms")[-1].strip() for line in done.stdout.splitlines()[3:7]]
+    assert {"triton", "torch", "relpos_lab"} <= set(layers), done.stdout
+    assert "run (jit.py" in done.stdout  # Triton's launch path ran: 5 launches, 3 through the heuristics
