@@ -70,10 +70,9 @@ def _configs(kernel: str) -> list:
     took 29% and 23% more time than the control where dq, 3 blocks on both sides, took 6% more
     (docs/performance.md). Capped, they compile without spilling with the forward's band in
     32-key tiles (`band_block`) and dk/dv's in tiles of half the block's rows (`band_rows`); dq
-    holds 166 already. dk/dv also tries
-    64/64 in two stages: with causality and dropout on sm_80 it is the one config that does not
-    spill (the control spills in all). The dk/dv kernel takes WINDOW, the power of two holding a
-    tile's BM + BN − 1 diagonals (a wide rel_bias's gradient)."""
+    holds 166 already. dk/dv also tries 64/64 in two stages: with causality and dropout on sm_80
+    it is the one config that does not spill (the control spills in all). The dk/dv kernel takes
+    WINDOW, the power of two holding a tile's BM + BN − 1 diagonals (a wide rel_bias's gradient)."""
     choices = ((128, 64, 8, 3, 0), (64, 64, 4, 3, 0), (128, 32, 4, 3, 0), (64, 128, 4, 2, 0), (128, 32, 8, 2, 0))
     if kernel == "dkdv":
         choices += ((64, 64, 4, 2, 0),)
@@ -151,8 +150,8 @@ def kernel_name(kernel) -> str:
 
 
 def _heuristics(kernel) -> dict:
-    """EVEN_* from the lengths and the config; the forward's and dq's band tile length; the
-    forward's LOW_REGISTERS."""
+    """EVEN_* from the lengths and the config; the forward's and dq's band tile length, dk/dv's
+    band tile height; the forward's LOW_REGISTERS."""
     name = kernel_name(kernel)
     if name == "dkdv":
         return {**_EVEN, "BAND_ROWS": lambda a: band_rows(a)}
@@ -281,7 +280,7 @@ def _reach(lq: int, lk: int, kmax: int, query_offset: int) -> int:
 
 def _label_space(kmax: int) -> int:
     """Columns of the kernels' label tiles: labels 1..2k (label 0 is a row vector of its own)."""
-    return max(16, _power_of_2_at_least(2 * kmax)) if HAS_TRITON else 2 * kmax
+    return max(16, _power_of_2_at_least(2 * kmax))
 
 
 def _bias_is_wide(rel_k, rel_v, rel_bias, kmax: int) -> bool:
