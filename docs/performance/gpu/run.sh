@@ -18,6 +18,11 @@
 # (a lent GPU machine, which returns at most 8 files) all of them packed in $OUT/gpu_tables.tgz,
 # after every step. STEP_TIMEOUT=<seconds> bounds each command. On a bare machine first:
 # pip install --no-deps --no-build-isolation -e .   (plus omegaconf if missing; wandb is optional here)
+# The lent machines (torch 2.11, triton 3.6, no registry) lack only omegaconf, which is pure Python:
+# here `mkdir .gpusite && cp -r .venv/lib/python3*/site-packages/omegaconf .gpusite/` with
+# `/.gpusite/` in .git/info/exclude, then run with carry [".gpusite"]:
+# export PYTHONPATH=$PWD/.gpusite:$PWD; python3 -m pip install -q --no-deps --no-build-isolation -e .;
+# STEP_TIMEOUT=210 bash docs/performance/gpu/run.sh kernel
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out=docs/performance/gpu
