@@ -187,6 +187,20 @@ def low_register_variant(config):
 
 _kernels = None
 
+if HAS_TRITON:
+    from triton.runtime.autotuner import Heuristics
+
+    class _Derived(Heuristics):
+        """triton.heuristics that makes the dict of a launch's arguments once for all its rules,
+        where Triton's makes it for each (some fifty arguments, 15 rules a forward + backward:
+        docs/performance/launch_host.py). The rules read the arguments and the config, not one
+        another's results."""
+
+        def run(self, *args, **kwargs):
+            known = {**dict(zip(self.arg_names, args)), **kwargs}
+            kwargs.update({name: rule(known) for name, rule in self.values.items()})
+            return self.fn.run(*args, **kwargs)
+
 
 def _get_kernels():
     """(forward, dq, dk/dv, label sums): the first three autotuned on a GPU, fixed small blocks
@@ -195,7 +209,7 @@ def _get_kernels():
     if _kernels is None:
         plain = (kernels.forward_kernel, kernels.backward_dq_kernel, kernels.backward_dkdv_kernel)
         if INTERPRETED:
-            _kernels = tuple(triton.heuristics(_heuristics(kernel))(kernel) for kernel in plain)
+            _kernels = tuple(_Derived(kernel, kernel.arg_names, _heuristics(kernel)) for kernel in plain)
         else:
             # The wide bias's gradient rows are read-modify-written: zeroed again before each
             # configuration the autotuner tries, or its trial runs would add up in them.
@@ -203,7 +217,7 @@ def _get_kernels():
                 triton.autotune(configs=_configs(kernel_name(kernel)), key=_TUNE_KEY,
                                 prune_configs_by={"early_config_prune": _spill_free(kernel)},
                                 reset_to_zero=["DBIAS"] if kernel is kernels.backward_dkdv_kernel else None)(
-                    triton.heuristics(_heuristics(kernel))(kernel))
+                    _Derived(kernel, kernel.arg_names, _heuristics(kernel)))
                 for kernel in plain)
         _kernels = (*_kernels, kernels.label_sums_kernel)
     return _kernels
@@ -420,9 +434,9 @@ class _FusedRelativeAttention(torch.autograd.Function):
             **({"WINDOW": _window(*_INTERPRETER_BLOCKS.values())} if INTERPRETED else {}))
         d_rel_k = d_rel_v = d_rel_bias = None
         if rel_k is not None and ctx.needs_input_grad[3]:  # dw^K_l = scale · Σ_i G_il q_i
-            d_rel_k = _per_table(_label_sums(grad, q, args, nl) * launch.scale, rel_k)
+            d_rel_k = (_label_sums(grad, q, args, nl, per_head=rel_k.dim() == 3) * launch.scale).to(rel_k.dtype)
         if rel_v is not None and ctx.needs_input_grad[4]:  # dw^V_l = Σ_i M_il dO_i
-            d_rel_v = _per_table(_label_sums(mass, do, args, nl), rel_v)
+            d_rel_v = _label_sums(mass, do, args, nl, per_head=rel_v.dim() == 3).to(rel_v.dtype)
         if wide_grad:  # per key block and label, summed in a fixed order
             d_rel_bias = dbias_rows.view(b, h, rows, nl).sum((0, 2))
         elif rel_bias is not None and ctx.needs_input_grad[5]:  # db_l = Σ_i G_il
@@ -435,11 +449,12 @@ def _bucket(lq: int, lk: int) -> int:
     return _power_of_2_at_least(max(lq, lk))
 
 
-def _label_sums(table: Tensor, x: Tensor, args: dict, n_labels: int) -> Tensor:
-    """(H, 2k+1, D) float32: Σ_i table[i, l] · x_i over each head's B·Lq rows, x (B, H, Lq, D).
-    A share per block of rows (`label_sums_kernel`), summed here. As one einsum over all rows the
-    GPU ran 8 narrow float32 GEMMs, 2.3 ms of a 4.8 ms step at L = 2048 on an H200; as a batched
-    matmul 0.12 ms, plus 0.17 ms of float32 copies of q and dO (docs/performance.md)."""
+def _label_sums(table: Tensor, x: Tensor, args: dict, n_labels: int, per_head: bool) -> Tensor:
+    """float32 Σ_i table[i, l] · x_i over each head's B·Lq rows, x (B, H, Lq, D): (H, 2k+1, D), or
+    (2k+1, D) over all heads for a table they share. A share per block of rows
+    (`label_sums_kernel`), summed here in one reduction. As one einsum over all rows the GPU ran 8
+    narrow float32 GEMMs, 2.3 ms of a 4.8 ms step at L = 2048 on an H200; as a batched matmul
+    0.12 ms, plus 0.17 ms of float32 copies of q and dO (docs/performance.md)."""
     b, h, lq, d = x.shape
     meta = args["meta"]
     block = _INTERPRETER_BLOCKS["BLOCK_M"] if INTERPRETED else 64
@@ -448,11 +463,8 @@ def _label_sums(table: Tensor, x: Tensor, args: dict, n_labels: int) -> Tensor:
     _, _, _, sums = _get_kernels()
     sums[(blocks, h, b)](table, x, shares, *x.stride()[:3], h, lq, d, blocks, LABELS=meta["LABELS"],
                           BLOCK_M=block, BLOCK_D=meta["BLOCK_D"], PRECISION=meta["PRECISION"])
-    return shares.view(b, h, blocks, *shares.shape[1:])[..., :n_labels, :d].sum((0, 2))
-
-
-def _per_table(grad_per_head: Tensor, table: Tensor) -> Tensor:
-    return (grad_per_head if table.dim() == 3 else grad_per_head.sum(0)).to(table.dtype)
+    shares = shares.view(b, h, blocks, *shares.shape[1:])[..., :n_labels, :d]
+    return shares.sum((0, 2) if per_head else (0, 1, 2))
 
 
 def _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> dict:
