@@ -310,10 +310,14 @@ def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causa
     seed comes from torch's CPU generator, so torch.manual_seed reproduces it, with no device sync."""
     lq, lk = q.shape[-2], k.shape[-2]
     reach = _reach(lq, lk, max_distance, query_offset)
-    cut = slice(max_distance - reach, max_distance + reach + 1)
-    rel_k = rel_k[..., cut, :].to(q.dtype) if rel_k is not None else None
-    rel_v = rel_v[..., cut, :].to(v.dtype) if rel_v is not None else None
-    rel_bias = rel_bias[..., cut].float() if rel_bias is not None else None
+    if reach < max_distance:  # sliced only then: a slice's gradient is a zeroed copy
+        cut = slice(max_distance - reach, max_distance + reach + 1)
+        rel_k = rel_k[..., cut, :] if rel_k is not None else None
+        rel_v = rel_v[..., cut, :] if rel_v is not None else None
+        rel_bias = rel_bias[..., cut] if rel_bias is not None else None
+    rel_k = rel_k.to(q.dtype) if rel_k is not None else None
+    rel_v = rel_v.to(v.dtype) if rel_v is not None else None
+    rel_bias = rel_bias.float() if rel_bias is not None else None
     mask = None  # viewed as bytes and broadcast by strides: no copy
     if attn_mask is not None:
         mask = attn_mask.view(torch.uint8).expand(q.shape[0], q.shape[1], lq, lk)
