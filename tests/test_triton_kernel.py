@@ -157,6 +157,16 @@ def test_a_band_from_a_narrow_fringes_boundary_matches_too(name, monkeypatch):
     check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
 
 
+@pytest.mark.parametrize("shared", ["rel_k", "rel_v"])
+def test_a_table_per_head_beside_one_the_heads_share(shared):
+    """Both tables' gradients come from one launch of label_sums_kernel and one reduction over its
+    shares; a table the heads share is summed over them too, one per head is not."""
+    case = make(lq=29, per_head=True, kmax=3)
+    g = torch.Generator().manual_seed(5)
+    case[shared] = torch.randn(7, 24, generator=g).to(DEVICE).requires_grad_()
+    check_against_definition(case, kmax=3)
+
+
 @pytest.mark.parametrize("name", ["odd length, shared tables and bias", "padding and causal"])
 def test_a_register_capped_forward_writes_the_same_tables(name, monkeypatch):
     """With w^K and w^V the forward writes each interior logit over the logit term it has read;

@@ -437,10 +437,16 @@ class _FusedRelativeAttention(torch.autograd.Function):
             **meta, BIAS_GRAD=wide_grad,
             **({"WINDOW": _window(*_INTERPRETER_BLOCKS.values())} if INTERPRETED else {}))
         d_rel_k = d_rel_v = d_rel_bias = None
-        if rel_k is not None and ctx.needs_input_grad[3]:  # dw^K_l = scale · Σ_i G_il q_i
-            d_rel_k = (_label_sums(grad, q, args, nl, per_head=rel_k.dim() == 3) * launch.scale).to(rel_k.dtype)
-        if rel_v is not None and ctx.needs_input_grad[4]:  # dw^V_l = Σ_i M_il dO_i
-            d_rel_v = _label_sums(mass, do, args, nl, per_head=rel_v.dim() == 3).to(rel_v.dtype)
+        pairs = {}  # dw^K_l = scale · Σ_i G_il q_i, dw^V_l = Σ_i M_il dO_i
+        if rel_k is not None and ctx.needs_input_grad[3]:
+            pairs["k"] = (grad, q, rel_k)
+        if rel_v is not None and ctx.needs_input_grad[4]:
+            pairs["v"] = (mass, do, rel_v)
+        sums = dict(zip(pairs, _label_sums(list(pairs.values()), args, nl))) if pairs else {}
+        if "k" in sums:
+            d_rel_k = (sums["k"] * launch.scale).to(rel_k.dtype)
+        if "v" in sums:
+            d_rel_v = sums["v"].to(rel_v.dtype)
         if wide_grad:  # per key block and label, summed in a fixed order
             d_rel_bias = dbias_rows.view(b, h, rows, nl).sum((0, 2))
         elif rel_bias is not None and ctx.needs_input_grad[5]:  # db_l = Σ_i G_il
@@ -453,22 +459,29 @@ def _bucket(lq: int, lk: int) -> int:
     return _power_of_2_at_least(max(lq, lk))
 
 
-def _label_sums(table: Tensor, x: Tensor, args: dict, n_labels: int, per_head: bool) -> Tensor:
-    """float32 Σ_i table[i, l] · x_i over each head's B·Lq rows, x (B, H, Lq, D): (H, 2k+1, D), or
-    (2k+1, D) over all heads for a table they share. A share per block of rows
-    (`label_sums_kernel`), summed here in one reduction. As one einsum over all rows the GPU ran 8
-    narrow float32 GEMMs, 2.3 ms of a 4.8 ms step at L = 2048 on an H200; as a batched matmul
-    0.12 ms, plus 0.17 ms of float32 copies of q and dO (docs/performance.md)."""
-    b, h, lq, d = x.shape
+def _label_sums(pairs: list[tuple[Tensor, Tensor, Tensor]], args: dict, n_labels: int) -> list[Tensor]:
+    """For each (label table, x, w) of one or two: float32 Σ_i table[i, l] · x_i over each head's
+    B·Lq rows, x (B, H, Lq, D), as w's gradient takes it: (H, 2k+1, D), or (2k+1, D) over all heads
+    for a w they share. A share per block of rows (`label_sums_kernel`, both pairs in one launch),
+    summed here in one reduction. As one einsum over all rows the GPU ran 8 narrow float32 GEMMs,
+    2.3 ms of a 4.8 ms step at L = 2048 on an H200; as a batched matmul 0.12 ms, plus 0.17 ms of
+    float32 copies of q and dO (docs/performance.md)."""
+    (table_a, x_a, _), (table_b, x_b, _) = pairs[0], pairs[-1]
+    b, h, lq, d = x_a.shape
     meta = args["meta"]
     block = _INTERPRETER_BLOCKS["BLOCK_M"] if INTERPRETED else 64
     blocks = _cdiv(lq, block)
-    shares = torch.empty((b * h * blocks, meta["LABELS"] + 1, meta["BLOCK_D"]), device=x.device, dtype=torch.float32)
+    shares = torch.empty((len(pairs), b * h * blocks, meta["LABELS"] + 1, meta["BLOCK_D"]), device=x_a.device,
+                         dtype=torch.float32)
     _, _, _, sums = _get_kernels()
-    sums[(blocks, h, b)](table, x, shares, *x.stride()[:3], h, lq, d, blocks, LABELS=meta["LABELS"],
-                          BLOCK_M=block, BLOCK_D=meta["BLOCK_D"], PRECISION=meta["PRECISION"])
-    shares = shares.view(b, h, blocks, *shares.shape[1:])[..., :n_labels, :d]
-    return shares.sum((0, 2) if per_head else (0, 1, 2))
+    sums[(blocks * len(pairs), h, b)](table_a, x_a, table_b, x_b, shares, *x_a.stride()[:3], *x_b.stride()[:3],
+                                      h, lq, d, blocks, LABELS=meta["LABELS"], BLOCK_M=block,
+                                      BLOCK_D=meta["BLOCK_D"], PRECISION=meta["PRECISION"])
+    shares = shares.view(len(pairs), b, h, blocks, *shares.shape[2:])[..., :n_labels, :d]
+    per_head = [w.dim() == 3 for _, _, w in pairs]
+    if not any(per_head):
+        return list(shares.sum((1, 2, 3)))
+    return [total if own else total.sum(0) for total, own in zip(shares.sum((1, 3)), per_head)]
 
 
 def _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> dict:

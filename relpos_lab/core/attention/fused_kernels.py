@@ -1009,23 +1009,31 @@ def backward_dkdv_kernel(
 
 
 @triton.jit
-def label_sums_kernel(TABLE, X, OUT, stride_xb, stride_xh, stride_xm, H, LQ, D, BLOCKS,
+def label_sums_kernel(TABLE_A, X_A, TABLE_B, X_B, OUT,
+                      stride_ab, stride_ah, stride_am,
+                      stride_bb, stride_bh, stride_bm,
+                      H, LQ, D, BLOCKS,
                       LABELS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
-    """One block of rows of one (batch, head): its share Σ_i T_il x_i of a table's gradient, from a
-    label table T (the grad table and q for dw^K, the mass table and dO for dw^V), as a
+    """One block of rows of one (batch, head) and one of two (label table T, rows x) pairs (the grid's
+    first axis holds pair A's blocks, then B's: the grad table and q for dw^K, the mass table and
+    dO for dw^V, in one launch): its share Σ_i T_il x_i of a table's gradient, as a
     (LABELS + 1, BLOCK_D) float32 block, label l in row l; the host sums the shares in a fixed
     order (no atomics). The tile in x's dtype on the tensor cores, as `impl="gather"` takes it
     under autocast. Its own kernel: in dq's epilogue it made dq spill on sm_80."""
-    start_m = tl.program_id(0)
+    pair = tl.program_id(0) // BLOCKS
+    start_m = tl.program_id(0) - pair * BLOCKS
     b, h, bh = head_of_program(H)
+    table, x_rows, stride_xm = TABLE_A, X_A + b * stride_ab + h * stride_ah, stride_am
+    if pair == 1:
+        table, x_rows, stride_xm = TABLE_B, X_B + b * stride_bb + h * stride_bh, stride_bm
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
     labels = tl.arange(0, LABELS)
-    x = load_rows(X + b * stride_xb + h * stride_xh, rows, stride_xm, dims, LQ, D, False, False)
-    table_rows = TABLE + (bh * LQ + rows) * (LABELS + 1)
+    x = load_rows(x_rows, rows, stride_xm, dims, LQ, D, False, False)
+    table_rows = table + (bh * LQ + rows) * (LABELS + 1)
     tile = tl.load(table_rows[:, None] + 1 + labels[None, :], mask=(rows < LQ)[:, None], other=0.0)
     column0 = tl.load(table_rows, mask=rows < LQ, other=0.0)
-    out = OUT + (bh * BLOCKS + start_m) * (LABELS + 1) * BLOCK_D
+    out = OUT + ((pair * tl.num_programs(2) * H + bh) * BLOCKS + start_m) * (LABELS + 1) * BLOCK_D
     tl.store(out + (labels[:, None] + 1) * BLOCK_D + dims[None, :],
              tl.dot(tl.trans(tile.to(x.dtype)), x, input_precision=PRECISION))
     tl.store(out + dims, tl.sum(column0[:, None] * x.to(tl.float32), 0))
