@@ -270,6 +270,7 @@ def estimate(record: Record, length: int, max_distance: int, causal: bool) -> in
 
 DEFAULT_CASES = [
     Case("shaw k=16"),
+    Case("shaw k=16 causal", causal=True),
     Case("shaw k=16 causal dropout 0.1", causal=True, dropout_p=0.1),
     Case("t5/alibi bias k=16", terms="bias"),
     Case("shaw k=16 padding", padding=True),
@@ -371,7 +372,8 @@ def parse(argv: list[str]):
                         help="CUDA compute capabilities (90: H100, 80: A100)")
     parser.add_argument("--all-cases", action="store_true",
                         help="every k in 4 16 32 63, D 64 and 128, bf16 and fp16, plain and causal+dropout, padding, "
-                             "bias alone, the wide bias (default: the Shaw default, causal+dropout, bias, padding)")
+                             "bias alone, the wide bias (default: the Shaw default, causal, causal+dropout, bias, "
+                             "padding)")
     parser.add_argument("--json", default=None, help="also write the records here")
     return parser.parse_args(argv)
 
