@@ -11,8 +11,9 @@ and forward + backward times (triton.testing.do_bench, Shaw a^K + a^V, k = 16, H
 beside SDPA's, the host time per call, the CUDA time per call of every kernel (torch.profiler), and
 the project's FlashAttention-2 control (relpos_lab/analysis/flash_control.py) per kernel in the same
 config; causal attention without and with dropout 0.1 at the first length beside SDPA's, with the
-host's time per step; where the host's time goes (cProfile); then the forward at the first length
-with a^K alone, a^V alone, and k = 4 and 63.
+host's time per step; where the host's time goes (cProfile); the registers, spills and shared
+memory of every kernel compiled; then the forward at the first length with a^K alone, a^V alone,
+and k = 4 and 63.
 """
 import argparse
 import os
@@ -134,6 +135,21 @@ def host_profile(length, steps=20, top=25):
               f"calls {calls // steps:4d}  {name} ({os.path.basename(path)}:{line})", flush=True)
 
 
+def compiled_resources():
+    """Registers, spills and shared memory of every kernel compiled so far, as the GPU's driver
+    loaded them: the check on `bench kernel --static`'s blocks per SM, compiled on the CPU."""
+    from relpos_lab.core.attention import fused_kernels
+
+    for jit in (fused_kernels.forward_kernel, fused_kernels.backward_dq_kernel, fused_kernels.backward_dkdv_kernel,
+                fused_kernels.label_sums_kernel):
+        for kernel_cache, *_ in jit.device_caches.values():
+            for compiled in kernel_cache.values():
+                meta = compiled.metadata
+                print(f"compiled {jit.fn.__name__}: {getattr(compiled, 'n_regs', '?')} registers, "
+                      f"{getattr(compiled, 'n_spills', '?')} spilled, {meta.shared} shared bytes, "
+                      f"{meta.num_warps} warps, {meta.num_stages} stages", flush=True)
+
+
 def forward_variants(length):
     batch = max(1, args.tokens // length)
     for k, with_k, with_v in ((K, True, False), (K, False, True), (K, True, True), (4, True, True), (63, True, True)):
@@ -179,5 +195,6 @@ for length in args.lengths:
 for dropout_p in (0.0, 0.1):
     causal(args.lengths[0], dropout_p)
 host_profile(args.lengths[0])
+compiled_resources()
 if not args.no_variants:
     forward_variants(args.lengths[0])
