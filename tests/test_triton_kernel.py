@@ -274,6 +274,26 @@ def test_half_inputs_stay_within_half_rounding(dtype):
     assert (out.double() - want).norm() / want.norm() < 2e-2
 
 
+def test_float32_tables_with_half_inputs_are_cast_as_the_kernels_load_them():
+    """Under autocast w^K and w^V are float32 parameters and q, k, v half: the kernels cast the
+    tables as they load them, the same rounding as casting them first, and the tables' gradients
+    come back in their own dtype."""
+    case = make(lq=29, kmax=3, use_bias=False)
+    runs = {}
+    for table_dtype in (torch.float32, torch.float16):
+        q, k, v = (case[n].detach().half().requires_grad_() for n in ("q", "k", "v"))
+        rel_k, rel_v = (case[n].detach().to(table_dtype).requires_grad_() for n in ("rel_k", "rel_v"))
+        out = relative_attention(q, k, v, rel_k=rel_k, rel_v=rel_v, max_distance=3, impl="triton")
+        grads = torch.autograd.grad(out, (q, k, v, rel_k, rel_v), torch.ones_like(out))
+        runs[table_dtype] = out, grads
+    (out32, grads32), (out16, grads16) = runs[torch.float32], runs[torch.float16]
+    assert torch.equal(out32, out16)
+    for a, b in zip(grads32[:3], grads16[:3]):
+        assert torch.equal(a, b)
+    assert grads32[3].dtype == torch.float32 and torch.equal(grads32[3].half(), grads16[3])
+    assert grads32[4].dtype == torch.float32 and torch.equal(grads32[4].half(), grads16[4])
+
+
 def test_rel_bias_equals_the_dense_bias_it_stands_for_in_every_impl():
     case = make(lq=19, use_k=False, use_v=False)
     dense = offset_bias(case["rel_bias"], 19, 19, 4)

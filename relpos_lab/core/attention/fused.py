@@ -306,7 +306,8 @@ def _bias_is_wide(rel_k, rel_v, rel_bias, kmax: int) -> bool:
 def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p,
            attn_bias, scale):
     """Tables are cut to the distances these lengths reach (exact: clipping beyond them is a
-    no-op) and cast to the inputs' dtype; a (B, 1, 1, Lk) mask becomes per-key padding. Dropout's
+    no-op); the kernels cast w^K and w^V to the inputs' dtype as they load them (no cast kernels,
+    forward or backward); a (B, 1, 1, Lk) mask becomes per-key padding. Dropout's
     seed comes from torch's CPU generator, so torch.manual_seed reproduces it, with no device sync."""
     lq, lk = q.shape[-2], k.shape[-2]
     reach = _reach(lq, lk, max_distance, query_offset)
@@ -315,9 +316,7 @@ def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causa
         rel_k = rel_k[..., cut, :] if rel_k is not None else None
         rel_v = rel_v[..., cut, :] if rel_v is not None else None
         rel_bias = rel_bias[..., cut] if rel_bias is not None else None
-    rel_k = rel_k.to(q.dtype) if rel_k is not None else None
-    rel_v = rel_v.to(v.dtype) if rel_v is not None else None
-    rel_bias = rel_bias.float() if rel_bias is not None else None
+    rel_bias = rel_bias.float() if rel_bias is not None else None  # (rel_k, rel_v: cast as the kernels load them)
     mask = None  # viewed as bytes and broadcast by strides: no copy
     if attn_mask is not None:
         mask = attn_mask.view(torch.uint8).expand(q.shape[0], q.shape[1], lq, lk)

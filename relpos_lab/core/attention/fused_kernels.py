@@ -342,11 +342,19 @@ def dropped(x, seed, rows, cols, LK, dropout_p, HAS_DROPOUT: tl.constexpr):
 
 
 @triton.jit
-def label_zero(W, dims, D):
+def label_zero(W, dims, D, DTYPE: tl.constexpr):
     """(16, BLOCK_D): w_0 in row 0, zeros below, so that label 0 goes through the tensor cores
     as a narrow dot beside the tile's (16 is the narrowest a dot takes)."""
     row = tl.arange(0, 16)[:, None]
-    return tl.load(W + row * 0 + dims[None, :], mask=(row == 0) & (dims[None, :] < D), other=0.0)
+    return tl.load(W + row * 0 + dims[None, :], mask=(row == 0) & (dims[None, :] < D), other=0.0).to(DTYPE)
+
+
+@triton.jit
+def table_rows(W, stride_wl, labels, dims, n_labels, D, DTYPE: tl.constexpr):
+    """(LABELS, BLOCK_D): w_1..w_2k, past 2k zeros, in the rows' DTYPE (a table of float32
+    parameters under autocast is cast here, as it loads, not by the host)."""
+    return tl.load(W + (labels[:, None] + 1) * stride_wl + dims[None, :],
+                   mask=(labels[:, None] + 1 < n_labels) & (dims[None, :] < D), other=0.0).to(DTYPE)
 
 
 @triton.jit
@@ -354,21 +362,20 @@ def table_product(x, W, stride_wl, labels, dims, n_labels, D, PRECISION: tl.cons
     """x · w_lᵀ for every label of a (2k+1, D) table and a block of rows: labels 1..2k as a
     (BM, LABELS) tile (column c is label c + 1), label 0 as a row vector. Label 0 stays out of
     the tile so that k = 16 fits 32 columns, not 64."""
-    w = tl.load(W + (labels[:, None] + 1) * stride_wl + dims[None, :],
-                mask=(labels[:, None] + 1 < n_labels) & (dims[None, :] < D), other=0.0)
-    column0 = tl.sum(tl.dot(x, tl.trans(label_zero(W, dims, D)), input_precision=PRECISION), 1)  # one nonzero column
-    return tl.dot(x, tl.trans(w), input_precision=PRECISION), column0
+    w = table_rows(W, stride_wl, labels, dims, n_labels, D, x.dtype)
+    column0 = tl.sum(tl.dot(x, tl.trans(label_zero(W, dims, D, x.dtype)), input_precision=PRECISION), 1)
+    return tl.dot(x, tl.trans(w), input_precision=PRECISION), column0  # (label 0: one nonzero column)
 
 
 @triton.jit
-def table_combination(acc, tile, column0, W, stride_wl, labels, dims, n_labels, D, PRECISION: tl.constexpr):
-    """acc + Σ_l m_il w_l, (BM, D): the tile's labels 1..2k by one dot, label 0 by another, both
-    accumulating into acc (no adds of their own)."""
-    w = tl.load(W + (labels[:, None] + 1) * stride_wl + dims[None, :],
-                mask=(labels[:, None] + 1 < n_labels) & (dims[None, :] < D), other=0.0)
+def table_combination(acc, tile, column0, W, stride_wl, labels, dims, n_labels, D, DTYPE: tl.constexpr,
+                      PRECISION: tl.constexpr):
+    """acc + Σ_l m_il w_l, (BM, D), the masses in DTYPE: the tile's labels 1..2k by one dot, label 0
+    by another, both accumulating into acc (no adds of their own)."""
+    w = table_rows(W, stride_wl, labels, dims, n_labels, D, DTYPE)
     first = tl.arange(0, 16)[None, :] == 0
-    out = tl.dot(tile.to(w.dtype), w, acc, input_precision=PRECISION)
-    return tl.dot(tl.where(first, column0[:, None], 0.0).to(w.dtype), label_zero(W, dims, D), out,
+    out = tl.dot(tile.to(DTYPE), w, acc, input_precision=PRECISION)
+    return tl.dot(tl.where(first, column0[:, None], 0.0).to(DTYPE), label_zero(W, dims, D, DTYPE), out,
                   input_precision=PRECISION)
 
 
@@ -711,7 +718,8 @@ def forward_kernel(
         mass, mass0 = with_edges(mass, m_lo / l_safe - tl.sum(mass, 1), m_hi / l_safe, labels, max_distance)
         mass = stored_by_row(mass_rows[:, None] + 1 + labels[None, :], mass, rows, LQ, EVEN_M)
         tl.store(mass_rows, mass0, mask=rows < LQ)
-        out = table_combination(out, mass, mass0, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D, PRECISION)
+        out = table_combination(out, mass, mass0, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D,
+                                V.dtype.element_ty, PRECISION)
     O_rows = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :]
     tl.store(O_rows, out.to(O.dtype.element_ty), mask=(rows[:, None] < LQ) & (dims[None, :] < D))
     tl.store(LSE + bh * LQ + rows, lse, mask=rows < LQ)
@@ -861,7 +869,8 @@ def backward_dq_kernel(
         g, g0 = with_edges(g, -(g_hi + tl.sum(g, 1)), g_hi, labels, max_distance)
         store_label_rows(grad_rows, g, g0, rows, labels, LQ, EVEN_M)
         if HAS_RK:  # Σ_l G_il w^K_l, the key term's share of dq
-            dq = table_combination(dq, g, g0, WK + h * stride_wkh, stride_wkl, labels, dims, n_labels, D, PRECISION)
+            dq = table_combination(dq, g, g0, WK + h * stride_wkh, stride_wkl, labels, dims, n_labels, D,
+                                   Q.dtype.element_ty, PRECISION)
     DQ_rows = DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + dims[None, :]
     tl.store(DQ_rows, (dq * sm_scale).to(DQ.dtype.element_ty), mask=(rows[:, None] < LQ) & (dims[None, :] < D))
 
