@@ -396,7 +396,7 @@ class _FusedRelativeAttention(torch.autograd.Function):
             q, k, v, *args["tables"], args["mask"], o, lse, logits, mass,
             *_strides(q, k, v), *args["strides"], *_strides(o), *args["scalars"], **args["meta"])
         ctx.save_for_backward(q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass)
-        ctx.launch = launch
+        ctx.launch, ctx.args = launch, args  # (args: the saved tensors' views, strides and constexprs)
         return o
 
     @staticmethod
@@ -407,7 +407,7 @@ class _FusedRelativeAttention(torch.autograd.Function):
         b, h, lq, d = q.shape
         lk = k.shape[-2]
         nl = 2 * launch.kmax + 1
-        args = _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
+        args = ctx.args
         wide = _bias_is_wide(rel_k, rel_v, rel_bias, launch.kmax)
         needs_g = (rel_k is not None and ctx.needs_input_grad[3]) or (
             rel_bias is not None and not wide and ctx.needs_input_grad[5])
