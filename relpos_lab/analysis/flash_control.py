@@ -88,7 +88,7 @@ def forward_kernel(Q, K, V, O, LSE, MASK_PTR, stride_qm, stride_kn, stride_vn, s
             EVEN_D=EVEN_D, BLOCK_N=BLOCK_N)
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
-    out = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
+    out = tl.where(seen[:, None], acc * (1.0 / l_safe)[:, None], 0.0)  # as the fused forward normalises
     tl.store(O + bh * LQ * stride_om + rows[:, None] * stride_om + dims[None, :], out.to(O.dtype.element_ty),
              mask=(rows[:, None] < LQ) & (dims[None, :] < D))
     tl.store(LSE + bh * LQ + rows, tl.where(seen, m_i + tl.log2(l_safe), float("inf")), mask=rows < LQ)

@@ -702,7 +702,7 @@ def forward_kernel(
     # its log-sum-exp +inf, so the backward gives it no gradient.
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
-    out = acc / l_safe[:, None]
+    out = acc * (1.0 / l_safe)[:, None]  # a division per row, not per element (~90 SASS instructions fewer)
     lse = tl.where(seen, m_i + tl.log2(l_safe), float("inf"))
     if HAS_RV:
         # The masses, normalised: interior ones from the logits the band stored, edges from row sums.
