@@ -335,10 +335,9 @@ def kept_pairs(seed, rows, cols, LK, dropout_p):
 
 @triton.jit
 def dropped(x, seed, rows, cols, LK, dropout_p, HAS_DROPOUT: tl.constexpr):
-    """x under attention dropout: zero where the pair's word (dropout_words) is below p·2¹⁶, else
-    x / (1 − p), as x times the one reciprocal (an IEEE division per element costs ~4 instructions)."""
+    """x under attention dropout: zero where the pair's word (dropout_words) is below p·2¹⁶, else x / (1 − p)."""
     if HAS_DROPOUT:
-        x = tl.where(kept_pairs(seed, rows, cols, LK, dropout_p), x * (1.0 / (1.0 - dropout_p)), 0.0)
+        x = tl.where(kept_pairs(seed, rows, cols, LK, dropout_p), x / (1.0 - dropout_p), 0.0)
     return x
 
 
@@ -575,7 +574,7 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
         row_sum = tl.sum(p, 1)
         l_i = l_i * alpha + row_sum
         if STAGE == BAND and HAS_RV and HAS_DROPOUT:  # after the normaliser
-            p = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
+            p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
         else:
             p = dropped(p, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
         v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
@@ -711,7 +710,7 @@ def forward_kernel(
         mass = tl.exp2(interior_of(mass_rows, rows, rows_abs, labels, max_distance, LQ, LK, float("-inf"), CAUSAL,
                                    EVEN_M) * qk_scale - lse[:, None])
         if HAS_DROPOUT:  # (the band stored −inf for the pairs it dropped)
-            mass = mass * (1.0 / (1.0 - dropout_p))
+            mass = mass / (1.0 - dropout_p)
         if LAZY_HI:  # all mass but label 2k's (undropped, l is the masses' sum)
             m_hi = m_hi * rescale(m_ref, m_i) + (0.0 if CAUSAL else l_i)
             m_lo = l_i - m_hi
