@@ -80,6 +80,21 @@ def kernel_times(step, calls=3) -> dict:
     return dict(sorted(times.items(), key=lambda item: -item[1]))
 
 
+def host_and_kernels(label, step, steps=20):
+    """The host's time to issue `steps` steps (the GPU left to queue) beside their wall time, then
+    the CUDA time per step of every kernel."""
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    issued = time.perf_counter()
+    torch.cuda.synchronize()
+    print(f"{label} host per fwd+bwd {(issued - started) / steps * 1e3:.3f} ms "
+          f"(wall {(time.perf_counter() - started) / steps * 1e3:.3f} ms)", flush=True)
+    for name, ms in kernel_times(step).items():
+        print(f"{label}   {ms:7.3f} ms  {name}", flush=True)
+
+
 def profile_length(length):
     batch = max(1, args.tokens // length)
     q, kk, v, rel_k, rel_v = tensors(batch, length, K, torch.bfloat16)
@@ -93,16 +108,7 @@ def profile_length(length):
     print(f"L={length} B={batch}: first call {time.time() - started:.1f} s", flush=True)
     for name, fn in (("shaw fwd", forward), ("shaw fwd+bwd", step), ("sdpa fwd+bwd", sdpa)):
         print(f"L={length} {name}: {do_bench(fn, warmup=5, rep=50):.3f} ms", flush=True)
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(20):
-        step()
-    issued = time.perf_counter()
-    torch.cuda.synchronize()
-    print(f"L={length} host per fwd+bwd {(issued - started) / 20 * 1e3:.3f} ms "
-          f"(wall {(time.perf_counter() - started) / 20 * 1e3:.3f} ms)", flush=True)
-    for name, ms in kernel_times(step).items():
-        print(f"L={length}   {ms:7.3f} ms  {name}", flush=True)
+    host_and_kernels(f"L={length}", step)
     flat = [t.detach().reshape(batch * H, length, D).contiguous() for t in (q, kk, v)]
     for kernel, grid, launch_args, meta in flash_control.launches(*flat, False, 0.0, {"BLOCK_M": BM, "BLOCK_N": BN}):
         ms = do_bench(lambda: kernel[grid](*launch_args, **meta, num_warps=WARPS, num_stages=STAGES), warmup=5, rep=50)
@@ -173,16 +179,7 @@ def causal(length, dropout_p):
     label = f"L={length} causal dropout {dropout_p}"
     for name, fn in (("shaw", ours), ("sdpa", sdpa)):
         print(f"{label} {name} fwd+bwd: {do_bench(fn, warmup=5, rep=50):.3f} ms", flush=True)
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(20):
-        ours()
-    issued = time.perf_counter()
-    torch.cuda.synchronize()
-    print(f"{label} host per fwd+bwd {(issued - started) / 20 * 1e3:.3f} ms "
-          f"(wall {(time.perf_counter() - started) / 20 * 1e3:.3f} ms)", flush=True)
-    for name, ms in kernel_times(ours).items():
-        print(f"{label}   {ms:7.3f} ms  {name}", flush=True)
+    host_and_kernels(label, ours)
 
 
 cap = args.config[4] if args.config[4:] else None

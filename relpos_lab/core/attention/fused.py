@@ -155,25 +155,31 @@ def _heuristics(kernel) -> dict:
     name = kernel_name(kernel)
     if name == "dkdv":
         return {**_EVEN, "BAND_ROWS": lambda a: band_rows(a)}
-    rules = {**_EVEN, "BAND_BLOCK": lambda a: band_block(a["BLOCK_N"], name, bool(a.get("maxnreg"))),
-             "FRINGE_BLOCK": lambda a: fringe_block(a["BLOCK_N"], name, bool(a.get("maxnreg")))}
+    rules = {**_EVEN, "BAND_BLOCK": lambda a: band_block(a["BLOCK_N"], name, capped(a)),
+             "FRINGE_BLOCK": lambda a: fringe_block(a["BLOCK_N"], name, capped(a))}
     if name == "forward":
         rules["LOW_REGISTERS"] = lambda a: low_registers(a)
     return rules
 
 
+def capped(meta: dict) -> bool:
+    """Whether a launch's config caps the registers a thread may hold (the autotuner passes a
+    config's `maxnreg` with its kwargs)."""
+    return bool(meta.get("maxnreg"))
+
+
 def low_registers(meta: dict) -> bool:
     """Whether the forward's band computes the addresses of its interior stores again rather than
-    keep its loads' (32 registers fewer): under a register cap (the autotuner passes a config's
-    `maxnreg` with its kwargs), or in a config's `low_register_variant`."""
-    return bool(meta.get("LOW_REGISTERS", meta.get("maxnreg")))
+    keep its loads' (32 registers fewer): under a register cap (`capped`), or in a config's
+    `low_register_variant`."""
+    return bool(meta.get("LOW_REGISTERS", capped(meta)))
 
 
 def band_rows(meta: dict) -> int:
     """dk/dv's band tile height: under a register cap half the block's rows, the tiles whose
     per-pair work held dk/dv at 250 registers (sm_90, 64/64, 4 warps); capped at 168 with
     64-row band tiles it spills, with 32-row ones it does not (`bench kernel --static`)."""
-    return meta["BLOCK_M"] // 2 if meta.get("maxnreg") else meta["BLOCK_M"]
+    return meta["BLOCK_M"] // 2 if capped(meta) else meta["BLOCK_M"]
 
 
 def low_register_variant(config):

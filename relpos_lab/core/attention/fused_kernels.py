@@ -350,7 +350,7 @@ def label_zero(W, dims, D, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def table_rows(W, stride_wl, labels, dims, n_labels, D, DTYPE: tl.constexpr):
+def label_vectors(W, stride_wl, labels, dims, n_labels, D, DTYPE: tl.constexpr):
     """(LABELS, BLOCK_D): w_1..w_2k, past 2k zeros, in the rows' DTYPE (a table of float32
     parameters under autocast is cast here, as it loads, not by the host)."""
     return tl.load(W + (labels[:, None] + 1) * stride_wl + dims[None, :],
@@ -362,7 +362,7 @@ def table_product(x, W, stride_wl, labels, dims, n_labels, D, PRECISION: tl.cons
     """x · w_lᵀ for every label of a (2k+1, D) table and a block of rows: labels 1..2k as a
     (BM, LABELS) tile (column c is label c + 1), label 0 as a row vector. Label 0 stays out of
     the tile so that k = 16 fits 32 columns, not 64."""
-    w = table_rows(W, stride_wl, labels, dims, n_labels, D, x.dtype)
+    w = label_vectors(W, stride_wl, labels, dims, n_labels, D, x.dtype)
     column0 = tl.sum(tl.dot(x, tl.trans(label_zero(W, dims, D, x.dtype)), input_precision=PRECISION), 1)
     return tl.dot(x, tl.trans(w), input_precision=PRECISION), column0  # (label 0: one nonzero column)
 
@@ -372,7 +372,7 @@ def table_combination(acc, tile, column0, W, stride_wl, labels, dims, n_labels, 
                       PRECISION: tl.constexpr):
     """acc + Σ_l m_il w_l, (BM, D), the masses in DTYPE: the tile's labels 1..2k by one dot, label 0
     by another, both accumulating into acc (no adds of their own)."""
-    w = table_rows(W, stride_wl, labels, dims, n_labels, D, DTYPE)
+    w = label_vectors(W, stride_wl, labels, dims, n_labels, D, DTYPE)
     first = tl.arange(0, 16)[None, :] == 0
     out = tl.dot(tile.to(DTYPE), w, acc, input_precision=PRECISION)
     return tl.dot(tl.where(first, column0[:, None], 0.0).to(DTYPE), label_zero(W, dims, D, DTYPE), out,
