@@ -232,11 +232,10 @@ def test_dkdv_has_a_config_that_does_not_spill_on_ampere_with_causality_and_drop
 
 def test_the_shaw_default_compiles_for_hopper_with_every_stage_a_loop(shaw_default):
     """The forward's 64-key band tiles start at a multiple of 32: narrow fringes of plain 32-key
-    tiles join them to the 64-key ones. dq's band is cut in 32-key tiles within 64-key ones:
-    (wide) fringes of plain 32-key tiles join them."""
+    tiles join them to the 64-key ones, both in one tile (fused_kernels.fringe_pair). dq's band
+    is cut in 32-key tiles within 64-key ones: (wide) fringes of plain 32-key tiles join them."""
     assert set(shaw_default["dkdv"]["loops"]) == {"band", "left", "right"}
-    assert set(shaw_default["forward"]["loops"]) == {"band", "left narrow fringe", "left", "right narrow fringe",
-                                                     "right"}
+    assert set(shaw_default["forward"]["loops"]) == {"band", "fringe pair", "left", "right"}
     assert set(shaw_default["dq"]["loops"]) == {"band", "left fringe", "left", "right fringe", "right"}
     assert shaw_default["forward"]["config"] == "128/64/8/3"
 

@@ -140,8 +140,10 @@ def test_a_band_in_whole_blocks_matches_too(name, monkeypatch):
 
 NARROW_FRINGE_CASES = {
     **{name: CASES[name] for name in ("odd length, shared tables and bias", "k = 16", "cross lengths",
-                                      "padding and causal")},
+                                      "padding and causal", "padding", "values only",
+                                      "offset beyond the band, not causal")},
     "lengths that fill the blocks": (dict(lq=64, b=1), dict(kmax=4)),
+    "lengths that fill the blocks, with padding": (dict(lq=64, padding=True), dict(kmax=4)),
 }
 
 
@@ -150,7 +152,8 @@ def test_a_band_from_a_narrow_fringes_boundary_matches_too(name, monkeypatch):
     """On a GPU the band's 64-key tiles start at a multiple of 32, with 32-key fringes beside
     them, and end at Lk where the lengths fill the blocks; here 16-key band tiles from a
     multiple of 8, in 32-key blocks: band, wide and narrow fringes and the band moved back from
-    Lk, as compiled."""
+    Lk, as compiled. The forward runs both narrow fringes as one tile, or LEFT's alone beside
+    −inf where RIGHT's is none (`fringe_pair`): both occur here."""
     monkeypatch.setattr(fused, "_INTERPRETER_BLOCKS", {"BLOCK_M": 16, "BLOCK_N": 32})
     monkeypatch.setattr(fused, "BAND_CAP", {"forward": 16, "dq": 16})
     make_kwargs, check_kwargs = NARROW_FRINGE_CASES[name]

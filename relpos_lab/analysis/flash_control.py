@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from relpos_lab.core.attention.fused_kernels import dropped, load_row_stats, load_rows, visible
+from relpos_lab.core.attention.fused_kernels import dropped, load_row_stats, load_rows, load_transposed, visible
 
 FULL = tl.constexpr(0)
 DIAGONAL = tl.constexpr(1)
@@ -47,8 +47,7 @@ def _forward_tiles(acc, l_i, m_i, q, K_ptr, V_ptr, mask_ptr, stride_kn, stride_v
                    BLOCK_N: tl.constexpr):
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
-        k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
-        qk = tl.dot(q, tl.trans(k))
+        qk = tl.dot(q, load_transposed(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D))
         if STAGE == DIAGONAL or not EVEN_N or PADDING:
             qk = visible(qk, rows, rows, cols, mask_ptr, 0, 1, LQ, LK, PADDING, CAUSAL and STAGE == DIAGONAL, EVEN_N)
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
@@ -57,7 +56,7 @@ def _forward_tiles(acc, l_i, m_i, q, K_ptr, V_ptr, mask_ptr, stride_kn, stride_v
         p = tl.exp2(qk * qk_scale - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         p = dropped(p, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
-        v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
+        v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D, DIMS_FIRST=True)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     return acc, l_i, m_i

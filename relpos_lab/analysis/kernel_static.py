@@ -165,6 +165,8 @@ def _derived(kernel, args: tuple, constexprs: dict, config) -> dict:
 
 KEY_PARTS = ["band", "left fringe", "left narrow fringe", "left", "right narrow fringe", "right fringe", "right"]
 """The forward's and dq's key loops in code order (fused_kernels.PART_*)."""
+FRINGE_PAIR = "fringe pair"
+"""The forward's tile for both narrow fringes (fused_kernels.fringe_pair), after the band."""
 CONTROL_STAGES = ["full", "diagonal"]
 
 
@@ -191,6 +193,9 @@ def _measure_fused_kernel(kernel, name: str, case: Case, args: tuple, kwargs: di
         stages = [part for index, part in enumerate(KEY_PARTS)
                   if kernels.runs.fn(index, case.causal, config.kwargs["BLOCK_N"], constexprs["BAND_BLOCK"],
                                      constexprs["FRINGE_BLOCK"])]
+        if name == "forward" and kernels.pairs_fringes(case.causal, constexprs["BAND_BLOCK"],
+                                                       constexprs["FRINGE_BLOCK"]):
+            stages = [stages[0], FRINGE_PAIR, *(stage for stage in stages[1:] if "narrow" not in stage)]
     return measure(kernel, name, case, args, constexprs, config, sm, stages)
 
 
@@ -236,6 +241,8 @@ def _tiles(name: str, stage_fn, length: int, max_distance: int, causal: bool, bl
                 for part, stage in enumerate(KEY_PARTS):
                     start, end = (bounds[kernels.PART_FROM.value[part] + i] for i in (0, 1))
                     tiles[stage] = max(-(-(end - start) // kernels.part_width(part, block_n, bb, fb)), 0)
+                if name == "forward" and kernels.pairs_fringes(causal, bb, fb):  # one tile for both
+                    tiles[FRINGE_PAIR] = int(tiles.pop("left narrow fringe") + tiles.pop("right narrow fringe") > 0)
                 out.append(tiles)
     else:
         for n0 in range(0, length, block_n):

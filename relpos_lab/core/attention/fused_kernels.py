@@ -16,7 +16,8 @@ through shared memory (`bench kernel --static` measures both). In the forward an
 tiles are BAND_BLOCK keys (`fused.band_block`: 64 and 32), narrower than BN: a 128-key band tile
 spills, and a narrow band holds fewer pairs that need no label. It starts at a multiple of
 FRINGE_BLOCK (32), and fringes of plain BAND_BLOCK and FRINGE_BLOCK tiles join it to the
-BN-aligned plain stages (`key_stages`).
+BN-aligned plain stages (`key_stages`); the forward runs LEFT's FRINGE_BLOCK fringe and RIGHT's
+as the two halves of one tile, right after the band (`fringe_pair`).
 
 Per-pair label work goes through small tables in memory, one row per query row, read and written
 at `row · (LABELS + 1) + l(i, j)` (L1-resident, and no register gather; LABELS + 1 ≥ 2k + 1, a
@@ -55,6 +56,7 @@ INLINE_PTX = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
 BAND = tl.constexpr(0)
 LEFT = tl.constexpr(1)
 RIGHT = tl.constexpr(2)
+FRINGE_PAIR = tl.constexpr(3)
 
 
 # A query block's key loops in code order: the band; LEFT's wide fringe, narrow fringe and BN
@@ -110,7 +112,8 @@ def key_stages(m0, OFFSET, LK, max_distance, CAUSAL: tl.constexpr, BLOCK_M: tl.c
     BAND_BLOCK tiles + [left_narrow, band_lo) in FRINGE_BLOCK tiles; RIGHT [band_hi, right_wide)
     in FRINGE_BLOCK tiles + [right_wide, right_lo) in BAND_BLOCK tiles + [right_lo, hi). A fringe
     tile does a plain tile's work on fewer keys (its per-tile costs weigh a little more), a band
-    tile about twice that: the band holds only the tiles that have labels to read. With
+    tile about twice that: the band holds only the tiles that have labels to read. (The forward
+    pays those per-tile costs once for both FRINGE_BLOCK fringes: `fringe_pair`.) With
     causality the band runs to the diagonal, aligned to BAND_BLOCK. Plain integer arithmetic,
     so `bench kernel --static` counts tiles by calling it from Python (`.fn`)."""
     a0 = m0 + OFFSET
@@ -130,6 +133,26 @@ def key_stages(m0, OFFSET, LK, max_distance, CAUSAL: tl.constexpr, BLOCK_M: tl.c
     right_lo = min((band_hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N, hi)
     right_wide = min((band_hi + BAND_BLOCK - 1) // BAND_BLOCK * BAND_BLOCK, right_lo)
     return 0, left_hi, left_narrow, band_lo, band_hi, right_wide, right_lo, hi
+
+
+@triton.jit
+def fringe_pair(left_narrow, band_lo, band_hi, right_wide, r_lo, r_hi, BAND_BLOCK: tl.constexpr):
+    """The forward's one tile for LEFT's narrow fringe [left_narrow, band_lo) and RIGHT's
+    [band_hi, right_wide), FRINGE_BLOCK = BAND_BLOCK / 2 keys each or none: (its first key, past
+    it (the tile runs where either is some), its second half's first key, the halves' logit
+    terms). A missing half repeats the other's keys with a −inf term: they add nothing."""
+    has_left = band_lo > left_narrow
+    has_right = right_wide > band_hi
+    first = tl.where(has_left, left_narrow, band_hi)
+    return (first, tl.where(has_left | has_right, first + BAND_BLOCK, first), tl.where(has_right, band_hi, first),
+            tl.where(has_left, r_lo, float("-inf")), tl.where(has_right, r_hi, float("-inf")))
+
+
+@triton.constexpr_function
+def pairs_fringes(CAUSAL, BAND_BLOCK, FRINGE_BLOCK):
+    """Whether the forward runs LEFT's narrow fringe and RIGHT's as one tile (`fringe_pair`):
+    wherever both can be (not with causality, whose band ends at the diagonal)."""
+    return FRINGE_BLOCK < BAND_BLOCK and not CAUSAL
 
 
 @triton.jit
@@ -267,12 +290,31 @@ def store_interior_over(ptrs, x, index, max_distance, rows, LQ, EVEN_M: tl.const
 
 
 @triton.jit
-def load_rows(ptr, rows, stride, dims, n_rows, D, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
-    """A (rows, BLOCK_D) tile; bounds are checked only where the shape needs it."""
-    ptrs = ptr + rows[:, None] * stride + dims[None, :]
+def load_rows(ptr, rows, stride, dims, n_rows, D, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr,
+              DIMS_FIRST: tl.constexpr = False):
+    """A (rows, BLOCK_D) tile; bounds are checked only where the shape needs it. DIMS_FIRST: the
+    pointers are ptr + dims first, then the rows' offsets, so that each 64-bit address is one
+    pointer plus one offset. The forward's V tiles take it (added the other way, ptxas built
+    those addresses from three parts in each pipelined loop's first loads), dk/dv's do not (on
+    sm_80 its one config without spills with causality and dropout then spills)."""
+    if DIMS_FIRST:
+        ptrs = (ptr + dims[None, :]) + rows[:, None] * stride
+    else:
+        ptrs = ptr + rows[:, None] * stride + dims[None, :]
     if EVEN_ROWS and EVEN_D:
         return tl.load(ptrs)
     return tl.load(ptrs, mask=(rows[:, None] < n_rows) & (dims[None, :] < D), other=0.0)
+
+
+@triton.jit
+def load_transposed(ptr, rows, stride, dims, n_rows, D, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
+    """load_rows' tile transposed (DIMS_FIRST), (BLOCK_D, rows), as q·kᵀ takes k: loaded in that
+    shape, not transposed after (on sm_80 a non-pipelined tile then reached the tensor cores
+    through shared memory in four passes, two barriers each)."""
+    ptrs = (ptr + dims[:, None]) + rows[None, :] * stride
+    if EVEN_ROWS and EVEN_D:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=(rows[None, :] < n_rows) & (dims[:, None] < D), other=0.0)
 
 
 @triton.jit
@@ -511,8 +553,8 @@ def rescale(m_from, m_to):
 
 
 @triton.jit
-def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge, mass_rows, K_ptr, V_ptr,
-                   mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, lo, hi,
+def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge, r_right, mass_rows, K_ptr, V_ptr,
+                   mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, lo, hi, right_lo,
                    LQ, LK, D, max_distance, qk_scale, seed, dropout_p,
                    STAGE: tl.constexpr, IN_STAGE_UNITS: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr,
                    IN_PLACE: tl.constexpr, LOW_REGISTERS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
@@ -522,6 +564,8 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
     """The online softmax over key tiles [lo, hi) of one stage (acc, l_i, m_i: FlashAttention-2's).
 
     IN_STAGE_UNITS: off the band, m_i is the row maximum less r_edge (the caller's conversion).
+    FRINGE_PAIR: one tile [lo, lo + BN/2) + [right_lo, right_lo + BN/2), LEFT's keys then RIGHT's,
+    in the band's units, with logit terms r_edge and r_right.
     The value term's masses, unnormalised like acc: m_hi sums label 2k, in the band (and, with
     dropout, off it: without, the caller takes it from l); m_lo sums every other label (the band's
     interior is taken out at the end, from the logits it stores by label), only with dropout, which
@@ -531,9 +575,19 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
     kept = tl.zeros((rows.shape[0], 16), dtype=tl.float32)  # the stage's kept mass, 16 times over
     for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
         cols = n0 + tl.arange(0, BLOCK_N)
-        k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
-        if STAGE == BAND:
+        if STAGE == FRINGE_PAIR:
+            in_right = tl.arange(0, BLOCK_N) >= BLOCK_N // 2  # (which half: the same in every row)
+            cols = tl.where(in_right, cols + (right_lo - n0 - BLOCK_N // 2), cols)
+        qk = tl.dot(q, load_transposed(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D),
+                    input_precision=PRECISION)  # (BM, BN)
+        if STAGE == FRINGE_PAIR:
+            # One label per half: the row maximum is the greater of the halves' maxima, each plus
+            # its term (no pair takes an add).
+            if MASK != 0 or not EVEN_N:
+                qk = visible(qk, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
+            row_max = tl.maximum(tl.max(tl.where(in_right[None, :], float("-inf"), qk), 1) * qk_scale + r_edge,
+                                 tl.max(tl.where(in_right[None, :], qk, float("-inf")), 1) * qk_scale + r_right)
+        elif STAGE == BAND:
             # Pair by pair: the logit term by label, then every mask.
             offset = pair_offsets(rows_abs, cols)
             distance = clipped(offset, max_distance)
@@ -569,15 +623,22 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
         alpha = tl.exp2(m_i - m_safe)
         if STAGE == BAND:
             p = tl.exp2(s * qk_scale - m_safe[:, None])
+        elif STAGE == FRINGE_PAIR:
+            p = tl.exp2(qk * qk_scale - tl.where(in_right[None, :], (m_safe - r_right)[:, None],
+                                                 (m_safe - r_edge)[:, None]))
         else:
             p = tl.exp2(qk * qk_scale - (m_safe if IN_STAGE_UNITS else m_safe - r_edge)[:, None])
-        row_sum = tl.sum(p, 1)
+        if STAGE == FRINGE_PAIR:  # RIGHT's half is label 2k's
+            hi_part = tl.sum(tl.where(in_right[None, :], p, 0.0), 1)
+            row_sum = tl.sum(tl.where(in_right[None, :], 0.0, p), 1) + hi_part
+        else:
+            row_sum = tl.sum(p, 1)
         l_i = l_i * alpha + row_sum
         if STAGE == BAND and HAS_RV and HAS_DROPOUT:  # after the normaliser
             p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
         else:
             p = dropped(p, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
-        v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
+        v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D, DIMS_FIRST=True)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         if HAS_RV:
             if STAGE == BAND:
@@ -586,6 +647,11 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
                 hi_part = tl.sum(p * at_hi.to(tl.float32), 1)
                 if HAS_DROPOUT:
                     m_lo = m_lo * alpha + (row_sum - hi_part)
+                m_hi = m_hi * alpha + hi_part
+            elif STAGE == FRINGE_PAIR:
+                if HAS_DROPOUT:  # the kept masses
+                    hi_part = tl.sum(tl.where(in_right[None, :], p, 0.0), 1)
+                    m_lo = m_lo * alpha + (tl.sum(p, 1) - hi_part)
                 m_hi = m_hi * alpha + hi_part
             elif HAS_DROPOUT:
                 kept = tl.dot(p.to(v.dtype), tl.full((BLOCK_N, 16), 1.0, v.dtype), kept * alpha[:, None],
@@ -669,7 +735,19 @@ def forward_kernel(
         r_lo = tl.maximum(r_lo, LOGIT_FLOOR)
         r_hi = tl.maximum(r_hi, LOGIT_FLOOR)
     m_ref = m_i
+    PAIRED: tl.constexpr = pairs_fringes(CAUSAL, BAND_BLOCK, FRINGE_BLOCK)
     for part in tl.static_range(7):  # the band, then LEFT's fringes and tiles, RIGHT's
+        if part == 1 and PAIRED:  # the narrow fringes, side by side in one tile, in the band's units
+            first, end, right_lo, r_left, r_right = fringe_pair(bounds[2], bounds[3], bounds[4], bounds[5], r_lo, r_hi,
+                                                                BAND_BLOCK)
+            acc, l_i, m_i, m_lo, m_hi = _forward_tiles(
+                acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_left, r_right, mass_rows, K_ptr, V_ptr,
+                mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, first, end, right_lo,
+                LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
+                STAGE=FRINGE_PAIR, IN_STAGE_UNITS=IN_STAGE_UNITS, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV,
+                IN_PLACE=IN_PLACE, LOW_REGISTERS=LOW_REGISTERS, MASK=MASK,
+                CAUSAL=CAUSAL, HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+                BLOCK_N=BAND_BLOCK, PIPELINED=False, PRECISION=PRECISION)
         if part == 1:
             m_ref = m_i
             if IN_STAGE_UNITS:
@@ -683,11 +761,11 @@ def forward_kernel(
                 m_ref = m_i
                 if IN_STAGE_UNITS:
                     m_i = m_i - r_hi
-        if runs(part, CAUSAL, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK):
+        if runs(part, CAUSAL, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK) and not (PAIRED and PART_KIND[part] == NARROW):
             acc, l_i, m_i, m_lo, m_hi = _forward_tiles(
                 acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_lo if PART_STAGE[part] == LEFT else r_hi,
-                mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
-                bounds[PART_FROM[part]], bounds[PART_FROM[part] + 1],
+                r_hi, mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs,
+                dims, bounds[PART_FROM[part]], bounds[PART_FROM[part] + 1], 0,
                 LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
                 STAGE=PART_STAGE[part], IN_STAGE_UNITS=IN_STAGE_UNITS, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV,
                 IN_PLACE=IN_PLACE, LOW_REGISTERS=LOW_REGISTERS, MASK=MASK,
