@@ -852,7 +852,7 @@ def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, table_to_qk, r_edge, valu
         # G: label 2k by row sums, interior values stored in the grad table (label 0: at the end).
         if NEEDS_G:
             if STAGE == BAND:  # (the edges' entries are overwritten at the end)
-                g_hi += tl.sum(ds * (offset >= max_distance).to(tl.float32), 1)
+                g_hi += tl.sum(tl.where(offset >= max_distance, ds, 0.0), 1)
                 store_by_row((grad_rows + max_distance)[:, None] + distance, ds, rows, LQ, EVEN_M)
             elif STAGE == RIGHT:  # by the tensor cores, in the precision dq takes dS in
                 g_right = tl.dot(ds.to(k.dtype), tl.full((BLOCK_N, 16), 1.0, k.dtype), g_right,
