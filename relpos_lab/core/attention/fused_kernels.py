@@ -62,7 +62,8 @@ FRINGE_PAIR = tl.constexpr(3)
 # A query block's key loops in code order: the band; LEFT's wide fringe, narrow fringe and BN
 # tiles; RIGHT's narrow fringe, wide fringe and BN tiles. Each runs [bounds[PART_FROM],
 # bounds[PART_FROM + 1]) of `key_stages` in tiles of its kind's width (BAND_TILES and WIDE:
-# BAND_BLOCK, NARROW: FRINGE_BLOCK, PLAIN: BN).
+# BAND_BLOCK, NARROW: FRINGE_BLOCK, PLAIN: BN). The forward runs both NARROW loops' keys as one
+# tile right after the band instead (`fringe_pair`).
 BAND_TILES = tl.constexpr(0)
 WIDE = tl.constexpr(1)
 NARROW = tl.constexpr(2)
