@@ -581,11 +581,11 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
             cols = tl.where(in_right, cols + (right_lo - n0 - BLOCK_N // 2), cols)
         qk = tl.dot(q, load_transposed(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D),
                     input_precision=PRECISION)  # (BM, BN)
+        if STAGE != BAND and (MASK != 0 or not EVEN_N):  # (the band masks after its logit terms)
+            qk = visible(qk, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
         if STAGE == FRINGE_PAIR:
             # One label per half: the row maximum is the greater of the halves' maxima, each plus
             # its term (no pair takes an add).
-            if MASK != 0 or not EVEN_N:
-                qk = visible(qk, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
             row_max = tl.maximum(tl.max(tl.where(in_right[None, :], float("-inf"), qk), 1) * qk_scale + r_edge,
                                  tl.max(tl.where(in_right[None, :], qk, float("-inf")), 1) * qk_scale + r_right)
         elif STAGE == BAND:
@@ -613,8 +613,6 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
                 at_hi = offset >= max_distance
         else:
             # One label per side: its logit term r_edge is a row offset.
-            if MASK != 0 or not EVEN_N:
-                qk = visible(qk, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
             row_max = tl.max(qk, 1) * qk_scale
             if not IN_STAGE_UNITS:
                 row_max += r_edge
