@@ -54,7 +54,7 @@ def random_tokens(batch: int, length: int, seed: int) -> torch.Tensor:
 def model_logits(model: nn.Module, arch: str, src, tgt):
     """encoder_decoder: teacher forcing on tgt; encoder_only: tgt's length in slots; decoder_only: src + tgt."""
     if arch == "encoder_only":
-        return model(src, torch.full((src.shape[0],), tgt.shape[1]))
+        return model(src, torch.full((src.shape[0],), tgt.shape[1]), width=tgt.shape[1])
     return model(src, tgt) if arch == "encoder_decoder" else model(torch.cat([src, tgt], 1))
 
 

@@ -233,14 +233,15 @@ class Seq2SeqTask(Task):
         the target then EOS where it is shorter than its slots, pad past them; and each row's slots (B,)."""
         n_slots = self.slot_counts(batch["src"])
         target = slot_targets(batch["tgt_out"], n_slots, self.tgt_vocab, self.cfg.name)
-        return model(batch["src"], n_slots), target, n_slots
+        return model(batch["src"], n_slots, width=target.shape[1]), target, n_slots
 
     def decode(self, model: nn.Module, batch: Batch) -> Tensor:
         """Predicted target ids (B, T'), EOS included and pad after it, per `cfg.decoding`
         (encoder_only: the argmax at each slot, pad past a row's slots)."""
         if isinstance(model, EncoderOnly):
             n_slots = self.slot_counts(batch["src"])
-            return slot_predictions(model(batch["src"], n_slots), n_slots, self.tgt_vocab.pad_id)
+            width = int(n_slots.max()) if n_slots.numel() else 0
+            return slot_predictions(model(batch["src"], n_slots, width=width), n_slots, self.tgt_vocab.pad_id)
         d, v = self.cfg.decoding, self.tgt_vocab
         kwargs = dict(bos_id=v.bos_id, eos_id=v.eos_id, pad_id=v.pad_id,
                       max_len_a=d.max_len_a, max_len_b=d.max_len_b)

@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from relpos_lab.core.compiling import MODES as COMPILE_MODES
 from relpos_lab.core.transformer import ARCHITECTURES, MODEL_IMPLS, ModelConfig
 
 SCHEDULERS = ("inverse_sqrt", "cosine", "constant")
@@ -109,6 +110,9 @@ class TrainerConfig:
     """progress on the console: a bar over the steps at a terminal, plain lines in a log file (a SLURM .out)"""
     enable_model_summary: bool = True
     """print the model's parameter count at the start (Lightning's table of its layers with -v)"""
+    compile: str = "none"
+    """none | default | reduce-overhead | max-autotune: torch.compile's mode for the model's forward and backward in
+    training and evaluation (decoding steps stay eager); none: eager"""
     rendezvous_timeout_seconds: float = 300.0
     """a distributed run: seconds each process waits for the others at the start (at MASTER_ADDR:MASTER_PORT; under
     SLURM the job's first node) before it fails in one line naming that address"""
@@ -123,6 +127,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.rendezvous_timeout_seconds={self.rendezvous_timeout_seconds} must be > 0")
         if self.gradient_clip_val < 0:
             raise ValueError(f"trainer.gradient_clip_val={self.gradient_clip_val} must be >= 0")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"trainer.compile={self.compile!r}; choose one of {', '.join(COMPILE_MODES)}")
 
 
 @dataclass

@@ -38,10 +38,14 @@ class EncoderOnly(nn.Module):
         self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
         seed_eval_positions(self, 0)
 
-    def forward(self, src: Tensor, n_slots: Tensor) -> Tensor:
+    def forward(self, src: Tensor, n_slots: Tensor, width: int | None = None) -> Tensor:
         """src (B, S) right-padded, n_slots (B,) the output length of each row -> logits (B, N, tgt_vocab)
-        with N = max(n_slots); a row's logits past its own slots are meaningless (its target is pad there)."""
-        (batch, s), n = src.shape, int(n_slots.max()) if n_slots.numel() else 0
+        with N = max(n_slots); a row's logits past its own slots are meaningless (its target is pad there).
+
+        width: N, when the caller knows it on the host; a compiled forward cannot read it from n_slots
+        without leaving its graph."""
+        batch, s = src.shape
+        n = width if width is not None else int(n_slots.max()) if n_slots.numel() else 0
         n_src = (src != self.pad_id).sum(-1)
         column = torch.arange(n, device=src.device)
         where = n_src[:, None] + column  # (B, N): slot c of a row sits right after its source

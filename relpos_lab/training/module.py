@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from relpos_lab.api.contract import Checked, check
 from relpos_lab.api.evaluation import EvalResult
 from relpos_lab.api.task import Task
+from relpos_lab.core.compiling import compile_model
 from relpos_lab.core.embedding import seed_eval_positions
 from relpos_lab.records.loggers import log_samples
 from relpos_lab.training.data import EMPTY
@@ -33,6 +34,7 @@ class RelposModule(L.LightningModule):
         self.cfg, self.task, self.test_split = cfg, task, test_split
         # What the task returns is checked against its contract (api/contract.py), each verb on first use.
         self.model = check(task, "build_model", task.build_model(OmegaConf.to_object(cfg.model)))
+        compile_model(self.model, OmegaConf.select(cfg, "trainer.compile", default="none"))
         self.evaluations = nn.ModuleDict({s: check(task, "build_evaluation", task.build_evaluation(s))
                                           for s in dict.fromkeys(("valid", test_split))})
         self.task_loss, self.task_evaluate = Checked(task, "loss"), Checked(task, "evaluate")

@@ -309,6 +309,7 @@ def _bias_is_wide(rel_k, rel_v, rel_bias, kmax: int) -> bool:
     return rel_bias is not None and rel_k is None and rel_v is None and _label_space(kmax) > MAX_LABELS
 
 
+@torch.compiler.disable  # not yet a torch.library op dynamo can trace: a compiled model runs it between graphs
 def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p,
            attn_bias, scale):
     """Tables are cut to the distances these lengths reach (exact: clipping beyond them is a

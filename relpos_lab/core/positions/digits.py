@@ -143,10 +143,14 @@ class DigitEmbedding(nn.Module):
             raise ValueError(f"{type(self).__name__} needs the ids of every position so far: got {ids.shape[1]} "
                              f"ids for {offset} cached and {x.shape[1]} new positions")
         index = self.index(ids)[:, offset:]
-        top = int(index.max()) if index.numel() else 0
-        if top >= self.embedding.num_embeddings:
-            raise ValueError(f"a digit reaches place id {top}, beyond model.positions.{self.size_field}="
-                             f"{self.embedding.num_embeddings}; raise it (numbers longer than in training need it)")
+        rows, advice = self.embedding.num_embeddings, "raise it (numbers longer than in training need it)"
+        if index.numel() and (torch.compiler.is_compiling() or index.device.type != "cpu"):
+            # No host sync: an accelerator's queue (or a compiled graph) checks it asynchronously.
+            torch._assert_async(index.max() < rows, f"a digit's place id reaches beyond "
+                                f"model.positions.{self.size_field}={rows}; {advice}")
+        elif index.numel() and (top := int(index.max())) >= rows:
+            raise ValueError(f"a digit reaches place id {top}, beyond model.positions.{self.size_field}={rows}; "
+                             f"{advice}")
         return x + self.embedding(index).to(x.dtype)
 
 
@@ -196,7 +200,7 @@ class AbacusEmbedding(DigitEmbedding):
         is_digit, from_start, significance = digit_places(ids, self.digits, self.separator)
         index = 1 + (significance if self.by_significance else from_start)
         if self.training and self.max_offset:
-            index = index + int(torch.randint(0, self.max_offset + 1, ()))
+            index = index + torch.randint(0, self.max_offset + 1, (), device=ids.device)  # one per batch
         return torch.where(is_digit, index, 0)
 
 

@@ -1,0 +1,59 @@
+"""torch.compile for the lab's models: `trainer.compile` in training and evaluation.
+
+A model is compiled in place (`nn.Module.compile`): its class, its state_dict keys (no
+``_orig_mod.``) and its other methods stay as they are. Only a call of the model itself, the
+full-sequence forward of training, teacher-forced validation and the encoder-only slots, runs
+compiled, and with it the backward. Decoding steps (`start_decoding`, `decode_step`) stay eager:
+a KV cache's Python state changes every step and would recompile the graph each time.
+
+Every built-in scheme traces as one graph, in every model family (tests/test_compile.py): the
+attention's in-place autograd Functions, which save a pass in eager, give way to plain tensor ops
+while dynamo traces (`torch.compiler.is_compiling()`), and nothing in the forward branches on a
+tensor's value there. `graph_breaks` says where a plugin scheme does not.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+MODES = ("none", "default", "reduce-overhead", "max-autotune")
+"""none: eager; the others are torch.compile's modes (default is its mode=None; reduce-overhead adds CUDA graphs)."""
+
+
+def compile_model(model: nn.Module, mode: str) -> nn.Module:
+    """`model`, its forward compiled in place with torch.compile's `mode` (see MODES).
+
+    A run that recompiles past dynamo's limit (`torch._dynamo.config.recompile_limit`, too many
+    distinct shapes) fails with dynamo's error naming the limit instead of quietly going on eager.
+    """
+    if mode not in MODES:
+        raise ValueError(f"compile mode {mode!r}; choose one of {', '.join(MODES)}")
+    if mode == "none":
+        return model
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    model.compile(mode=None if mode == "default" else mode)
+    return model
+
+
+def is_compiled(model: nn.Module) -> bool:
+    return getattr(model, "_compiled_call_impl", None) is not None
+
+
+def graph_breaks(model: nn.Module, *args, **kwargs) -> list[str]:
+    """Where dynamo breaks the graph of `model(*args, **kwargs)`: one line per break (reason @ file:line),
+    empty when it traces as one graph. The model's forward runs once, traced, not compiled."""
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(*args, **kwargs)
+    torch._dynamo.reset()
+    lines = []
+    for broken in explained.break_reasons:
+        frame = broken.user_stack[-1] if broken.user_stack else None
+        where = f" @ {frame.filename}:{frame.lineno}" if frame is not None else ""
+        lines.append(str(broken.reason).splitlines()[0] + where)
+    return lines
+
+
+def recompiles() -> int:
+    """Graphs dynamo compiled again for a frame it had compiled before (new shapes, a flipped flag),
+    in this process so far."""
+    return int(sum(torch._dynamo.utils.counters["recompiles"].values()))
