@@ -48,3 +48,9 @@ def test_adam_uses_the_papers_betas_and_epsilon_and_the_schedule_steps():
     opt.step()
     sched.step()
     assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def test_adamw_steps_every_parameter_at_once_on_cpu():
+    """foreach on CPU (fused on CUDA: tests/test_cuda.py): one op per step for all tensors."""
+    opt = build_optimizer([torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.ones(3))], OptimConfig())
+    assert opt.param_groups[0]["foreach"] is True and not opt.param_groups[0]["fused"]

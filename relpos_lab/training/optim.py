@@ -39,8 +39,14 @@ def lr_factor(step: int, *, scheduler: str, warmup_steps: int, total_steps: int,
 
 
 def build_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW: plain Adam when weight_decay is 0 (the paper), decoupled weight decay otherwise."""
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    """AdamW: plain Adam when weight_decay is 0 (the paper), decoupled weight decay otherwise.
+
+    On CUDA its fused kernel updates every parameter in a few launches; elsewhere the foreach
+    form (one op per step for all parameters, not one per tensor)."""
+    params = list(params)
+    cuda = bool(params) and all(p.is_cuda for p in params)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
+                             fused=cuda or None, foreach=None if cuda else True)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int) -> LambdaLR:

@@ -104,12 +104,14 @@ class AttentionProbe:
 
 @contextmanager
 def capturing(probe: AttentionProbe):
-    """Make `probe` the one every `relative_attention` call reports to, for the block."""
+    """Make `probe` the one every `relative_attention` call reports to, for the block; a compiled
+    model runs eagerly meanwhile (the probe's bookkeeping reads tensors on the host)."""
     global ACTIVE
     if ACTIVE is not None:
         raise RuntimeError("an attention probe is already capturing; they do not nest")
     ACTIVE = probe
     try:
-        yield probe
+        with torch.compiler.set_stance("force_eager"):
+            yield probe
     finally:
         ACTIVE = None
