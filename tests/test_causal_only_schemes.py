@@ -176,7 +176,7 @@ def test_the_kit_passes_a_causal_only_scheme_skipping_the_encoder_decoder_checks
     assert "max difference" in ran["decoder_only: cached decoding and multi-token prefill equal the full pass "
                                    "(float64)"]
     assert all("max difference" in ran[name] for name in DECODING_CHECKS["decoder_only"])
-    assert report.summary() == "8 passed, 0 failed, 12 skipped"
+    assert report.summary() == "9 passed, 0 failed, 12 skipped"
 
 
 def test_check_scheme_on_the_command_line_prints_what_it_skipped(root):
@@ -189,7 +189,7 @@ def test_check_scheme_on_the_command_line_prints_what_it_skipped(root):
                                    for line in skips)
     assert all("not run: the scheme declares supports_bidirectional = False" in line for line in skips)
     assert any(line.startswith("ok    decoder_only: cached decoding") for line in lines)
-    assert lines[-1] == "8 passed, 0 failed, 12 skipped"
+    assert lines[-1] == "9 passed, 0 failed, 12 skipped"
     listed = run_cli(root, "positions").stdout
     (row,) = [line for line in listed.splitlines() if "running_sum_scheme:RunningSumScheme" in line]
     assert "(selective attention, Leviathan et al., 2024). (causal only: decoder-only models without" in row

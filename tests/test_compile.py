@@ -8,11 +8,15 @@ a stride it infers for softplus's backward in PoPE, which inductor and the decom
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
+from torch import nn
 
+from relpos_lab.api import PositionConfig, PositionScheme, RelativePositions
 from relpos_lab.api.decoding_checks import random_tokens
-from relpos_lab.api.testing import tiny_model_config
+from relpos_lab.api.testing import check_scheme, tiny_model_config
 from relpos_lab.core.compiling import compile_model, graph_breaks, is_compiled
 from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.positions import BUILTIN, builtin_config, scheme_of
@@ -131,3 +135,35 @@ def test_inductor_trains_shaw_with_attention_dropout():
     rel_k = [g for n, g in grads.items() if n.endswith("rel_k")]
     assert rel_k and all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in rel_k)
     torch._dynamo.reset()
+
+
+@dataclass
+class HostReadConfig(PositionConfig):
+    scheme: str = "host_read"
+
+
+class HostReadBias(RelativePositions):
+    """A learned bias per clipped distance that reads its own size on the host: a graph break."""
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(n_heads, 9))
+
+    def attention_kwargs(self, q, k, query_offset):
+        bias = self.bias if float(self.bias.detach().abs().max()) < 1e6 else self.bias.clamp(-1e6, 1e6)
+        return {"rel_bias": bias, "max_distance": 4}
+
+
+class HostReadScheme(PositionScheme):
+    config_class = HostReadConfig
+
+    def attention(self, head_dim, n_heads, causal):
+        return HostReadBias(n_heads)
+
+
+def test_check_scheme_warns_where_a_plugin_breaks_the_graph():
+    report = check_scheme(HostReadScheme)
+    assert report.ok, report.lines()
+    (warned,) = [c for c in report.checks if c.warned]
+    assert "torch.compile" in warned.name and "graph break" in warned.detail and "test_compile.py" in warned.detail
+    assert report.summary().endswith(", 1 warnings") and any(line.startswith("warn  ") for line in report.lines())

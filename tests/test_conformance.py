@@ -24,7 +24,9 @@ from relpos_lab_tasks.synthetic import ReverseTask
 def test_every_builtin_scheme_passes_the_kit(scheme):
     report = check_scheme(scheme)
     report.raise_on_failure()
-    assert len(report.checks) == 20 and not report.skipped
+    assert len(report.checks) == 21 and not report.skipped
+    compiled = report.checks[-2]
+    assert compiled.name.startswith("encoder_decoder: torch.compile") and compiled.detail == "one graph"
     drawing = report.checks[-1]
     assert drawing.name == "inspect drawing (optional)"  # a content bias is also drawn on a sample batch
     assert ("on a sample batch: " in drawing.detail) == (scheme in ("cope", "fox", "dape"))
@@ -96,7 +98,7 @@ def test_the_cli_prints_one_line_per_check_and_fails_with_the_kit(capsys):
 
     assert cli.main(["check-scheme", "shaw", "max_distance=3"]) == 0
     out = capsys.readouterr().out
-    assert "ok    decoder_only: cached decoding" in out and "20 passed, 0 failed" in out
+    assert "ok    decoder_only: cached decoding" in out and "21 passed, 0 failed" in out
     assert cli.main(["check-scheme", "shaw", "max_distance=-2"]) == 1
     assert "FAIL  config" in capsys.readouterr().out
     bad = subprocess.run([sys.executable, "-m", "relpos_lab", "check-task", "reverse", "train_size"],

@@ -42,6 +42,7 @@ from relpos_lab.api.decoding_checks import (
 from relpos_lab.api.errors import UserError
 from relpos_lab.api.task import Task
 from relpos_lab.core.attention.capture import AttentionProbe, capturing
+from relpos_lab.core.compiling import graph_breaks
 from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.positions.base import Drawing, PositionScheme, scheme_of
 from relpos_lab.core.prefix_lm import PrefixLM
@@ -70,12 +71,17 @@ DECODING_CHECKS = {"encoder_decoder": (f"encoder_decoder: {PADDED}", f"encoder_d
 NOT_CHECKED = "not checked: the scheme declares supports_cache=False"
 
 
+class Advice(Exception):
+    """A check's finding that is not a failure: the plugin works as it is, and could do better."""
+
+
 @dataclass
 class Check:
     name: str
     ok: bool
     detail: str = ""
     skipped: bool = False  # not run: the scheme declares it does not support what it checks (ok stays True)
+    warned: bool = False  # advice, not a failure: it works, slower than it could (ok stays True)
 
 
 @dataclass
@@ -98,10 +104,14 @@ class Report:
         self.checks.append(Check(name, True, why, skipped=True))
 
     def run(self, name: str, fn: Callable[[], str | None]) -> bool:
-        """Run one check; an exception or an AssertionError is its failure, the last frame named."""
+        """Run one check; an exception or an AssertionError is its failure, the last frame named;
+        an `Advice` is a warning."""
         try:
             detail = fn() or ""
             self.checks.append(Check(name, True, detail))
+            return True
+        except Advice as advice:
+            self.checks.append(Check(name, True, str(advice), warned=True))
             return True
         except Exception as err:  # a plugin may raise anything: each is reported, none stops the kit
             where = traceback.extract_tb(err.__traceback__)[-1]
@@ -109,15 +119,17 @@ class Report:
             return False
 
     def lines(self) -> list[str]:
-        return [f"{'skip' if c.skipped else 'ok  ' if c.ok else 'FAIL'}  {c.name}"
+        return [f"{'skip' if c.skipped else 'warn' if c.warned else 'ok  ' if c.ok else 'FAIL'}  {c.name}"
                 + (f": {c.detail}" if c.detail else "")
                 for c in self.checks]
 
     def summary(self) -> str:
-        """`N passed, M failed` (and `, K skipped` when the scheme declared some checks not applicable)."""
+        """`N passed, M failed` (and `, K skipped` when the scheme declared some checks not applicable,
+        `, W warnings` for advice)."""
         failed, skipped = sum(not c.ok for c in self.checks), len(self.skipped)
-        return (f"{len(self.checks) - failed - skipped} passed, {failed} failed"
-                + (f", {skipped} skipped" if skipped else ""))
+        warned = sum(c.warned for c in self.checks)
+        return (f"{len(self.checks) - failed - skipped - warned} passed, {failed} failed"
+                + (f", {skipped} skipped" if skipped else "") + (f", {warned} warnings" if warned else ""))
 
     def raise_on_failure(self) -> None:
         if not self.ok:
@@ -190,6 +202,8 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
         _decoding_checks(report, BIDIRECTIONAL, positions, None, src, tgt, decodes)
     if models:
         arch = next(iter(models))
+        report.run(f"{arch}: torch.compile traces forward and backward as one graph, gradients as eager's "
+                   "(a warning where it breaks)", lambda: _compiles(models[arch], arch, src, tgt))
         report.run("inspect drawing (optional)", lambda: _drawings(models[arch], arch, src, tgt))
     return report
 
@@ -256,6 +270,34 @@ def _trains(model, arch, src, tgt) -> str:
     assert all(math.isfinite(x) for x in losses), "the loss became non-finite"
     assert losses[-1] < 0.7 * losses[0], f"loss {losses[0]:.3f} -> {losses[-1]:.3f}: less than 30% lower"
     return f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+
+
+def _compiles(model, arch, src, tgt) -> str:
+    """A graph break is advice (trainer.compile still runs, between graphs); a compiled gradient that
+    differs from eager's is a failure (compiled training would learn something else)."""
+    def logits():
+        return model_logits(model, arch, src, tgt)
+
+    breaks = graph_breaks(logits)
+    if breaks:
+        raise Advice(f"{len(breaks)} graph break(s), trainer.compile runs the rest eagerly: " + "; ".join(breaks[:3])
+                     + " (README's plugin guide: what breaks a graph)")
+
+    def gradients(fn):
+        torch.manual_seed(0)  # schemes that draw in training draw the same
+        model.train().zero_grad()
+        fn().log_softmax(-1).mean().neg().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    eager = gradients(logits)
+    compiled = gradients(torch.compile(logits, backend="aot_eager_decomp_partition", fullgraph=True))
+    torch._dynamo.reset()
+    missing = sorted(eager.keys() - compiled.keys())
+    assert not missing, f"compiled, these parameters get no gradient: {', '.join(missing)}"
+    off = {n: float((compiled[n] - g).abs().max() / g.abs().max().clamp_min(1e-3)) for n, g in eager.items()}
+    worst = max(off, key=off.get, default=None)
+    assert worst is None or off[worst] < 1e-8, f"compiled, {worst}'s gradient is off by {off[worst]:.1e} of its largest"
+    return "one graph"
 
 
 def _drawings(model, arch: str, src, tgt) -> str:

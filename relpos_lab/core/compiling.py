@@ -39,11 +39,12 @@ def is_compiled(model: nn.Module) -> bool:
     return getattr(model, "_compiled_call_impl", None) is not None
 
 
-def graph_breaks(model: nn.Module, *args, **kwargs) -> list[str]:
-    """Where dynamo breaks the graph of `model(*args, **kwargs)`: one line per break (reason @ file:line),
-    empty when it traces as one graph. The model's forward runs once, traced, not compiled."""
+def graph_breaks(fn, *args, **kwargs) -> list[str]:
+    """Where dynamo breaks the graph of `fn(*args, **kwargs)` (a model, or a function calling one):
+    one line per break (reason @ file:line), empty when it traces as one graph. It runs once,
+    traced, not compiled."""
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(model)(*args, **kwargs)
+    explained = torch._dynamo.explain(fn)(*args, **kwargs)
     torch._dynamo.reset()
     lines = []
     for broken in explained.break_reasons:
