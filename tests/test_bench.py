@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from relpos_lab.analysis import bench, candidates
 
@@ -122,3 +123,29 @@ def test_combining_runs_takes_medians_and_ranges():
     (combined,) = bench.combine_runs([[result(1.0, 4.0)], [result(3.0, 8.0)], [result(2.0, 5.0)]])
     assert combined.ratio == 2.0 and combined.median_ms == 5.0 and combined.extra["ratio_range"] == [1.0, 3.0]
     assert combined.extra["speedup_over_opennmt_range"] == [1.0, 3.0] and combined.times_ms == [4.0, 8.0, 5.0]
+
+
+def test_model_bench_times_each_candidate_compiled_beside_eager(tmp_path):
+    """--compile: a compiled twin per candidate, its compile time apart; FLOPs counted per token
+    (Shaw's label terms add to sinusoidal's), host time per step; no MFU on a CPU."""
+    out = tmp_path / "bench.json"
+    bench.main(["model", *TINY, "--architecture", "encoder_only", "--impl", "gather", "--compile",
+                "--json", str(out)])
+    results = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(results) == {"model-sinusoidal", "model-sinusoidal-compiled", "model-shaw-gather",
+                            "model-shaw-gather-compiled"}
+    for name, r in results.items():
+        extra = r["extra"]
+        assert extra["host_ms"] > 0 and extra["tokens_per_s"] > 0 and "mfu" not in extra
+        assert ("compile_s" in extra) == name.endswith("-compiled") and len(r["times_ms"]) == 2
+        assert extra["gflop_per_token"] == results[name.removesuffix("-compiled")]["extra"]["gflop_per_token"]
+    assert results["model-shaw-gather"]["extra"]["gflop_per_token"] > results["model-sinusoidal"]["extra"][
+        "gflop_per_token"] > 0
+
+
+def test_mfu_is_counted_flops_per_second_over_the_gpus_peak():
+    from relpos_lab.analysis.throughput import PEAK_BF16, mfu, step_flops
+
+    weight = torch.randn(32, 64)
+    assert step_flops(lambda: torch.randn(8, 32) @ weight) == 2 * 8 * 32 * 64
+    assert mfu(989e12 * 0.5, 1000.0, PEAK_BF16["H200"]) == pytest.approx(0.5)

@@ -30,3 +30,8 @@ bench decode decode --threads 2 --layers 6 --batch 8 --length 64 --steps 128 --r
 bench model_decoder_only model --architecture decoder_only --threads 1 --layers 6 --batch 8 --length 512 --new-tokens 256 --repeats 5
 # CPU threads on a shared machine: the main job idle and beside a 2-thread torch neighbour (the threads table).
 python docs/performance/threads.py --json "$out/threads.json" | tee "$out/threads.txt"
+# torch.compile (trainer.compile=default) against eager, side by side, compile time from cold caches on
+# its own line: the default experiment's model (reverse_shaw: shaw_small, batch 64 at length 16) and
+# a deletang2023_paper_small point (encoder-only, d_model 64, 2 layers, 16 source tokens and 16 slots).
+bench model_compile_reverse_shaw model --threads 2 --d-model 64 --heads 4 --d-ff 256 --layers 2 --batch 64 --length 16 --repeats 9 --compile
+bench model_compile_deletang_small model --architecture encoder_only --threads 2 --d-model 64 --heads 4 --d-ff 256 --layers 2 --batch 64 --length 16 --repeats 9 --compile

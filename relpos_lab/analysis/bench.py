@@ -8,10 +8,13 @@ candidate in a fresh subprocess (the only honest CPU peak); on CUDA it is max_me
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -19,10 +22,15 @@ from functools import partial
 import torch
 
 from relpos_lab.analysis.candidates import MASKS, attention_candidate, peak_memory_mb
+from relpos_lab.analysis.throughput import PEAK_BF16, mfu, peak_flops, step_flops
+from relpos_lab.config import OptimConfig
+from relpos_lab.core.compiling import MODES as COMPILE_MODES, compile_model
 from relpos_lab.core.decoding import greedy_search, sample
+from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.loss import label_smoothed_loss
 from relpos_lab.core.positions import builtin_config, scheme_of
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention
+from relpos_lab.training.optim import build_optimizer
 from relpos_lab.training.threads import use_cpu_threads
 
 
@@ -46,9 +54,11 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def interleaved(fns: dict, repeats: int, warmup: int, device) -> dict[str, list[float]]:
+def interleaved(fns: dict, repeats: int, warmup: int, device,
+                host: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """Run every candidate once per round so drift (thermal, other load) hits all of them alike.
-    On CUDA each call is timed with device events (the GPU's own clock, no launch-queue gaps)."""
+    On CUDA each call is timed with device events (the GPU's own clock, no launch-queue gaps);
+    `host` collects the host's time to issue each call (on a CPU, the call's time)."""
     for name, fn in list(fns.items()):  # a candidate that cannot run here is reported, not fatal
         try:
             for _ in range(warmup):
@@ -64,16 +74,22 @@ def interleaved(fns: dict, repeats: int, warmup: int, device) -> dict[str, list[
             if device.type == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
+                issued = time.perf_counter()
                 fn()
+                issued = time.perf_counter() - issued
                 end.record()
                 end.synchronize()
                 times[name].append(start.elapsed_time(end))
+                if host is not None:
+                    host.setdefault(name, []).append(issued * 1e3)
                 continue
             _sync(device)
             start = time.perf_counter()
             fn()
             _sync(device)
             times[name].append((time.perf_counter() - start) * 1e3)
+            if host is not None:
+                host.setdefault(name, []).append(times[name][-1])
     return times
 
 
@@ -169,62 +185,118 @@ def opennmt_attention(path: str, heads: int, d_model: int, max_distance: int) ->
 # --- end-to-end training throughput ------------------------------------------------------------
 
 def bench_model(args, device, dtype) -> list[Result]:
-    """Training steps (forward, backward, Adam) of the whole model, sinusoidal vs Shaw: the
-    encoder-decoder, or with --architecture decoder_only the language model (`DecoderLM`, one
-    causal stack of --layers layers over `length` tokens), followed by its cached generation.
+    """Training steps (forward, backward, AdamW as training builds it) of the whole model,
+    sinusoidal vs Shaw: the encoder-decoder (`length` tokens a side), with --architecture
+    decoder_only the language model (`DecoderLM`, one causal stack of --layers layers over `length`
+    tokens) followed by its cached generation, or encoder_only (Delétang et al.'s: `length` source
+    tokens and as many output slots).
 
     With --precision bf16-mixed the weights stay float32 under bf16 autocast, as Lightning's
     bf16-mixed trains; --dtype then only sets the dtype of a model trained without autocast.
+    --compile MODE adds each candidate compiled (`trainer.compile`), timed beside its eager twin;
+    its first step, which compiles, is reported apart (extra["compile_s"]), not in its median:
+    from cold caches (inductor's cache directory a fresh one for the bench).
+    Every result carries host ms per step, FLOPs per token (counted) and, on a GPU with a known
+    peak, MFU.
     """
+    if not getattr(args, "compile", None):
+        return _bench_model(args, device, dtype)
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="relpos-bench-inductor-") as cold:  # compile time from scratch
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cold
+        try:
+            return _bench_model(args, device, dtype)
+        finally:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR")
+            if previous is not None:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+
+
+def _bench_model(args, device, dtype) -> list[Result]:
     out = []
-    decoder_only = getattr(args, "architecture", "encoder_decoder") == "decoder_only"
+    architecture = getattr(args, "architecture", "encoder_decoder")
+    peak = peak_flops(device)
     for length in args.length:
         batch = max(1, args.tokens // length) if args.tokens else args.batch
         shape = dict(batch=batch, length=length, d_model=args.d_model, heads=args.heads, d_ff=args.d_ff,
                      layers=args.layers, k=args.max_distance, precision=args.precision,
-                     **({"architecture": "decoder_only"} if decoder_only else {}))
-        fns, n_tokens = {}, batch * length
+                     **({"architecture": architecture} if architecture != "encoder_decoder" else {}))
+        fns, n_tokens, extra = {}, batch * length, {}
         randomized = [None] + ([args.max_random_len] if getattr(args, "max_random_len", None) else [])
         candidates = [("sinusoidal", "auto", None)] + [("shaw", impl, n) for impl in args.impl for n in randomized]
-        for scheme, impl, random_len in candidates:
+        modes = ["none"] + ([args.compile] if getattr(args, "compile", None) else [])
+        for (scheme, impl, random_len), mode in itertools.product(candidates, modes):
             torch.manual_seed(0)
             model = _model(args, scheme, impl, random_len=random_len).to(
                 device=device, dtype=torch.float32 if args.precision else dtype).train()
-            opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-            src = torch.randint(4, 8000, (batch, length), device=device)
-            tgt = torch.randint(4, 8000, (batch, length + 1), device=device)
-
-            def step(model=model, opt=opt, src=src, tgt=tgt):
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed"):
-                    logits = model(tgt[:, :-1]) if decoder_only else model(src, tgt[:, :-1])
-                    loss = label_smoothed_loss(logits, tgt[:, 1:]).loss
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            name = "model-sinusoidal" if scheme == "sinusoidal" else f"model-shaw-{impl}"
-            fns[name + (f"-random{random_len}" if random_len else "")] = step
-        times = interleaved(fns, args.repeats, args.warmup, device)
+            step = _training_step(args, model, architecture, batch, length, device)
+            name = ("model-sinusoidal" if scheme == "sinusoidal" else f"model-shaw-{impl}") + (
+                f"-random{random_len}" if random_len else "")
+            if mode == "none":
+                extra[name] = {"gflop_per_token": step_flops(step) / n_tokens / 1e9}
+            else:
+                compile_model(model, mode)
+                extra[name + "-compiled"] = dict(extra[name], compile_s=_first_call_s(step, device))
+                name += "-compiled"
+            fns[name] = step
+        host: dict[str, list[float]] = {}
+        times = interleaved(fns, args.repeats, args.warmup, device, host)
         base = statistics.median(times["model-sinusoidal"])
         for n, t in times.items():
             med = statistics.median(t)
+            measured = dict(extra[n], tokens_per_s=n_tokens / (med / 1e3), host_ms=statistics.median(host[n]))
+            if peak is not None:
+                measured.update(mfu=mfu(measured["gflop_per_token"] * 1e9 * n_tokens, med, peak[1]), peak_of=peak[0])
             # ratio here is throughput relative to sinusoidal (higher is better)
-            out.append(Result(n, shape, med, t, None, base / med, {"tokens_per_s": n_tokens / (med / 1e3)}))
+            out.append(Result(n, shape, med, t, None, base / med, measured))
         del fns
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    if decoder_only:
+    if architecture == "decoder_only":
         out += bench_generation(args, device, dtype)
     return out
+
+
+def _training_step(args, model, architecture: str, batch: int, length: int, device):
+    """One training step of `model` on random tokens: forward, label-smoothed loss, backward, AdamW."""
+    opt = build_optimizer(model.parameters(), OptimConfig(lr=1e-4))
+    src = torch.randint(4, 8000, (batch, length), device=device)
+    tgt = torch.randint(4, 8000, (batch, length + 1), device=device)
+    slots = torch.full((batch,), length, device=device)
+
+    def step():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed"):
+            if architecture == "encoder_only":
+                logits, target = model(src, slots, width=length), tgt[:, 1:]
+            else:
+                logits = model(tgt[:, :-1]) if architecture == "decoder_only" else model(src, tgt[:, :-1])
+                target = tgt[:, 1:]
+            loss = label_smoothed_loss(logits, target).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def _first_call_s(step, device) -> float:
+    """Seconds of a freshly compiled model's first step: compiling it, and the step itself."""
+    _sync(device)
+    start = time.perf_counter()
+    step()
+    _sync(device)
+    return time.perf_counter() - start
 
 
 def _model(args, scheme: str, impl: str, vocab: int = 8000, random_len: int | None = None) -> torch.nn.Module:
     positions = _positions(scheme, args.max_distance)
     if random_len:
         positions.max_random_len = random_len
+    architecture = getattr(args, "architecture", "encoder_decoder")
     cfg = ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=args.d_model, n_heads=args.heads,
                       d_ff=args.d_ff, n_encoder_layers=args.layers, n_decoder_layers=args.layers,
-                      attention_dropout=args.attention_dropout, attention_impl=impl, positions=positions)
-    return DecoderLM(cfg) if getattr(args, "architecture", None) == "decoder_only" else EncoderDecoder(cfg)
+                      attention_dropout=args.attention_dropout, attention_impl=impl, positions=positions,
+                      architecture=architecture)
+    return {"decoder_only": DecoderLM, "encoder_only": EncoderOnly}.get(architecture, EncoderDecoder)(cfg)
 
 
 def bench_generation(args, device, dtype) -> list[Result]:
@@ -287,6 +359,9 @@ def bench_decode(args, device, dtype) -> list[Result]:
     return [Result(n, shape, statistics.median(t), t, None, base / statistics.median(t)) for n, t in times.items()]
 
 
+THROUGHPUT = (("tokens_per_s", "tokens/s", "{:,.0f}"), ("host_ms", "host ms", "{:.3g}"),
+              ("gflop_per_token", "GFLOP/token", "{:.3g}"), ("mfu", "MFU", "{:.1%}"))
+"""bench model's extra columns: (key in Result.extra, column, format)."""
 BENCHES = {"attention": bench_attention, "layer": bench_layer, "model": bench_model, "decode": bench_decode}
 RATIO_MEANING = {
     "attention": "time / the baseline without positions, --baseline (lower is better)",
@@ -307,8 +382,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--d-ff", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=128, help="decode: tokens generated")
-    parser.add_argument("--architecture", default="encoder_decoder", choices=["encoder_decoder", "decoder_only"],
-                        help="model: the encoder-decoder, or the decoder-only LM and its cached generation")
+    parser.add_argument("--architecture", default="encoder_decoder",
+                        choices=["encoder_decoder", "decoder_only", "encoder_only"],
+                        help="model: the encoder-decoder, the decoder-only LM and its cached generation, or the "
+                             "encoder-only model (length source tokens, as many output slots)")
+    parser.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES[1:],
+                        help="model: also time each candidate compiled (trainer.compile's modes; default: default), "
+                             "its compile time on its own line")
     parser.add_argument("--new-tokens", type=int, default=256,
                         help="model --architecture decoder_only: tokens generated after a 16-token prompt")
     parser.add_argument("--impl", nargs="+", default=None,
@@ -359,15 +439,26 @@ def run(args: argparse.Namespace) -> list[Result]:
     table = Table(title=f"bench {args.what} — {machine['device']}, {machine['threads']} threads, {args.dtype}",
                   caption=f"ratio: {RATIO_MEANING[args.what]}")
     spread = args.runs > 1
-    for col in ("candidate", "shape", "median ms", "ratio") + (("ratio min-max",) if spread else ()) + ("peak MB",):
+    measured = [(key, label, form) for key, label, form in THROUGHPUT if any(key in r.extra for r in results)]
+    for col in (("candidate", "shape", "median ms", "ratio") + (("ratio min-max",) if spread else ()) + ("peak MB",)
+                + tuple(label for _, label, _ in measured)):
         table.add_column(col, justify="left" if col in ("candidate", "shape") else "right")
     for r in results:
         low_high = r.extra.get("ratio_range")
         table.add_row(r.name, " ".join(f"{k}={v}" for k, v in r.shape.items()), f"{r.median_ms:.3g}",
                       f"{r.ratio:.2f}" if r.ratio is not None else "",
                       *((f"{low_high[0]:.2f}-{low_high[1]:.2f}" if low_high else "",) if spread else ()),
-                      f"{r.peak_mb:.0f}" if r.peak_mb is not None else "")
+                      f"{r.peak_mb:.0f}" if r.peak_mb is not None else "",
+                      *(form.format(r.extra[key]) if key in r.extra else "" for key, _, form in measured))
     Console().print(table)
+    for r in results:
+        if "compile_s" in r.extra:
+            Console().print(f"compile: {r.name} at length {r.shape['length']}: {r.extra['compile_s']:.1f} s "
+                            "(its first step, compiling; not in its median)")
+    if any("mfu" in r.extra for r in results):
+        peak = next(r.extra["peak_of"] for r in results if "mfu" in r.extra)
+        Console().print(f"MFU: counted FLOPs per second / the {peak}'s dense bf16 peak "
+                        f"({PEAK_BF16[peak] / 1e12:.0f} TFLOP/s)")
     for r in results:
         if "speedup_over_opennmt" in r.extra:
             low, high = r.extra.get("speedup_over_opennmt_range", [r.extra["speedup_over_opennmt"]] * 2)
