@@ -21,6 +21,7 @@ def atomic_write_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp's file is 0600; the file open() would make is what colleagues read
         with os.fdopen(fd, "wb") as file:
             write(file)
             file.flush()
@@ -31,3 +32,10 @@ def atomic_write_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
         if isinstance(err, OSError) and err.filename is None and err.errno is not None:
             raise OSError(err.errno, err.strerror, str(path)) from err
         raise
+
+
+def umask() -> int:
+    """The process's umask (the mode bits new files do not get)."""
+    current = os.umask(0o022)
+    os.umask(current)
+    return current

@@ -229,6 +229,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.precision": PRECISIONS,
     "trainer.accelerator": ACCELERATORS,
     "trainer.evaluate": EVALUATE,
+    "trainer.compile": COMPILE_MODES,
     "model.architecture": ARCHITECTURES,
     "model.attention_impl": MODEL_IMPLS,
     "logging.wandb.mode": WANDB_MODES,
