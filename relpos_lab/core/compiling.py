@@ -54,7 +54,7 @@ def graph_breaks(fn, *args, **kwargs) -> list[str]:
     return lines
 
 
-def recompiles() -> int:
-    """Graphs dynamo compiled again for a frame it had compiled before (new shapes, a flipped flag),
-    in this process so far."""
-    return int(sum(torch._dynamo.utils.counters["recompiles"].values()))
+def graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process so far: a run compiles one per mode (training,
+    evaluation) and shape family (its first shape, then one graph dynamic in the lengths)."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])

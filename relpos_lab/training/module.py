@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from relpos_lab.api.contract import Checked, check
 from relpos_lab.api.evaluation import EvalResult
 from relpos_lab.api.task import Task
-from relpos_lab.core.compiling import compile_model
+from relpos_lab.core.compiling import compile_model, graphs_compiled, is_compiled
 from relpos_lab.core.embedding import seed_eval_positions
 from relpos_lab.records.loggers import log_samples
 from relpos_lab.training.data import EMPTY
@@ -113,8 +113,11 @@ class RelposModule(L.LightningModule):
         # "step": Lightning logs a row at a logged step metric; its own default, the count of
         # batches stepped before this one, is one less than the step whose weights were evaluated
         # (best-step=400.ckpt's validation would be row 399).
-        self.log_dict({f"{split}/{k}": v for k, v in result.metrics.items()} | {"step": float(self.global_step)},
-                      sync_dist=True, prog_bar=False)
+        # A compiled model's count of graphs so far, beside each validation: one that keeps rising
+        # recompiles for new shapes (dynamo fails past torch._dynamo.config.recompile_limit).
+        compiled = {"compile/graphs": float(graphs_compiled())} if is_compiled(self.model) else {}
+        self.log_dict({f"{split}/{k}": v for k, v in result.metrics.items()} | compiled
+                      | {"step": float(self.global_step)}, sync_dist=True, prog_bar=False)
         if self.trainer.is_global_zero and result.details:  # e.g. sacrebleu signatures
             for logger in self.loggers:
                 logger.log_hyperparams({f"{split}/{k}": v for k, v in result.details.items()})
