@@ -375,3 +375,32 @@ def test_compiled_model_gradients_equal_eager_on_cuda(scheme):
     for name, want in eager.items():
         err = (compiled[name] - want).norm() / want.norm().clamp_min(1e-3)  # k_proj.bias: 0 but for rounding
         assert err < 2e-3, (name, float(err))  # tf32 in Triton's float32 dots
+
+
+@pytest.mark.parametrize("architecture", ["encoder_decoder", "decoder_only", "encoder_only"])
+@pytest.mark.parametrize("scheme", ["sinusoidal", "shaw", "alibi"])
+def test_a_training_step_never_waits_for_the_gpu(scheme, architecture):
+    """Forward, loss, backward and fused AdamW under sync_debug_mode("error"): any host read raises."""
+    import dataclasses
+
+    from relpos_lab.api import registry
+    from relpos_lab.api.testing import tiny_model_config
+    from relpos_lab.config import OptimConfig
+    from relpos_lab.training.optim import build_optimizer
+
+    cls = registry.get_task_class("reverse")
+    task = cls(cls.config_class(name="reverse", train_lengths=[1, 6], valid_lengths=[1, 6], test_lengths=[1, 8],
+                                train_size=32, eval_size_per_length=2), seed=0)
+    cfg = tiny_model_config(positions(scheme), architecture, vocab=0, dropout=0.1, attention_dropout=0.1)
+    model = task.build_model(dataclasses.replace(cfg, src_vocab_size=0, tgt_vocab_size=0)).to(CUDA).train()
+    opt = build_optimizer(model.parameters(), OptimConfig())
+    batch = {k: v.to(CUDA) for k, v in task.collate(task.dataset("train")[:8]).items()}
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(2):
+            opt.zero_grad(set_to_none=True)
+            task.loss(model, batch, label_smoothing=0.1).loss.backward()
+            opt.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

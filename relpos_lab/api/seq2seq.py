@@ -115,12 +115,16 @@ class Seq2SeqTask(Task):
         bos, eos = torch.tensor([tgt_v.bos_id]), torch.tensor([tgt_v.eos_id])
         src = [torch.as_tensor(e.src, dtype=torch.long) for e in examples]
         tgt = [torch.as_tensor(e.tgt, dtype=torch.long) for e in examples]
-        return {
+        batch = {
             "src": pad_sequence(src, batch_first=True, padding_value=src_v.pad_id),
             "tgt_in": pad_sequence([torch.cat((bos, t)) for t in tgt], batch_first=True, padding_value=tgt_v.pad_id),
             "tgt_out": pad_sequence([torch.cat((t, eos)) for t in tgt], batch_first=True, padding_value=tgt_v.pad_id),
             "length": torch.tensor([self.example_length(e) for e in examples], dtype=torch.long),
         }
+        if getattr(self, "architecture", None) == "encoder_only":  # the slots, counted here on the host
+            slots = torch.tensor([self.output_length(len(s)) for s in src], dtype=torch.long)
+            batch |= {"slots": slots, "slot_target": slot_targets(batch["tgt_out"], slots, tgt_v, self.cfg.name)}
+        return batch
 
     # --- raw text in and out (`relpos-lab translate`) ------------------------------------------
 
@@ -230,17 +234,22 @@ class Seq2SeqTask(Task):
 
     def at_slots(self, model: EncoderOnly, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         """encoder_only: the logits (B, N, V) at each row's slots and what they should predict (B, N),
-        the target then EOS where it is shorter than its slots, pad past them; and each row's slots (B,)."""
-        n_slots = self.slot_counts(batch["src"])
-        target = slot_targets(batch["tgt_out"], n_slots, self.tgt_vocab, self.cfg.name)
+        the target then EOS where it is shorter than its slots, pad past them; and each row's slots (B,).
+        `collate` counted them on the host (a batch made elsewhere has them counted here, reading the
+        device), so a training step waits on nothing."""
+        if "slot_target" in batch:
+            n_slots, target = batch["slots"], batch["slot_target"]
+        else:
+            n_slots = self.slot_counts(batch["src"])
+            target = slot_targets(batch["tgt_out"], n_slots, self.tgt_vocab, self.cfg.name)
         return model(batch["src"], n_slots, width=target.shape[1]), target, n_slots
 
     def decode(self, model: nn.Module, batch: Batch) -> Tensor:
         """Predicted target ids (B, T'), EOS included and pad after it, per `cfg.decoding`
         (encoder_only: the argmax at each slot, pad past a row's slots)."""
         if isinstance(model, EncoderOnly):
-            n_slots = self.slot_counts(batch["src"])
-            width = int(n_slots.max()) if n_slots.numel() else 0
+            n_slots = batch["slots"] if "slots" in batch else self.slot_counts(batch["src"])
+            width = batch["slot_target"].shape[1] if "slot_target" in batch else max(n_slots.tolist(), default=0)
             return slot_predictions(model(batch["src"], n_slots, width=width), n_slots, self.tgt_vocab.pad_id)
         d, v = self.cfg.decoding, self.tgt_vocab
         kwargs = dict(bos_id=v.bos_id, eos_id=v.eos_id, pad_id=v.pad_id,

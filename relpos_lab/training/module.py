@@ -58,8 +58,10 @@ class RelposModule(L.LightningModule):
         out = self.task_loss(self.model, batch, self.cfg.optim.label_smoothing)
         size = _batch_size(batch)
         # Averaged over ranks (sync_dist): the loss of the global batch, whose gradient DDP averages,
-        # rather than rank 0's shard; one scalar all-reduce each, next to the gradients' own.
-        self.log("train/loss", out.loss, prog_bar=True, batch_size=size, sync_dist=True)
+        # rather than rank 0's shard; one scalar all-reduce each, next to the gradients' own. Not
+        # prog_bar: Lightning reads its progress-bar metrics back at every step, a wait on the device;
+        # the bar shows the loss as the loggers read it (progress.StepProgressBar).
+        self.log("train/loss", out.loss, batch_size=size, sync_dist=True)
         self.log("train/nll", out.nll_sum / out.n_tokens.clamp_min(1), batch_size=size, sync_dist=True)
         return out.loss
 

@@ -53,11 +53,19 @@ def progress_bar(every_n_steps: int, interactive: bool | None = None) -> Progres
     """The bar for a terminal, plain lines for anything else (decided by whether stdout is a terminal)."""
     if interactive is None:
         interactive = sys.stdout.isatty()
-    return StepProgressBar() if interactive else ProgressLines(every_n_steps)
+    return StepProgressBar(every_n_steps) if interactive else ProgressLines(every_n_steps)
 
 
 class StepProgressBar(RichProgressBar):
-    """Rich's bar over optimizer steps: ``Training ━━━━ 150/1000 0:00:04 • 0:00:22 38.2it/s loss``."""
+    """Rich's bar over optimizer steps: ``Training ━━━━ 150/1000 0:00:04 • 0:00:22 38.2it/s loss``.
+
+    The loss shown is read every `every_n_steps` steps, as the lines and the loggers read it: reading
+    it at every step would make each step wait for the device."""
+
+    def __init__(self, every_n_steps: int = 1) -> None:
+        super().__init__()
+        self.every_n_steps = max(int(every_n_steps), 1)
+        self._loss: dict[str, float] = {}
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # one task for the whole fit (the base class starts one per epoch, of the epoch's batches)
@@ -80,7 +88,10 @@ class StepProgressBar(RichProgressBar):
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)  # the W&B run id's tail: nothing to read
-        return metrics
+        loss = trainer.callback_metrics.get("train/loss")
+        if loss is not None and (not self._loss or trainer.global_step % self.every_n_steps == 0):
+            self._loss = {"train/loss": float(loss)}
+        return {**metrics, **self._loss}
 
 
 class ProgressLines(ProgressBar):
