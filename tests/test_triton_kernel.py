@@ -448,3 +448,42 @@ def test_one_config_from_the_environment_replaces_the_autotuners_list(monkeypatc
     assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages, c.maxnreg)
             for c in fused._configs("dkdv")][5:] == [(64, 64, 4, 2, None), (64, 64, 4, 3, fused.REGISTER_CAPS["dkdv"])]
     assert not any(c.maxnreg for c in fused._configs("dq") + fused._configs("dkdv")[:6])
+
+
+@pytest.mark.parametrize("name", ["odd length, shared tables and bias", "per-head tables", "keys only", "padding"])
+def test_the_fused_op_passes_torch_library_opcheck(name):
+    """The torch.library op a compiled model calls: schema, fake shapes, autograd registration, and
+    its traced forms (make_fx, AOTAutograd) against the real kernels."""
+    from relpos_lab.core.attention import fused_op
+
+    make_kw, _ = CASES[name]
+    case = make(**{**make_kw, "lq": min(make_kw.get("lq", 37), 17), "b": 1, "h": 2})
+    mask = case["keep"][:, None, None, :].view(torch.uint8) if case["keep"] is not None else None
+    args = (case["q"], case["k"], case["v"], case["rel_k"], case["rel_v"], case["rel_bias"], mask,
+            4, False, 0, case["q"].shape[-1] ** -0.5, 0, 0.0)
+    torch.library.opcheck(fused_op.fused_attention, args)
+
+
+@pytest.mark.parametrize("scheme", ["shaw", "alibi"])
+def test_a_compiled_model_runs_the_fused_op_in_its_graph(scheme):
+    """impl=triton under torch.compile (fullgraph: the op is a node of the graph), gradients as eager's."""
+    from relpos_lab.api.testing import tiny_model_config
+
+    torch.manual_seed(0)
+    positions = builtin_config(scheme, **({"max_distance": 3} if scheme == "shaw" else {}))
+    model = EncoderDecoder(tiny_model_config(positions, attention_impl="triton")).to(DEVICE).train()
+    src, tgt = torch.randint(3, 12, (2, 9), device=DEVICE), torch.randint(3, 12, (2, 7), device=DEVICE)
+    src[1, 6:] = 0
+
+    def grads(call):
+        model.zero_grad()
+        call(src, tgt).log_softmax(-1).mean().neg().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    eager = grads(model)
+    compiled = grads(torch.compile(model, backend="aot_eager_decomp_partition", fullgraph=True))
+    torch._dynamo.reset()
+    assert compiled.keys() == eager.keys()
+    for name, want in eager.items():
+        torch.testing.assert_close(compiled[name], want, atol=1e-5 * max(1.0, want.abs().max().item()), rtol=1e-4,
+                                   msg=lambda m, name=name: f"{name}: {m}")

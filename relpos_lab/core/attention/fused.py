@@ -303,19 +303,32 @@ def _label_space(kmax: int) -> int:
     return max(16, _power_of_2_at_least(2 * kmax))
 
 
+def labels(rel_k, rel_v, rel_bias, kmax: int) -> int:
+    """LABELS, the kernels' label tile width: a wide bias is read from memory, its tiles the narrowest."""
+    return 16 if _bias_is_wide(rel_k, rel_v, rel_bias, kmax) else _label_space(kmax)
+
+
 def _bias_is_wide(rel_k, rel_v, rel_bias, kmax: int) -> bool:
     """A rel_bias alone whose label space does not fit the registers: read per tile from memory
     instead, its gradient summed along tile diagonals (`_add_diagonals`)."""
     return rel_bias is not None and rel_k is None and rel_v is None and _label_space(kmax) > MAX_LABELS
 
 
-@torch.compiler.disable  # not yet a torch.library op dynamo can trace: a compiled model runs it between graphs
 def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p,
            attn_bias, scale):
     """Tables are cut to the distances these lengths reach (exact: clipping beyond them is a
     no-op); the kernels cast w^K and w^V to the inputs' dtype as they load them (no cast kernels,
     forward or backward); a (B, 1, 1, Lk) mask becomes per-key padding. Dropout's
-    seed comes from torch's CPU generator, so torch.manual_seed reproduces it, with no device sync."""
+    seed comes from torch's CPU generator, so torch.manual_seed reproduces it, with no device sync.
+
+    Eager, the kernels run from an autograd Function (the lightest launch path); while dynamo
+    traces, as the torch.library ops of fused_op.py, one node each in the graph. With attention
+    dropout a compiled model still runs them between graphs: the seed is a host integer per call,
+    which a graph would bake in."""
+    if torch.compiler.is_compiling() and dropout_p > 0:
+        return _attend_between_graphs(q, k, v, rel_k=rel_k, rel_v=rel_v, rel_bias=rel_bias, max_distance=max_distance,
+                                      attn_mask=attn_mask, is_causal=is_causal, query_offset=query_offset,
+                                      dropout_p=dropout_p, attn_bias=attn_bias, scale=scale)
     lq, lk = q.shape[-2], k.shape[-2]
     reach = _reach(lq, lk, max_distance, query_offset)
     if reach < max_distance:  # sliced only then: a slice's gradient is a zeroed copy
@@ -329,7 +342,14 @@ def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causa
         mask = attn_mask.view(torch.uint8).expand(q.shape[0], q.shape[1], lq, lk)
     seed = int(torch.randint(0, 2**30, (1,)).item()) if dropout_p > 0 else 0
     launch = _Launch(reach, bool(is_causal), query_offset, scale, seed, float(dropout_p))
+    if torch.compiler.is_compiling():
+        from relpos_lab.core.attention import fused_op
+
+        return fused_op.attention(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
     return _FusedRelativeAttention.apply(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
+
+
+_attend_between_graphs = torch.compiler.disable(attend)
 
 
 class _Launch(NamedTuple):
@@ -383,6 +403,82 @@ def _by_label(table: Tensor, b: int, h: int, lq: int, n_labels: int) -> Tensor:
     return table.view(b, h, lq, -1)[..., :n_labels]
 
 
+def launch_forward(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> tuple[Tensor, Tensor, Tensor, dict]:
+    """The forward kernel: (output, log-sum-exp, the mass table the backward needs, the launch's
+    arguments, which the backward reuses). q, k, v with a contiguous last dimension."""
+    b, h, lq, _ = q.shape
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(b * h * lq, device=q.device, dtype=torch.float32)
+    args = _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
+    mass = _label_table(b, h, lq, args, q, needed=rel_v is not None)
+    # with both tables the forward writes the masses over its logits (fused_kernels.forward_kernel)
+    logits = mass if rel_k is not None and rel_v is not None else _label_table(b, h, lq, args, q,
+                                                                              needed=rel_k is not None)
+    fwd, _, _, _ = _get_kernels()
+    fwd[lambda meta: (_cdiv(lq, meta["BLOCK_M"]), h, b)](
+        q, k, v, *args["tables"], args["mask"], o, lse, logits, mass,
+        *_strides(q, k, v), *args["strides"], *_strides(o), *args["scalars"], **args["meta"])
+    return o, lse, mass, args
+
+
+class Needs(NamedTuple):
+    """Which table gradients a backward computes (autograd's needs_input_grad, by name)."""
+    rel_k: bool
+    rel_v: bool
+    rel_bias: bool
+
+
+def launch_backward(do, q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass, launch: _Launch, args: dict,
+                    needs: Needs) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    """dq, dk, dv and the tables' gradients (None where not needed) from the forward's saved tensors."""
+    do = _last_dim_contiguous(do)
+    b, h, lq, d = q.shape
+    lk = k.shape[-2]
+    nl = 2 * launch.kmax + 1
+    wide = _bias_is_wide(rel_k, rel_v, rel_bias, launch.kmax)
+    needs_g = (rel_k is not None and needs.rel_k) or (rel_bias is not None and not wide and needs.rel_bias)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    delta = torch.empty(b * h * lq, device=q.device, dtype=torch.float32)
+    edges = torch.empty(b * h * kernels.EDGE_STATS.value * lq, device=q.device, dtype=torch.float32)
+    logits = _label_table(b, h, lq, args, q, needed=rel_k is not None)
+    values = _label_table(b, h, lq, args, q, needed=rel_v is not None)
+    grad = _label_table(b, h, lq, args, q, needed=needs_g)
+    wide_grad = wide and needs.rel_bias  # ALiBi's fixed table needs none
+    rows = _cdiv(lk, _INTERPRETER_BLOCKS["BLOCK_N"] if INTERPRETED else MIN_BLOCK_N) if wide_grad else 1
+    dbias_rows = torch.zeros((b * h, rows, nl) if wide_grad else (1,), device=q.device, dtype=torch.float32)
+    _, bwd_dq, bwd_dkdv, _ = _get_kernels()
+    # dq's kernel writes delta, the edge statistics and the logit and value tables, which the dk/dv
+    # kernel reads: it runs first.
+    bwd_dq[lambda meta: (_cdiv(lq, meta["BLOCK_M"]), h, b)](
+        q, k, v, *args["tables"], args["mask"], o, do, lse, dq, delta, edges, logits, values, grad,
+        *_strides(q, k, v), *args["strides"], *_strides(o, do, dq), *args["scalars"], **args["meta"],
+        NEEDS_G=needs_g)
+    meta = args["meta"]
+    bwd_dkdv[lambda meta: (_cdiv(lk, meta["BLOCK_N"]), h, b)](
+        q, k, v, args["tables"][2], args["mask"], do, lse, delta, edges, logits, values, dk, dv, dbias_rows, rows,
+        *_strides(q, k, v), args["strides"][4], *args["strides"][5:], *_strides(do, dk, dv), *args["scalars"],
+        **meta, BIAS_GRAD=wide_grad,
+        **({"WINDOW": _window(*_INTERPRETER_BLOCKS.values())} if INTERPRETED else {}))
+    d_rel_k = d_rel_v = d_rel_bias = None
+    pairs = {}  # dw^K_l = scale · Σ_i G_il q_i, dw^V_l = Σ_i M_il dO_i
+    if rel_k is not None and needs.rel_k:
+        pairs["k"] = (grad, q, rel_k)
+    if rel_v is not None and needs.rel_v:
+        pairs["v"] = (mass, do, rel_v)
+    sums = dict(zip(pairs, _label_sums(list(pairs.values()), args, nl))) if pairs else {}
+    if "k" in sums:
+        d_rel_k = (sums["k"] * launch.scale).to(rel_k.dtype)
+    if "v" in sums:
+        d_rel_v = sums["v"].to(rel_v.dtype)
+    if wide_grad:  # per key block and label, summed in a fixed order
+        d_rel_bias = dbias_rows.view(b, h, rows, nl).sum((0, 2))
+    elif rel_bias is not None and needs.rel_bias:  # db_l = Σ_i G_il
+        d_rel_bias = _by_label(grad, b, h, lq, nl).sum((0, 2)).to(rel_bias.dtype)
+    return dq, dk, dv, d_rel_k, d_rel_v, d_rel_bias
+
+
 class _FusedRelativeAttention(torch.autograd.Function):
     """Forward and backward of the fused kernels; saves q, k, v, the output, the log-sum-exp and
     the mass table (the value term's probabilities by label, which dw^V needs)."""
@@ -390,74 +486,16 @@ class _FusedRelativeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch):
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-        b, h, lq, _ = q.shape
-        o = torch.empty_like(q, memory_format=torch.contiguous_format)
-        lse = torch.empty(b * h * lq, device=q.device, dtype=torch.float32)
-        args = _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
-        mass = _label_table(b, h, lq, args, q, needed=rel_v is not None)
-        # with both tables the forward writes the masses over its logits (fused_kernels.forward_kernel)
-        logits = mass if rel_k is not None and rel_v is not None else _label_table(b, h, lq, args, q,
-                                                                                  needed=rel_k is not None)
-        fwd, _, _, _ = _get_kernels()
-        fwd[lambda meta: (_cdiv(lq, meta["BLOCK_M"]), h, b)](
-            q, k, v, *args["tables"], args["mask"], o, lse, logits, mass,
-            *_strides(q, k, v), *args["strides"], *_strides(o), *args["scalars"], **args["meta"])
+        o, lse, mass, args = launch_forward(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
         ctx.save_for_backward(q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass)
         ctx.launch, ctx.args = launch, args  # (args: the saved tensors' views, strides and constexprs)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass = ctx.saved_tensors
-        launch = ctx.launch
-        do = _last_dim_contiguous(do)
-        b, h, lq, d = q.shape
-        lk = k.shape[-2]
-        nl = 2 * launch.kmax + 1
-        args = ctx.args
-        wide = _bias_is_wide(rel_k, rel_v, rel_bias, launch.kmax)
-        needs_g = (rel_k is not None and ctx.needs_input_grad[3]) or (
-            rel_bias is not None and not wide and ctx.needs_input_grad[5])
-        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-        dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-        dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-        delta = torch.empty(b * h * lq, device=q.device, dtype=torch.float32)
-        edges = torch.empty(b * h * kernels.EDGE_STATS.value * lq, device=q.device, dtype=torch.float32)
-        logits = _label_table(b, h, lq, args, q, needed=rel_k is not None)
-        values = _label_table(b, h, lq, args, q, needed=rel_v is not None)
-        grad = _label_table(b, h, lq, args, q, needed=needs_g)
-        wide_grad = wide and ctx.needs_input_grad[5]  # ALiBi's fixed table needs none
-        rows = _cdiv(lk, _INTERPRETER_BLOCKS["BLOCK_N"] if INTERPRETED else MIN_BLOCK_N) if wide_grad else 1
-        dbias_rows = torch.zeros((b * h, rows, nl) if wide_grad else (1,), device=q.device, dtype=torch.float32)
-        _, bwd_dq, bwd_dkdv, _ = _get_kernels()
-        # dq's kernel writes delta, the edge statistics and the logit and value tables, which the dk/dv
-        # kernel reads: it runs first.
-        bwd_dq[lambda meta: (_cdiv(lq, meta["BLOCK_M"]), h, b)](
-            q, k, v, *args["tables"], args["mask"], o, do, lse, dq, delta, edges, logits, values, grad,
-            *_strides(q, k, v), *args["strides"], *_strides(o, do, dq), *args["scalars"], **args["meta"],
-            NEEDS_G=needs_g)
-        meta = args["meta"]
-        bwd_dkdv[lambda meta: (_cdiv(lk, meta["BLOCK_N"]), h, b)](
-            q, k, v, args["tables"][2], args["mask"], do, lse, delta, edges, logits, values, dk, dv, dbias_rows, rows,
-            *_strides(q, k, v), args["strides"][4], *args["strides"][5:], *_strides(do, dk, dv), *args["scalars"],
-            **meta, BIAS_GRAD=wide_grad,
-            **({"WINDOW": _window(*_INTERPRETER_BLOCKS.values())} if INTERPRETED else {}))
-        d_rel_k = d_rel_v = d_rel_bias = None
-        pairs = {}  # dw^K_l = scale · Σ_i G_il q_i, dw^V_l = Σ_i M_il dO_i
-        if rel_k is not None and ctx.needs_input_grad[3]:
-            pairs["k"] = (grad, q, rel_k)
-        if rel_v is not None and ctx.needs_input_grad[4]:
-            pairs["v"] = (mass, do, rel_v)
-        sums = dict(zip(pairs, _label_sums(list(pairs.values()), args, nl))) if pairs else {}
-        if "k" in sums:
-            d_rel_k = (sums["k"] * launch.scale).to(rel_k.dtype)
-        if "v" in sums:
-            d_rel_v = sums["v"].to(rel_v.dtype)
-        if wide_grad:  # per key block and label, summed in a fixed order
-            d_rel_bias = dbias_rows.view(b, h, rows, nl).sum((0, 2))
-        elif rel_bias is not None and ctx.needs_input_grad[5]:  # db_l = Σ_i G_il
-            d_rel_bias = _by_label(grad, b, h, lq, nl).sum((0, 2)).to(rel_bias.dtype)
-        return dq, dk, dv, d_rel_k, d_rel_v, d_rel_bias, None, None
+        needs = Needs(*ctx.needs_input_grad[3:6])
+        grads = launch_backward(do, *ctx.saved_tensors, ctx.launch, ctx.args, needs)
+        return *grads, None, None
 
 
 def _bucket(lq: int, lk: int) -> int:
@@ -497,7 +535,7 @@ def _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> dict
     wv, swvh, swvl = _table(rel_v, q)
     bias = (rel_bias.float() * kernels.LOG2E).contiguous() if rel_bias is not None else q
     sbh = bias.stride(0) if rel_bias is not None else 0
-    meta = dict(LABELS=_label_space(launch.kmax) if not _bias_is_wide(rel_k, rel_v, rel_bias, launch.kmax) else 16,
+    meta = dict(LABELS=labels(rel_k, rel_v, rel_bias, launch.kmax),
                 HAS_RK=rel_k is not None, HAS_RV=rel_v is not None, HAS_BIAS=rel_bias is not None,
                 MASK=_mask_kind(mask), CAUSAL=launch.causal, HAS_DROPOUT=launch.dropout_p > 0,
                 BLOCK_D=max(16, _power_of_2_at_least(q.shape[-1])),
