@@ -65,11 +65,16 @@ def offline_wandb(tmp_path, monkeypatch):
         monkeypatch.setenv(var, str(tmp_path / sub))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc W&B login
-    yield
     import wandb  # here, not at the top: the CUDA tier runs where wandb may not be installed
 
+    # wandb.setup() keeps the settings it read from the environment (the mode among them) for the
+    # whole process: torn down before and after, each test's W&B reads this test's environment,
+    # whichever test ran before it on this worker.
+    wandb.teardown()
+    yield
     if wandb.run is not None:
         wandb.run.finish()
+    wandb.teardown()
 
 
 TINY_REVERSE = """
