@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from relpos_lab.config import LoggingConfig
-from relpos_lab.records import loggers as run_loggers
+from relpos_lab.records import loggers as run_loggers, wandb_run
 from relpos_lab.records.loggers import (
     RunCSVLogger,
     RunWandbLogger,
@@ -422,3 +422,72 @@ def test_wandb_missing_entirely_leaves_csv_logging(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="CSV only"):
         loggers = build_loggers(_cfg(tmp_path), tmp_path / "run")
     assert [type(lg) for lg in loggers] == [RunCSVLogger]
+
+
+def _online_with_a_key(monkeypatch, base_url: str):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", base_url)
+    wandb_run.server_unreachable.cache_clear()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # closed again when the block ends: connections are refused
+
+
+def test_a_key_without_a_reachable_server_logs_offline_at_once(tmp_path, monkeypatch):
+    """A compute node with a key but no network: one line, then the whole history offline, to sync."""
+    import time
+
+    _online_with_a_key(monkeypatch, f"http://127.0.0.1:{_closed_port()}")
+    cfg = _cfg(tmp_path)
+    run_dir = run_directory(cfg)
+    said = []
+    started = time.monotonic()
+    loggers = build_loggers(cfg, run_dir, echo=said.append)
+    _fit(loggers, run_dir)
+    close_loggers(loggers)
+    assert time.monotonic() - started < 60
+    (line,) = said
+    assert "is not reachable" in line and f"wandb sync {run_dir / 'wandb'}/offline-run-*" in line
+    [path] = find_run_files(run_dir)
+    logged = {(int(r["step"]), float(r["train/loss"])) for r in _csv_rows(run_dir) if r["train/loss"]}
+    assert {(r["trainer/global_step"], r["train/loss"]) for r in read_run(path).history if "train/loss" in r} \
+        == logged and len(logged) == 8
+
+
+def test_an_online_start_that_fails_continues_the_same_run_offline(tmp_path, monkeypatch):
+    """The server answers the probe but not W&B's start: the run falls back to offline, same id."""
+    import http.server
+    import threading
+
+    class Answers(http.server.BaseHTTPRequestHandler):  # a proxy's error page for every request
+        def do_GET(self):
+            self.send_response(503)
+            self.end_headers()
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _online_with_a_key(monkeypatch, f"http://127.0.0.1:{server.server_address[1]}")
+        cfg = _cfg(tmp_path, **{"logging.wandb.init_timeout": 10})
+        run_dir = run_directory(cfg)
+        loggers = build_loggers(cfg, run_dir)
+        fallback = r"could not start run .* online \(.*\); logging offline to .* \(to sync later: wandb sync"
+        with pytest.warns(UserWarning, match=fallback):
+            _fit(loggers, run_dir)
+        close_loggers(loggers)
+    finally:
+        server.shutdown()
+    [path] = find_run_files(run_dir)
+    run = read_run(path)
+    assert run.run_id == wandb_run_id(run_dir) and len(run.metric("train/loss")) == 8

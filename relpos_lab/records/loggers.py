@@ -34,6 +34,8 @@ from relpos_lab.records.wandb_run import (
     new_wandb_run_id,
     resolve_wandb_mode,
     resume_plan,
+    server_unreachable,
+    sync_command,
     wandb_resume_plan,
     wandb_run_id,
 )
@@ -56,6 +58,11 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
     mode = resolve_wandb_mode(OmegaConf.select(cfg, "logging.wandb.mode", default="offline"))
     if mode == "disabled":
         return loggers
+    if mode == "online" and (unreachable := server_unreachable()) is not None:
+        mode = "offline"
+        if rank_zero_only.rank == 0:
+            (echo or print)(f"W&B: {unreachable}; logging offline to {run_dir / 'wandb'} "
+                            f"(to sync later: {sync_command(run_dir)})")
     name = OmegaConf.select(cfg, "name", default=None)
     rewind_to, backfill = (None, []) if resume_step is None else wandb_resume_plan(run_dir, resume_step)
     if backfill and echo is not None and rank_zero_only.rank == 0:
@@ -78,7 +85,8 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
                 mode=mode,
                 rewind_to=rewind_to,
                 backfill=backfill,
-                **({"settings": {"silent": True}} if quiet else {}),
+                settings={"init_timeout": float(OmegaConf.select(cfg, "logging.wandb.init_timeout", default=30.0)),
+                          **({"silent": True} if quiet else {})},
             )
         )
     except Exception as err:  # e.g. ModuleNotFoundError when wandb is not installed

@@ -10,10 +10,14 @@ interrupted attempt's W&B file lost (`wandb_resume_plan`).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import netrc
 import os
+import socket
 import time
+import urllib.error
+import urllib.request
 import warnings
 from pathlib import Path
 from typing import Any
@@ -81,12 +85,20 @@ class RunWandbLogger(WandbLogger):
                 try:
                     super().experiment
                 except Exception as err:
-                    if self._plain_resume is None:
+                    if self._plain_resume is not None:
+                        # A server without rewind support: continue the run as W&B resumes one.
+                        rank_zero_warn(f"W&B: could not rewind run {self._id!r} ({type(err).__name__}: {err}); "
+                                       "continuing it without rewinding: its history may repeat steps")
+                        self._wandb_init, self._plain_resume, self._experiment = self._plain_resume, None, None
+                    elif self._wandb_init.get("mode") == "online":
+                        # The server did not answer in init_timeout: the same run, offline, to sync later.
+                        rank_zero_warn(f"W&B: could not start run {self._id!r} online ({type(err).__name__}: "
+                                       f"{str(err).splitlines()[0] if str(err) else ''}); logging offline to "
+                                       f"{self._save_dir}/wandb (to sync later: {sync_command(self._save_dir)})")
+                        self._wandb_init["mode"], self._experiment = "offline", None
+                        _drop_wandb_service()
+                    else:
                         raise
-                    # A server without rewind support: continue the run as W&B resumes one.
-                    rank_zero_warn(f"W&B: could not rewind run {self._id!r} ({type(err).__name__}: {err}); "
-                                   "continuing it without rewinding: its history may repeat steps")
-                    self._wandb_init, self._plain_resume, self._experiment = self._plain_resume, None, None
                     super().experiment
                 self._experiment.config.update(self._run_config, allow_val_change=True)
                 for step, metrics in self._backfill:  # as WandbLogger.log_metrics logs a row
@@ -207,6 +219,26 @@ def resolve_wandb_mode(configured: str = "offline") -> str:
         return {"dryrun": "offline", "run": "online"}.get(env, env)
     return "online" if _has_api_key() else "offline"
 
+
+
+def sync_command(run_dir: str | Path) -> str:
+    """The command that uploads a run directory's offline W&B runs."""
+    return f"wandb sync {Path(run_dir) / 'wandb'}/offline-run-*"
+
+
+@functools.cache
+def server_unreachable(timeout: float = 5.0) -> str | None:
+    """Why W&B's server cannot be reached from this process (None: it answered), asked once per
+    process: a compute node without internet then logs offline at once, instead of waiting in
+    ``wandb.init`` (about 90 s) for each run. Any HTTP answer counts as reachable."""
+    base = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    try:
+        urllib.request.urlopen(base, timeout=timeout).close()  # noqa: S310 - W&B's own server
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except (OSError, ValueError) as err:
+        return f"{base} is not reachable from {socket.gethostname()} ({getattr(err, 'reason', err)})"
+    return None
 
 
 def _has_api_key() -> bool:
