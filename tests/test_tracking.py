@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from relpos_lab.records.plots import groups_figure, plot_curves, plot_groups
 from relpos_lab.records.results import plot_by_length, write_results
 from relpos_lab.records.rundir import run_directory, save_resolved_config
 from relpos_lab.records.wandb_offline import find_run_files, read_run, read_runs
+from relpos_lab.records.wandb_run import start_wandb_lineage
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -219,9 +221,22 @@ def test_disabled_wandb_leaves_only_the_csv_logger(tmp_path):
     assert [type(lg) for lg in loggers] == [RunCSVLogger]
 
 
-def test_wandb_run_id_is_a_function_of_the_run_directory(tmp_path):
-    assert wandb_run_id(tmp_path / "a") == wandb_run_id(tmp_path / "x" / ".." / "a")
-    assert wandb_run_id(tmp_path / "a") != wandb_run_id(tmp_path / "b")
+def test_a_run_directorys_wandb_id_lasts_its_attempts_and_a_new_directory_gets_a_new_one(tmp_path):
+    cfg = _cfg(tmp_path)
+    run_dir = run_directory(cfg)
+    first = build_loggers(cfg, run_dir)[1]
+    _fit([first], run_dir, epochs=1)
+    close_loggers([first])
+    again = build_loggers(cfg, run_dir)[1]  # a requeued or re-launched attempt
+    assert again._id == first._id == wandb_run_id(run_dir) == (run_dir / ".wandb_id").read_text().strip()
+    shutil.rmtree(run_dir)  # deleted, and run again: its history must not sync into the old run
+    assert build_loggers(cfg, run_dir)[1]._id != first._id
+
+
+def test_a_directory_from_before_stored_ids_keeps_its_path_hash(tmp_path):
+    (tmp_path / "a" / "wandb").mkdir(parents=True)  # an attempt logged W&B under the hash of the path
+    assert start_wandb_lineage(tmp_path / "a") == wandb_run_id(tmp_path / "x" / ".." / "a")
+    assert not (tmp_path / "a" / ".wandb_id").exists()
 
 
 def test_csv_logger_appends_to_an_existing_metrics_file_and_merges_columns(tmp_path):

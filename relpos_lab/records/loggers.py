@@ -35,6 +35,7 @@ from relpos_lab.records.wandb_run import (
     resolve_wandb_mode,
     resume_plan,
     server_unreachable,
+    start_wandb_lineage,
     sync_command,
     wandb_resume_plan,
     wandb_run_id,
@@ -75,7 +76,7 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
                 # absolute: a W&B service started by an earlier run of the process (in another
                 # working directory) resolves a relative one against its own
                 save_dir=os.path.abspath(run_dir),
-                id=wandb_run_id(run_dir),
+                id=start_wandb_lineage(run_dir) if rank_zero_only.rank == 0 else wandb_run_id(run_dir),
                 name=run_dir.name,
                 project=OmegaConf.select(cfg, "logging.wandb.project", default="relpos_lab"),
                 entity=OmegaConf.select(cfg, "logging.wandb.entity", default=None),

@@ -253,16 +253,22 @@ def _has_api_key() -> bool:
 
 
 def wandb_run_id(run_dir: str | Path) -> str:
-    """W&B run id of a run directory: a hash of its absolute path, so a resume keeps the id.
-
-    The directory name alone would not do: the same config run under two roots (say a copy on a
-    laptop and on the cluster) is two runs, and must not append to one W&B run. A run started
-    over in the same place (`new_wandb_run_id`) keeps its own id in ``<run dir>/.wandb_id``.
-    """
+    """W&B run id of a run directory: the one in ``<run dir>/.wandb_id``, drawn when the directory's
+    first attempt starts (`start_wandb_lineage`), so every resumed or requeued attempt continues it
+    and a directory deleted and run again is a new W&B run rather than a second history synced into
+    the old one. A directory made before ids were stored has the hash of its absolute path."""
     chosen = Path(run_dir) / WANDB_ID
     if chosen.is_file():
         return chosen.read_text().strip()
     return hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+
+
+def start_wandb_lineage(run_dir: str | Path) -> str:
+    """The W&B run id of `run_dir`, a new one if no attempt has logged to W&B there yet."""
+    run_dir = Path(run_dir)
+    if (run_dir / WANDB_ID).is_file() or (run_dir / "wandb").exists():
+        return wandb_run_id(run_dir)
+    return new_wandb_run_id(run_dir)
 
 
 def new_wandb_run_id(run_dir: str | Path) -> str:

@@ -36,14 +36,7 @@ from relpos_lab.api import EvalResult, Task, UserError, registry
 from relpos_lab.api.errors import shown_path
 from relpos_lab.api.evaluation import length_generalization
 from relpos_lab.api.files import atomic_write
-from relpos_lab.records.loggers import (
-    WANDB_ID,
-    build_loggers,
-    close_loggers,
-    cut_metrics,
-    log_summary,
-    new_wandb_run_id,
-)
+from relpos_lab.records.loggers import WANDB_ID, build_loggers, close_loggers, cut_metrics, log_summary
 from relpos_lab.records.results import plot_by_length, results_text
 from relpos_lab.records.rundir import discard_untrained_attempt, has_attempt, save_resolved_config, writable_directory
 from relpos_lab.records.runlock import LOCK, run_lock
@@ -102,9 +95,7 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print, force: bool = Fa
                 fresh = plan is None
                 return _train(cfg, run_dir, started, echo, plan)
         new, fresh = [run_dir], True
-        with run_lock(run_dir):  # the new, empty directory
-            if rank_zero_only.rank == 0:
-                new_wandb_run_id(run_dir)  # the moved attempt keeps its W&B run; this one gets its own
+        with run_lock(run_dir):  # the new, empty directory: a W&B run of its own (start_wandb_lineage)
             return _train(cfg, run_dir, started, echo, None)
     except BaseException as err:
         if rank_zero_only.rank == 0:
