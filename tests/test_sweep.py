@@ -486,3 +486,26 @@ def test_the_suite_sweeps_published_numbers_are_keyed_by_task_and_scheme(tmp_pat
     (tmp_path / name).write_text(text.replace("values: {}", "values: {even_pairs sinusoidal: 0.5}"))
     with pytest.raises(ConfigError, match="names 'even_pairs sinusoidal', which is no group"):
         load_sweep(tmp_path / name, only=0)
+
+
+def test_a_points_wandb_run_is_grouped_by_its_grid_cell_and_labelled(tmp_path, offline_wandb):
+    """W&B groups the seeds of one cell (not the whole sweep as one line); its config holds the
+    labels (sweep.<axis>) to filter by, and the run name the seed."""
+    from relpos_lab.records.loggers import build_loggers, close_loggers
+    from relpos_lab.records.wandb_offline import find_run_files, read_run, wait_until_complete
+
+    sweep = load_sweep(write_sweep(tmp_path))
+    cfg = sweep.config(3)
+    assert cfg.logging.wandb.group == "tiny_study/shaw_k2"
+    assert dict(cfg.logging.wandb.labels) == {"scheme": "shaw_k2", "seed": "2"}
+    cfg.logging.wandb.mode = "offline"
+    run_dir = sweep.points[3].run_dir
+    logger = build_loggers(cfg, run_dir)[1]
+    logger.log_metrics({"x": 1.0}, step=0)
+    close_loggers([logger])
+    (path,) = find_run_files(run_dir)
+    wait_until_complete(path)
+    run = read_run(path)
+    assert run.group == "tiny_study/shaw_k2" and run.name.endswith("-seed2")
+    assert run.config["sweep"] == {"name": "tiny_study", "group": "tiny_study/shaw_k2", "scheme": "shaw_k2",
+                                   "seed": "2"}

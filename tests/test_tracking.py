@@ -301,7 +301,7 @@ def test_offline_wandb_records_what_training_logged_and_resumes_the_same_run(tmp
     recorded = {(r["trainer/global_step"], r["train/loss"]) for r in run.history if "train/loss" in r}
     assert len(logged) == 8 and recorded == logged
     assert len(run.metric("val/loss")) == 2
-    assert run.run_id == wandb_run_id(run_dir) and run.name == run_dir.name
+    assert run.run_id == wandb_run_id(run_dir) and run.name == f"{run_dir.name}-seed1"
     assert (run.group, run.job_type, run.tags) == ("exp", "reverse", ["shaw", "smoke"])
     assert run.config["model"]["positions"]["max_distance"] == 4
     assert run.config["provenance"]["run_dir"] == str(run_dir.resolve())

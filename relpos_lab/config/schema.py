@@ -179,6 +179,9 @@ class WandbConfig:
     """default: the experiment (or sweep) name, cfg.name"""
     tags: list[str] = field(default_factory=list)
     """W&B tags of the run"""
+    labels: dict[str, str] = field(default_factory=dict)
+    """a sweep point's grid labels, axis -> label (`relpos-lab sweep` sets them, and group to the sweep's cell):
+    W&B config keys sweep.<axis>, to filter and group by"""
     init_timeout: float = 30.0
     """online: seconds the start may take before the run logs offline instead, in its own directory, to sync later
     (a node that cannot reach the server at all goes offline at once)"""

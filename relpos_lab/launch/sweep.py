@@ -73,9 +73,12 @@ class Sweep:
         """Everything that turns the base experiment into point `index`."""
         point = self.points[index]
         tags = ",".join(f"{axis}={label}" for axis, label in point.labels.items())
+        labels = ", ".join(f"{axis}: '{label}'" for axis, label in point.labels.items())
+        cell = group_label(point.labels)  # W&B groups the seeds of one grid cell, not the whole sweep
+        group = f"{self.name}/{cell}" if cell else self.name
         # extend=false: points that differ only in their budget (a max_steps axis) are separate runs
-        return [*self.overrides, *point.overrides, f"name={self.name}", f"logging.wandb.tags=[{tags}]", "extend=false",
-                *self.extra]
+        return [*self.overrides, *point.overrides, f"name={self.name}", f"logging.wandb.tags=[{tags}]",
+                f"logging.wandb.group='{group}'", f"logging.wandb.labels={{{labels}}}", "extend=false", *self.extra]
 
     def config(self, index: int) -> DictConfig:
         """Point `index`'s config: `load_config` of the experiment with the point's overrides, the

@@ -69,18 +69,22 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
     if backfill and echo is not None and rank_zero_only.rank == 0:
         echo(f"W&B: the history lacks steps {backfill[0][0]}-{backfill[-1][0]} (an interrupted attempt's W&B file "
              f"ended early); logging its {len(backfill)} rows again from metrics.csv")
+    group = OmegaConf.select(cfg, "logging.wandb.group", default=None) or name
+    labels = dict(OmegaConf.select(cfg, "logging.wandb.labels", default=None) or {})
+    seed = OmegaConf.select(cfg, "seed", default=None)
     try:
         loggers.append(
             RunWandbLogger(
-                run_config={**OmegaConf.to_container(cfg, resolve=True), **provenance(run_dir)},
+                run_config={**OmegaConf.to_container(cfg, resolve=True), **provenance(run_dir),
+                            **({"sweep": {"name": name, "group": group, **labels}} if labels else {})},
                 # absolute: a W&B service started by an earlier run of the process (in another
                 # working directory) resolves a relative one against its own
                 save_dir=os.path.abspath(run_dir),
                 id=start_wandb_lineage(run_dir) if rank_zero_only.rank == 0 else wandb_run_id(run_dir),
-                name=run_dir.name,
+                name=run_dir.name + (f"-seed{seed}" if seed is not None else ""),
                 project=OmegaConf.select(cfg, "logging.wandb.project", default="relpos_lab"),
                 entity=OmegaConf.select(cfg, "logging.wandb.entity", default=None),
-                group=OmegaConf.select(cfg, "logging.wandb.group", default=None) or name,
+                group=group,
                 job_type=OmegaConf.select(cfg, "task.name", default=None),
                 tags=list(OmegaConf.select(cfg, "logging.wandb.tags", default=None) or []),
                 mode=mode,
