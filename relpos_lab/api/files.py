@@ -29,8 +29,11 @@ def atomic_write_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
         os.replace(tmp, path)
     except BaseException as err:
         os.unlink(tmp)
-        if isinstance(err, OSError) and err.filename is None and err.errno is not None:
-            raise OSError(err.errno, err.strerror, str(path)) from err
+        # torch.save's zip writer turns a failed write into a RuntimeError ("unexpected pos") as it
+        # closes: the OSError beneath it is what happened.
+        cause = next((e for e in _chain(err) if isinstance(e, OSError) and e.errno is not None), None)
+        if cause is not None and (cause is not err or err.filename is None):
+            raise OSError(cause.errno, cause.strerror, str(path)) from err
         raise
 
 
@@ -39,3 +42,12 @@ def umask() -> int:
     current = os.umask(0o022)
     os.umask(current)
     return current
+
+
+def _chain(err: BaseException):
+    """`err`, then the exceptions it was raised from or while handling."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
 import signal
 import time
 import warnings
@@ -127,10 +128,19 @@ def _unwritable(err: OSError, run_dir: Path) -> str:
     atomically, so a failed write leaves the one before intact)."""
     path = shown_path(err.filename) if err.filename else shown_path(run_dir)
     newest = resume_checkpoint(run_dir, warn=lambda _: None) if run_dir.is_dir() else None
+    room = ""
+    if err.errno in FULL and err.errno != errno.EROFS and run_dir.is_dir():  # how much room it takes
+        free = shutil.disk_usage(run_dir).free
+        room = f" ({_megabytes(free)} free" + (f"; a checkpoint takes {_megabytes(newest.stat().st_size)}"
+                                                if newest else "") + ")"
     kept = (f"the newest checkpoint, {shown_path(newest)} (step {global_step_of(newest)}), is intact: "
             "make room (or make it writable) and run the same command to resume from it"
             if newest else "no checkpoint was written: make room (or make it writable) and run the same command")
-    return f"cannot write {path}: {err.strerror or err}; {kept}"
+    return f"cannot write {path}: {err.strerror or err}{room}; {kept}"
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 2**20:.1f} MB"
 
 
 def _remove_unused(directories: list[Path]) -> None:
