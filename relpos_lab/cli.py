@@ -317,12 +317,12 @@ def train_sweep_point(grid, index: int) -> int:
         raise UserError(f"{grid.name} point {index}: its run directory {point.run_dir} links to a run that is "
                         "gone; rerun with --reuse (it removes the link) or delete the link")
     if is_finished(point):  # e.g. a requeued array task, or a point linked by --reuse
-        echo(f"{grid.name} point {index} {point.labels} is finished ({shown_path(Path(point.run_dir))}): "
+        echo(f"{grid.name} point {index} {point.shown} is finished ({shown_path(Path(point.run_dir))}): "
              "nothing to train")
         return 0
     summary = experiment.train(load_config(grid.experiment, [*grid.overrides_of(index), "resume=true"]), echo=echo)
     if summary.metrics:
-        show_summary(summary, f"{grid.name} point {index} {point.labels}")
+        show_summary(summary, f"{grid.name} point {index} {point.shown}")
     return 0
 
 

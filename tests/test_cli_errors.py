@@ -83,6 +83,14 @@ def test_a_scheme_that_breaks_its_contract_in_the_first_step_is_one_line_and_lea
     assert not (root / "runs").exists(), list((root / "runs").rglob("*"))
 
 
+def test_a_config_the_task_refuses_prints_no_run_directory(root):
+    """Refused while the model is built (before any step): no directory is named, none is made."""
+    out = run_cli(root, "train", "tiny.yaml", "task.loss_on_source=true")
+    assert out.returncode == 2 and "task.loss_on_source=true needs model.architecture=decoder_only" in out.stderr
+    assert "Run directory" not in out.stdout, out.stdout
+    assert not (root / "runs").exists(), list((root / "runs").rglob("*"))
+
+
 def test_the_projects_own_error_is_found_behind_the_exception_raised_while_handling_it():
     """Lightning's teardown or a logger's finalize failing after the real error must not hide it."""
     try:

@@ -343,7 +343,7 @@ def test_reuse_links_a_point_that_another_sweep_already_trained(tmp_path):
     sweep("first.yaml")
     (trained,) = (tmp_path / "runs" / "first").glob("*/results.json")
     out = sweep("second.yaml", "--reuse")
-    assert "point 0 {'seed': '1'}: the same experiment finished in" in out
+    assert "point 0 seed=1: the same experiment finished in" in out
     assert "1 already finished; running 1" in out
     second = load_sweep(tmp_path / "second.yaml")
     linked, fresh = (Path(p.run_dir) for p in second.points)
@@ -364,7 +364,7 @@ def test_reuse_removes_a_link_whose_run_was_withdrawn_so_the_point_trains_again(
     said = []
     assert link_identical_runs(grid, echo=said.append) == 0
     assert not run_dir.is_symlink() and not run_dir.exists()
-    assert said == ["  point 0 {'seed': '1'}: linked to a run that is gone: link removed"]
+    assert said == ["  point 0 seed=1: linked to a run that is gone: link removed"]
 
 
 def test_training_a_point_whose_link_dangles_says_how_to_fix_it(tmp_path):

@@ -190,7 +190,7 @@ def sweep_job(sweep: Sweep) -> Job | None:
         other = sbatch_options(sweep.config(index), job_name=sweep.name, output=output, error=error, array=array)
         if other != shape:
             differ = sorted(set(shape) ^ set(other))
-            raise UserError(f"sweep {sweep.path}: point {index} {sweep.points[index].labels} needs other SLURM "
+            raise UserError(f"sweep {sweep.path}: point {index} {sweep.points[index].shown} needs other SLURM "
                             f"resources than point {todo[0]} ({', '.join(differ)}); one job array has one shape: "
                             "split the sweep or submit the points one by one")
     points = logs / f"array-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

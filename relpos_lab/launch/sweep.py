@@ -56,6 +56,11 @@ class SweepPoint:
     overrides: list[str]  # this point's own overrides (after the sweep's)
     run_dir: str = ""
 
+    @property
+    def shown(self) -> str:
+        """The labels as a status line prints them: ``scheme=shaw_k16 seed=1``."""
+        return " ".join(f"{axis}={label}" for axis, label in self.labels.items())
+
 
 @dataclass
 class Sweep:
@@ -89,7 +94,7 @@ class Sweep:
             overrides = command_line_sources(self.overrides_of(index))
             return compose([*self._sources, *overrides], default_name=self.experiment.stem)
         except ConfigError as err:
-            raise ConfigError(f"sweep {self.path}, point {index} {self.points[index].labels}: {err}") from None
+            raise ConfigError(f"sweep {self.path}, point {index} {self.points[index].shown}: {err}") from None
 
     @property
     def directory(self) -> Path:
@@ -252,14 +257,14 @@ def link_identical_runs(sweep: Sweep, echo=print) -> int:
         run_dir = Path(point.run_dir)
         if is_dangling(point):
             run_dir.unlink()
-            echo(f"  point {point.index} {point.labels}: linked to a run that is gone: link removed")
+            echo(f"  point {point.index} {point.shown}: linked to a run that is gone: link removed")
         if run_dir.exists():  # started, finished or linked already
             continue
         same = finished.get(config_hash(sweep.config(point.index), ignore=("name",)))
         if same is not None:
             run_dir.parent.mkdir(parents=True, exist_ok=True)
             run_dir.symlink_to(os.path.relpath(same, run_dir.parent))
-            echo(f"  point {point.index} {point.labels}: the same experiment finished in {same}: linked")
+            echo(f"  point {point.index} {point.shown}: the same experiment finished in {same}: linked")
             linked += 1
     return linked
 
@@ -288,7 +293,7 @@ def run_locally(sweep: Sweep, max_parallel: int = 1, echo=print) -> list[int]:
                    *sweep.extra]
             log = open(log_dir / f"point-{point.index:03d}.log", "w")
             running[point.index] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), time.time())
-            echo(f"  started point {point.index} {point.labels}")
+            echo(f"  started point {point.index} {point.shown}")
         time.sleep(0.5)
         for index, (proc, started) in list(running.items()):
             if proc.poll() is None:
@@ -297,6 +302,6 @@ def run_locally(sweep: Sweep, max_parallel: int = 1, echo=print) -> list[int]:
             status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
             if proc.returncode:
                 failed.append(index)
-            echo(f"  point {index} {sweep.points[index].labels}: {status} in {time.time() - started:.0f}s")
+            echo(f"  point {index} {sweep.points[index].shown}: {status} in {time.time() - started:.0f}s")
     return failed
 

@@ -161,8 +161,13 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
            resume_from: Path | None) -> RunSummary:
     """Fit, evaluate the chosen checkpoint, then write what a finished run holds (results.json last)."""
     resume_step = global_step_of(resume_from) if resume_from is not None else None
+    task, module = _task_and_module(cfg, run_dir, resume_from)  # may refuse the config: nothing said before
     _echo(echo, f"Run directory: {run_dir}" + (f" (resuming from {resume_from.name})" if resume_from else ""))
-    task, module = _task_and_module(cfg, run_dir, resume_from, resume_step, echo)
+    if resume_step is not None and rank_zero_only.rank == 0:
+        cut = cut_metrics(run_dir, resume_step)
+        if cut:
+            echo(f"metrics.csv: cut back to step {resume_step}, the checkpoint's ({cut} rows the interrupted attempt "
+                 "logged after it are trained again)")
     data = TaskDataModule(task, cfg.data)
     watch = _Callbacks.build(cfg, run_dir, task)
     loggers = build_loggers(cfg, run_dir, resume_step=resume_step, echo=echo, quiet=is_quiet())
@@ -187,10 +192,9 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
     return summary
 
 
-def _task_and_module(cfg: DictConfig, run_dir: Path, resume_from: Path | None, resume_step: int | None,
-                     echo: Callable[[str], None]) -> tuple[Task, RelposModule]:
+def _task_and_module(cfg: DictConfig, run_dir: Path, resume_from: Path | None) -> tuple[Task, RelposModule]:
     """The task (with the vocabulary a checkpoint was trained with) and the module; a resumed run's
-    checkpoint is checked against the module before metrics.csv is cut back to its step."""
+    checkpoint is checked against the module before anything in the run directory changes."""
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
     if resume_from is not None:
@@ -199,11 +203,6 @@ def _task_and_module(cfg: DictConfig, run_dir: Path, resume_from: Path | None, r
     module = RelposModule(cfg, task)
     if resume_from is not None:  # before metrics.csv is cut back and W&B logs rows again
         check_weights_fit(resume_from, state, module, cfg, RESUME_FIX.format(old=f"{run_dir.name}.old-<time>"))
-    if resume_step is not None and rank_zero_only.rank == 0:
-        cut = cut_metrics(run_dir, resume_step)
-        if cut:
-            echo(f"metrics.csv: cut back to step {resume_step}, the checkpoint's ({cut} rows the interrupted attempt "
-                 "logged after it are trained again)")
     return task, module
 
 
