@@ -167,9 +167,12 @@ def test_wandb_logs_each_validation_at_the_step_of_its_checkpoint(root, offline_
     (attempts,) = read_runs(summary.run_dir / "wandb").values()
     logged = [r["trainer/global_step"] for r in history(attempts) if "valid/exact_match" in r]
     assert logged == sorted(valid_rows(summary.run_dir)) == [15, 20]
-    # the run's summary holds what results.json holds: the evaluated checkpoint's numbers
+    # the run's summary holds what results.json holds under best/, the evaluated checkpoint's numbers
+    # with its step, beside the history's last values (valid/ of the last validation, step 20)
     results = json.loads((summary.run_dir / "results.json").read_text())
     (run,) = attempts
     for name, value in results["metrics"].items():
-        assert run.summary[name] == pytest.approx(value), name
-    assert run.summary["checkpoint_step"] == results["checkpoint_step"]
+        assert run.summary[f"best/{name}"] == pytest.approx(value), name
+    assert run.summary["best/step"] == results["checkpoint_step"]
+    last = [r for r in history(attempts) if "valid/loss" in r][-1]
+    assert run.summary["valid/loss"] == pytest.approx(last["valid/loss"]) and last["trainer/global_step"] == 20

@@ -301,7 +301,7 @@ def _finish(cfg: DictConfig, trainer: L.Trainer, module: RelposModule, task: Tas
         finishing.step("outputs")
         summary, results = _write(run_dir, splits, task, loggers, extra)
         finishing.step("summary")  # W&B's run table: the evaluated checkpoint's numbers, as results.json
-        log_summary(loggers, {**summary.metrics, "checkpoint_step": extra["checkpoint_step"]})
+        log_summary(loggers, evaluated_summary(summary.metrics, extra["checkpoint_choice"], extra["checkpoint_step"]))
         finishing.step("inspect")
         if (OmegaConf.select(cfg, "logging.inspect", default=True) and has_relative_positions(module.model)
                 and can_inspect(task)):  # after every metric: they cannot change
@@ -313,6 +313,14 @@ def _finish(cfg: DictConfig, trainer: L.Trainer, module: RelposModule, task: Tas
             requeue_checkpoint.unlink(missing_ok=True)
         atomic_write(summary.results, results)
     return summary
+
+
+def evaluated_summary(metrics: dict, choice: str, step: int | None) -> dict:
+    """The W&B summary keys of the evaluated checkpoint: results.json's numbers under best/ (or final/
+    under trainer.evaluate=last) with that checkpoint's step, beside the history's own last values
+    (valid/loss there is the fit's last validation, whose step the charts end at)."""
+    prefix = "best" if choice == "best" else "final"
+    return {f"{prefix}/{name}": value for name, value in metrics.items()} | {f"{prefix}/step": step}
 
 
 RESUME_FIX = ("Continue the run with the code and config its checkpoint was trained with, or pass --force to start "
