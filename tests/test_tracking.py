@@ -114,7 +114,7 @@ def test_run_directory_accepts_a_minimal_config():
 def test_logging_config_is_a_structured_config():
     cfg = OmegaConf.merge(OmegaConf.structured(LoggingConfig), {"wandb": {"tags": ["x"], "entity": "me"}})
     assert (cfg.root, cfg.wandb.mode, cfg.wandb.project, cfg.wandb.entity, cfg.wandb.tags) == (
-        "runs", "offline", "relpos_lab", "me", ["x"])
+        "runs", "auto", "relpos_lab", "me", ["x"])
     with pytest.raises(Exception, match="num_samples"):
         OmegaConf.merge(OmegaConf.structured(LoggingConfig), {"num_samples": "many"})
 
@@ -205,13 +205,14 @@ def test_group_figure_shows_every_run_and_the_reference_on_its_own_axis(tmp_path
 
 def test_wandb_is_offline_unless_online_is_asked_for(monkeypatch):
     monkeypatch.delenv("WANDB_MODE")
-    assert resolve_wandb_mode("offline") == "offline"
+    assert resolve_wandb_mode("auto") == "offline"
     assert resolve_wandb_mode("online") == "online"
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
-    assert resolve_wandb_mode("offline") == "online"
+    assert resolve_wandb_mode("auto") == "online"
+    assert resolve_wandb_mode("offline") == "offline"  # explicit (the debug overlay's): no server, key or not
     assert resolve_wandb_mode("disabled") == "disabled"
     monkeypatch.setenv("WANDB_MODE", "offline")
-    assert resolve_wandb_mode("offline") == "offline"
+    assert resolve_wandb_mode("auto") == "offline"
     with pytest.raises(ValueError, match="logging.wandb.mode"):
         resolve_wandb_mode("cloud")
 
@@ -506,3 +507,19 @@ def test_an_online_start_that_fails_continues_the_same_run_offline(tmp_path, mon
     [path] = find_run_files(run_dir)
     run = read_run(path)
     assert run.run_id == wandb_run_id(run_dir) and len(run.metric("train/loss")) == 8
+
+
+def test_wandbs_own_variables_stand_where_the_config_keeps_its_defaults(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_PROJECT", "lab-project")
+    monkeypatch.setenv("WANDB_RUN_GROUP", "my-group")
+    monkeypatch.setenv("WANDB_TAGS", "a,b")
+    for overrides, want in (({}, ("lab-project", "my-group", ["a", "b"])),
+                            ({"logging.wandb.project": "mine", "logging.wandb.group": "g",
+                              "logging.wandb.tags": "[t]"}, ("mine", "g", ["t"]))):
+        cfg = _cfg(tmp_path / str(len(overrides)), **overrides)
+        run_dir = run_directory(cfg)
+        loggers = build_loggers(cfg, run_dir)
+        loggers[1].log_metrics({"x": 1.0}, step=0)
+        close_loggers(loggers)
+        run = read_run(find_run_files(run_dir)[0])
+        assert (run.project, run.group, run.tags) == want

@@ -18,7 +18,7 @@ SCHEDULERS = ("inverse_sqrt", "cosine", "constant")
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 EVALUATE = ("best", "last")  # trainer.evaluate: which checkpoint the final evaluation reads
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
-WANDB_MODES = ("offline", "online", "disabled")
+WANDB_MODES = ("auto", "offline", "online", "disabled")
 
 
 @dataclass
@@ -169,8 +169,8 @@ class ClusterConfig:
 
 @dataclass
 class WandbConfig:
-    mode: str = "offline"
-    """offline | online | disabled; see resolve_wandb_mode"""
+    mode: str = "auto"
+    """auto (offline unless WANDB_MODE or an API key says online) | offline (always: debug) | online | disabled"""
     project: str = "relpos_lab"
     """W&B project"""
     entity: str | None = None

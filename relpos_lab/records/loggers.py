@@ -19,6 +19,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from relpos_lab.config.schema import WandbConfig
 from relpos_lab.records.metrics_csv import (
     METRICS,
     VALID_PREFIX,
@@ -56,7 +57,7 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
     """
     run_dir = Path(run_dir)
     loggers: list[Logger] = [RunCSVLogger(run_dir)]
-    mode = resolve_wandb_mode(OmegaConf.select(cfg, "logging.wandb.mode", default="offline"))
+    mode = resolve_wandb_mode(OmegaConf.select(cfg, "logging.wandb.mode", default="auto"))
     if mode == "disabled":
         return loggers
     if mode == "online" and (unreachable := server_unreachable()) is not None:
@@ -69,8 +70,12 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
     if backfill and echo is not None and rank_zero_only.rank == 0:
         echo(f"W&B: the history lacks steps {backfill[0][0]}-{backfill[-1][0]} (an interrupted attempt's W&B file "
              f"ended early); logging its {len(backfill)} rows again from metrics.csv")
-    group = OmegaConf.select(cfg, "logging.wandb.group", default=None) or name
-    labels = dict(OmegaConf.select(cfg, "logging.wandb.labels", default=None) or {})
+    wandb_cfg = OmegaConf.select(cfg, "logging.wandb", default=None) or {}
+    # W&B's own variables (WANDB_PROJECT, WANDB_RUN_GROUP, WANDB_TAGS) stand where the config keeps its default
+    project = _or_environment(wandb_cfg.get("project"), WandbConfig.project, "WANDB_PROJECT")
+    group = _or_environment(wandb_cfg.get("group"), None, "WANDB_RUN_GROUP") or name
+    tags = list(wandb_cfg.get("tags") or []) or [t for t in os.environ.get("WANDB_TAGS", "").split(",") if t]
+    labels = dict(wandb_cfg.get("labels") or {})
     seed = OmegaConf.select(cfg, "seed", default=None)
     try:
         loggers.append(
@@ -82,11 +87,11 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
                 save_dir=os.path.abspath(run_dir),
                 id=start_wandb_lineage(run_dir) if rank_zero_only.rank == 0 else wandb_run_id(run_dir),
                 name=run_dir.name + (f"-seed{seed}" if seed is not None else ""),
-                project=OmegaConf.select(cfg, "logging.wandb.project", default="relpos_lab"),
-                entity=OmegaConf.select(cfg, "logging.wandb.entity", default=None),
+                project=project,
+                entity=wandb_cfg.get("entity"),  # None: WANDB_ENTITY, then the key's default entity
                 group=group,
                 job_type=OmegaConf.select(cfg, "task.name", default=None),
-                tags=list(OmegaConf.select(cfg, "logging.wandb.tags", default=None) or []),
+                tags=tags,
                 mode=mode,
                 rewind_to=rewind_to,
                 backfill=backfill,
@@ -126,6 +131,13 @@ def log_samples(
         except Exception as err:
             warnings.warn(f"W&B: could not log the sample table {key!r} ({type(err).__name__}: {err})")
 
+
+
+def _or_environment(configured: Any, default: Any, variable: str) -> Any:
+    """`configured`, unless it is the config's default and W&B's environment `variable` is set."""
+    if configured in (None, default) and os.environ.get(variable):
+        return os.environ[variable]
+    return configured if configured is not None else default
 
 
 def log_summary(loggers: Iterable[Logger], values: Mapping[str, Any]) -> None:

@@ -101,6 +101,8 @@ class RunWandbLogger(WandbLogger):
                         raise
                     super().experiment
                 self._experiment.config.update(self._run_config, allow_val_change=True)
+                if self._wandb_init.get("mode") == "online" and getattr(self._experiment, "url", None):
+                    print(f"W&B: {self._experiment.url}", flush=True)  # where the dashboard is
                 for step, metrics in self._backfill:  # as WandbLogger.log_metrics logs a row
                     self._experiment.log({**metrics, STEP: step})
                 self._backfill = []
@@ -201,24 +203,24 @@ def _drop_wandb_service() -> None:
 # --- the loggers of a run -----------------------------------------------------------------------
 
 
-def resolve_wandb_mode(configured: str = "offline") -> str:
-    """The W&B mode a run uses: offline unless the user asked for online.
+def resolve_wandb_mode(configured: str = "auto") -> str:
+    """The W&B mode a run uses.
 
-    ``online`` or ``disabled`` in the config is an explicit choice and wins. The default
-    ``offline`` yields to the ``WANDB_MODE`` environment variable (so ``WANDB_MODE=online`` on a
-    cluster works without editing configs), then to an available API key (``WANDB_API_KEY`` or a
-    ``wandb login`` entry in ~/.netrc) meaning online, and otherwise stays offline — never
-    attempting the network on a machine that has none.
+    ``offline``, ``online`` and ``disabled`` in the config are explicit choices and win (the
+    ``debug`` overlay's ``offline`` keeps a debug run off the server). The default, ``auto``, yields
+    to the ``WANDB_MODE`` environment variable (so ``WANDB_MODE=online`` on a cluster works without
+    editing configs), then to an available API key (``WANDB_API_KEY`` or a ``wandb login`` entry in
+    ~/.netrc) meaning online, and otherwise is offline: never attempting the network on a machine
+    that has none.
     """
     if configured not in WANDB_MODES:
         raise ValueError(f"logging.wandb.mode={configured!r} is not one of {', '.join(WANDB_MODES)}")
-    if configured != "offline":
+    if configured != "auto":
         return configured
     env = os.environ.get("WANDB_MODE")
     if env:
         return {"dryrun": "offline", "run": "online"}.get(env, env)
     return "online" if _has_api_key() else "offline"
-
 
 
 def sync_command(run_dir: str | Path) -> str:
