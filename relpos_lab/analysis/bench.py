@@ -223,14 +223,16 @@ def _bench_model(args, device, dtype) -> list[Result]:
                      **({"architecture": architecture} if architecture != "encoder_decoder" else {}))
         fns, n_tokens, extra = {}, batch * length, {}
         randomized = [None] + ([args.max_random_len] if getattr(args, "max_random_len", None) else [])
-        candidates = [("sinusoidal", "auto", None)] + [("shaw", impl, n) for impl in args.impl for n in randomized]
+        others = [(scheme, "auto", None) for scheme in getattr(args, "schemes", [])]
+        shaw = [("shaw", impl, n) for impl in args.impl for n in randomized]
+        candidates = [("sinusoidal", "auto", None), *others, *shaw]
         modes = ["none"] + ([args.compile] if getattr(args, "compile", None) else [])
         for (scheme, impl, random_len), mode in itertools.product(candidates, modes):
             torch.manual_seed(0)
             model = _model(args, scheme, impl, random_len=random_len).to(
                 device=device, dtype=torch.float32 if args.precision else dtype).train()
             step = _training_step(args, model, architecture, batch, length, device)
-            name = ("model-sinusoidal" if scheme == "sinusoidal" else f"model-shaw-{impl}") + (
+            name = (f"model-shaw-{impl}" if scheme == "shaw" else f"model-{scheme}") + (
                 f"-random{random_len}" if random_len else "")
             if mode == "none":
                 extra[name] = {"gflop_per_token": step_flops(step) / n_tokens / 1e9}
@@ -386,6 +388,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["encoder_decoder", "decoder_only", "encoder_only"],
                         help="model: the encoder-decoder, the decoder-only LM and its cached generation, or the "
                              "encoder-only model (length source tokens, as many output slots)")
+    parser.add_argument("--schemes", nargs="*", default=[],
+                        help="model: other position schemes to train beside sinusoidal and Shaw (e.g. rope alibi)")
     parser.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES[1:],
                         help="model: also time each candidate compiled (trainer.compile's modes; default: default), "
                              "its compile time on its own line")

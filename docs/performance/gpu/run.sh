@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU section of docs/performance.md: `pytest -m cuda` and every CUDA benchmark, on one GPU.
-#   docs/performance/gpu/run.sh [kernel | kernel_<part>] [tests] [attention] [peers] [model] [decode] [profile]   (default: all)
+#   docs/performance/gpu/run.sh [kernel | kernel_<part>] [tests] [attention] [peers] [model] [compile] [decode] [profile]
+#   (default: all)
 # `kernel` alone is the fused Triton kernel's step (issues 30, 37), sized for one 10-minute call, in
 # parts, the most telling first, so that a call cut short keeps what it measured: where its time
 # goes (profile_fused.py, one config) with the forward's and dk/dv's registers capped (as many
@@ -30,7 +31,7 @@ out=docs/performance/gpu
 mkdir -p "$out"
 pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/gpu_tables.tgz" -C "$out" . ; true; }
 limit=(); [ -n "${STEP_TIMEOUT:-}" ] && limit=(timeout -k 10 "$STEP_TIMEOUT")
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(kernel tests attention peers model decode profile)
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(kernel tests attention peers model compile decode profile)
 KERNEL=(kernel_capped kernel_profile kernel_attention kernel_causal kernel_tests kernel_model kernel_autotuned)
 parts=(); for step in "${steps[@]}"; do [ "$step" = kernel ] && parts+=("${KERNEL[@]}") || parts+=("$step"); done
 bench() {  # PIN_BENCH=1: in one config
@@ -84,6 +85,16 @@ for step in "${parts[@]}"; do
     model)  # the 6+6 base model (d 512, 8 heads, ff 2048), bf16-mixed, 16384 tokens per batch
       bench model_base model --precision bf16-mixed --layers 6 --tokens 16384 --length 128 512 2048 \
         --impl auto gather --repeats 5 --warmup 2 ;;
+    compile)  # issue 55: each model eager and compiled side by side (bf16-mixed, attention dropout 0.1;
+      # Shaw through the fused kernel, which runs between graphs with dropout), compile time on its own line
+      bench model_compile_base model --precision bf16-mixed --layers 6 --tokens 16384 --length 512 2048 \
+        --schemes rope alibi --impl triton --attention-dropout 0.1 --compile --repeats 5 --warmup 2
+      bench model_compile_decoder_only model --architecture decoder_only --precision bf16-mixed --layers 6 \
+        --tokens 16384 --length 512 2048 --schemes rope alibi --impl triton --attention-dropout 0.1 --compile \
+        --new-tokens 64 --repeats 5 --warmup 2
+      # Delétang et al.'s model (encoder-only, 5 layers, d 64, batch 128 of ~40 + 40 slots), float32, CUDA graphs
+      bench model_compile_deletang model --architecture encoder_only --layers 5 --d-model 64 --heads 8 --d-ff 256 \
+        --batch 128 --length 40 --impl auto --compile reduce-overhead --repeats 20 --warmup 3 ;;
     decode)
       bench decode decode --layers 6 --batch 64 --length 64 --steps 64 --repeats 3 --warmup 1 ;;
     profile)
