@@ -295,3 +295,35 @@ def test_randomize_at_eval_without_its_range_or_budget_is_a_clear_error():
     model.decode_step(torch.ones(1, 2, dtype=torch.long), cache)
     with pytest.raises(ValueError, match="decoding feeds more than the 2 tokens whose positions were drawn"):
         model.decode_step(torch.ones(1, 1, dtype=torch.long), cache)
+
+
+class LargestTensor:
+    """The most elements any tensor an op returns has, while active (forward and backward)."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+        self.most = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in out if isinstance(out, (tuple, list)) else (out,):
+                    if isinstance(t, torch.Tensor):
+                        outer.most = max(outer.most, t.numel())
+                return out
+
+        self.mode = Mode()
+
+
+def test_transformer_xl_at_the_papers_length_is_linear_in_the_drawn_range():
+    """Ruoss et al.'s L = 2048 with 40 tokens: the bias over every spread slot was (B, H, P, 2P - 1),
+    about 34 GB a layer at their batch; at the tokens' own positions nothing grows with P."""
+    torch.manual_seed(0)
+    model = EncoderDecoder(config("transformer_xl", positions={"max_random_len": 2048})).train()
+    src, tgt = torch.randint(3, 11, (2, 40)), torch.randint(3, 11, (2, 41))
+    largest = LargestTensor()
+    with largest.mode:
+        model(src, tgt).sum().backward()
+    assert largest.most <= 2 * 2 * 41 * 41, largest.most  # the (B, H, L, L) bias is the largest: nothing in P

@@ -220,6 +220,12 @@ class MultiHeadAttention(nn.Module):
         masked), so every scheme places them at `input_pos` unchanged; attention itself runs over
         the real tokens only, with the labels of their positions: O(L²), not O(input_pos[-1]²)."""
         q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))  # (B, H, L, D)
+        direct = None if self.content else self.relative.attention_kwargs_at(q, k, input_pos)
+        if direct is not None:  # the scheme places the real tokens itself: nothing over the P slots
+            if self.unchecked:
+                contract.check_attention_kwargs(self.scheme, self.relative, direct, q, k)
+                self.unchecked = False
+            return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, positions=input_pos, **direct)
         q, k = self._rotate(spread(q, input_pos, dim=2), spread(k, input_pos, dim=2), 0)  # (B, H, P, D)
         # (…, P, P); gaps: keys no query sees (content schemes skip them)
         mask = spread_mask(attn_mask, is_causal, input_pos)

@@ -171,6 +171,14 @@ class RelativePositions(nn.Module):
         Most schemes need only their shapes; a bias may depend on them (Transformer-XL)."""
         return {}
 
+    def attention_kwargs_at(self, q: Tensor, k: Tensor, positions: Tensor) -> dict | None:
+        """Optional, for randomized positions: `attention_kwargs` for the L tokens of q and k
+        (B, H, L, D) at `positions` (L,), increasing, without spreading them over the
+        positions[-1] + 1 slots first (a dense bias over every slot is O(max_random_len²) a layer).
+        None (this default): the layer spreads them and calls `rotate` and `attention_kwargs`.
+        A scheme that defines it must leave `rotate` as the identity."""
+        return None
+
     def content_bias(self, q: Tensor, k: Tensor, x: Tensor, query_offset: int, visible: Tensor | None,
                      state: KeyState) -> Tensor:
         """A score bias that depends on the tokens, (B, H, Lq, Lk) (or broadcastable to it), added

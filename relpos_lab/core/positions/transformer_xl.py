@@ -56,6 +56,24 @@ class TransformerXLPositions(RelativePositions):
         content_bias = torch.einsum("hd,bhjd->bhj", self.u, k)[:, :, None, :]  # u·k_j
         return {"attn_bias": (content_bias + position) / math.sqrt(d)}
 
+    def attention_kwargs_at(self, q, k, positions):
+        """The same bias for tokens at `positions`, in O(L·d_model) memory: with a_i = (q_i + v)·W_R
+        split into its sine and cosine halves, a_i·R(p_i − p_j) = Σ_t (a^s sin p_iω + a^c cos p_iω)
+        cos p_jω + (a^c sin p_iω − a^s cos p_iω) sin p_jω, one matmul of L × d_model factors
+        (sin(x − y) and cos(x − y) expanded), where the table over every distance of the spread
+        slots was (B, H, P, 2P − 1)."""
+        b, h, length, d = q.shape
+        pos = positions.to(q.dtype)
+        inv_freq = 10000.0 ** (-torch.arange(0, self.d_model, 2, device=q.device, dtype=q.dtype) / self.d_model)
+        angles = pos[:, None] * inv_freq[None, :]  # (L, d_model / 2)
+        sin, cos = angles.sin(), angles.cos()
+        w = self.r_proj.weight.view(h, d, self.d_model)  # head h's rows of W_R
+        a_sin, a_cos = torch.einsum("bhld,hde->bhle", q + self.v[:, None, :], w).chunk(2, dim=-1)
+        left = torch.cat((a_sin * sin + a_cos * cos, a_cos * sin - a_sin * cos), dim=-1)  # (B, H, L, d_model)
+        position = left @ torch.cat((cos, sin), dim=-1).transpose(0, 1)  # (B, H, L, L)
+        content_bias = torch.einsum("hd,bhjd->bhj", self.u, k)[:, :, None, :]  # u·k_j
+        return {"attn_bias": (content_bias + position) / math.sqrt(d)}
+
     def draw(self, max_offset):
         """The content-free part of the bias, v·W_R R_{i-j} / √D (q = 0, k = 0), per head: what
         the layer adds for distance alone."""
