@@ -143,6 +143,13 @@ def test_model_bench_times_each_candidate_compiled_beside_eager(tmp_path):
         "gflop_per_token"] > 0
 
 
+def test_model_bench_trains_other_schemes_beside_sinusoidal_and_shaw(tmp_path):
+    out = tmp_path / "bench.json"
+    bench.main(["model", *TINY, "--schemes", "rope", "alibi", "--json", str(out)])
+    names = [r["name"] for r in json.loads(out.read_text())["results"]]
+    assert names == ["model-sinusoidal", "model-rope", "model-alibi", "model-shaw-auto"]
+
+
 def test_mfu_is_counted_flops_per_second_over_the_gpus_peak():
     from relpos_lab.analysis.throughput import PEAK_BF16, mfu, step_flops
 

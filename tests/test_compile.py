@@ -77,7 +77,21 @@ CASES = [(scheme, family) for scheme in BUILTIN for family in FAMILIES
 
 
 @pytest.mark.parametrize(("scheme", "family"), CASES)
-def test_every_scheme_compiles_as_one_graph_with_eager_gradients(scheme, family):
+def test_every_scheme_traces_as_one_graph_in_every_family(scheme, family):
+    """fullgraph=True refuses any break; dynamo alone (backend "eager") decides it, for the forward
+    and so for the backward AOTAutograd derives from that one graph."""
+    model = _model(scheme, family)
+    inputs = _inputs(family)
+    _gradients(model, torch.compile(model, backend="eager", fullgraph=True), inputs)
+    torch._dynamo.reset()
+
+
+GRADIENT_CASES = [(scheme, "encoder_decoder") for scheme in BUILTIN] + [
+    (scheme, family) for scheme in EVERY_FAMILY for family in FAMILIES if family != "encoder_decoder"]
+
+
+@pytest.mark.parametrize(("scheme", "family"), GRADIENT_CASES)
+def test_compiled_gradients_are_eagers_for_every_parameter(scheme, family):
     model = _model(scheme, family)
     inputs = _inputs(family)
     eager = _gradients(model, model, inputs)

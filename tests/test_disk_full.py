@@ -40,6 +40,7 @@ def _can_mount_tmpfs(where: Path) -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.slow  # two runs of the default model, ~40 s; tests/test_extend.py injects ENOSPC in the default tier
 def test_a_disk_that_fills_mid_run_is_one_line_and_the_run_resumes_after(tmp_path):
     mount = tmp_path / "disk"
     mount.mkdir()

@@ -159,6 +159,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_intact_checkpoint(tmp_p
     err = one_line_error(capsys, "train", "tiny.yaml", "logging.wandb.mode=disabled")
     run_dir = run_dir_of(tmp_path).relative_to(tmp_path)
     last = run_dir / "checkpoints" / "last.ckpt"
-    assert err.startswith(f"relpos-lab: error: cannot write {last}: No space left on device; the newest checkpoint, ")
+    assert err.startswith(f"relpos-lab: error: cannot write {last}: No space left on device (")
+    assert " MB free; a checkpoint takes " in err and "); the newest checkpoint, " in err
     assert "(step 15), is intact" in err
     assert global_step(tmp_path / last) == 15 and not list((tmp_path / run_dir).rglob("*.tmp"))
