@@ -84,3 +84,31 @@ def test_verbose_shows_lightnings_own_lines(tmp_path):
 def test_a_terminal_gets_a_bar_over_the_steps():
     assert isinstance(progress_bar(10, interactive=True), StepProgressBar)
     assert isinstance(progress_bar(10, interactive=False), ProgressLines)
+
+
+class _Fit:
+    """What LongRunNotice reads of a Trainer: the step, the budget, rank 0."""
+
+    def __init__(self, max_steps):
+        self.global_step, self.max_steps, self.is_global_zero = 0, max_steps, True
+
+
+@pytest.mark.parametrize(("max_steps", "said"), [(100_000, True), (2_000, False)])
+def test_a_long_run_says_how_long_and_how_to_shorten_it_early_once(max_steps, said):
+    """0.05 s a step: 100,000 steps are 1 h 23 min (one line after the warm-up and ten timed
+    steps); 2,000 steps are under 10 minutes (nothing)."""
+    from relpos_lab.training.progress import LongRunNotice
+
+    now, lines = [0.0], []
+    notice = LongRunNotice(write=lines.append, clock=lambda: now[0])
+    fit = _Fit(max_steps)
+    for _ in range(40):
+        fit.global_step += 1
+        now[0] += 0.05 if fit.global_step > 3 else 20.0  # the first steps compile and warm up
+        notice.on_train_batch_end(fit, None, None, None, fit.global_step - 1)
+    if said:
+        (line,) = lines
+        assert line.startswith(f"this run trains {max_steps - 13:,} more steps, about 1:23:")
+        assert "at 0.05 s a step here; `debug` makes it a smoke test" in line and "trainer.max_steps=N" in line
+    else:
+        assert lines == []

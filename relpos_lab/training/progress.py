@@ -145,6 +145,41 @@ class ProgressLines(ProgressBar):
             self.write(f"step {trainer.global_step}/{trainer.max_steps} valid  " + "  ".join(values))
 
 
+class LongRunNotice(L.Callback):
+    """One line, early in a fit that will take long: its estimated length here and how to shorten
+    it. Printed once, after `after_steps` steps timed past the first few (which compile, warm up
+    caches, or load data), whether or not progress is shown (`debug` turns it off)."""
+
+    def __init__(self, threshold_seconds: float = 600.0, after_steps: int = 10, warmup_steps: int = 3,
+                 write: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.threshold, self.after, self.warmup = threshold_seconds, after_steps, warmup_steps
+        self._write, self._clock = write or (lambda line: print(line, flush=True)), clock
+        self._start: tuple[float, int] | None = None
+        self._seen = 0  # batches this fit has run
+        self._done = False
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._done or not trainer.is_global_zero:
+            return
+        step = trainer.global_step
+        self._seen += 1
+        if self._start is None:
+            if self._seen >= self.warmup:
+                self._start = (self._clock(), step)
+            return
+        timed = step - self._start[1]
+        if timed < self.after:
+            return
+        self._done = True
+        per_step = (self._clock() - self._start[0]) / timed
+        left = (trainer.max_steps - step) * per_step
+        if left > self.threshold:
+            self._write(f"this run trains {trainer.max_steps - step:,} more steps, about {_duration(left)} at "
+                        f"{per_step:.3g} s a step here; `debug` makes it a smoke test of a few seconds, "
+                        "trainer.max_steps=N shortens it")
+
+
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     days, rest = divmod(seconds, 86400)

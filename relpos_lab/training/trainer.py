@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from relpos_lab.api import UserError
 from relpos_lab.training.checkpoints import AtomicCheckpointIO
-from relpos_lab.training.progress import OneLineSummary, is_quiet, progress_bar
+from relpos_lab.training.progress import LongRunNotice, OneLineSummary, is_quiet, progress_bar
 from relpos_lab.training.rendezvous import ddp_strategy
 
 
@@ -24,6 +24,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, loggers: list, callbacks: l
     """
     t = cfg.trainer
     check_hardware(cfg)
+    callbacks = [*callbacks, LongRunNotice()]  # with progress or without (debug)
     if t.enable_progress_bar:
         callbacks = [*callbacks, progress_bar(t.log_every_n_steps)]
     if t.enable_model_summary and is_quiet():
