@@ -269,11 +269,10 @@ def _training_step(args, model, architecture: str, batch: int, length: int, devi
     def step():
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed"):
             if architecture == "encoder_only":
-                logits, target = model(src, slots, width=length), tgt[:, 1:]
+                logits = model(src, slots, width=length)
             else:
                 logits = model(tgt[:, :-1]) if architecture == "decoder_only" else model(src, tgt[:, :-1])
-                target = tgt[:, 1:]
-            loss = label_smoothed_loss(logits, target).loss
+            loss = label_smoothed_loss(logits, tgt[:, 1:]).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

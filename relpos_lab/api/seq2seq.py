@@ -237,19 +237,23 @@ class Seq2SeqTask(Task):
         the target then EOS where it is shorter than its slots, pad past them; and each row's slots (B,).
         `collate` counted them on the host (a batch made elsewhere has them counted here, reading the
         device), so a training step waits on nothing."""
-        if "slot_target" in batch:
-            n_slots, target = batch["slots"], batch["slot_target"]
-        else:
-            n_slots = self.slot_counts(batch["src"])
-            target = slot_targets(batch["tgt_out"], n_slots, self.tgt_vocab, self.cfg.name)
+        n_slots, target = self._slots(batch)
         return model(batch["src"], n_slots, width=target.shape[1]), target, n_slots
+
+    def _slots(self, batch: Batch) -> tuple[Tensor, Tensor | None]:
+        """encoder_only: each row's slots (B,) and, where the batch has targets, what the slots predict."""
+        if "slots" in batch:
+            return batch["slots"], batch.get("slot_target")
+        n_slots = self.slot_counts(batch["src"])
+        target = slot_targets(batch["tgt_out"], n_slots, self.tgt_vocab, self.cfg.name) if "tgt_out" in batch else None
+        return n_slots, target
 
     def decode(self, model: nn.Module, batch: Batch) -> Tensor:
         """Predicted target ids (B, T'), EOS included and pad after it, per `cfg.decoding`
         (encoder_only: the argmax at each slot, pad past a row's slots)."""
         if isinstance(model, EncoderOnly):
-            n_slots = batch["slots"] if "slots" in batch else self.slot_counts(batch["src"])
-            width = batch["slot_target"].shape[1] if "slot_target" in batch else max(n_slots.tolist(), default=0)
+            n_slots, target = self._slots(batch)
+            width = target.shape[1] if target is not None else max(n_slots.tolist(), default=0)
             return slot_predictions(model(batch["src"], n_slots, width=width), n_slots, self.tgt_vocab.pad_id)
         d, v = self.cfg.decoding, self.tgt_vocab
         kwargs = dict(bos_id=v.bos_id, eos_id=v.eos_id, pad_id=v.pad_id,

@@ -80,12 +80,13 @@ def attention_probs(scores, scale, allowed, bias, dropout_p, dtype) -> Tensor:
         # The mask as 0 / lowest, without the head dimension: adding it broadcast over the heads
         # is a plain add, about 3x faster than masked_fill with a broadcast boolean mask.
         penalty = torch.zeros(allowed.shape, dtype=acc, device=s.device).masked_fill_(~allowed, lowest)
+        compiling = torch.compiler.is_compiling()
         # Compiled, the plain add fuses into the softmax; eager, the in-place one saves a pass.
-        p = torch.softmax(s + penalty if torch.compiler.is_compiling() else _MaskLogits.apply(s, penalty), dim=-1)
+        p = torch.softmax(s + penalty if compiling else _MaskLogits.apply(s, penalty), dim=-1)
         dead = penalty.amax(-1, keepdim=True) == lowest  # rows that may attend to nothing
         # Eager on CPU, skip the fill when no row is dead; the check would stall an accelerator's
         # queue, and a compiled graph cannot branch on it.
-        if torch.compiler.is_compiling() or p.device.type != "cpu" or dead.any():
+        if compiling or p.device.type != "cpu" or dead.any():
             p = p.masked_fill(dead, 0.0)
     if dropout_p > 0:
         p = F.dropout(p, dropout_p)
