@@ -259,16 +259,13 @@ def ratio(records, length, kernels):
 
 def test_issue_37_forward_targets(shaw_default):
     """The forward at most 1.15x the control's warp-instructions at L = 2048 and 1.05x at 8192
-    in this config (measured: 1.12x, 1.02x; 1.14x, 1.03x before both narrow fringes ran as one
-    tile and k was loaded transposed; 1.16x before the stages off the band kept their row
-    maximum less their logit term and left m_hi alone)."""
+    in this config."""
     assert ratio(shaw_default, 2048, ["forward"]) <= 1.15
     assert ratio(shaw_default, 8192, ["forward"]) <= 1.05
 
 
 def test_issue_37_backward_targets(shaw_default):
-    """dq + dk/dv at most 1.25x the control's warp-instructions at L = 2048 and 1.1x at 8192
-    (measured: 1.15x, 1.03x; 1.18x before the band took q·k units)."""
+    """dq + dk/dv at most 1.25x the control's warp-instructions at L = 2048 and 1.1x at 8192."""
     assert ratio(shaw_default, 2048, ["dq", "dkdv"]) <= 1.25
     assert ratio(shaw_default, 8192, ["dq", "dkdv"]) <= 1.1
 

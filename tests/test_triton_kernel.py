@@ -423,7 +423,7 @@ def test_dropout_averages_to_the_dropout_free_output():
 
 
 def test_one_config_from_the_environment_replaces_the_autotuners_list(monkeypatch):
-    """RELPOS_LAB_TRITON_CONFIG pins every kernel to one config (a GPU lease's tests and profiles);
+    """RELPOS_LAB_TRITON_CONFIG pins every kernel to one config (tests and profiles on a GPU);
     a malformed value names the expected form."""
     monkeypatch.setenv(fused.CONFIG_VARIABLE, "64,32,4,2")
     (config,) = fused._configs("dkdv")

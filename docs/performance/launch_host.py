@@ -1,7 +1,7 @@
 """The host's time per call of impl="triton", measured on a CPU: its launch code and Triton's.
 
 On an H200 the host took 1.3-1.9 ms to issue one forward + backward of the fused path, and the
-models' training steps were bound by it (docs/performance.md, the third lease). Most of that is
+models' training steps were bound by it (docs/dev/fused-kernel.md). Most of that is
 Python, which runs the same here: the fused path's own code (fused.py: tables, buffers, strides),
 torch's small ops, and Triton's launch path (autotuner, heuristics, the binder that specialises
 some fifty arguments, the kernel cache's key). This script runs exactly that with a stand-in for

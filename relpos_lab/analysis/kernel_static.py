@@ -11,8 +11,9 @@ FlashAttention-2 control (flash_control.py) compiled the same way.
 What the estimate is not: a time. It says nothing of latency, memory traffic or how well the
 tensor cores are fed; it counts every instruction alike. It does catch what a GPU cannot hide:
 spills, and work per tile that a plain flash kernel does not do. Occupancy, the blocks an SM
-holds at once, is reported beside it (`blocks_per_sm`): on an H200 it was where the count and the
-time parted (docs/performance.md).
+holds at once, is reported beside it (`blocks_per_sm`), not in it: with fewer blocks than the
+control's a kernel has fewer warps to hide latency with, which the count does not see
+(docs/performance.md).
 """
 from __future__ import annotations
 
@@ -63,8 +64,7 @@ def blocks_per_sm(registers: int, warps: int, shared_bytes: int, sm: int) -> int
     """How many blocks of a kernel an SM runs at once, by the rules of CUDA's occupancy calculator:
     registers are allocated per warp in units of 256, and each block reserves 1 KiB of shared
     memory beside its own. A block fewer than the control's leaves the SM fewer warps to hide
-    latency with: at L = 8192 on an H200 the kernels that fit 2 blocks where the control fits 3 or 4
-    took 20-25% more time than their instruction counts said, dq (3 and 3) about what it said."""
+    latency with, a cost the instruction count does not see (docs/dev/fused-kernel.md)."""
     register_file, max_warps, max_blocks, shared = SM_RESOURCES[sm]
     per_warp = -(-registers * 32 // 256) * 256
     return min(max_blocks, max_warps // warps, register_file // per_warp // warps, shared // (shared_bytes + 1024))

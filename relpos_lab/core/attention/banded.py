@@ -29,7 +29,7 @@ BAND_BLOCK = 16
 BANDED_COMPILE = False
 """On CUDA, compile banded's whole core (band, combination and the FlexAttention tails) as one
 graph. Off: torch 2.11's inductor fails to compile it on CUDA ("ValueError: The argument
-'-15 + ((-1))' is not comparable" in its tiling, on an H100), although torch 2.13 compiles it
+'-15 + ((-1))' is not comparable" in its tiling), although torch 2.13 compiles it
 exactly on CPU (tests/test_attention.py). Eager, only the FlexAttention tails are compiled."""
 
 _compiled_banded = None
@@ -178,8 +178,8 @@ class _FlashWithLse(torch.autograd.Function):
     The kernel's backward computes dS = P ∘ (dP − rowsum(dO ∘ O)); a gradient g on the lse adds
     P ∘ g. Handing the backward one extra (zero) head dimension whose output column is −1 and
     whose incoming gradient is g shifts rowsum(dO ∘ O) by −g and leaves dP unchanged: exact.
-    The extra columns are padded with zeros to a multiple of 16: the kernel's backward at head
-    dimension 65 took 1.6× as long as at 64, at 80 only 1.06× (one thread, L=512).
+    The extra columns are padded with zeros to a multiple of 16, the head dimensions the kernel's
+    backward runs fast at (docs/dev/fused-kernel.md).
     """
 
     @staticmethod

@@ -19,8 +19,8 @@ log-sum-exp this op needs, so CPU always runs eager flex: exact, unfused."""
 _compiled_flex = None
 
 _SCORE_MOD_KERNEL = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2}
-"""Smaller tiles for flex with a score_mod that reads a float32 table: in bf16 on an H100 (torch
-2.11) the default tiles asked for 240-304 KB of shared memory, over the 227 KB there are."""
+"""Smaller tiles for flex with a score_mod that reads a float32 table: in bf16 the default tiles
+ask for more shared memory than a Hopper SM has (227 KB)."""
 
 
 def unsupported(q, k, v, *, dropout_p, **call) -> str | None:

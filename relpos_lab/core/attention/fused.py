@@ -51,8 +51,8 @@ if HAS_TRITON:
 CONFIG_VARIABLE = "RELPOS_LAB_TRITON_CONFIG"
 """``BM,BN,WARPS,STAGES[,MAXNREG]`` (e.g. 64,64,4,3 or 64,64,4,3,168): every kernel runs that
 one config, untuned (MAXNREG caps the registers a thread may hold; 0 or absent: no cap; ``capped``:
-each kernel's own cap, REGISTER_CAPS). For a GPU lease's tests and profiles, where autotuning each
-shape would spend the minutes compiling."""
+each kernel's own cap, REGISTER_CAPS). For tests and profiles on a GPU, where autotuning each
+shape would spend minutes compiling."""
 
 
 REGISTER_CAPS = {"forward": 128, "dkdv": 168}
@@ -65,14 +65,14 @@ def _configs(kernel: str) -> list:
     """Block sizes, warps, stages and register caps the autotuner tries once per shape class on
     a GPU (Hopper, Ampere), for the "forward", "dq" or "dkdv" kernel. 128/32 with 8 warps is the
     one that does not spill with causality and dropout (`bench kernel --static`). The forward
-    and dk/dv also try 64/64 capped (REGISTER_CAPS): on an H200 their 186 and 250 registers let
-    2 blocks share an SM where the FlashAttention-2 control's let 4 and 3, and at L = 8192 they
-    took 29% and 23% more time than the control where dq, 3 blocks on both sides, took 6% more
-    (docs/performance.md). Capped, they compile without spilling with the forward's band in
-    32-key tiles (`band_block`) and dk/dv's in tiles of half the block's rows (`band_rows`); dq
-    holds 166 already. dk/dv also tries 64/64 in two stages: with causality and dropout on sm_80
-    it is the one config that does not spill (the control spills in all). The dk/dv kernel takes
-    WINDOW, the power of two holding a tile's BM + BN − 1 diagonals (a wide rel_bias's gradient)."""
+    and dk/dv also try 64/64 capped (REGISTER_CAPS): at 128 and 168 registers 4 and 3 blocks
+    share an SM, as the FlashAttention-2 control's do, where uncapped they fit fewer and have
+    fewer warps to hide latency with; dq fits as many as the control uncapped. Capped, they
+    compile without spilling with the forward's band in 32-key tiles (`band_block`) and dk/dv's
+    in tiles of half the block's rows (`band_rows`). dk/dv also tries 64/64 in two stages: with
+    causality and dropout on sm_80 it is the one config that does not spill (the control spills
+    in all). The dk/dv kernel takes WINDOW, the power of two holding a tile's BM + BN − 1
+    diagonals (a wide rel_bias's gradient). Measurements: docs/dev/fused-kernel.md."""
     choices = ((128, 64, 8, 3, 0), (64, 64, 4, 3, 0), (128, 32, 4, 3, 0), (64, 128, 4, 2, 0), (128, 32, 8, 2, 0))
     if kernel == "dkdv":
         choices += ((64, 64, 4, 2, 0),)
@@ -98,8 +98,8 @@ MIN_BLOCK_N = 16
 
 
 def _cdiv(a: int, b: int) -> int:
-    """triton.cdiv as plain arithmetic: Triton's is a constexpr function, whose wrapping cost the
-    host ~4 µs a call, 11 calls a forward + backward (docs/performance/launch_host.py)."""
+    """triton.cdiv as plain arithmetic: Triton's is a constexpr function, whose wrapper the host
+    would pay on every launch (docs/performance/launch_host.py times the launch path)."""
     return -(-a // b)
 
 
@@ -176,9 +176,9 @@ def low_registers(meta: dict) -> bool:
 
 
 def band_rows(meta: dict) -> int:
-    """dk/dv's band tile height: under a register cap half the block's rows, the tiles whose
-    per-pair work held dk/dv at 250 registers (sm_90, 64/64, 4 warps); capped at 168 with
-    64-row band tiles it spills, with 32-row ones it does not (`bench kernel --static`)."""
+    """dk/dv's band tile height: under a register cap half the block's rows. The band's per-pair
+    work is what sets dk/dv's registers; capped at 168 (64/64, 4 warps) it spills with full-height
+    band tiles and not with half-height ones (`bench kernel --static`)."""
     return meta["BLOCK_M"] // 2 if capped(meta) else meta["BLOCK_M"]
 
 
@@ -198,9 +198,9 @@ if HAS_TRITON:
 
     class _Derived(Heuristics):
         """triton.heuristics that makes the dict of a launch's arguments once for all its rules,
-        where Triton's makes it for each (some fifty arguments, 15 rules a forward + backward:
-        docs/performance/launch_host.py). The rules read the arguments and the config, not one
-        another's results."""
+        where Triton's makes it for each (some fifty arguments; docs/performance/launch_host.py
+        times the launch path). The rules read the arguments and the config, not one another's
+        results."""
 
         def run(self, *args, **kwargs):
             known = {**dict(zip(self.arg_names, args)), **kwargs}
@@ -507,9 +507,9 @@ def _label_sums(pairs: list[tuple[Tensor, Tensor, Tensor]], args: dict, n_labels
     """For each (label table, x, w) of one or two: float32 Σ_i table[i, l] · x_i over each head's
     B·Lq rows, x (B, H, Lq, D), as w's gradient takes it: (H, 2k+1, D), or (2k+1, D) over all heads
     for a w they share. A share per block of rows (`label_sums_kernel`, both pairs in one launch),
-    summed here in one reduction. As one einsum over all rows the GPU ran 8 narrow float32 GEMMs,
-    2.3 ms of a 4.8 ms step at L = 2048 on an H200; as a batched matmul 0.12 ms, plus 0.17 ms of
-    float32 copies of q and dO (docs/performance.md)."""
+    summed here in one reduction: the label tiles in x's dtype on the tensor cores, x read once,
+    where one einsum over all rows runs as narrow float32 GEMMs per head and copies
+    (docs/dev/fused-kernel.md)."""
     (table_a, x_a, _), (table_b, x_b, _) = pairs[0], pairs[-1]
     b, h, lq, d = x_a.shape
     meta = args["meta"]

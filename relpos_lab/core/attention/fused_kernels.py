@@ -256,9 +256,8 @@ def interior_index(rows_abs, cols, max_distance):
 def store_interior(table_rows, x, index, max_distance, rows, LQ, EVEN_M: tl.constexpr):
     """A band tile's interior pairs into a label table, the only ones read back (its edge
     entries are written whole later). Most pairs of a band tile are edges; masked off, they cost
-    no memory access: on an H200 the forward with a^V alone took 0.436 ms instead of 0.489 with
-    every pair stored (docs/performance.md). Compiled, the address is one wide multiply-add from
-    the row's pointer and the store is predicated by the unsigned compare."""
+    no memory access (docs/dev/fused-kernel.md). Compiled, the address is one wide multiply-add
+    from the row's pointer and the store is predicated by the unsigned compare."""
     if EVEN_M and INLINE_PTX:
         tl.inline_asm_elementwise("{ .reg .pred p; .reg .b64 a; setp.lt.u32 p, $2, $3; mad.wide.s32 a, $2, 4, $1;"
                                   " @p st.global.f32 [a], $4; } mov.u32 $0, 0;", "=r,l,r,r,f",
@@ -295,9 +294,9 @@ def load_rows(ptr, rows, stride, dims, n_rows, D, EVEN_ROWS: tl.constexpr, EVEN_
               DIMS_FIRST: tl.constexpr = False):
     """A (rows, BLOCK_D) tile; bounds are checked only where the shape needs it. DIMS_FIRST: the
     pointers are ptr + dims first, then the rows' offsets, so that each 64-bit address is one
-    pointer plus one offset. The forward's V tiles take it (added the other way, ptxas built
-    those addresses from three parts in each pipelined loop's first loads), dk/dv's do not (on
-    sm_80 its one config without spills with causality and dropout then spills)."""
+    pointer plus one offset. The forward's V tiles take it (added the other way, ptxas builds
+    those addresses from three parts in each pipelined loop's first loads); dk/dv's do not (with
+    it, dk/dv's one config without spills with causality and dropout on sm_80 spills)."""
     if DIMS_FIRST:
         ptrs = (ptr + dims[None, :]) + rows[:, None] * stride
     else:
@@ -310,8 +309,8 @@ def load_rows(ptr, rows, stride, dims, n_rows, D, EVEN_ROWS: tl.constexpr, EVEN_
 @triton.jit
 def load_transposed(ptr, rows, stride, dims, n_rows, D, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
     """load_rows' tile transposed (DIMS_FIRST), (BLOCK_D, rows), as q·kᵀ takes k: loaded in that
-    shape, not transposed after (on sm_80 a non-pipelined tile then reached the tensor cores
-    through shared memory in four passes, two barriers each)."""
+    shape, not transposed after (on sm_80 a non-pipelined tile transposed after loading reaches
+    the tensor cores through shared memory in four passes, two barriers each)."""
     ptrs = (ptr + dims[:, None]) + rows[None, :] * stride
     if EVEN_ROWS and EVEN_D:
         return tl.load(ptrs)
@@ -779,7 +778,7 @@ def forward_kernel(
     # its log-sum-exp +inf, so the backward gives it no gradient.
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
-    out = acc * (1.0 / l_safe)[:, None]  # a division per row, not per element (~90 SASS instructions fewer)
+    out = acc * (1.0 / l_safe)[:, None]  # a division per row, not per element
     lse = tl.where(seen, m_i + tl.log2(l_safe), float("inf"))
     if HAS_RV:
         # The masses, normalised: interior ones from the logits the band stored, edges from row sums.
@@ -1105,7 +1104,8 @@ def label_sums_kernel(TABLE_A, X_A, TABLE_B, X_B, OUT,
     dO for dw^V, in one launch): its share Σ_i T_il x_i of a table's gradient, as a
     (LABELS + 1, BLOCK_D) float32 block, label l in row l; the host sums the shares in a fixed
     order (no atomics). The tile in x's dtype on the tensor cores, as `impl="gather"` takes it
-    under autocast. Its own kernel: in dq's epilogue it made dq spill on sm_80."""
+    under autocast. Its own kernel, not dq's epilogue, whose registers the sums would take (there
+    they make dq spill on sm_80)."""
     pair = tl.program_id(0) // BLOCKS
     start_m = tl.program_id(0) - pair * BLOCKS
     b, h, bh = head_of_program(H)

@@ -100,8 +100,7 @@ class _MaskLogits(torch.autograd.Function):
     An out-of-place masked_fill costs a copy of the (Lq, Lk) logits, and its backward another
     pass to zero the gradient at the masked entries; but that gradient is exactly zero already:
     the softmax gives those entries probability 0 (a fully masked row is zeroed after the
-    softmax). With a padding mask the two passes had made `gather` 1.6x slower at B=8, H=8,
-    L=512 (docs/performance.md).
+    softmax). Those two passes would be most of what a mask costs `gather`.
     """
 
     @staticmethod
