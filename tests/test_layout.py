@@ -197,9 +197,9 @@ def test_reading_and_checking_every_shipped_config_never_imports_lightning():
     assert "LOADED []" in result.stdout
 
 
-def test_the_readme_layout_lists_every_module_once():
-    """README's tree (one line per module, folders as `name/`) is the package's files, exactly."""
-    text = (REPO / "README.md").read_text()
+def test_the_contributing_layout_lists_every_module_once():
+    """CONTRIBUTING.md's tree (one line per module, folders as `name/`) is the package's files, exactly."""
+    text = (REPO / "CONTRIBUTING.md").read_text()
     block = text[text.index("## Layout"):]
     block = block[block.index("```\n") + 4:]
     block = block[:block.index("```")]
@@ -220,5 +220,5 @@ def test_the_readme_layout_lists_every_module_once():
         and "__pycache__" not in p.parts
     )
     assert len(listed) == len(set(listed)), f"listed twice: {sorted({x for x in listed if listed.count(x) > 1})}"
-    assert sorted(listed) == files, (f"in README, not in the tree: {sorted(set(listed) - set(files))}; "
-                                     f"in the tree, not in README: {sorted(set(files) - set(listed))}")
+    assert sorted(listed) == files, (f"in CONTRIBUTING.md, not in the tree: {sorted(set(listed) - set(files))}; "
+                                     f"in the tree, not in CONTRIBUTING.md: {sorted(set(files) - set(listed))}")
