@@ -24,15 +24,18 @@ import relpos_lab.api
 from relpos_lab.api import Seq2SeqTask, registry
 from relpos_lab.api.contract import Checked, check
 
+import docs_text
+
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 
 
 def readme_imports() -> dict[str, set[str]]:
-    """Every `from relpos_lab... import name` in README's python blocks: {name: modules it comes from}."""
+    """Every `from relpos_lab... import name` in the python blocks of README and the guides (docs/):
+    {name: modules it comes from}."""
     found: dict[str, set[str]] = {}
-    for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.S):
-        for node in ast.walk(ast.parse(block)):
+    for block in docs_text.blocks("python"):
+        for node in ast.walk(ast.parse(block.text)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "relpos_lab":
                 for alias in node.names:
                     found.setdefault(alias.name, set()).add(node.module)
@@ -46,7 +49,7 @@ def test_readme_examples_import_from_relpos_lab():
 
 
 def test_every_name_readme_imports_from_relpos_lab_is_in_relpos_lab_api():
-    missing = [f"{name} (README imports it from {', '.join(sorted(modules))})"
+    missing = [f"{name} (the docs import it from {', '.join(sorted(modules))})"
                for name, modules in readme_imports().items() if not hasattr(relpos_lab.api, name)]
     assert not missing, "not exported by relpos_lab.api: " + "; ".join(missing)
 

@@ -2,12 +2,10 @@
 built-in plugin and catches what it is for: a scheme that misplaces cached queries, a broken task."""
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import types
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +16,8 @@ from relpos_lab.api.testing import DECODING_CHECKS, check_scheme, check_task
 from relpos_lab.core.attention.masks import relative_labels
 from relpos_lab.core.positions import BUILTIN
 from relpos_lab_tasks.synthetic import ReverseTask
+
+import docs_text
 
 
 @pytest.mark.parametrize("scheme", tuple(BUILTIN))
@@ -106,20 +106,21 @@ def test_the_cli_prints_one_line_per_check_and_fails_with_the_kit(capsys):
     assert bad.returncode == 2 and "'train_size' is not FIELD=VALUE" in bad.stderr
 
 
-def readme_module(name: str):
-    """The README's `# name.py` python block as an importable module (not installed)."""
-    text = (Path(__file__).parents[1] / "README.md").read_text()
-    block = re.search(rf"```python\n(# {name}\.py\n.*?)```", text, re.S).group(1)
+def guide_module(name: str):
+    """The guides' `# name.py` python block (docs/tasks.md, docs/positions.md) as an importable module
+    (not installed)."""
+    block = docs_text.block(f"# {name}.py\n")
+    assert block.lang == "python", block
     module = types.ModuleType(name)
     sys.modules[name] = module
-    exec(compile(block, f"README.md:{name}.py", "exec"), module.__dict__)
+    exec(compile(block.text, f"{block.page}:{name}.py", "exec"), module.__dict__)
     return module
 
 
-def test_the_readmes_plugin_examples_pass_the_kit_as_readme_says():
+def test_the_guides_plugin_examples_pass_the_kit_as_the_guides_say():
     try:
-        readme_module("my_tasks")
-        readme_module("my_schemes")
+        guide_module("my_tasks")
+        guide_module("my_schemes")
         check_task(sys.modules["my_tasks"].ShiftTask, name="shift", size=64).raise_on_failure()
         check_scheme(sys.modules["my_schemes"].DistanceBiasScheme, max_distance=4).raise_on_failure()
     finally:

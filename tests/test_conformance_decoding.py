@@ -10,7 +10,6 @@ plugin API only; nothing is mocked: the kit runs the real models, caches and reo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch.nn.functional as F
@@ -20,6 +19,7 @@ from relpos_lab.api import KeyState
 from relpos_lab.api.testing import CACHE_TOLERANCE, DECODING_CHECKS, check_scheme
 from relpos_lab.core.positions.fox import Fox, FoxConfig, FoxPositions
 
+import docs_text
 from running_sum_scheme import RunningSum, RunningSumConfig, RunningSumScheme
 
 PLAIN = "decoder_only: cached decoding and multi-token prefill equal the full pass (float64)"
@@ -164,10 +164,11 @@ def test_the_command_line_runs_the_same_checks_as_the_pytest_helper(capsys):
     assert printed[-len(report.checks) - 1:] == [*report.lines(), report.summary()]
 
 
-def test_the_readme_states_the_tolerance_and_what_decoding_checks_cover():
-    text = (Path(__file__).parents[1] / "README.md").read_text()
-    kit = text[text.index("**Check it as we check ours.** `relpos-lab check-scheme"):]
-    kit = kit[:kit.index("####")]
+def test_the_scheme_guide_states_the_tolerance_and_what_decoding_checks_cover():
+    marker = "**Check it as we check ours.** `relpos-lab check-scheme"
+    text = docs_text.page_with(marker)
+    kit = text[text.index(marker):]
+    kit = kit[:kit.index("\n#")]  # up to the next heading
     assert "to 1e-9 in float64" in kit and float("1e-9") == CACHE_TOLERANCE
     for covered in ("key padding", "by_source_length", "beam search", "reorder", "bidirectional_prefix=true"):
         assert covered in kit, covered

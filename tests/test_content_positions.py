@@ -347,23 +347,23 @@ def test_content_schemes_contribute_through_content_bias_only(scheme):
                    for name, cls in BUILTIN.items() if name not in CONTENT)
 
 
-# --- README's worked example ------------------------------------------------------------------------
+# --- the scheme guide's worked example (docs/positions.md) ------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def readme_scheme():
-    """README's `my_content_schemes.py`, read from README and imported as that module."""
-    import re
+    """The guide's `my_content_schemes.py`, read from the page and imported as that module."""
     import sys
     import types
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    (code,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if b.startswith("# my_content_schemes.py\n")]
+    import docs_text
+
+    block = docs_text.block("# my_content_schemes.py\n")
+    assert block.lang == "python", block
     module = types.ModuleType("my_content_schemes")
     sys.modules[module.__name__] = module
     try:
-        exec(compile(code, "README.md:my_content_schemes.py", "exec"), module.__dict__)
+        exec(compile(block.text, f"{block.page}:my_content_schemes.py", "exec"), module.__dict__)
         yield module
     finally:
         del sys.modules[module.__name__]

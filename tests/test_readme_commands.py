@@ -1,9 +1,9 @@
-"""Every config a README command names exists: `configs/...yaml` paths, experiment and sweep names,
-GROUP=NAME selections, overlays and `extends:` entries.
+"""Every config a command in README or the guides names exists: `configs/...yaml` paths, experiment and
+sweep names, GROUP=NAME selections, overlays and `extends:` entries (pages: tests/docs_text.py).
 
 README's 'Submit a run' once used configs/experiment/reverse_shaw_gpu.yaml, which never existed.
-What README's own commands create (`cp configs/cluster/example.yaml configs/cluster/mysite.yaml`)
-exists once they ran, so the test runs those first, in an empty directory; a file README shows the
+What the pages' own commands create (`cp configs/cluster/example.yaml configs/cluster/mysite.yaml`)
+exists once they ran, so the test runs those first, in an empty directory; a file a page shows the
 user writing (a code block or comment that starts `# mine.yaml`) is the user's.
 """
 from __future__ import annotations
@@ -17,31 +17,33 @@ import pytest
 from relpos_lab.config.find import find_config, find_extended, find_in_group, is_name
 from relpos_lab.config.load import OVERLAY, sections
 
+import docs_text
+
 REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text()
+DOCS = docs_text.text()  # README.md, CONTRIBUTING.md and docs/**/*.md
 VERBS = ("train", "config", "submit", "sweep")  # the verbs whose first argument is a config
 FLAGS = ("--dry-run", "--slurm", "--list", "--reuse")  # options without a value
 
 
 def commands() -> list[tuple[str, list[str]]]:
-    """(verb, arguments) of every `relpos-lab VERB ...` in README, prose and code alike."""
+    """(verb, arguments) of every `relpos-lab VERB ...` in the pages, prose and code alike."""
     found = []
-    for match in re.finditer(rf"relpos-lab ({'|'.join(VERBS)})((?: +[^\s`#()]+)*)", README):
+    for match in re.finditer(rf"relpos-lab ({'|'.join(VERBS)})((?: +[^\s`#()]+)*)", DOCS):
         found.append((match.group(1), match.group(2).split()))
     return found
 
 
 def copied() -> list[tuple[str, str]]:
-    return re.findall(r"\bcp (configs/\S+\.yaml) (configs/\S+\.yaml)", README)
+    return re.findall(r"\bcp (configs/\S+\.yaml) (configs/\S+\.yaml)", DOCS)
 
 
 def users_files() -> set[str]:
-    return set(re.findall(r"#\s+([\w.-]+\.yaml)\b", README))
+    return set(re.findall(r"#\s+([\w.-]+\.yaml)\b", DOCS))
 
 
 @pytest.fixture
 def clone(tmp_path, monkeypatch) -> Path:
-    """An empty working directory after README's own cp commands."""
+    """An empty working directory after the pages' own cp commands."""
     monkeypatch.chdir(tmp_path)
     for source, target in copied():
         (tmp_path / target).parent.mkdir(parents=True, exist_ok=True)
@@ -57,11 +59,11 @@ def test_readme_has_the_commands_this_test_reads():
 
 
 def test_every_configs_path_in_readme_exists(clone):
-    paths = set(re.findall(r"\bconfigs/[a-z0-9_./-]+\.yaml\b", README))
+    paths = set(re.findall(r"\bconfigs/[a-z0-9_./-]+\.yaml\b", DOCS))
     assert "configs/experiment/reverse_shaw.yaml" in paths
     made = {target for _, target in copied()}
     missing = sorted(p for p in paths if p not in made and not (REPO / p).is_file())
-    assert not missing, f"README names configs that do not exist: {missing}"
+    assert not missing, f"the docs name configs that do not exist: {missing}"
 
 
 def test_every_config_a_readme_command_names_exists(clone):
@@ -100,12 +102,12 @@ def test_every_config_a_readme_command_names_exists(clone):
             checked += 1
             if find_in_group(group, name) is None:
                 missing.append(f"relpos-lab {verb} ... {word}: no configs/{group}/{name}.yaml")
-    assert not missing, "README commands name configs that do not exist:\n" + "\n".join(missing)
+    assert not missing, "commands in the docs name configs that do not exist:\n" + "\n".join(missing)
     assert checked > 20
 
 
 def test_every_extends_entry_in_readme_resolves_from_a_users_file(clone):
-    lines = [line.split("#")[0].strip() for line in re.findall(r"^extends: (.+)$", README, re.MULTILINE)]
+    lines = [line.split("#")[0].strip() for line in re.findall(r"^extends: (.+)$", DOCS, re.MULTILINE)]
     entries = [e.strip() for line in lines for e in line.strip("[]").split(",")]
     assert "configs/cluster/mysite.yaml" in entries and "trainer/gpu.yaml" in entries
     for entry in entries:

@@ -1,35 +1,30 @@
-"""README's Python blocks run as written (their asserts included): "The models from Python", and
-"A trained checkpoint from Python" on a real checkpoint of each architecture."""
-import re
-from pathlib import Path
-
+"""The guides' Python blocks run as written (their asserts included): "The models from Python", and
+"A trained checkpoint from Python" on a real checkpoint of each architecture (docs/models.md)."""
 import torch
 
 from relpos_lab.api import EncoderDecoder, PrefixLM
 
-README = Path(__file__).parents[1] / "README.md"
+import docs_text
 
 
 def test_the_readmes_python_api_example_runs():
-    text = README.read_text()
-    block = re.search(r"```python\n(import torch\nfrom relpos_lab.api import DecoderLM.*?)```", text, re.S).group(1)
+    block = docs_text.block("import torch\nfrom relpos_lab.api import DecoderLM")
     torch.manual_seed(0)
     scope: dict = {}
-    exec(compile(block, "README.md (The models from Python)", "exec"), scope)
+    exec(compile(block.text, f"{block.page} (The models from Python)", "exec"), scope)
     assert scope["logits"].shape == (2, 7, 100) and scope["new"].shape == (2, 20)
     assert scope["new_logits"].shape == (2, 20, 100) and scope["out"].shape[0] == 2
 
 
 def test_the_readmes_checkpoint_example_scores_with_the_cache(tiny_reverse_run, capsys):
-    """The block with README's checkpoint path replaced by a tiny run's (see conftest.tiny_reverse_run)."""
-    text = README.read_text()
-    block = re.search(r"```python\n(import torch\nfrom relpos_lab.api import DecoderCache, load_model\n.*?)```",
-                      text, re.S).group(1)
+    """The block with the guide's checkpoint path replaced by a tiny run's (see conftest.tiny_reverse_run)."""
+    found = docs_text.block("import torch\nfrom relpos_lab.api import DecoderCache, load_model\n")
+    block = found.text
     shown = "runs/reverse_shaw/reverse-shaw-k16-<hash>/checkpoints/last.ckpt"
     assert block.count(shown) == 1
     block = block.replace(shown, str(tiny_reverse_run / "checkpoints" / "last.ckpt"))
     scope: dict = {}
-    exec(compile(block, "README.md (A trained checkpoint from Python)", "exec"), scope)
+    exec(compile(block, f"{found.page} (A trained checkpoint from Python)", "exec"), scope)
     decoder_only = scope["config"].model.architecture == "decoder_only"
     assert type(scope["model"]) is (PrefixLM if decoder_only else EncoderDecoder)
     assert scope["scores"].shape == (2,) and bool((scope["scores"] < 0).all())

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from importlib.metadata import EntryPoint
@@ -13,6 +12,8 @@ import pytest
 
 from relpos_lab.api import registry
 from relpos_lab.api.errors import UserError
+
+import docs_text
 
 PLUGIN_DIST = "relpos-lab-throwaway-plugin"
 
@@ -63,9 +64,8 @@ def test_two_plugins_claiming_one_name_is_reported(monkeypatch):
 
 
 # --- a real plugin distribution, pip-installed into this environment -------------------------------
-# The plugin is README.md's "Add a task" example, read from the README itself: what users copy works.
-
-README = Path(__file__).resolve().parents[1] / "README.md"
+# The plugin is the task guide's "Add a task" example (docs/tasks.md), read from the page itself: what
+# users copy works.
 BROKEN_DIST = "relpos-lab-throwaway-broken"
 BROKEN_PYPROJECT = f"""
 [build-system]
@@ -85,16 +85,13 @@ py-modules = ["relpos_throwaway_broken"]
 
 
 def readme_block(first_line: str) -> str:
-    """The fenced code block of README.md whose first line is `first_line`."""
-    for block in re.findall(r"```[a-z]*\n(.*?)```", README.read_text(), re.S):
-        if block.startswith(first_line + "\n"):
-            return block
-    raise AssertionError(f"README.md has no code block starting with {first_line!r}")
+    """The fenced code block of the guides (docs/tasks.md, docs/positions.md) whose first line is `first_line`."""
+    return docs_text.block(first_line + "\n").text
 
 
 @pytest.fixture(scope="module")
 def installed_plugin(tmp_path_factory):
-    """pip-install README's plugin and a broken one (each its own distribution); uninstall after."""
+    """pip-install the task guide's plugin and a broken one (each its own distribution); uninstall after."""
     good, broken = tmp_path_factory.mktemp("plugin"), tmp_path_factory.mktemp("broken")
     (good / "pyproject.toml").write_text(readme_block("# pyproject.toml of your distribution"))
     (good / "my_tasks.py").write_text(readme_block("# my_tasks.py"))
@@ -146,7 +143,7 @@ def test_an_installed_plugin_trains_through_the_cli_with_per_length_results(inst
     assert (run_dir / "plots" / "by_length_exact_match.png").is_file()
 
 
-# --- a third-party position scheme: README's "Add a position scheme", pip-installed -------------
+# --- a third-party position scheme: the scheme guide's "Add a position scheme", pip-installed ----
 
 
 @pytest.fixture(scope="module")
