@@ -1,0 +1,53 @@
+"""README is a front door: short, and every guide in docs/ is reachable from it. Every relative link in
+README.md, CONTRIBUTING.md and the guides leads to a file, and a link to a heading (`page.md#anchor`)
+to a heading that exists, so moving a section cannot leave a dead link behind."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import docs_text
+
+REPO = docs_text.REPO
+PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lowercase, punctuation dropped, spaces as hyphens."""
+    text = docs_text.FENCE.sub("", page.read_text())
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def links(page: Path) -> list[str]:
+    return [m.group(1) for m in LINK.finditer(docs_text.FENCE.sub("", page.read_text()))
+            if not m.group(1).startswith(("http://", "https://", "mailto:"))]
+
+
+def test_the_readme_is_a_front_door_of_at_most_300_lines():
+    assert len((REPO / "README.md").read_text().splitlines()) <= 300
+
+
+def test_the_readme_links_every_guide_and_contributing():
+    linked = {(REPO / link.partition("#")[0]).resolve() for link in links(REPO / "README.md")}
+    guides = [page for page in PAGES if page.parent.name == "docs"]
+    assert len(guides) >= 10
+    missing = [str(page.relative_to(REPO)) for page in [*guides, REPO / "CONTRIBUTING.md"]
+               if page.resolve() not in linked]
+    assert not missing, f"README does not link {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_every_relative_link_leads_to_a_file_and_heading(page):
+    dead = []
+    for link in links(page):
+        target, _, anchor = link.partition("#")
+        path = (page.parent / target) if target else page
+        if not path.exists():
+            dead.append(f"{link}: no such file")
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            dead.append(f"{link}: no heading with that anchor")
+    assert not dead, f"{page.relative_to(REPO)}: " + "; ".join(dead)
