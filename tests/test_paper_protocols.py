@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from relpos_lab import cli
 from relpos_lab.config.load import load_config
+from relpos_lab.launch.slurm import sbatch_options
 from relpos_lab.launch.sweep import load_sweep
 
 from installed import run_cli
 
-SWEEPS = {"deletang2023_paper": 10 * 3 * 15 * 6, "ruoss2023_paper": 10 * 3 * 15 * 5,
-          "deletang2023_paper_small": 2 * 15 * 17, "ruoss2023_paper_small": 2 * 15 * 6}
+SWEEPS = {"deletang2023_paper": 10 * 3 * 15 * 6, "ruoss2023_paper": 10 * 3 * 15 * 13,
+          "deletang2023_paper_small": 2 * 15 * 17, "ruoss2023_paper_small": 2 * 15 * 15}
 
 
 @pytest.mark.parametrize("name", ["deletang2023_paper", "ruoss2023_paper", "deletang2023_paper_small",
@@ -31,6 +33,22 @@ def test_the_experiments_are_the_papers_protocol(name):
     randomized = cfg.model.positions.max_random_len
     assert (randomized is not None) == name.startswith("ruoss") and (cfg.model.positions.randomize_at_eval
                                                                       == name.startswith("ruoss"))
+    if not name.endswith("_small"):  # the reference: its final parameters, 512 examples a length, one process
+        assert cfg.trainer.evaluate == "last" and cfg.task.eval_size_per_length == 512 and cfg.optim.lr == 1e-4
+        assert cfg.trainer.devices * cfg.trainer.num_nodes == 1 and cfg.trainer.precision == "32"
+    else:  # as docs/study/deletang2023_paper_small.md ran, until it is rerun under the paper's choices
+        assert cfg.trainer.evaluate == "best" and cfg.optim.lr == 1e-3
+
+
+@pytest.mark.parametrize("name", ["deletang2023_paper", "ruoss2023_paper"])
+def test_one_gpu_per_run_keeps_the_papers_batch_and_precision(name):
+    """trainer=gpu1: the world of one process that a batch of 128 per process is the paper's global batch in."""
+    cfg = load_config(name, ["trainer=gpu1", "cluster=example"])
+    t = cfg.trainer
+    assert (t.accelerator, t.devices, t.num_nodes, t.precision) == ("gpu", 1, 1, "32")
+    assert cfg.data.batch_size == 128 and t.gradient_clip_val == 1.0 and t.evaluate == "last"
+    options = sbatch_options(cfg, job_name=name, output=Path("o"), error=Path("e"))
+    assert "--ntasks-per-node=1" in options and "--gpus-per-node=1" in options and "--nodes=1" in options
 
 
 @pytest.mark.parametrize("name, points", SWEEPS.items())
@@ -42,13 +60,18 @@ def test_the_sweeps_resolve_with_every_scheme_randomized_in_ruoss(name, points):
     for point in schemes:  # every scheme of the first cell: the protocol reaches each
         cfg = sweep.config(point.index)
         assert cfg.model.architecture == "encoder_only" and cfg.task.train_size == 0
-        randomized = name.startswith("ruoss") or "randomized" in point.labels["scheme"]
+        label = point.labels["scheme"]
+        randomized = "randomized" in label
         assert (cfg.model.positions.max_random_len is not None) == randomized, point.labels
-        assert cfg.model.positions.randomize_at_eval == (name.startswith("ruoss") or point.labels["scheme"].endswith(
-            "_eval")), point.labels
+        assert cfg.model.positions.randomize_at_eval == (randomized and (name.startswith("ruoss")
+                                                                         or label.endswith("_eval"))), point.labels
+    if name.startswith("ruoss"):  # Ruoss et al.'s grid: each encoding randomized and not, and none
+        labels = {p.labels["scheme"] for p in schemes}
+        assert {"none", "learned", "learned_randomized"} <= labels
+        assert all(f"{label}_randomized" in labels for label in labels - {"none"} if "randomized" not in label)
 
 
-@pytest.mark.parametrize("name, rates", [("deletang2023_paper", [1e-3, 5e-4, 1e-4]),
+@pytest.mark.parametrize("name, rates", [("deletang2023_paper", [1e-4, 3e-4, 5e-4]),
                                          ("ruoss2023_paper", [1e-4, 3e-4, 5e-4])])
 def test_the_paper_sweeps_cross_three_learning_rates_with_ten_seeds(name, rates):
     sweep = load_sweep(name, only=0)
@@ -74,7 +97,7 @@ def test_the_small_protocol_trains_an_encoder_only_model(tmp_path, scheme):
 @pytest.mark.slow  # every one of the 2,700 points is checked first: minutes
 def test_the_paper_sweep_submits_as_one_slurm_array(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["sweep", "deletang2023_paper", "--slurm", "--dry-run", "trainer=gpu",
+    assert cli.main(["sweep", "deletang2023_paper", "--slurm", "--dry-run", "trainer=gpu1",
                      "cluster.partition=gpu"]) == 0
     script = capsys.readouterr().out
     assert "#SBATCH --array=0-2699" in script and "#SBATCH --gres=gpu:1" in script
