@@ -30,10 +30,14 @@ import torch
 from relpos_lab.api.registry import get_task_class
 from relpos_lab.core.attention.masks import offset_bias
 from relpos_lab.core.positions import (
+    Alibi,
+    AlibiConfig,
     AlibiPositions,
     PolarPositions,
     RopeConfig,
     RotaryPositions,
+    Sinusoidal,
+    SinusoidalConfig,
     SinusoidalEmbedding,
     T5BiasConfig,
     T5BiasPositions,
@@ -240,13 +244,18 @@ def check_pope_x_transformers(golden):
 
 def check_positions_deepmind(golden):
     """The encodings of the reference's Transformer (Delétang et al.): RoPE is ours (up to the dims'
-    order); its sin/cos and ALiBi differ from ours in two ways, held here exactly (golden["differences"])."""
+    order); its sin/cos and ALiBi are ours with the options the paper configs turn on
+    (model.positions.count_from_end, left_offset=0.5), and differ from our defaults as
+    golden["differences"] says."""
     for case in golden["sin_cos"]:
         n, d = case["length"], case["hidden_size"]
-        ours = SinusoidalEmbedding(d)(torch.zeros(1, n + 1, d))[0]  # positions 0..n
         interleaved = [i // 2 + (d // 2) * (i % 2) for i in range(d)]
         theirs = torch.tensor(case["encodings"], dtype=torch.float64)[:, interleaved]
-        # Their row t, the encoding of token t, is position n − t: ours at n, n − 1, .., 1.
+        from_end = Sinusoidal(SinusoidalConfig(count_from_end=True)).embedding(d)
+        close(from_end(torch.zeros(1, n, d, dtype=torch.float64))[0], theirs, golden,
+              f"sin/cos counted from the end, D = {d}")
+        # Their row t, the encoding of token t, is position n − t: ours, by default, at n, n − 1, .., 1.
+        ours = SinusoidalEmbedding(d)(torch.zeros(1, n + 1, d))[0]  # positions 0..n
         close(ours.flip(0)[:n], theirs, golden, f"sin/cos of token t at position {n} − t, D = {d}")
     for case in golden["rope"]:
         dim, p = case["head_dim"], half_split(case["head_dim"])
@@ -257,12 +266,18 @@ def check_positions_deepmind(golden):
         heads, length = case["heads"], case["length"]
         close(alibi_slopes(heads), case["slopes"], golden, f"ALiBi slopes, {heads} heads", atol=0, rtol=1e-6)
         q = torch.zeros(1, heads, length, 1)
-        kwargs = AlibiPositions(heads).attention_kwargs(q, q, 0)
-        ours = offset_bias(kwargs["rel_bias"], length, length, kwargs["max_distance"])[0]  # (H, Lq, Lk)
+        theirs = torch.tensor(case["bias"], dtype=torch.float64)
+
+        def bias(positions):
+            kwargs = positions.attention_kwargs(q, q, 0)
+            return offset_bias(kwargs["rel_bias"], length, length, kwargs["max_distance"])[0]  # (H, Lq, Lk)
+
+        left = Alibi(AlibiConfig(left_offset=0.5)).attention(1, heads, causal=False)
+        close(bias(left), theirs, golden, f"ALiBi with left_offset=0.5, {heads} heads", atol=1e-6)
         behind = torch.ones(length, length, dtype=torch.float64).tril(-1)  # keys j < i: theirs adds 0.5·slope
         slopes = torch.tensor(case["slopes"], dtype=torch.float64)[:, None, None]
-        theirs = torch.tensor(case["bias"], dtype=torch.float64) - 0.5 * behind * slopes
-        close(ours, theirs, golden, f"ALiBi bias less 0.5·slope behind the query, {heads} heads", atol=1e-6)
+        close(bias(AlibiPositions(heads)), theirs - 0.5 * behind * slopes, golden,
+              f"ALiBi bias less 0.5·slope behind the query, {heads} heads", atol=1e-6)
 
 
 CHECKS = {

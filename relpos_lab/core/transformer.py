@@ -125,6 +125,10 @@ class ModelConfig:
             raise ValueError("model.positions.randomize_at_eval=true draws evaluation positions from "
                              "[0, max_random_len): set model.positions.max_random_len too (e.g. 256, above the "
                              "longest evaluated sequence), or drop randomize_at_eval")
+        if getattr(self.positions, "count_from_end", False) and self.architecture != "encoder_only":
+            raise ValueError(f"model.positions.count_from_end needs each sequence whole, and model.architecture="
+                             f"{self.architecture} decodes one token at a time; use model.architecture=encoder_only "
+                             "or drop count_from_end")
 
     @property
     def head_dim(self) -> int:

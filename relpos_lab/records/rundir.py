@@ -79,6 +79,8 @@ ADDED_KEYS: dict[str, Any] = {
     "model.positions.yarn_beta_fast": 32.0,
     "model.positions.yarn_beta_slow": 1.0,
     "task.order": "paper",
+    "model.positions.count_from_end": False,
+    "model.positions.left_offset": 0.0,
 }
 # Before position schemes were plugins, model.positions held every built-in scheme's fields at
 # once. A scheme's section is hashed as that flat form (its own fields over the old defaults), so

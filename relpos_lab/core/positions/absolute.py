@@ -12,16 +12,27 @@ from relpos_lab.core.renamed import renamed
 
 
 class SinusoidalEmbedding(nn.Module):
-    """The fixed sinusoids of Vaswani et al.; computed on the fly, so any length works."""
+    """The fixed sinusoids of Vaswani et al.; computed on the fly, so any length works.
 
-    def __init__(self, d_model: int):
+    `count_from_end`: token t of L is at position L − t (L, L − 1, .., 1), so the last token is
+    always at 1: what Delétang et al.'s code gives its encoder. It needs the whole sequence at once."""
+
+    def __init__(self, d_model: int, count_from_end: bool = False):
         super().__init__()
         inv_freq = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.d_model = d_model
+        self.count_from_end = count_from_end
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        pos = torch.arange(offset, offset + x.shape[1], device=x.device).float()
+        if self.count_from_end:
+            if offset:
+                raise ValueError("model.positions.count_from_end counts from the sequence's end, which a decoder "
+                                 "feeding one token at a time does not know; use it with model.architecture="
+                                 "encoder_only")
+            pos = torch.arange(x.shape[1], 0, -1, device=x.device).float()
+        else:
+            pos = torch.arange(offset, offset + x.shape[1], device=x.device).float()
         angles = pos[:, None] * self.inv_freq[None, :]
         pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(1)[:, : self.d_model]
         return x + pe.to(x.dtype)
@@ -63,6 +74,15 @@ class SinusoidalConfig(PositionConfig):
     scheme: str = "sinusoidal"
     """sinusoidal: the fixed absolute sinusoids of Vaswani et al. (2017)"""
 
+    count_from_end: bool = False
+    """token t of L at position L − t, the last at 1, as Delétang et al.'s code places its encoder's
+    tokens (model.architecture=encoder_only; not with randomized positions); false: 0, 1, .."""
+
+    def validate(self) -> None:
+        if self.count_from_end and self.max_random_len is not None:
+            raise ValueError("model.positions.count_from_end and max_random_len do not combine (no reference "
+                             "counts randomized positions from the end); set one of them off")
+
 
 class Sinusoidal(PositionScheme):
     """Fixed absolute sinusoids added to the embeddings (Vaswani et al., 2017)."""
@@ -70,7 +90,7 @@ class Sinusoidal(PositionScheme):
     config_class = SinusoidalConfig
 
     def embedding(self, d_model):
-        return SinusoidalEmbedding(d_model)
+        return SinusoidalEmbedding(d_model, self.cfg.count_from_end)
 
 
 @dataclass

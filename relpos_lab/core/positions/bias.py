@@ -31,16 +31,21 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
 
 class AlibiPositions(RelativePositions):
-    """ALiBi: a fixed per-head penalty -m_h·|j - i| on the logits (symmetric for encoders)."""
+    """ALiBi: a fixed per-head penalty -m_h·|j - i| on the logits, plus left_offset·m_h for keys left of
+    the query (j < i). Without that offset an encoder's bias is symmetric and tells left from right
+    by nothing; DeepMind's reference code adds 0.5·m_h there, "to (arbitrarily) break the symmetry".
+    (In a causal decoder it only moves weight from the query's own key to the keys before it.)"""
 
-    def __init__(self, n_heads: int):
+    def __init__(self, n_heads: int, left_offset: float = 0.0):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+        self.left_offset = left_offset
 
     def attention_kwargs(self, q, k, query_offset):
         reach = offset_reach(q.shape[-2], k.shape[-2], query_offset)  # no clipping
-        dist = torch.arange(-reach, reach + 1, device=q.device).abs().float()
-        return {"rel_bias": -self.slopes.to(q.device)[:, None] * dist, "max_distance": reach}
+        offsets = torch.arange(-reach, reach + 1, device=q.device).float()  # j - i, the label order
+        distance = offsets.abs() - self.left_offset * (offsets < 0)
+        return {"rel_bias": -self.slopes.to(q.device)[:, None] * distance, "max_distance": reach}
 
     def draw(self, max_offset):
         return {"slopes": Drawing("bars", self.slopes.float().cpu(), torch.arange(len(self.slopes)),
@@ -53,6 +58,11 @@ class AlibiConfig(PositionConfig):
     scheme: str = "alibi"
     """alibi: attention with linear biases (Press et al., 2022)"""
 
+    left_offset: float = 0.0
+    """added to the bias of keys left of the query (j < i), in units of the head's slope: 0.5 is the
+    encoder ALiBi of Delétang et al.'s and Ruoss et al.'s code, which tells left from right; 0: the
+    paper's symmetric bias"""
+
 
 class Alibi(PositionScheme):
     """Attention with linear biases: a fixed per-head penalty on distance (Press et al., 2022)."""
@@ -60,7 +70,7 @@ class Alibi(PositionScheme):
     config_class = AlibiConfig
 
     def attention(self, head_dim, n_heads, causal):
-        return AlibiPositions(n_heads)
+        return AlibiPositions(n_heads, self.cfg.left_offset)
 
 
 class SandwichPositions(RelativePositions):
