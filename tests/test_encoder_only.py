@@ -184,3 +184,15 @@ def test_a_task_without_output_length_is_refused_before_any_run_directory(tmp_pa
                                  "slots as it has tokens, and task 'addition'"), out.stderr
     assert len(out.stderr.splitlines()) == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_wandb_samples_span_the_test_lengths_with_their_length_and_correctness(trained):
+    """The samples table reaches past the training lengths: shortest, the training maximum, longest."""
+    _, run = trained
+    (attempts,) = read_runs(run / "wandb").values()
+    table = next(row["samples/test"] for row in history(attempts) if "samples/test" in row)
+    logged = json.loads((next(run.glob("wandb/offline-run-*/files")) / table["path"]).read_text())
+    assert logged["columns"] == ["length", "source", "target", "prediction", "correct"]
+    lengths = [row[0] for row in logged["data"]]
+    assert lengths == sorted(lengths) and {1, 4, 6} <= set(lengths)  # test 1–6, trained on 1–4
+    assert all(row[4] == (row[2] == row[3]) for row in logged["data"])

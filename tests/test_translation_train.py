@@ -104,8 +104,8 @@ def test_wandb_holds_a_table_of_sample_translations(trained):
     table = next(r["samples/test"] for r in history if "samples/test" in r)
     files = next(run_dir.glob("wandb/offline-run-*/files"))
     logged = json.loads((files / table["path"]).read_text())
-    assert logged["columns"] == ["source", "reference", "hypothesis"]
-    source, reference, _ = logged["data"][0]
+    assert logged["columns"] == ["length", "source", "reference", "hypothesis"]
+    _, source, reference, _ = logged["data"][0]
     test_src, test_ref = lines(run_dir / "outputs" / "test.src"), lines(run_dir / "outputs" / "test.ref")
     assert test_ref[test_src.index(source)] == reference
 

@@ -29,6 +29,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassExactMatch
 
 from relpos_lab.api.errors import ConfigError
 from relpos_lab.api.evaluation import Evaluation
+from relpos_lab.api.samples import pick_rows
 from relpos_lab.api.task import Batch, Task
 from relpos_lab.api.vocabulary import Vocabulary
 from relpos_lab.core.decoding import beam_search, by_source_length, greedy_search
@@ -288,14 +289,17 @@ class Seq2SeqTask(Task):
         return hyps
 
     def sample_rows(self, batch: Batch, hyps: Tensor, n: int = 8) -> tuple[list[str], list[list]]:
-        """(columns, rows) of a few predictions, as text, for the W&B samples table."""
+        """(columns, rows) of a few predictions, as text, for the W&B samples table; `length` is the
+        length the example is bucketed by, across which the table spreads its rows."""
         src_v, tgt_v = self.src_vocab, self.tgt_vocab
+        lengths, train = batch["length"].tolist(), self.train_length_range()
         rows = []
-        for i in range(min(n, hyps.shape[0])):
+        for i in pick_rows(lengths, n, train and train[1]):
+            length = lengths[i]
             target, prediction = tgt_v.decode(batch["tgt_out"][i]), tgt_v.decode(hyps[i])
-            rows.append([" ".join(src_v.decode(batch["src"][i])), " ".join(target),
+            rows.append([length, " ".join(src_v.decode(batch["src"][i])), " ".join(target),
                          " ".join(prediction), target == prediction])
-        return ["source", "target", "prediction", "correct"], rows
+        return ["length", "source", "target", "prediction", "correct"], rows
 
 
 def slot_targets(tgt_out: Tensor, n_slots: Tensor, vocab: Vocabulary, task: str) -> Tensor:

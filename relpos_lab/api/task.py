@@ -148,7 +148,9 @@ class Task(abc.ABC):
         return None
 
     def sample_rows(self, batch: Batch, predictions: Tensor, n: int = 8) -> tuple[list[str], list[list]] | None:
-        """(columns, rows) of a few predictions, as text, for the W&B samples table; None: no table."""
+        """(columns, rows) of up to n predictions, as text, for the W&B samples table; None: no table.
+        Asked of every evaluation batch: with a `length` column, the table spreads its rows across
+        the split's lengths (training/samples.py); without, it shows the first batch's."""
         return None
 
     def state_dict(self) -> dict:

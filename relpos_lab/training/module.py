@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from relpos_lab.api.contract import Checked, check
 from relpos_lab.api.evaluation import EvalResult
+from relpos_lab.api.samples import LATER_ROWS, SampleSpread
 from relpos_lab.api.task import Task
 from relpos_lab.core.compiling import compile_model, graphs_compiled, is_compiled
 from relpos_lab.core.embedding import seed_eval_positions
@@ -43,7 +44,7 @@ class RelposModule(L.LightningModule):
         # splits evaluated but not logged: the final evaluation's "valid" (that checkpoint's
         # validation is logged already, at its step)
         self.unlogged: set[str] = set()
-        self._samples: dict[str, tuple[list[str], list[list]]] = {}
+        self._samples: dict[str, SampleSpread] = {}
         self.save_hyperparameters({"config": OmegaConf.to_container(cfg, resolve=True)}, logger=False)
 
     def forward(self, *args: Any) -> Tensor:
@@ -97,10 +98,12 @@ class RelposModule(L.LightningModule):
         if batch is EMPTY:  # this rank's shard of the split is empty; it still joins the gather
             return
         hyps = self.task_evaluate(self.model, batch, self.evaluations[split])
-        if batch_idx == 0 and hyps is not None:
-            samples = self.task.sample_rows(batch, hyps, self.cfg.logging.num_samples)
+        n = self.cfg.logging.num_samples
+        if hyps is not None and n > 0:  # every batch offers a few rows: the table spreads them over the lengths
+            samples = self.task.sample_rows(batch, hyps, n if batch_idx == 0 else LATER_ROWS)
             if samples is not None:
-                self._samples[split] = samples
+                train = self.task.train_length_range()
+                self._samples.setdefault(split, SampleSpread(n, train and train[1])).add(*samples)
 
     def _finish(self, split: str) -> None:
         result = self.evaluations[split].compute()  # reduced across ranks by torchmetrics
@@ -124,8 +127,8 @@ class RelposModule(L.LightningModule):
             for logger in self.loggers:
                 logger.log_hyperparams({f"{split}/{k}": v for k, v in result.details.items()})
         if self.trainer.is_global_zero and split in self._samples:
-            columns, rows = self._samples.pop(split)
-            log_samples(self.loggers, f"samples/{split}", columns, rows, step=self.global_step)
+            samples = self._samples.pop(split)
+            log_samples(self.loggers, f"samples/{split}", samples.columns, samples.rows(), step=self.global_step)
 
 
 def _batch_size(batch: dict) -> int:

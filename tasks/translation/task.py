@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
 from relpos_lab.api import Batch, DecodingConfig, Evaluation, Seq2SeqTask, TaskConfig, UserError
+from relpos_lab.api.samples import pick_rows
 from relpos_lab.core.loss import label_smoothed_loss
 from relpos_lab_tasks.subword import SubwordConfig, SubwordModel, load_or_train
 from relpos_lab_tasks.translation.bleu import CorpusEvaluation, CorpusScore, data_signature
@@ -260,9 +261,10 @@ class TranslationTask(Seq2SeqTask):
         return hyps
 
     def sample_rows(self, batch: Batch, hyps: Tensor, n: int = 8) -> tuple[list[str], list[list]]:
-        rows = [[batch["src_text"][i], batch["tgt_text"][i], self.decode_output(hyps[i].cpu())]
-                for i in range(min(n, hyps.shape[0]))]
-        return ["source", "reference", "hypothesis"], rows
+        lengths = batch["length"].tolist()
+        rows = [[lengths[i], batch["src_text"][i], batch["tgt_text"][i], self.decode_output(hyps[i].cpu())]
+                for i in pick_rows(lengths, n)]
+        return ["length", "source", "reference", "hypothesis"], rows
 
     def copy_baseline(self, split: str = "test") -> dict[str, float | str]:
         """BLEU and chrF of copying each source sentence unchanged: the trivial baseline to beat
