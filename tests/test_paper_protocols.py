@@ -100,4 +100,5 @@ def test_the_paper_sweep_submits_as_one_slurm_array(tmp_path, monkeypatch, capsy
     assert cli.main(["sweep", "deletang2023_paper", "--slurm", "--dry-run", "trainer=gpu1",
                      "cluster.partition=gpu"]) == 0
     script = capsys.readouterr().out
-    assert "#SBATCH --array=0-2699" in script and "#SBATCH --gres=gpu:1" in script
+    assert "#SBATCH --array=0-2699" in script and "#SBATCH --gpus-per-node=1" in script
+    assert "#SBATCH --ntasks-per-node=1" in script  # one GPU per run: the batch of 128 is global
