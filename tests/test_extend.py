@@ -83,7 +83,9 @@ def test_an_extended_run_keeps_one_metrics_history_and_one_wandb_run(extended):
     train_steps = [int(r["step"]) for r in rows if r.get("train/loss")]
     assert train_steps == sorted(set(train_steps)) and train_steps[-1] == 44
     assert [int(r["step"]) for r in rows if r.get("valid/exact_match")] == [15, 30, 45]
-    assert [int(r["step"]) for r in rows if r.get("test/exact_match")] == [45]  # the final evaluation, once
+    evaluated = json.loads((run_dir / "results.json").read_text())["checkpoint_step"]
+    # the final evaluation, once, at the step of the checkpoint it measured
+    assert [int(r["step"]) for r in rows if r.get("test/exact_match")] == [evaluated]
     runs = read_runs(run_dir / "wandb")
     assert len(runs) == 1  # one run id, two attempts
     (attempts,) = runs.values()

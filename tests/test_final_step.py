@@ -160,6 +160,8 @@ def test_a_run_stopped_after_its_fit_does_not_validate_the_last_step_twice(root)
     assert sorted(valid_rows(again.run_dir)) == [15, 20]  # valid_rows fails on a step logged twice
     results = json.loads((again.run_dir / "results.json").read_text())
     assert results["started_at_step"] == 20 and results["checkpoint_step"] == first.checkpoint_step
+    # the final test is logged once, by the attempt that finished, at the step of the checkpoint it read
+    assert list(valid_rows(again.run_dir, "test/exact_match")) == [first.checkpoint_step]
 
 
 def test_wandb_logs_each_validation_at_the_step_of_its_checkpoint(root, offline_wandb):
@@ -176,3 +178,17 @@ def test_wandb_logs_each_validation_at_the_step_of_its_checkpoint(root, offline_
     assert run.summary["best/step"] == results["checkpoint_step"]
     last = [r for r in history(attempts) if "valid/loss" in r][-1]
     assert run.summary["valid/loss"] == pytest.approx(last["valid/loss"]) and last["trainer/global_step"] == 20
+
+
+def test_the_test_is_logged_at_the_step_of_the_checkpoint_it_measured(root, offline_wandb):
+    """A learning rate too small to move exact match: every validation ties, the best is the first
+    (step 10), and the test of it is charted at 10, not at the fit's last step (20)."""
+    summary = train("trainer.max_steps=20", "trainer.val_every_n_steps=10", "optim.lr=1e-12",
+                    "logging.wandb.mode=offline")
+    assert summary.checkpoint_step == 10
+    (attempts,) = read_runs(summary.run_dir / "wandb").values()
+    rows = history(attempts)
+    assert [r["trainer/global_step"] for r in rows if "test/exact_match" in r] == [10]
+    assert [r["trainer/global_step"] for r in rows if "samples/test" in r] == [10]
+    assert list(valid_rows(summary.run_dir, "test/exact_match")) == [10]
+    assert max(r["trainer/global_step"] for r in rows if "train/loss" in r) == 19  # the fit went on

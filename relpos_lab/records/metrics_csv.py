@@ -83,6 +83,7 @@ class RunCSVLogger(CSVLogger):
 
 
 VALID_PREFIX = "valid/"  # a validation's metrics (training/module.py logs them at the validated step)
+TEST_PREFIX = "test/"  # the final test's, logged at its checkpoint's step, often before the last one
 
 
 def before_checkpoint(row_step: int, metrics: Iterable[str], step: int) -> bool:
@@ -94,8 +95,12 @@ def before_checkpoint(row_step: int, metrics: Iterable[str], step: int) -> bool:
     validation is logged at the step of the weights it validated (`metrics` holds ``valid/`` keys):
     the validation of step g belongs to the checkpoint of step g, whichever was written first, and
     a resumed fit does not repeat it (the last step of a run is validated once: final_validation.py).
+    The final test's row precedes no checkpoint: a resumed (or extended) run tests again.
     """
-    return row_step < step or (row_step == step and any(str(k).startswith(VALID_PREFIX) for k in metrics))
+    metrics = [str(k) for k in metrics]
+    if any(k.startswith(TEST_PREFIX) for k in metrics):
+        return False
+    return row_step < step or (row_step == step and any(k.startswith(VALID_PREFIX) for k in metrics))
 
 
 def cut_metrics(run_dir: str | Path, step: int) -> int:

@@ -275,6 +275,7 @@ def _final_evaluation(cfg: DictConfig, trainer: L.Trainer, module: RelposModule,
     choice = "best" if cfg.trainer.evaluate == "best" and watch.best.best_model_path else "last"
     checkpoint = Path(watch.best.best_model_path) if choice == "best" else run_dir / CHECKPOINTS / LAST
     module.unlogged.add("valid")  # logged at its step when it was validated
+    module.evaluated_step = global_step_of(checkpoint)  # test/* is logged at the step it measured
     requeue = watch.requeue
     deliver_test_signal("evaluate", lambda: requeue.requested or sigterm_received(trainer))
     try:

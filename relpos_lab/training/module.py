@@ -44,6 +44,7 @@ class RelposModule(L.LightningModule):
         # splits evaluated but not logged: the final evaluation's "valid" (that checkpoint's
         # validation is logged already, at its step)
         self.unlogged: set[str] = set()
+        self.evaluated_step: int | None = None  # the final test's checkpoint step, which its metrics are logged at
         self._samples: dict[str, SampleSpread] = {}
         self.save_hyperparameters({"config": OmegaConf.to_container(cfg, resolve=True)}, logger=False)
 
@@ -121,14 +122,15 @@ class RelposModule(L.LightningModule):
         # A compiled model's count of graphs so far, beside each validation: one that keeps rising
         # recompiles for new shapes (dynamo fails past torch._dynamo.config.recompile_limit).
         compiled = {"compile/graphs": float(graphs_compiled())} if is_compiled(self.model) else {}
+        step = self.evaluated_step if split == self.test_split and self.evaluated_step is not None else self.global_step
         self.log_dict({f"{split}/{k}": v for k, v in result.metrics.items()} | compiled
-                      | {"step": float(self.global_step)}, sync_dist=True, prog_bar=False)
+                      | {"step": float(step)}, sync_dist=True, prog_bar=False)
         if self.trainer.is_global_zero and result.details:  # e.g. sacrebleu signatures
             for logger in self.loggers:
                 logger.log_hyperparams({f"{split}/{k}": v for k, v in result.details.items()})
         if self.trainer.is_global_zero and split in self._samples:
             samples = self._samples.pop(split)
-            log_samples(self.loggers, f"samples/{split}", samples.columns, samples.rows(), step=self.global_step)
+            log_samples(self.loggers, f"samples/{split}", samples.columns, samples.rows(), step=step)
 
 
 def _batch_size(batch: dict) -> int:
