@@ -69,17 +69,75 @@ def test_count_from_end_is_refused_with_randomized_positions():
         builtin_config("sinusoidal", count_from_end=True, max_random_len=64).validate()
 
 
-def test_the_delétang_sweep_turns_both_on_and_the_ruoss_sweep_only_alibis():
-    """NNCH counts sin/cos from the end; RPE's sin/cos ascends; both codes' encoder ALiBi has the offset."""
-    for name, from_end in [("deletang2023_paper", True), ("ruoss2023_paper", False)]:
-        sweep = load_sweep(name, only=0)
-        cells = {}
-        for point in sweep.points:
-            cells.setdefault(point.labels["scheme"], point.index)
-        for label, index in cells.items():
-            positions = sweep.config(index).model.positions
-            if positions.scheme == "sinusoidal":
-                assert positions.count_from_end is (from_end and "randomized" not in label), (name, label)
-            if positions.scheme == "alibi":
-                assert positions.left_offset == 0.5, (name, label)
-    assert load_config("deletang2023_paper", ["model.positions.scheme=alibi"]).model.positions.left_offset == 0.0
+@pytest.mark.parametrize("name", ["deletang2023_paper", "ruoss2023_paper", "deletang2023_paper_small",
+                                  "ruoss2023_paper_small"])
+def test_the_paper_sweeps_encode_as_their_reference_code(name):
+    """NNCH counts sin/cos from the end, RPE's ascends; both codes' encoder ALiBi has the left offset, and
+    both drop the embeddings only where an absolute scheme adds positions to them."""
+    sweep = load_sweep(name, only=0)
+    cells = {}
+    for point in sweep.points:
+        cells.setdefault(point.labels["scheme"], point.index)
+    for label, index in cells.items():
+        model = sweep.config(index).model
+        positions = model.positions
+        if positions.scheme == "sinusoidal":
+            assert positions.count_from_end is name.startswith("deletang"), label
+        if positions.scheme == "alibi":
+            assert positions.left_offset == 0.5, label
+        absolute = positions.scheme in ("sinusoidal", "learned")
+        assert model.embedding_dropout == (0.1 if absolute else 0.0), label
+    assert load_config(sweep.experiment, ["model.positions.scheme=alibi"]).model.positions.left_offset == 0
+
+
+# --- the reference's model: bias-free projections, a biased head, no FFN dropout, Haiku's init -------
+
+def reference_model(**fields):
+    return tiny_model_config(builtin_config("sinusoidal"), "encoder_only", d_model=256, d_ff=1024, **fields)
+
+
+def test_bias_free_attention_and_a_biased_head():
+    model = EncoderOnly(reference_model(attention_bias=False, output_bias=True))
+    projections = [m for name, m in model.named_modules() if name.endswith(("q_proj", "k_proj", "v_proj", "out_proj"))]
+    assert len(projections) == 4 * 2 and all(p.bias is None for p in projections)
+    assert model.output.bias is not None and model.output.bias.shape == (12,)
+    ffn = [m for name, m in model.named_modules() if name.endswith(("fc1", "fc2"))]
+    assert all(m.bias is not None for m in ffn)  # the reference's feed-forward layers keep theirs
+
+
+def test_the_feed_forward_hidden_layer_has_its_own_dropout():
+    for ffn_dropout, expected in [(None, 0.3), (0.0, 0.0)]:
+        model = EncoderOnly(reference_model(dropout=0.3, ffn_dropout=ffn_dropout))
+        hidden = [m.dropout.p for name, m in model.named_modules() if name.endswith("ffn.inner")]
+        sublayer = [m.dropout.p for name, m in model.named_modules() if name.endswith(("ffn", "self_attn"))]
+        assert hidden == [expected] * 2 and sublayer == [0.3] * 4  # sublayer outputs keep model.dropout
+
+
+def test_haiku_init_draws_linear_weights_from_a_normal_cut_at_two_sigma():
+    torch.manual_seed(0)
+    haiku, pytorch = EncoderOnly(reference_model(init="haiku")), EncoderOnly(reference_model())
+    for name, module in haiku.named_modules():
+        if isinstance(module, torch.nn.Linear) and not name.startswith("encoder.embed"):
+            w, sigma = module.weight.detach(), module.in_features ** -0.5
+            assert w.abs().max() <= 2 * sigma and w.std().item() == pytest.approx(0.8796 * sigma, rel=0.05), name
+            assert module.bias is None or not module.bias.any(), name
+    ffn = pytorch.get_submodule("encoder.layers.0.ffn.inner.fc1").weight.detach()
+    assert ffn.std().item() == pytest.approx(256 ** -0.5 / 3 ** 0.5, rel=0.05)  # PyTorch's: U(±1/√fan_in)
+
+
+def test_haiku_init_starts_token_embeddings_at_sigma_0_02_and_padding_at_zero():
+    torch.manual_seed(0)
+    tokens = EncoderOnly(reference_model(init="haiku", src_vocab_size=400)).encoder.embed.tokens.weight.detach()
+    assert not tokens[0].any()  # pad
+    assert tokens.abs().max() <= 0.04 and tokens[1:].std().item() == pytest.approx(0.8796 * 0.02, rel=0.05)
+
+
+def test_embedding_dropout_apart_from_the_model_dropout():
+    for embedding_dropout, expected in [(None, 0.3), (0.0, 0.0)]:
+        model = EncoderOnly(reference_model(dropout=0.3, embedding_dropout=embedding_dropout))
+        assert model.encoder.embed.dropout.p == expected
+
+
+def test_an_unknown_init_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="model.init='jax'; choose one of pytorch, haiku"):
+        reference_model(init="jax").validate()

@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from relpos_lab.core.compiling import MODES as COMPILE_MODES
+from relpos_lab.core.init import INITS
 from relpos_lab.core.transformer import ARCHITECTURES, MODEL_IMPLS, ModelConfig
 
 SCHEDULERS = ("inverse_sqrt", "cosine", "constant")
@@ -238,6 +239,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.compile": COMPILE_MODES,
     "model.architecture": ARCHITECTURES,
     "model.attention_impl": MODEL_IMPLS,
+    "model.init": INITS,
     "logging.wandb.mode": WANDB_MODES,
 }
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from relpos_lab.core.init import HAIKU_EMBEDDING_STD, truncated_normal_
 from relpos_lab.core.positions import contract, scheme_of
 from relpos_lab.core.positions.randomized import sample_positions
 from relpos_lab.core.renamed import renamed_attribute, renamed_state_dict_keys
@@ -31,7 +32,10 @@ class Embedding(nn.Module):
         super().__init__()
         self.tokens = tokens or nn.Embedding(vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         if tokens is None:
-            nn.init.normal_(self.tokens.weight, std=cfg.d_model**-0.5)
+            if cfg.init == "haiku":
+                truncated_normal_(self.tokens.weight.data, HAIKU_EMBEDDING_STD)
+            else:
+                nn.init.normal_(self.tokens.weight, std=cfg.d_model**-0.5)
             with torch.no_grad():
                 self.tokens.weight[cfg.pad_id].zero_()
         scheme = scheme_of(cfg.positions)
@@ -39,7 +43,8 @@ class Embedding(nn.Module):
         self.reads_tokens = scheme.reads_tokens  # its module is called with the ids of every position so far
         self.scheme = contract.label(cfg.positions)
         self.unchecked = self.absolute is not None  # its output is checked on the first call (contract.py)
-        self.scale, self.dropout = math.sqrt(cfg.d_model), nn.Dropout(cfg.dropout)
+        self.scale = math.sqrt(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout if cfg.embedding_dropout is None else cfg.embedding_dropout)
         self.max_random_len = cfg.positions.max_random_len
         self.randomize_at_eval = cfg.positions.randomize_at_eval
         # evaluation's draws; the model's embeddings share one (seed_eval_positions)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from relpos_lab.core.embedding import Embedding, seed_eval_positions
+from relpos_lab.core.init import linear
 from relpos_lab.core.transformer import Encoder, ModelConfig
 
 
@@ -35,7 +36,7 @@ class EncoderOnly(nn.Module):
         self.cfg, self.pad_id = cfg, cfg.pad_id
         self.slot_id = cfg.src_vocab_size  # the blank output slot: one symbol after the source's
         self.encoder = Encoder(cfg, Embedding(cfg, cfg.src_vocab_size + 1))
-        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self.output = linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias, init=cfg.init)
         seed_eval_positions(self, 0)
 
     def forward(self, src: Tensor, n_slots: Tensor, width: int | None = None) -> Tensor:

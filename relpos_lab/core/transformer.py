@@ -18,6 +18,7 @@ from relpos_lab.core.attention import capture, relative_attention
 from relpos_lab.core.attention.masks import visibility_mask
 from relpos_lab.core.cache import DecoderCache, KVCache, LayerCache
 from relpos_lab.core.embedding import Embedding, seed_eval_positions
+from relpos_lab.core.init import INITS, linear
 from relpos_lab.core.positions import KeyState, PositionConfig, RelativePositions, ShawConfig, contract, scheme_of
 from relpos_lab.core.positions.randomized import spread, spread_mask
 from relpos_lab.core.renamed import renamed_attribute, renamed_state_dict_keys
@@ -56,6 +57,18 @@ class ModelConfig:
     """dropout on embeddings, sublayer outputs and the feed-forward hidden layer"""
     attention_dropout: float = 0.1
     """dropout on attention probabilities (triton draws it inside its kernel; flex and banded have none)"""
+    embedding_dropout: float | None = None
+    """dropout on the embeddings (tokens plus absolute positions); None: model.dropout (the reference code drops
+    them with sin/cos positions only: 0 for the other schemes)"""
+    ffn_dropout: float | None = None
+    """dropout on the feed-forward hidden layer; None: model.dropout (DeepMind's reference code has none: 0)"""
+    attention_bias: bool = True
+    """biases in the query, key, value and output projections (the reference code's have none: false)"""
+    output_bias: bool = False
+    """a bias in the projection onto the target vocabulary (the reference code's head has one: true)"""
+    init: str = "pytorch"
+    """pytorch | haiku: how the Transformer's own weights start; haiku: as the reference code's (linear weights a
+    normal cut at ±2σ, σ = 1/√fan_in, zero biases; token embeddings σ = 0.02; see core/init.py)"""
     norm_first: bool = False
     """False: post-LN as in the paper; True: pre-LN"""
     tie_embeddings: bool = True
@@ -81,9 +94,11 @@ class ModelConfig:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
         if self.n_encoder_layers < 0:
             raise ValueError(f"model.n_encoder_layers must be >= 0, got {self.n_encoder_layers}")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
+        for name in ("dropout", "attention_dropout", "embedding_dropout", "ffn_dropout"):
+            if getattr(self, name) is not None and not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.init not in INITS:
+            raise ValueError(f"model.init={self.init!r}; choose one of {', '.join(INITS)}")
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"model.architecture={self.architecture!r}; choose one of {', '.join(ARCHITECTURES)}")
         if self.bidirectional_prefix and self.architecture != "decoder_only":
@@ -170,10 +185,8 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.n_heads, self.impl = cfg.n_heads, cfg.attention_impl
         self.dropout = cfg.attention_dropout
-        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.k_proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.v_proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
+            linear(cfg.d_model, cfg.d_model, bias=cfg.attention_bias, init=cfg.init) for _ in range(4))
         self.relative = relative or RelativePositions()  # the scheme's module; was `positions` (old keys load)
         self.scheme = contract.label(cfg.positions)
         self.unchecked = relative is not None  # the scheme's hooks are checked on their first call
@@ -296,8 +309,9 @@ class MultiHeadAttention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.fc1, self.fc2 = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.fc1 = linear(cfg.d_model, cfg.d_ff, init=cfg.init)
+        self.fc2 = linear(cfg.d_ff, cfg.d_model, init=cfg.init)
+        self.dropout = nn.Dropout(cfg.dropout if cfg.ffn_dropout is None else cfg.ffn_dropout)
 
     def forward(self, x):
         return self.fc2(self.dropout(F.relu(self.fc1(x))))
@@ -379,7 +393,7 @@ class Decoder(nn.Module):
         self.embed = embed
         self.layers = nn.ModuleList(DecoderLayer(cfg, cross_attention, causal) for _ in range(cfg.n_decoder_layers))
         self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
-        self.output = nn.Linear(cfg.d_model, embed.tokens.num_embeddings, bias=False)
+        self.output = linear(cfg.d_model, embed.tokens.num_embeddings, bias=cfg.output_bias, init=cfg.init)
         if cfg.tie_embeddings:
             self.output.weight = embed.tokens.weight
 

@@ -81,6 +81,11 @@ ADDED_KEYS: dict[str, Any] = {
     "task.order": "paper",
     "model.positions.count_from_end": False,
     "model.positions.left_offset": 0.0,
+    "model.embedding_dropout": None,
+    "model.ffn_dropout": None,
+    "model.attention_bias": True,
+    "model.output_bias": False,
+    "model.init": "pytorch",
 }
 # Before position schemes were plugins, model.positions held every built-in scheme's fields at
 # once. A scheme's section is hashed as that flat form (its own fields over the old defaults), so
