@@ -33,11 +33,15 @@ def test_the_experiments_are_the_papers_protocol(name):
     randomized = cfg.model.positions.max_random_len
     assert (randomized is not None) == name.startswith("ruoss") and (cfg.model.positions.randomize_at_eval
                                                                       == name.startswith("ruoss"))
-    if not name.endswith("_small"):  # the reference: its final parameters, 512 examples a length, one process
-        assert cfg.trainer.evaluate == "last" and cfg.task.eval_size_per_length == 512 and cfg.optim.lr == 1e-4
-        assert cfg.trainer.devices * cfg.trainer.num_nodes == 1 and cfg.trainer.precision == "32"
-    else:  # as docs/study/deletang2023_paper_small.md ran, until it is rerun under the paper's choices
-        assert cfg.trainer.evaluate == "best" and cfg.optim.lr == 1e-3
+    # the reference: its final parameters, one process; its model's details (tests/test_reference_options.py)
+    assert cfg.trainer.evaluate == "last" and cfg.trainer.devices * cfg.trainer.num_nodes == 1
+    assert cfg.trainer.precision == "32" and cfg.model.init == "haiku"
+    assert not cfg.model.attention_bias and cfg.model.output_bias
+    assert cfg.model.attention_dropout == cfg.model.ffn_dropout == cfg.model.embedding_dropout == 0.0
+    if not name.endswith("_small"):  # 512 examples a length; the CPU twin scales both down
+        assert cfg.task.eval_size_per_length == 512 and cfg.optim.lr == 1e-4
+    else:
+        assert cfg.task.eval_size_per_length == 32 and cfg.optim.lr == 1e-3
 
 
 @pytest.mark.parametrize("name", ["deletang2023_paper", "ruoss2023_paper"])
