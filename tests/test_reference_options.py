@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relpos_lab.api import EncoderOnly, builtin_config
+from relpos_lab.api import ConfigError, EncoderOnly, builtin_config, registry
 from relpos_lab.api.testing import tiny_model_config
 from relpos_lab.config.load import load_config
 from relpos_lab.core.attention import relative_attention
@@ -141,3 +141,38 @@ def test_embedding_dropout_apart_from_the_model_dropout():
 def test_an_unknown_init_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match="model.init='jax'; choose one of pytorch, haiku"):
         reference_model(init="jax").validate()
+
+
+# --- the reference's loss ------------------------------------------------------------------------
+
+def chomsky(name: str, **fields):
+    cls = registry.get_task_class(name)
+    cfg = cls.config_class(name=name, **fields)
+    cfg.validate()
+    return cls(cfg, seed=0)
+
+
+def test_the_per_example_loss_sums_every_slot_pad_included_and_averages_over_the_batch():
+    """binary_addition's sums end early (EOS) in their n + 1 slots; the reference scores the filler after
+    the end too (its zeros; our pad), sums over the slots, then takes the mean over the batch."""
+    task = chomsky("binary_addition", loss_per_example=True)
+    torch.manual_seed(0)
+    model = task.build_model(tiny_model_config(builtin_config("shaw"), "encoder_only", src_vocab_size=0,
+                                               tgt_vocab_size=0)).double()
+    batch = task.collate([e for e in task.dataset("valid") if len(e.src) in (7, 9)][:12])
+    logits, target, n_slots = task.at_slots(model, batch)
+    assert (target == task.tgt_vocab.pad_id).logical_and(torch.arange(target.shape[1]) < n_slots[:, None]).any()
+    logp = logits.log_softmax(-1)
+    expected = sum(-logp[row, slot, target[row, slot]] for row in range(len(target)) for slot in range(n_slots[row]))
+    out = task.loss(model, batch, label_smoothing=0.0)
+    assert out.loss.item() == pytest.approx(expected.item() / len(target), rel=1e-6)
+    assert out.n_tokens == n_slots.sum()
+    mean = chomsky("binary_addition").loss(model, batch, label_smoothing=0.0)  # our default: non-pad tokens
+    assert mean.n_tokens < n_slots.sum() and mean.loss.item() != pytest.approx(out.loss.item())
+
+
+def test_the_per_example_loss_needs_the_encoder_only_model():
+    task = chomsky("reverse_string", loss_per_example=True)
+    with pytest.raises(ConfigError, match="task.loss_per_example=true .* encoder_only"):
+        task.build_model(tiny_model_config(builtin_config("shaw"), "encoder_decoder", src_vocab_size=0,
+                                           tgt_vocab_size=0))

@@ -58,6 +58,10 @@ class TaskConfig:
     loss_on_source: bool = False
     """model.architecture=decoder_only: also train to predict the source (a language model over the
     whole sequence); false: the loss covers the target only"""
+    loss_per_example: bool = False
+    """model.architecture=encoder_only: the loss summed over each example's output slots, the padding after its
+    end included, then averaged over the batch, as DeepMind's reference code takes it; false: a mean over the
+    target's tokens"""
 
     def validate(self) -> None:
         """Raise ValueError naming a bad field; subclasses extend it (call super().validate())."""
