@@ -487,3 +487,21 @@ def test_a_compiled_model_runs_the_fused_op_in_its_graph(scheme):
     for name, want in eager.items():
         torch.testing.assert_close(compiled[name], want, atol=1e-5 * max(1.0, want.abs().max().item()), rtol=1e-4,
                                    msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_a_compiled_model_with_attention_dropout_runs_the_kernels_between_graphs():
+    """With dropout the seed is a host integer per call, which a graph would bake in: each call leaves the
+    graph (fused_op.attend_between_graphs) and draws its own mask, as eager does."""
+    from relpos_lab.api.testing import tiny_model_config
+    from relpos_lab.core.compiling import graph_breaks
+
+    torch.manual_seed(0)
+    cfg = tiny_model_config(builtin_config("shaw", max_distance=3), attention_impl="triton", attention_dropout=0.5)
+    model = EncoderDecoder(cfg).to(DEVICE).train()
+    src, tgt = torch.randint(3, 12, (2, 9), device=DEVICE), torch.randint(3, 12, (2, 7), device=DEVICE)
+    compiled = torch.compile(model, backend="aot_eager_decomp_partition")
+    first, second = compiled(src, tgt), compiled(src, tgt)
+    assert not torch.equal(first, second)  # a fresh dropout mask per call, not one baked into the graph
+    first.log_softmax(-1).mean().neg().backward()
+    assert model.encoder.layers[0].self_attn.inner.relative.rel_k.grad is not None
+    assert any("attend_between_graphs" in line or "disable" in line for line in graph_breaks(model, src, tgt))

@@ -326,9 +326,12 @@ def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causa
     dropout a compiled model still runs them between graphs: the seed is a host integer per call,
     which a graph would bake in."""
     if torch.compiler.is_compiling() and dropout_p > 0:
-        return _attend_between_graphs(q, k, v, rel_k=rel_k, rel_v=rel_v, rel_bias=rel_bias, max_distance=max_distance,
-                                      attn_mask=attn_mask, is_causal=is_causal, query_offset=query_offset,
-                                      dropout_p=dropout_p, attn_bias=attn_bias, scale=scale)
+        from relpos_lab.core.attention import fused_op
+
+        return fused_op.attend_between_graphs(q, k, v, rel_k=rel_k, rel_v=rel_v, rel_bias=rel_bias,
+                                              max_distance=max_distance, attn_mask=attn_mask, is_causal=is_causal,
+                                              query_offset=query_offset, dropout_p=dropout_p, attn_bias=attn_bias,
+                                              scale=scale)
     lq, lk = q.shape[-2], k.shape[-2]
     reach = _reach(lq, lk, max_distance, query_offset)
     if reach < max_distance:  # sliced only then: a slice's gradient is a zeroed copy
@@ -347,9 +350,6 @@ def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causa
 
         return fused_op.attention(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
     return _FusedRelativeAttention.apply(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
-
-
-_attend_between_graphs = torch.compiler.disable(attend)
 
 
 class _Launch(NamedTuple):

@@ -17,6 +17,10 @@ from torch import Tensor
 
 from relpos_lab.core.attention import fused
 
+# With attention dropout a compiled model runs the kernels between graphs (fused.attend). Made here,
+# where only compiling imports it: torch.compiler.disable imports dynamo, seconds a plain command spends.
+attend_between_graphs = torch.compiler.disable(fused.attend)
+
 
 @torch.library.custom_op("relpos_lab::fused_attention", mutates_args=())
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None,
