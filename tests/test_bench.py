@@ -48,6 +48,21 @@ def test_model_bench_trains_shaw_at_randomized_positions_beside_the_plain_model(
     assert results["model-shaw-gather-random64"]["ratio"] > 0
 
 
+def test_model_bench_randomizes_every_scheme_and_measures_a_steps_memory(tmp_path):
+    """--max-random-len reaches the --schemes candidates too; --memory gives each a training step's peak,
+    which grows with the length (a subprocess per candidate on CPU)."""
+    peaks = {}
+    for length in ("16", "96"):
+        out = tmp_path / f"bench{length}.json"
+        bench.main(["model", *TINY, "--length", length, "--architecture", "encoder_only", "--impl", "gather",
+                    "--schemes", "transformer_xl", "--max-random-len", "256", "--memory", "--json", str(out)])
+        peaks[length] = {r["name"]: r["peak_mb"] for r in json.loads(out.read_text())["results"]}
+    assert set(peaks["96"]) == {"model-sinusoidal", "model-transformer_xl", "model-transformer_xl-random256",
+                                "model-shaw-gather", "model-shaw-gather-random256"}
+    assert all(peak is not None and peak >= 0 for peak in peaks["96"].values())
+    assert sum(peaks["96"].values()) > sum(peaks["16"].values())
+
+
 def test_attention_bench_measures_peak_memory_in_a_subprocess(tmp_path):
     out = tmp_path / "bench.json"
     bench.main(["attention", *TINY, "--impl", "gather", "--memory", "--json", str(out)])

@@ -21,7 +21,7 @@ from functools import partial
 
 import torch
 
-from relpos_lab.analysis.candidates import MASKS, attention_candidate, peak_memory_mb
+from relpos_lab.analysis.candidates import MASKS, attention_candidate, peak_in_subprocess, peak_memory_mb
 from relpos_lab.analysis.throughput import PEAK_BF16, mfu, peak_flops, step_flops
 from relpos_lab.config import OptimConfig
 from relpos_lab.core.compiling import MODES as COMPILE_MODES, compile_model
@@ -221,9 +221,9 @@ def _bench_model(args, device, dtype) -> list[Result]:
         shape = dict(batch=batch, length=length, d_model=args.d_model, heads=args.heads, d_ff=args.d_ff,
                      layers=args.layers, k=args.max_distance, precision=args.precision,
                      **({"architecture": architecture} if architecture != "encoder_decoder" else {}))
-        fns, n_tokens, extra = {}, batch * length, {}
+        fns, n_tokens, extra, specs = {}, batch * length, {}, {}
         randomized = [None] + ([args.max_random_len] if getattr(args, "max_random_len", None) else [])
-        others = [(scheme, "auto", None) for scheme in getattr(args, "schemes", [])]
+        others = [(scheme, "auto", n) for scheme in getattr(args, "schemes", []) for n in randomized]
         shaw = [("shaw", impl, n) for impl in args.impl for n in randomized]
         candidates = [("sinusoidal", "auto", None), *others, *shaw]
         modes = ["none"] + ([args.compile] if getattr(args, "compile", None) else [])
@@ -234,6 +234,7 @@ def _bench_model(args, device, dtype) -> list[Result]:
             step = _training_step(args, model, architecture, batch, length, device)
             name = (f"model-shaw-{impl}" if scheme == "shaw" else f"model-{scheme}") + (
                 f"-random{random_len}" if random_len else "")
+            specs[name] = (scheme, impl, random_len)
             if mode == "none":
                 extra[name] = {"gflop_per_token": step_flops(step) / n_tokens / 1e9}
             else:
@@ -249,8 +250,10 @@ def _bench_model(args, device, dtype) -> list[Result]:
             measured = dict(extra[n], tokens_per_s=n_tokens / (med / 1e3), host_ms=statistics.median(host[n]))
             if peak is not None:
                 measured.update(mfu=mfu(measured["gflop_per_token"] * 1e9 * n_tokens, med, peak[1]), peak_of=peak[0])
+            memory = (_model_peak_mb(args, *specs[n], architecture, batch, length, device)
+                      if getattr(args, "memory", False) and not n.endswith("-compiled") else None)
             # ratio here is throughput relative to sinusoidal (higher is better)
-            out.append(Result(n, shape, med, t, None, base / med, measured))
+            out.append(Result(n, shape, med, t, memory, base / med, measured))
         del fns
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -286,6 +289,43 @@ def _first_call_s(step, device) -> float:
     step()
     _sync(device)
     return time.perf_counter() - start
+
+
+MODEL_PEAK_SNIPPET = """
+import json, sys, types, torch
+from relpos_lab.analysis.bench import _model, _training_step
+from relpos_lab.analysis.candidates import peak_kb
+
+spec = json.loads(sys.argv[1])
+torch.set_num_threads(spec["threads"])
+args, cpu = types.SimpleNamespace(**spec["args"]), torch.device("cpu")
+torch.manual_seed(0)
+model = _model(args, spec["scheme"], spec["impl"], random_len=spec["random_len"]).train()
+_training_step(args, model, spec["architecture"], spec["batch"], 16, cpu)()  # weights, Adam's state, warm
+base = peak_kb()
+_training_step(args, model, spec["architecture"], spec["batch"], spec["length"], cpu)()
+print((peak_kb() - base) / 1024)
+"""
+
+
+def _model_peak_mb(args, scheme, impl, random_len, architecture, batch, length, device) -> float:
+    """Peak memory of one training step beyond the weights and optimizer state: on CUDA the growth of
+    max_memory_allocated over a step, on CPU of a fresh process's peak RSS (after a 16-token step)."""
+    if device.type == "cuda":
+        torch.manual_seed(0)
+        model = _model(args, scheme, impl, random_len=random_len).to(device).train()
+        step = _training_step(args, model, architecture, batch, length, device)
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    fields = ("d_model", "heads", "d_ff", "layers", "max_distance", "attention_dropout", "architecture", "precision")
+    spec = dict(args={f: getattr(args, f, None) for f in fields}, scheme=scheme, impl=impl, random_len=random_len,
+                architecture=architecture, batch=batch, length=length, threads=torch.get_num_threads())
+    return peak_in_subprocess(MODEL_PEAK_SNIPPET, spec, f"model-{scheme}")
 
 
 def _model(args, scheme: str, impl: str, vocab: int = 8000, random_len: int | None = None) -> torch.nn.Module:
@@ -403,7 +443,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "bias: flex-bias as a FlexAttention score_mod, triton-bias as rel_bias in the fused "
                              "kernel)")
     parser.add_argument("--max-random-len", type=int, default=None,
-                        help="model: also train each Shaw candidate at randomized positions drawn from [0, N)")
+                        help="model: also train each Shaw and --schemes candidate at randomized positions drawn "
+                             "from [0, N)")
     parser.add_argument("--tokens", type=int, default=None,
                         help="batch = tokens // length for each length (default: --batch at every length)")
     parser.add_argument("--precision", default=None, choices=["bf16-mixed"],
@@ -421,7 +462,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--forward-only", action="store_true")
     parser.add_argument("--mask", default="none", choices=MASKS,
                         help="attention: key padding as in a batch of unequal lengths, or padding + causal")
-    parser.add_argument("--memory", action="store_true", help="attention: also measure peak memory")
+    parser.add_argument("--memory", action="store_true",
+                        help="attention, model: also measure peak memory (model: one training step's, beyond the "
+                             "weights and optimizer state)")
     parser.add_argument("--json", dest="json_path", default=None, help="also write results here")
     parser.add_argument("--opennmt", default=None, metavar="DIR",
                         help="layer: also time OpenNMT-py's attention from an unpacked OpenNMT-py wheel in DIR")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import subprocess
 import sys
 
@@ -106,16 +107,26 @@ def attention_candidate(name: str, b, h, length, d, k, dtype, device, backward=T
 # The peak comes from /proc/self/status (VmHWM, this process's own high-water mark) where there is
 # one: on Linux, ru_maxrss of a child starts at its parent's peak, so after the timings of a long
 # benchmark it hides the child's growth completely (every candidate read 0 MB).
-PEAK_SNIPPET = """
-import json, resource, sys, torch
-from relpos_lab.analysis.candidates import attention_candidate
-
-def peak_kb():
+def peak_kb() -> int:
+    """This process's peak resident memory so far, in KiB (the only honest CPU peak)."""
     try:
         with open("/proc/self/status") as status:
             return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
     except OSError:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def peak_in_subprocess(snippet: str, args: dict, what: str) -> float:
+    """MiB that `snippet` (run with `args` as JSON in a fresh interpreter) prints as its peak's growth."""
+    res = subprocess.run([sys.executable, "-c", snippet, json.dumps(args)], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"peak-memory probe for {what} failed:\n{res.stderr[-2000:]}")
+    return float(res.stdout.strip().splitlines()[-1])
+
+
+PEAK_SNIPPET = """
+import json, sys, torch
+from relpos_lab.analysis.candidates import attention_candidate, peak_kb
 
 args = json.loads(sys.argv[1])
 torch.set_num_threads(args.pop("threads"))
@@ -141,7 +152,4 @@ def peak_memory_mb(name, b, h, length, d, k, dtype, device, threads, mask="none"
         return (torch.cuda.max_memory_allocated() - base) / 2**20
     args = dict(name=name, b=b, h=h, length=length, d=d, k=k, dtype=str(dtype).removeprefix("torch."), threads=threads,
                 mask=mask)
-    res = subprocess.run([sys.executable, "-c", PEAK_SNIPPET, json.dumps(args)], capture_output=True, text=True)
-    if res.returncode:
-        raise RuntimeError(f"peak-memory probe for {name} failed:\n{res.stderr[-2000:]}")
-    return float(res.stdout.strip().splitlines()[-1])
+    return peak_in_subprocess(PEAK_SNIPPET, args, name)
