@@ -383,13 +383,20 @@ def submit_sweep(grid, dry_run: bool) -> int:
              "has no seed axis, so each grid point is its own group)"),
          arg("--aggregate", choices=("mean", "max"), default="mean", help="a group's number: mean ± std of its "
              "runs, or max: its best run per metric (lowest loss/ppl), the best-of over seeds and learning rates "
-             "that Deletang et al. and Ruoss et al. report (e.g. --over seed lr --aggregate max)"))
+             "that Deletang et al. and Ruoss et al. report (e.g. --over seed lr --aggregate max)"),
+         arg("--wandb", action="store_true", help="also log the leaderboard, one length chart per task and the "
+             "report's files to a W&B run in the sweep's group (offline without an API key: wandb sync it)"))
 def report(args: argparse.Namespace) -> None:
     from relpos_lab.analysis.report import write_report
 
     path = write_report(args.sweep_dir, args.out, args.split, tuple(args.metric or ()),
-                        tuple(args.over) if args.over else None, args.aggregate)
+                        tuple(args.over) if args.over else None, args.aggregate, wandb=args.wandb)
     console.print(f"report: {shown_path(path)}")
+    if args.wandb:
+        from relpos_lab.records.wandb_run import sync_command
+
+        console.print(f"W&B: the report's run is in {shown_path(path.parent / 'wandb')} "
+                      f"(offline: {sync_command(path.parent)})", markup=False, highlight=False)
     console.print(path.read_text().split("\n## ")[0], markup=False, highlight=False)
 
 

@@ -509,3 +509,35 @@ def test_a_points_wandb_run_is_grouped_by_its_grid_cell_and_labelled(tmp_path, o
     assert run.group == "tiny_study/shaw_k2" and run.name.endswith("-seed2")
     assert run.config["sweep"] == {"name": "tiny_study", "group": "tiny_study/shaw_k2", "scheme": "shaw_k2",
                                    "seed": "2"}
+
+
+def test_report_wandb_logs_the_leaderboard_a_chart_per_task_and_the_files(tmp_path, offline_wandb):
+    """`report --wandb`: one W&B run in the sweep's group, read back from its offline file."""
+    from relpos_lab.records.wandb_offline import find_run_files, read_run
+
+    root = tmp_path / "runs" / "hand"
+    points = [({"task": task, "scheme": scheme, "seed": str(seed)},
+               _fake_run(root, f"{task}-{scheme}{seed}", 0.1 * seed + (scheme == "b"), {1: 1.0, 3: 0.1 * seed}, seed))
+              for task in ("copy", "reverse") for scheme in ("a", "b") for seed in (1, 2)]
+    (root / "sweep.json").write_text(json.dumps({
+        "name": "hand", "sweep_file": "x.yaml", "points": [{"index": i, "labels": l, "overrides": [], "run_dir": d}
+                                                           for i, (l, d) in enumerate(points)]}))
+    assert cli.main(["report", str(root), "--out", str(tmp_path / "out"), "--metric", "exact_match",
+                     "--wandb"]) == 0
+    (path,) = find_run_files(tmp_path / "out" / "wandb")
+    run = read_run(path)
+    assert run.config["sweep"] == "hand"
+    (row,) = [r for r in run.history if "leaderboard" in r]
+    files = path.parent / "files"
+    leaderboard = json.loads((files / row["leaderboard"]["path"]).read_text())
+    summary = list(csv.DictReader(open(tmp_path / "out" / "summary.csv")))
+    assert [r[0] for r in leaderboard["data"]] == [r["group"] for r in summary] == [
+        "copy a", "copy b", "reverse a", "reverse b"]
+    assert [r[2] for r in leaderboard["data"]] == pytest.approx([float(r["exact_match_mean"]) for r in summary])
+    charts = sorted(k for k in row if k.startswith("by_length/"))
+    assert charts == ["by_length/exact_match/copy_table", "by_length/exact_match/reverse_table"]
+    copy = json.loads((files / row["by_length/exact_match/copy_table"]["path"]).read_text())
+    assert sorted(r[0] for r in copy["data"]) == ["copy a", "copy a", "copy b", "copy b"]  # lengths 1 and 3
+    # the artifact's manifest, recorded in the run's file for sync: the report's files by name
+    recorded = path.read_bytes()
+    assert b"hand-report-test" in recorded and all(name.encode() in recorded for name in ("report.md", "summary.csv"))

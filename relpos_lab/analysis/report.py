@@ -291,7 +291,7 @@ def _run_name(run_dir: str) -> str:
 
 def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: str | None = None,
                  metrics: tuple[str, ...] | None = None, over: tuple[str, ...] | None = None,
-                 how: str = "mean") -> Path:
+                 how: str = "mean", wandb: bool = False) -> Path:
     """Write report.md, summary.csv, by_length.csv, groups.png (every run), one by-length plot per
     metric and, for runs with inspect.json, one attention-by-offset plot per attention kind.
 
@@ -300,7 +300,8 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
     synthetic tasks, bleu and chrf for translation; for lm, whose main metric it is, ppl too: its
     by-length plot is the ALiBi paper's Figure 1, one curve per scheme). A metric also shows its `_id`/`_ood` parts.
     `over` defaults to the seed axis, or to none when the sweep has no seed axis. `how` (AGGREGATES)
-    makes a group's runs one number: mean ± std, or max, its best run per metric.
+    makes a group's runs one number: mean ± std, or max, its best run per metric. `wandb`: also log the
+    leaderboard, the length curves and the report's files to a W&B run of the sweep's group (report_wandb.py).
     """
     if how not in AGGREGATES:
         raise UserError(f"--aggregate {how}: expected one of {', '.join(AGGREGATES)}")
@@ -347,6 +348,10 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
     lines += _runs_lines(groups, shown, split) + _by_length_lines(curves, panels, list(groups[0].labels), split)
     lines += _attention_section(out, manifest["name"], groups, over)
     (out / "report.md").write_text("\n".join(lines) + "\n")
+    if wandb:
+        from relpos_lab.analysis.report_wandb import publish_report
+
+        publish_report(out, manifest["name"], split, how, names, rows, curves, groups)
     return out / "report.md"
 
 
