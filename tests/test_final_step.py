@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from relpos_lab.config import load_config
-from relpos_lab.records.wandb_offline import history, read_runs
+from relpos_lab.records.wandb_offline import find_run_files, history, read_runs
 from relpos_lab.training import experiment
 from relpos_lab.training.interrupt import InterruptCheckpoint
 
@@ -192,3 +192,15 @@ def test_the_test_is_logged_at_the_step_of_the_checkpoint_it_measured(root, offl
     assert [r["trainer/global_step"] for r in rows if "samples/test" in r] == [10]
     assert list(valid_rows(summary.run_dir, "test/exact_match")) == [10]
     assert max(r["trainer/global_step"] for r in rows if "train/loss" in r) == 19  # the fit went on
+
+
+def test_log_checkpoints_best_records_the_best_checkpoint_as_a_model_artifact(root, offline_wandb):
+    summary = train("trainer.max_steps=20", "trainer.val_every_n_steps=10", "logging.wandb.mode=offline",
+                    "logging.wandb.log_checkpoints=best")
+    (path,) = find_run_files(summary.run_dir / "wandb")
+    recorded = path.read_bytes()  # the artifact records wandb sync uploads: type model, the checkpoints' names
+    assert recorded.count(b'"original_filename"') >= 1
+    assert f"best-step={summary.checkpoint_step}.ckpt".encode() in recorded and b"model.ckpt" in recorded
+    plain = train("trainer.max_steps=20", "trainer.val_every_n_steps=10", "logging.wandb.mode=offline", "seed=1")
+    (path,) = find_run_files(plain.run_dir / "wandb")
+    assert b"original_filename" not in path.read_bytes()  # the default, none, uploads nothing

@@ -20,6 +20,7 @@ PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 EVALUATE = ("best", "last")  # trainer.evaluate: which checkpoint the final evaluation reads
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 WANDB_MODES = ("auto", "offline", "online", "disabled")
+LOG_CHECKPOINTS = {"none": False, "best": True, "all": "all"}  # log_checkpoints -> Lightning's log_model
 
 
 @dataclass
@@ -186,6 +187,9 @@ class WandbConfig:
     init_timeout: float = 30.0
     """online: seconds the start may take before the run logs offline instead, in its own directory, to sync later
     (a node that cannot reach the server at all goes offline at once)"""
+    log_checkpoints: str = "none"
+    """none | best | all: upload checkpoints as W&B artifacts of type model (offline: recorded for wandb sync):
+    best, once the fit ends, the best checkpoint (alias best) and last.ckpt; all, each checkpoint as it is saved"""
 
 
 @dataclass
@@ -241,6 +245,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.attention_impl": MODEL_IMPLS,
     "model.init": INITS,
     "logging.wandb.mode": WANDB_MODES,
+    "logging.wandb.log_checkpoints": tuple(LOG_CHECKPOINTS),
 }
 
 def _at_least(obj: Any, section: str, **minimums: int) -> None:

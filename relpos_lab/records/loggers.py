@@ -19,7 +19,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from relpos_lab.config.schema import WandbConfig
+from relpos_lab.config.schema import LOG_CHECKPOINTS, WandbConfig
 from relpos_lab.records.metrics_csv import (
     METRICS,
     VALID_PREFIX,
@@ -95,6 +95,7 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
                 mode=mode,
                 rewind_to=rewind_to,
                 backfill=backfill,
+                log_model=LOG_CHECKPOINTS[wandb_cfg.get("log_checkpoints") or "none"],
                 settings={"init_timeout": float(OmegaConf.select(cfg, "logging.wandb.init_timeout", default=30.0)),
                           **({"silent": True} if quiet else {})},
             )
