@@ -202,12 +202,15 @@ RENAMED = {
     "relpos_lab.core.positions": {
         "SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding", "NoPositions": "NoPE",
         "NoPositionsConfig": "NoPEConfig", "AbacusPositions": "AbacusEmbedding",
-        "CouplingPositions": "CouplingEmbedding"},
+        "CouplingPositions": "PositionCouplingEmbedding", "CouplingEmbedding": "PositionCouplingEmbedding",
+        "PolarPositions": "PopePositions"},
     "relpos_lab.core.positions.absolute": {
         "SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding", "NoPositions": "NoPE",
         "NoPositionsConfig": "NoPEConfig"},
     "relpos_lab.core.positions.digits": {
-        "AbacusPositions": "AbacusEmbedding", "CouplingPositions": "CouplingEmbedding"},
+        "AbacusPositions": "AbacusEmbedding", "CouplingPositions": "PositionCouplingEmbedding",
+        "CouplingEmbedding": "PositionCouplingEmbedding"},
+    "relpos_lab.core.positions.polar": {"PolarPositions": "PopePositions"},
     "relpos_lab.core.positions.rotary": {"rotate_half": "apply_rotation"},
     "relpos_lab.core.attention.masks": {"relative_positions": "relative_labels"},
 }

@@ -11,7 +11,7 @@ import torch
 from relpos_lab.api import ConfigError
 from relpos_lab.api.testing import check_scheme, tiny_model_config
 from relpos_lab.core.positions import AbacusConfig, PositionCouplingConfig
-from relpos_lab.core.positions.digits import AbacusEmbedding, CouplingEmbedding, digit_places
+from relpos_lab.core.positions.digits import AbacusEmbedding, PositionCouplingEmbedding, digit_places
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import EncoderDecoder
 from relpos_lab_tasks.addition import AdditionConfig, AdditionTask
@@ -68,7 +68,7 @@ def test_digit_places_match_the_reference_read_from_the_string(text):
 def test_123_plus_4567_and_its_reversed_sum_by_hand():
     _, _, sig = digit_places(torch.tensor([ids("123+4567")]), DIGITS, BOS)
     assert sig[0].tolist()[:3] == [2, 1, 0] and sig[0].tolist()[4:] == [3, 2, 1, 0]
-    coupling = CouplingEmbedding(8, PositionCouplingConfig(), DIGITS).eval()
+    coupling = PositionCouplingEmbedding(8, PositionCouplingConfig(), DIGITS).eval()
     assert coupling.index(torch.tensor([ids("123+4567")])).tolist() == [[3, 2, 1, 0, 4, 3, 2, 1]]
     assert coupling.index(torch.tensor([ids("S0964")])).tolist() == [[0, 1, 2, 3, 4]]  # 4690 reversed
     abacus = AbacusEmbedding(8, AbacusConfig(), DIGITS).eval()
@@ -184,7 +184,7 @@ def test_abacus_shifts_every_digit_by_one_k_per_batch_in_training_only():
 
 
 def test_coupling_draws_a_start_per_example_that_keeps_its_ids_in_the_table():
-    module = CouplingEmbedding(8, PositionCouplingConfig(max_position=12), DIGITS)
+    module = PositionCouplingEmbedding(8, PositionCouplingConfig(max_position=12), DIGITS)
     batch = torch.tensor([ids("123+4567"), ids("9+12____")])
     plain = module.eval().index(batch)
     assert plain.tolist() == [[3, 2, 1, 0, 4, 3, 2, 1], [1, 0, 2, 1, 0, 0, 0, 0]]
@@ -216,7 +216,7 @@ def test_the_model_trains_with_the_offset_and_evaluates_without_it():
 
 
 def test_a_digit_beyond_the_table_names_the_field_to_raise():
-    module = CouplingEmbedding(8, PositionCouplingConfig(max_position=4), DIGITS).eval()
+    module = PositionCouplingEmbedding(8, PositionCouplingConfig(max_position=4), DIGITS).eval()
     with pytest.raises(ValueError, match=r"beyond model.positions.max_position=4; raise it"):
         module(torch.zeros(1, 8, 8), 0, torch.tensor([ids("123+4567")]))
     with pytest.raises(ValueError, match="max_len=1024 must exceed max_offset"):

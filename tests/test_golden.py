@@ -33,7 +33,7 @@ from relpos_lab.core.positions import (
     Alibi,
     AlibiConfig,
     AlibiPositions,
-    PolarPositions,
+    PopePositions,
     RopeConfig,
     RotaryPositions,
     Sinusoidal,
@@ -233,7 +233,7 @@ def check_sinusoidal_x_transformers(golden):
 
 def check_pope_x_transformers(golden):
     for case in golden["cases"]:
-        module = PolarPositions(case["head_dim"], case["heads"], 10000.0).double()
+        module = PopePositions(case["head_dim"], case["heads"], 10000.0).double()
         with torch.no_grad():
             module.phase.copy_(torch.tensor(case["phase"]))
         q, k = (torch.tensor(case[x], dtype=torch.float64) for x in ("q", "k"))

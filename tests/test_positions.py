@@ -10,10 +10,10 @@ from relpos_lab.core.positions import (
     BUILTIN,
     AbacusEmbedding,
     AlibiPositions,
-    CouplingEmbedding,
     FireConfig,
     FirePositions,
     LearnedEmbedding,
+    PositionCouplingEmbedding,
     RelativePositions,
     RotaryPositions,
     ShawConfig,
@@ -117,7 +117,7 @@ CONTRIBUTIONS = {
     "fox": (None, set(), False),
     "dape": (None, set(), False),
     "abacus": (AbacusEmbedding, set(), False),  # reads the token ids (tests/test_digit_positions.py)
-    "position_coupling": (CouplingEmbedding, set(), False),
+    "position_coupling": (PositionCouplingEmbedding, set(), False),
 }
 
 

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.positions import (
-    PolarPositions,
     PopeConfig,
+    PopePositions,
     RopeConfig,
     RotaryPositions,
     SandwichConfig,
@@ -204,7 +204,7 @@ def test_xpos_matches_the_papers_equation_in_a_loop(causal, lq, lk, offset):
 def test_pope_matches_the_papers_equation_in_a_loop(causal, lq, lk, offset):
     """s_ij = Σ_c softplus(q_ic)·softplus(k_jc)·cos((i − j)·θ_c − δ_hc) / √D, θ_c = 10000^(−c/D),
     δ clamped to [−2π, 0] (one entry set below −2π here to check the clamp)."""
-    module = PolarPositions(D, 2, 10000.0).double()
+    module = PopePositions(D, 2, 10000.0).double()
     with torch.no_grad():
         module.phase.copy_(-torch.rand(2, D, dtype=torch.float64) * 6)
         module.phase[1, 3] = -7.0

@@ -44,13 +44,13 @@ from relpos_lab.core.positions.digits import (
     Abacus,
     AbacusConfig,
     AbacusEmbedding,
-    CouplingEmbedding,
     PositionCoupling,
     PositionCouplingConfig,
+    PositionCouplingEmbedding,
 )
 from relpos_lab.core.positions.fire import Fire, FireConfig, FirePositions
 from relpos_lab.core.positions.fox import Fox, FoxConfig, FoxPositions
-from relpos_lab.core.positions.polar import PolarPositions, Pope, PopeConfig
+from relpos_lab.core.positions.polar import Pope, PopeConfig, PopePositions
 from relpos_lab.core.positions.rotary import Rope, RopeConfig, RotaryPositions, Xpos, XposConfig, XposPositions
 from relpos_lab.core.positions.shaw import Shaw, ShawConfig, ShawPositions
 from relpos_lab.core.positions.transformer_xl import TransformerXL, TransformerXLConfig, TransformerXLPositions
@@ -81,7 +81,6 @@ __all__ = [
     "Cope",
     "CopeConfig",
     "CopePositions",
-    "CouplingEmbedding",
     "Dape",
     "DapeConfig",
     "DapePositions",
@@ -98,12 +97,13 @@ __all__ = [
     "LearnedEmbedding",
     "NoPE",
     "NoPEConfig",
-    "PolarPositions",
     "Pope",
     "PopeConfig",
+    "PopePositions",
     "PositionConfig",
     "PositionCoupling",
     "PositionCouplingConfig",
+    "PositionCouplingEmbedding",
     "PositionScheme",
     "RelativePositions",
     "Rope",
@@ -134,5 +134,6 @@ __all__ = [
 
 __getattr__ = renamed(__name__, {"SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding",
                                  "NoPositions": "NoPE", "NoPositionsConfig": "NoPEConfig",
-                                 "AbacusPositions": "AbacusEmbedding", "CouplingPositions": "CouplingEmbedding"},
+                                 "AbacusPositions": "AbacusEmbedding", "CouplingPositions": "PositionCouplingEmbedding",
+                                 "CouplingEmbedding": "PositionCouplingEmbedding", "PolarPositions": "PopePositions"},
                       globals())

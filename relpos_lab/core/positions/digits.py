@@ -236,7 +236,7 @@ class PositionCouplingConfig(DigitRunsConfig):
                              "(a one-digit sum with its carry needs ids 0..2)")
 
 
-class CouplingEmbedding(DigitEmbedding):
+class PositionCouplingEmbedding(DigitEmbedding):
     """start + 1 + significance for digits, start for every other token; start is 0 in evaluation
     and, in training, uniform per example over the starts that keep its ids below max_position."""
 
@@ -258,8 +258,8 @@ class PositionCoupling(DigitRunsScheme):
     config_class = PositionCouplingConfig
 
     def embedding(self, d_model):
-        return CouplingEmbedding(d_model, self.cfg, self.digits())
+        return PositionCouplingEmbedding(d_model, self.cfg, self.digits())
 
 
-__getattr__ = renamed(__name__, {"AbacusPositions": "AbacusEmbedding", "CouplingPositions": "CouplingEmbedding"},
-                      globals())
+__getattr__ = renamed(__name__, {"AbacusPositions": "AbacusEmbedding", "CouplingPositions": "PositionCouplingEmbedding",
+                                 "CouplingEmbedding": "PositionCouplingEmbedding"}, globals())

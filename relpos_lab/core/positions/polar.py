@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions
+from relpos_lab.core.renamed import renamed
 
 
 @dataclass
@@ -40,7 +41,7 @@ class PopeConfig(PositionConfig):
             raise ValueError(f"model.positions.rope_base={self.rope_base} must be > 1")
 
 
-class PolarPositions(RelativePositions):
+class PopePositions(RelativePositions):
     """q, k (B, H, L, D) -> the real form (B, H, L, 2D) of softplus magnitudes at position phases."""
 
     def __init__(self, head_dim: int, n_heads: int, base: float):
@@ -82,4 +83,7 @@ class Pope(PositionScheme):
     config_class = PopeConfig
 
     def attention(self, head_dim, n_heads, causal):
-        return PolarPositions(head_dim, n_heads, self.cfg.rope_base)
+        return PopePositions(head_dim, n_heads, self.cfg.rope_base)
+
+
+__getattr__ = renamed(__name__, {"PolarPositions": "PopePositions"}, globals())
