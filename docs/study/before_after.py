@@ -1,0 +1,50 @@
+"""Two reports of one sweep side by side: a group's number before and after a change of protocol.
+
+    python docs/study/before_after.py BEFORE/summary.csv AFTER/summary.csv [--metric accuracy]
+
+prints a Markdown table, a row per task and a column pair per scheme present in both (groups
+are "<task> <scheme>", as `relpos-lab report` names them over the sweep's task and scheme axes),
+then the mean over the tasks both hold. Values are the reports' means over seeds.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+from statistics import mean
+
+
+def read(path: str, metric: str) -> dict[tuple[str, str], float]:
+    with open(path, newline="") as file:
+        return {tuple(row["group"].split(" ", 1)): float(row[f"{metric}_mean"]) for row in csv.DictReader(file)
+                if row.get(f"{metric}_mean")}
+
+
+def table(before: dict, after: dict) -> list[str]:
+    shared = sorted(set(before) & set(after))
+    schemes = sorted({scheme for _, scheme in shared})
+    tasks = sorted({task for task, _ in shared})
+    lines = ["| task | " + " | ".join(f"{s} before | {s} after" for s in schemes) + " |",
+             "|---|" + "---:|" * (2 * len(schemes))]
+    for task in tasks:
+        cells = [f"{before[(task, s)]:.3f} | {after[(task, s)]:.3f}" if (task, s) in before and (task, s) in after
+                 else "— | —" for s in schemes]
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    means = []
+    for s in schemes:
+        held = [t for t in tasks if (t, s) in before and (t, s) in after]
+        means.append(f"{mean(before[(t, s)] for t in held):.3f} | {mean(after[(t, s)] for t in held):.3f}")
+    lines.append("| mean over tasks | " + " | ".join(means) + " |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("before")
+    parser.add_argument("after")
+    parser.add_argument("--metric", default="accuracy_ood", help="a summary.csv metric (default: accuracy_ood)")
+    args = parser.parse_args()
+    print("\n".join(table(read(args.before, args.metric), read(args.after, args.metric))))
+
+
+if __name__ == "__main__":
+    main()
