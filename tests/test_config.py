@@ -553,7 +553,7 @@ def test_an_invalid_scheme_value_and_an_unknown_scheme_are_one_line_each(tmp_pat
 def test_switching_scheme_drops_the_fields_of_the_scheme_before(tmp_path):
     write(tmp_path, "base.yaml", "task: {name: copy}\nmodel: {positions: {scheme: shaw, max_distance: 4}}\n")
     cfg = load_config(write(tmp_path, "e.yaml", "extends: base.yaml\nmodel: {positions: {scheme: alibi}}\n"))
-    unrandomized = {"max_random_len": None, "randomize_at_eval": False}
+    unrandomized = {"max_random_len": None, "randomize_at_eval": False, "redraw_per_layer": False}
     assert dict(cfg.model.positions) == {"scheme": "alibi", "left_offset": 0.0, **unrandomized}  # no max_distance
     none = load_config(tmp_path / "base.yaml", ["model.positions.scheme=none"]).model.positions
     assert dict(none) == {"scheme": "none", **unrandomized}

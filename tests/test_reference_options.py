@@ -87,6 +87,9 @@ def test_the_paper_sweeps_encode_as_their_reference_code(name):
             assert positions.left_offset == 0.5, label
         absolute = positions.scheme in ("sinusoidal", "learned")
         assert model.embedding_dropout == (0.1 if absolute else 0.0), label
+        drawn_per_layer = name.startswith("ruoss") and "randomized" in label and positions.scheme in (
+            "rope", "alibi", "transformer_xl")  # what Ruoss et al.'s code redraws in each attention layer
+        assert positions.redraw_per_layer is drawn_per_layer, label
     assert load_config(sweep.experiment, ["model.positions.scheme=alibi"]).model.positions.left_offset == 0
 
 
@@ -176,3 +179,33 @@ def test_the_per_example_loss_needs_the_encoder_only_model():
     with pytest.raises(ConfigError, match="task.loss_per_example=true .* encoder_only"):
         task.build_model(tiny_model_config(builtin_config("shaw"), "encoder_decoder", src_vocab_size=0,
                                            tgt_vocab_size=0))
+
+
+# --- randomized positions drawn per layer (Ruoss et al.'s code) ------------------------------------
+
+def layer_positions(redraw: bool) -> list[torch.Tensor]:
+    positions = builtin_config("rope", max_random_len=64, redraw_per_layer=redraw)
+    model = EncoderOnly(tiny_model_config(positions, "encoder_only", n_encoder_layers=3)).train()
+    seen = []
+    for layer in model.encoder.layers:
+        layer.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_pos"]),
+                                        with_kwargs=True)
+    torch.manual_seed(0)
+    model(torch.tensor([[3, 4, 5, 6]]), torch.tensor([4]))
+    return seen
+
+
+def test_each_encoder_layer_draws_its_own_positions_with_redraw_per_layer():
+    shared, redrawn = layer_positions(False), layer_positions(True)
+    assert len(shared) == len(redrawn) == 3 and all(torch.equal(p, shared[0]) for p in shared)
+    assert not torch.equal(redrawn[1], redrawn[0]) or not torch.equal(redrawn[2], redrawn[0])
+    for positions in redrawn:  # each an increasing draw of 8 of [0, 64): 4 tokens and 4 slots
+        assert len(positions) == 8 and bool((positions.diff() > 0).all()) and int(positions.max()) < 64
+
+
+@pytest.mark.parametrize("architecture, fields", [("encoder_only", {}), ("decoder_only", {"max_random_len": 64})])
+def test_redraw_per_layer_needs_randomized_positions_in_an_encoder_only_model(architecture, fields):
+    cfg = tiny_model_config(builtin_config("rope", redraw_per_layer=True, **fields), architecture)
+    with pytest.raises(ValueError, match="redraw_per_layer=true .* needs model.positions.max_random_len and "
+                                         "model.architecture=encoder_only"):
+        cfg.validate()

@@ -136,6 +136,10 @@ class ModelConfig:
                 raise ValueError(f"model.positions.max_random_len randomizes token indices, and scheme "
                                  f"'{self.positions.scheme}' counts its positions from the tokens alone, so it would "
                                  "change nothing; drop it")
+        if self.positions.redraw_per_layer and (randomized is None or self.architecture != "encoder_only"):
+            raise ValueError("model.positions.redraw_per_layer=true draws each encoder layer's positions: it needs "
+                             "model.positions.max_random_len and model.architecture=encoder_only (now "
+                             f"max_random_len={randomized}, architecture={self.architecture})")
         if self.positions.randomize_at_eval and randomized is None:
             raise ValueError("model.positions.randomize_at_eval=true draws evaluation positions from "
                              "[0, max_random_len): set model.positions.max_random_len too (e.g. 256, above the "
@@ -364,6 +368,7 @@ class Encoder(nn.Module):
     def __init__(self, cfg: ModelConfig, embed: Embedding):
         super().__init__()
         self.embed, self.pad_id = embed, cfg.pad_id
+        self.redraw_per_layer = cfg.positions.redraw_per_layer
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
 
@@ -372,7 +377,9 @@ class Encoder(nn.Module):
         key_mask = (src != self.pad_id)[:, None, None, :]
         input_pos = self.embed.random_positions(src.shape[1])
         x = self.embed(src, input_pos=input_pos)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            if i and self.redraw_per_layer:  # the first layer keeps the embedding's draw
+                input_pos = self.embed.random_positions(src.shape[1])
             x = layer(x, key_mask=key_mask, input_pos=input_pos)
         return self.norm(x), key_mask
 

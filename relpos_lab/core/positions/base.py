@@ -98,6 +98,10 @@ class PositionConfig:
     """with max_random_len: draw the positions at evaluation and decoding too, as Ruoss et al.'s
     code does (reproducibly, from the run's seed); false: evaluate at 0..L-1"""
 
+    redraw_per_layer: bool = False
+    """with max_random_len, model.architecture=encoder_only: each encoder layer draws its own positions, as
+    Ruoss et al.'s code draws them anew in each attention layer; false: one draw per forward pass, shared"""
+
     scheme_class: ClassVar[type[PositionScheme] | None] = None  # set when a scheme claims the class
 
     def validate(self) -> None:
