@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relpos_lab.api import ConfigError, EncoderOnly, builtin_config, registry
+from relpos_lab.api import ConfigError, EncoderOnly, builtin_config
 from relpos_lab.api.testing import tiny_model_config
 from relpos_lab.config.load import load_config
 from relpos_lab.core.attention import relative_attention
 from relpos_lab.core.positions import Alibi, AlibiConfig
 from relpos_lab.launch.sweep import load_sweep
+
+from tests.test_encoder_only import create  # a built-in task by name, its config validated
 
 
 def alibi(left_offset: float):
@@ -148,17 +150,10 @@ def test_an_unknown_init_is_refused_naming_the_choices():
 
 # --- the reference's loss ------------------------------------------------------------------------
 
-def chomsky(name: str, **fields):
-    cls = registry.get_task_class(name)
-    cfg = cls.config_class(name=name, **fields)
-    cfg.validate()
-    return cls(cfg, seed=0)
-
-
 def test_the_per_example_loss_sums_every_slot_pad_included_and_averages_over_the_batch():
     """binary_addition's sums end early (EOS) in their n + 1 slots; the reference scores the filler after
     the end too (its zeros; our pad), sums over the slots, then takes the mean over the batch."""
-    task = chomsky("binary_addition", loss_per_example=True)
+    task = create("binary_addition", loss_per_example=True)
     torch.manual_seed(0)
     model = task.build_model(tiny_model_config(builtin_config("shaw"), "encoder_only", src_vocab_size=0,
                                                tgt_vocab_size=0)).double()
@@ -170,12 +165,12 @@ def test_the_per_example_loss_sums_every_slot_pad_included_and_averages_over_the
     out = task.loss(model, batch, label_smoothing=0.0)
     assert out.loss.item() == pytest.approx(expected.item() / len(target), rel=1e-6)
     assert out.n_tokens == n_slots.sum()
-    mean = chomsky("binary_addition").loss(model, batch, label_smoothing=0.0)  # our default: non-pad tokens
+    mean = create("binary_addition").loss(model, batch, label_smoothing=0.0)  # our default: non-pad tokens
     assert mean.n_tokens < n_slots.sum() and mean.loss.item() != pytest.approx(out.loss.item())
 
 
 def test_the_per_example_loss_needs_the_encoder_only_model():
-    task = chomsky("reverse_string", loss_per_example=True)
+    task = create("reverse_string", loss_per_example=True)
     with pytest.raises(ConfigError, match="task.loss_per_example=true .* encoder_only"):
         task.build_model(tiny_model_config(builtin_config("shaw"), "encoder_decoder", src_vocab_size=0,
                                            tgt_vocab_size=0))
