@@ -516,9 +516,9 @@ def test_a_scheme_takes_only_its_own_fields(tmp_path):
     cfg = load_config(write(tmp_path, "e.yaml",
                             "task: {name: copy}\nmodel: {positions: {scheme: rope, rope_base: 500}}\n"))
     assert dict(cfg.model.positions) == {"scheme": "rope", "max_random_len": None, "randomize_at_eval": False,
-                                         "rope_base": 500.0, "rope_fraction": 1.0, "rope_scaling": "none",
-                                         "rope_scaling_factor": 0.0, "rope_train_length": 0, "yarn_beta_fast": 32.0,
-                                         "yarn_beta_slow": 1.0}
+                                         "redraw_per_layer": False, "rope_base": 500.0, "rope_fraction": 1.0,
+                                         "rope_scaling": "none", "rope_scaling_factor": 0.0, "rope_train_length": 0,
+                                         "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0}
     cfg = load_config(write(tmp_path, "s.yaml",
                             "task: {name: copy}\nmodel: {positions: {max_distance: 4, max_distance_left: 2}}\n"))
     assert cfg.model.positions.scheme == "shaw" and cfg.model.positions.max_distance_left == 2
@@ -528,15 +528,16 @@ def test_an_unknown_field_names_the_valid_fields_of_that_scheme(tmp_path):
     path = write(tmp_path, "e.yaml", "task: {name: copy}\nmodel: {positions: {scheme: rope, rope_bse: 500}}\n")
     message = error_of(path)
     assert "unknown key 'model.positions.rope_bse'; did you mean 'model.positions.rope_base'" in message
-    assert ("valid keys at 'model.positions' (scheme rope): scheme, max_random_len, randomize_at_eval, rope_base"
-            in message)
+    assert ("valid keys at 'model.positions' (scheme rope): scheme, max_random_len, randomize_at_eval, "
+            "redraw_per_layer, rope_base" in message)
 
 
 def test_a_field_of_another_scheme_is_one_line_naming_its_scheme(tmp_path):
     path = write(tmp_path, "e.yaml", "task: {name: copy}\nmodel: {positions: {scheme: rope, max_distance: 4}}\n")
     assert error_of(path) == (f"{path}: model.positions.max_distance=4 is a field of scheme 'shaw', not of 'rope'; "
-                              "fields of rope: max_random_len, randomize_at_eval, rope_base, rope_fraction, "
-                              "rope_scaling, rope_scaling_factor, rope_train_length, yarn_beta_fast, yarn_beta_slow "
+                              "fields of rope: max_random_len, randomize_at_eval, redraw_per_layer, rope_base, "
+                              "rope_fraction, rope_scaling, rope_scaling_factor, rope_train_length, yarn_beta_fast, "
+                              "yarn_beta_slow "
                               "(`relpos-lab positions`)")
 
 

@@ -189,9 +189,9 @@ def test_a_task_without_output_length_is_refused_before_any_run_directory(tmp_pa
 def test_wandb_samples_span_the_test_lengths_with_their_length_and_correctness(trained):
     """The samples table reaches past the training lengths: shortest, the training maximum, longest."""
     _, run = trained
-    (attempts,) = read_runs(run / "wandb").values()
-    table = next(row["samples/test"] for row in history(attempts) if "samples/test" in row)
-    logged = json.loads((next(run.glob("wandb/offline-run-*/files")) / table["path"]).read_text())
+    (attempts,) = read_runs(run / "wandb").values()  # the fit's, and inspect's if it ran first
+    fit, table = next((a, row["samples/test"]) for a in attempts for row in a.history if "samples/test" in row)
+    logged = json.loads((fit.path.parent / "files" / table["path"]).read_text())
     assert logged["columns"] == ["length", "source", "target", "prediction", "correct"]
     lengths = [row[0] for row in logged["data"]]
     assert lengths == sorted(lengths) and {1, 4, 6} <= set(lengths)  # test 1–6, trained on 1–4
