@@ -9,44 +9,50 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from relpos_lab.core.init import HAIKU_EMBEDDING_STD, truncated_normal_
-from relpos_lab.core.positions import contract, scheme_of
+from relpos_lab.core.positions import PositionConfig, contract, scheme_of
 from relpos_lab.core.positions.randomized import sample_positions
 from relpos_lab.core.renamed import renamed_attribute, renamed_state_dict_keys
 
-if TYPE_CHECKING:
-    from relpos_lab.core.transformer import ModelConfig
-
 
 class Embedding(nn.Module):
-    """Token embedding scaled by sqrt(d_model), plus absolute positions if the scheme has them."""
+    """Token embedding scaled by sqrt(d_model), plus absolute positions if the scheme has them.
+
+    vocab_size, d_model: the token table's shape; `tokens`: a table to share instead (another
+        embedding's, for shared source and target vocabularies), used as it is.
+    positions: the model's position scheme config (`model.positions`): its absolute module, if any,
+        and its randomized positions (max_random_len, randomize_at_eval).
+    pad_id: the padding token, whose vector starts at zero; dropout: on the sum; init: the model's
+        init scheme (`model.init`; "haiku": a truncated normal, else normal with std 1/sqrt(d_model)).
+    `core.transformer.make_embedding` builds one from a `ModelConfig`.
+    """
 
     positions = renamed_attribute(f"{__name__}.Embedding", "positions", "absolute")
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, tokens: nn.Embedding | None = None):
+    def __init__(self, vocab_size: int, d_model: int, positions: PositionConfig, *, pad_id: int = 0,
+                 dropout: float = 0.0, init: str = "pytorch", tokens: nn.Embedding | None = None):
         super().__init__()
-        self.tokens = tokens or nn.Embedding(vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.tokens = tokens or nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
         if tokens is None:
-            if cfg.init == "haiku":
+            if init == "haiku":
                 truncated_normal_(self.tokens.weight.data, HAIKU_EMBEDDING_STD)
             else:
-                nn.init.normal_(self.tokens.weight, std=cfg.d_model**-0.5)
+                nn.init.normal_(self.tokens.weight, std=d_model**-0.5)
             with torch.no_grad():
-                self.tokens.weight[cfg.pad_id].zero_()
-        scheme = scheme_of(cfg.positions)
-        self.absolute = scheme.embedding(cfg.d_model)  # the scheme's module, or None; was `positions` (old keys load)
+                self.tokens.weight[pad_id].zero_()
+        scheme = scheme_of(positions)
+        self.absolute = scheme.embedding(d_model)  # the scheme's module, or None; was `positions` (old keys load)
         self.reads_tokens = scheme.reads_tokens  # its module is called with the ids of every position so far
-        self.scheme = contract.label(cfg.positions)
+        self.scheme = contract.label(positions)
         self.unchecked = self.absolute is not None  # its output is checked on the first call (contract.py)
-        self.scale = math.sqrt(cfg.d_model)
-        self.dropout = nn.Dropout(cfg.dropout if cfg.embedding_dropout is None else cfg.embedding_dropout)
-        self.max_random_len = cfg.positions.max_random_len
-        self.randomize_at_eval = cfg.positions.randomize_at_eval
+        self.scale = math.sqrt(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.max_random_len = positions.max_random_len
+        self.randomize_at_eval = positions.randomize_at_eval
         # evaluation's draws; the model's embeddings share one (seed_eval_positions)
         self.eval_draws = torch.Generator().manual_seed(0) if self.randomize_at_eval else None
         self.register_load_state_dict_pre_hook(renamed_state_dict_keys("positions", "absolute"))

@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from relpos_lab.core.embedding import Embedding, seed_eval_positions
+from relpos_lab.core.embedding import seed_eval_positions
 from relpos_lab.core.init import linear
-from relpos_lab.core.transformer import Encoder, ModelConfig
+from relpos_lab.core.transformer import Encoder, ModelConfig, make_embedding
 
 
 class EncoderOnly(nn.Module):
@@ -35,7 +35,7 @@ class EncoderOnly(nn.Module):
             raise ValueError("EncoderOnly needs n_encoder_layers >= 1 and both vocabulary sizes set")
         self.cfg, self.pad_id = cfg, cfg.pad_id
         self.slot_id = cfg.src_vocab_size  # the blank output slot: one symbol after the source's
-        self.encoder = Encoder(cfg, Embedding(cfg, cfg.src_vocab_size + 1))
+        self.encoder = Encoder(cfg, make_embedding(cfg, cfg.src_vocab_size + 1))
         self.output = linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias, init=cfg.init)
         seed_eval_positions(self, 0)
 

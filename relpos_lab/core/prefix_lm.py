@@ -27,8 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from relpos_lab.core.cache import DecoderCache
-from relpos_lab.core.embedding import Embedding
-from relpos_lab.core.transformer import Decoder, ModelConfig
+from relpos_lab.core.transformer import Decoder, ModelConfig, make_embedding
 
 
 class PrefixLM(nn.Module):
@@ -44,7 +43,7 @@ class PrefixLM(nn.Module):
         self.cfg, self.pad_id = cfg, cfg.pad_id
         self.offset = 0 if shared_vocab else cfg.src_vocab_size  # joint id of target id 0
         self.bidirectional = cfg.bidirectional_prefix
-        embed = Embedding(cfg, self.offset + cfg.tgt_vocab_size)
+        embed = make_embedding(cfg, self.offset + cfg.tgt_vocab_size)
         self.decoder = Decoder(cfg, embed, cross_attention=False, causal=not self.bidirectional)
 
     def joint(self, tgt: Tensor) -> Tensor:

@@ -364,6 +364,13 @@ class DecoderLayer(nn.Module):
         return self.ffn(x)
 
 
+def make_embedding(cfg: ModelConfig, vocab_size: int, tokens: nn.Embedding | None = None) -> Embedding:
+    """The token embedding of model `cfg` for a vocabulary of `vocab_size` (`tokens`: a table to share)."""
+    dropout = cfg.dropout if cfg.embedding_dropout is None else cfg.embedding_dropout
+    return Embedding(vocab_size, cfg.d_model, cfg.positions, pad_id=cfg.pad_id, dropout=dropout, init=cfg.init,
+                     tokens=tokens)
+
+
 class Encoder(nn.Module):
     def __init__(self, cfg: ModelConfig, embed: Embedding):
         super().__init__()
@@ -431,10 +438,10 @@ class EncoderDecoder(nn.Module):
         if cfg.n_encoder_layers < 1 or cfg.src_vocab_size < 1 or cfg.tgt_vocab_size < 1:
             raise ValueError("EncoderDecoder needs n_encoder_layers >= 1 and both vocabulary sizes set")
         self.cfg = cfg
-        src_embed = Embedding(cfg, cfg.src_vocab_size)
+        src_embed = make_embedding(cfg, cfg.src_vocab_size)
         shared = src_embed.tokens if cfg.share_src_tgt_embeddings else None
         self.encoder = Encoder(cfg, src_embed)
-        self.decoder = Decoder(cfg, Embedding(cfg, cfg.tgt_vocab_size, shared))
+        self.decoder = Decoder(cfg, make_embedding(cfg, cfg.tgt_vocab_size, shared))
         seed_eval_positions(self, 0)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -467,7 +474,7 @@ class DecoderLM(nn.Module):
         if cfg.tgt_vocab_size < 1:
             raise ValueError("DecoderLM needs tgt_vocab_size set")
         self.cfg = cfg
-        self.decoder = Decoder(cfg, Embedding(cfg, cfg.tgt_vocab_size), cross_attention=False)
+        self.decoder = Decoder(cfg, make_embedding(cfg, cfg.tgt_vocab_size), cross_attention=False)
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens (B, L) -> logits (B, L, V), position t predicting token t + 1."""
