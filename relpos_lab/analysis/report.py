@@ -351,7 +351,7 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
     if wandb:
         from relpos_lab.analysis.report_wandb import publish_report
 
-        publish_report(out, manifest["name"], split, how, names, rows, curves, groups)
+        publish_report(out, manifest["name"], split, how, names, rows, curves, {g.label: g.labels for g in groups})
     return out / "report.md"
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from relpos_lab.analysis.report import Group
 from relpos_lab.config.schema import WandbConfig
 from relpos_lab.records.wandb_run import resolve_wandb_mode
 
@@ -19,9 +18,9 @@ TASK = "task"  # the sweep axis that splits the length charts, when the sweep ha
 
 
 def publish_report(out: Path, name: str, split: str, how: str, names: list[str], rows: list[dict],
-                   curves: dict[str, dict[str, dict[int, tuple]]], groups: list[Group]) -> Path:
+                   curves: dict[str, dict[str, dict[int, tuple]]], axes: dict[str, dict[str, str]]) -> Path:
     """Log the report in `out` (its rows and curves, as write_report computed them) to W&B; return the
-    directory W&B wrote to."""
+    directory W&B wrote to. `axes`: each group's sweep axes, {group label: {axis: value}}."""
     import wandb
 
     columns = ("mean", "std") if how == "mean" else ("best",)
@@ -34,7 +33,7 @@ def publish_report(out: Path, name: str, split: str, how: str, names: list[str],
         data = [[row["group"], row["n"]] + [row[m][i] if m in row else None
                                             for m in names for i in range(len(columns))] for row in rows]
         charts = {"leaderboard": wandb.Table(columns=header, data=data)}
-        task_of = {g.label: g.labels.get(TASK, name) for g in groups}
+        task_of = {label: values.get(TASK, name) for label, values in axes.items()}
         for metric, table in curves.items():
             for task in sorted(set(task_of.values())):
                 points = [[label, n, value] for label, curve in table.items() if task_of.get(label) == task
