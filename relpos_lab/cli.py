@@ -255,7 +255,6 @@ def configs(args: argparse.Namespace) -> None:
          arg("--task", default=None, help="with --help-keys task: the task (default: the config's task)"))
 def show_config(args: argparse.Namespace) -> None:
     from relpos_lab.config import load_config, to_yaml
-    from relpos_lab.config.help import keys_help
 
     if args.help_keys is not None:
         if args.config and "=" in args.config and not Path(args.config).exists():  # `--help-keys S key=value`
@@ -268,6 +267,22 @@ def show_config(args: argparse.Namespace) -> None:
 
     cfg = load_config(args.config, args.overrides)
     sys.stdout.write(f"# run directory: {run_directory(cfg)}\n{to_yaml(cfg)}")
+
+
+def keys_help(section: str, config: str | None, overrides: list[str], task: str | None = None) -> str:
+    """`relpos-lab config --help-keys SECTION`: what each key of the section means. A task section
+    is the named task's (`task`, else the config's); `model.positions` is the scheme the command
+    line chooses, else the config's, else the default."""
+    from relpos_lab.config import load_config
+    from relpos_lab.config.help import describe_keys, section_class
+
+    scheme = None
+    if task is None and config and section.startswith("task"):
+        task = load_config(config, overrides).task.name
+    if section == "model.positions":
+        chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("model.positions.scheme=")]
+        scheme = chosen[-1] if chosen else (load_config(config, overrides).model.positions.scheme if config else None)
+    return "\n".join(describe_keys(section_class(section, task, scheme), section))
 
 
 @command("sweep", "run a grid of experiments from a sweep file, skipping finished points",

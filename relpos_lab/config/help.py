@@ -1,5 +1,6 @@
-"""What each config key means, for people: `relpos-lab config --help-keys SECTION` and the
-"did you mean" of an unknown key both read the fields' own documentation from here."""
+"""What each config key means, for people: `relpos-lab config --help-keys SECTION` (cli.keys_help)
+and the "did you mean" of an unknown key both read the fields' own documentation from here.
+It reads the schema and the registry, never a config: config/load.py imports it, not the reverse."""
 from __future__ import annotations
 
 import ast
@@ -91,21 +92,6 @@ def section_class(section: str, task: str | None = None, scheme: str | None = No
                             f"sections there: {', '.join(join_key(path, s) for s in sections) or 'none'}")
         cls, path = sections[part], join_key(path, part)
     return cls
-
-
-def keys_help(section: str, config: str | None, overrides: list[str], task: str | None = None) -> str:
-    """`relpos-lab config --help-keys SECTION`: what each key of the section means. A task section
-    is the named task's (`task`, else the config's); `model.positions` is the scheme the command
-    line chooses, else the config's, else the default."""
-    from relpos_lab.config.load import load_config
-
-    scheme = None
-    if task is None and config and section.startswith("task"):
-        task = load_config(config, overrides).task.name
-    if section == "model.positions":
-        chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("model.positions.scheme=")]
-        scheme = chosen[-1] if chosen else (load_config(config, overrides).model.positions.scheme if config else None)
-    return "\n".join(describe_keys(section_class(section, task, scheme), section))
 
 
 def join_key(prefix: str, key: str) -> str:
