@@ -152,7 +152,7 @@ def inspect(args: argparse.Namespace) -> None:
 def translate(args: argparse.Namespace) -> None:
     import torch
 
-    from relpos_lab.training.inference import load_for_inference, translate as run
+    from relpos_lab.training.inference import load_model, translate as run
     from relpos_lab.training.threads import use_cpu_threads
 
     overrides = list(args.overrides)
@@ -162,7 +162,7 @@ def translate(args: argparse.Namespace) -> None:
         overrides.append(f"task.decoding.length_penalty={args.lenpen}")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     use_cpu_threads()
-    model, _, task = load_for_inference(args.checkpoint, overrides, device=device)
+    model, _, task = load_model(args.checkpoint, overrides, device=device)
     if args.input is None:
         lines = sys.stdin.read().splitlines()
     else:
@@ -193,12 +193,12 @@ def translate(args: argparse.Namespace) -> None:
 def generate(args: argparse.Namespace) -> None:
     import torch
 
-    from relpos_lab.training.inference import generate as run, load_for_inference
+    from relpos_lab.training.inference import generate as run, load_model
     from relpos_lab.training.threads import use_cpu_threads
 
     use_cpu_threads()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, _, task = load_for_inference(args.checkpoint, list(args.overrides), device=device)
+    model, _, task = load_model(args.checkpoint, list(args.overrides), device=device)
     text = run(task, model, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                top_k=args.top_k, seed=args.seed)
     sys.stdout.write(f"{args.prompt}{text}\n")

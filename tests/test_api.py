@@ -294,13 +294,29 @@ def test_the_version_is_the_changelogs_latest_release():
 # --- what a script needs: a trained checkpoint's model, config and task; the decoding cache (issue 39) ---------
 
 SCRIPT_NAMES = {"DecoderCache": "relpos_lab.core.cache", "PrefixLM": "relpos_lab.core.prefix_lm",
-                "LoadedModel": "relpos_lab.api.checkpoint", "load_model": "relpos_lab.api.checkpoint"}
+                "LoadedModel": "relpos_lab.training.inference", "load_model": "relpos_lab.training.inference"}
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPT_NAMES))
 def test_relpos_lab_api_exports_what_a_script_needs(name):
-    assert name in relpos_lab.api.__all__
+    assert name in relpos_lab.api.__all__ and name in dir(relpos_lab.api)
     assert getattr(relpos_lab.api, name) is getattr(sys.modules[SCRIPT_NAMES[name]], name)
+
+
+def test_the_old_paths_of_load_model_warn_and_give_the_same_objects(monkeypatch):
+    """load_model and LoadedModel moved from api/checkpoint.py to training/inference.py (issue 58);
+    `relpos_lab.api` exports them as before, the old module and the loader's old name warn."""
+    with pytest.warns(DeprecationWarning, match=re.escape("relpos_lab.api.checkpoint is deprecated; import "
+                                                          "load_model and LoadedModel from relpos_lab.api")) as caught:
+        old = fresh_import("relpos_lab.api.checkpoint", monkeypatch)
+    assert caught[0].filename == __file__
+    assert (old.load_model, old.LoadedModel) == (relpos_lab.api.load_model, relpos_lab.api.LoadedModel)
+    from relpos_lab.training import inference
+
+    with pytest.warns(DeprecationWarning, match=r"inference\.load_for_inference is deprecated: it is .*load_model"):
+        assert inference.load_for_inference is inference.load_model
+    with pytest.raises(AttributeError, match="has no attribute 'load_modle'"):
+        relpos_lab.api.load_modle  # noqa: B018
 
 
 def test_the_decoder_cache_is_still_importable_from_the_transformer_module():

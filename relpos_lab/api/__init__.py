@@ -6,8 +6,13 @@ checkpoint's model, config and task (`load_model`), errors, and the file helper 
 
 This is the stable surface: a name exported here keeps working for a release after it moves
 (with a DeprecationWarning naming the new import), and CHANGELOG.md says how to migrate. Every
-name README's examples import from relpos_lab is here (tests/test_api.py)."""
-from relpos_lab.api.checkpoint import LoadedModel, load_model
+name README's examples import from relpos_lab is here (tests/test_api.py).
+
+`load_model` and `LoadedModel` live with the checkpoint loader in the training layer
+(training/inference.py) and load when first asked for (`__getattr__`): importing `relpos_lab.api`
+loads neither the config and training layers nor Lightning; `from relpos_lab.api import load_model`
+loads them. So the face of the api sits above training (tests/test_layout.py), and the layers
+below import the api's modules (`relpos_lab.api.errors`, ...), not this face."""
 from relpos_lab.api.errors import ConfigError, ContractError, UserError
 from relpos_lab.api.evaluation import EvalResult, Evaluation
 from relpos_lab.api.files import atomic_write
@@ -38,3 +43,18 @@ __all__ = [
     "atomic_write", "beam_search", "builtin_config", "greedy_search", "label_smoothed_loss", "load_model",
     "relative_attention", "sample",
 ]
+
+LAZY = ("LoadedModel", "load_model")
+"""The names above that training/inference.py defines, imported when first asked for."""
+
+
+def __getattr__(name: str):
+    if name not in LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from relpos_lab.training import inference
+
+    return getattr(inference, name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *LAZY])

@@ -14,9 +14,10 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from relpos_lab.api import Task, UserError, registry
-from relpos_lab.api.errors import PROG, shown_path
+from relpos_lab.api import registry
+from relpos_lab.api.errors import PROG, UserError, shown_path
 from relpos_lab.api.files import atomic_write_with
+from relpos_lab.api.task import Task
 from relpos_lab.config import config_from_container
 from relpos_lab.training.module import TASK_STATE
 

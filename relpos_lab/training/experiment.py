@@ -33,10 +33,11 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from relpos_lab.api import EvalResult, Task, UserError, registry
-from relpos_lab.api.errors import shown_path
-from relpos_lab.api.evaluation import length_generalization
+from relpos_lab.api import registry
+from relpos_lab.api.errors import UserError, shown_path
+from relpos_lab.api.evaluation import EvalResult, length_generalization
 from relpos_lab.api.files import atomic_write
+from relpos_lab.api.task import Task
 from relpos_lab.records.loggers import WANDB_ID, build_loggers, close_loggers, cut_metrics, log_summary
 from relpos_lab.records.results import plot_by_length, results_text
 from relpos_lab.records.rundir import discard_untrained_attempt, has_attempt, save_resolved_config, writable_directory

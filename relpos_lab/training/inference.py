@@ -1,5 +1,5 @@
-"""Using a trained checkpoint on new text: what `relpos-lab translate` and `generate` run, and what
-`relpos_lab.api.load_model` (a script's way in) calls.
+"""Using a trained checkpoint: `load_model` (a script's way in, re-exported by `relpos_lab.api`),
+and on new text what `relpos-lab translate` and `generate` run.
 
 A checkpoint rebuilds its task — with the task's saved state, such as its subword model — and its
 model, so translating needs neither the training corpus nor the run directory. Each input line
@@ -21,27 +21,59 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
+from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import SequentialSampler
 
-from relpos_lab.api.checkpoint import LoadedModel
 from relpos_lab.api.errors import UserError
 from relpos_lab.api.task import Task
 from relpos_lab.core.decoding import sample
 from relpos_lab.core.embedding import seed_eval_positions
+from relpos_lab.core.renamed import renamed
 from relpos_lab.core.transformer import DecoderLM
 from relpos_lab.training.batching import TokenBatchSampler
 from relpos_lab.training.checkpoints import OVERRIDES_FIX, check_weights_fit, load_checkpoint, task_from_checkpoint
 from relpos_lab.training.module import RelposModule
 
 
-def load_for_inference(checkpoint: str | Path, overrides: Sequence[str] = (),
-                       device: str | torch.device = "cpu") -> LoadedModel:
-    """The trained model (in eval mode, on `device`), config and task of a checkpoint: what
-    `relpos_lab.api.load_model` returns (documented there). Evaluation's position draws
-    (randomize_at_eval) restart from the run's seed, as before each of the run's evaluations."""
+class LoadedModel(NamedTuple):
+    """What `load_model` returns; unpack it (`model, config, task = load_model(path)`) or read its fields.
+
+    model: the trained core model (`EncoderDecoder`, `PrefixLM`, `DecoderLM` or a plugin task's own
+        `nn.Module`), in eval mode, on the device asked for.
+    config: the run's resolved experiment config (an OmegaConf `DictConfig`: `config.model`,
+        `config.task`, `config.seed`, ...) as saved in the checkpoint, with the overrides on top.
+    task: the task that trained it (vocabularies, `encode_input`, `decode`, `evaluate`), with its
+        saved state (a subword model, say) restored: it needs neither the training data nor the run
+        directory.
+    """
+
+    model: nn.Module
+    config: DictConfig
+    task: Task
+
+
+def load_model(checkpoint: str | Path, overrides: Sequence[str] = (),
+               device: str | torch.device = "cpu") -> LoadedModel:
+    """The model a `relpos-lab train` checkpoint holds, with its config and task: a `LoadedModel`.
+
+    checkpoint: a .ckpt file written by `relpos-lab train` (runs/<name>/<run>/checkpoints/last.ckpt,
+        best-step=N.ckpt, a requeue's hpc_ckpt_N.ckpt).
+    overrides: dot-list overrides of the checkpoint's config, as on the command line
+        (``["decoding.beam_size=1", "task.test_lengths=[1,40]"]``); they may change lengths, sizes
+        and decoding, not the model's shape.
+    device: where the model's weights go.
+
+    The model is in eval mode (no dropout) and its evaluation position draws (randomize_at_eval)
+    restart from the run's seed, so it gives the outputs the run's own evaluation gave. Gradients
+    stay on: wrap scoring in `torch.no_grad()`.
+
+    A missing file, one torch cannot read, one that is not a relpos-lab checkpoint, or overrides that
+    change the model's shape raise `UserError` with a one-line message naming the fix.
+    """
     state = load_checkpoint(Path(checkpoint))
     cfg, task = task_from_checkpoint(checkpoint, list(overrides), state)
     module = RelposModule(cfg, task)
@@ -49,6 +81,9 @@ def load_for_inference(checkpoint: str | Path, overrides: Sequence[str] = (),
     module.load_state_dict(state["state_dict"])
     seed_eval_positions(module.model, cfg.seed)
     return LoadedModel(module.model.to(device).eval(), cfg, task)
+
+
+__getattr__ = renamed(__name__, {"load_for_inference": "load_model"}, globals())
 
 
 @torch.no_grad()

@@ -35,9 +35,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from relpos_lab.api import Task, UserError
-from relpos_lab.api.errors import shown_path
+from relpos_lab.api.errors import UserError, shown_path
 from relpos_lab.api.files import atomic_write
+from relpos_lab.api.task import Task
 from relpos_lab.core.attention.capture import AttentionProbe, capturing
 from relpos_lab.core.embedding import positions_in_order
 from relpos_lab.core.positions import RelativePositions

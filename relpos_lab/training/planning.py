@@ -17,8 +17,7 @@ from pathlib import Path
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from relpos_lab.api import UserError
-from relpos_lab.api.errors import PROG, shown_path
+from relpos_lab.api.errors import PROG, UserError, shown_path
 from relpos_lab.api.files import atomic_write
 from relpos_lab.records.loggers import cut_metrics
 from relpos_lab.records.rundir import (

@@ -36,7 +36,7 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from omegaconf import DictConfig
 
-from relpos_lab.api import UserError
+from relpos_lab.api.errors import UserError
 from relpos_lab.training.progress import is_quiet
 
 SETTING = "trainer.rendezvous_timeout_seconds"

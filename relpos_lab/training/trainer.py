@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig
 
-from relpos_lab.api import UserError
+from relpos_lab.api.errors import UserError
 from relpos_lab.training.checkpoints import AtomicCheckpointIO
 from relpos_lab.training.progress import LongRunNotice, OneLineSummary, is_quiet, progress_bar
 from relpos_lab.training.rendezvous import ddp_strategy
