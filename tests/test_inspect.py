@@ -171,9 +171,9 @@ def test_lengths_beyond_learned_positions_are_one_line(tmp_path, monkeypatch):
 
 
 def test_inspecting_a_run_again_continues_its_wandb_run_without_cutting_it(runs, capsys):
-    """The command's W&B attempt rewinds to the run's last row: the merged history keeps every
-    training row and gains the new images at the checkpoint's step (a plain resume would restart
-    at step 0, and W&B would replace the history from there)."""
+    """The command's W&B attempt continues the run after its last row: the merged history keeps
+    every training row and gains the new images at the checkpoint's step, numbered after the rows
+    W&B holds (offline, W&B itself would number them from 0 again)."""
     from relpos_lab.records.wandb_offline import history
 
     _, run_dir, _ = runs["on"]
@@ -181,7 +181,8 @@ def test_inspecting_a_run_again_continues_its_wandb_run_without_cutting_it(runs,
     trained = [row for row in history(before) if "train/loss" in row]
     assert cli.main(["inspect", str(run_dir / "checkpoints" / "last.ckpt"), "--lengths", "3"]) == 0
     (attempts,) = read_runs(run_dir / "wandb").values()
-    assert len(attempts) == len(before) + 1 and attempts[-1].branch_point is not None
+    assert len(attempts) == len(before) + 1 and attempts[-1].branch_point is None
+    assert attempts[-1].history[0]["_step"] == max(row["_step"] for run in before for row in run.history) + 1
     merged = history(attempts)
     assert [row for row in merged if "train/loss" in row] == trained
     images = [row for row in attempts[-1].history if "inspect/by_length_encoder_self" in row]

@@ -106,10 +106,12 @@ def root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def finish_and_check(root: Path, run_dir: Path, resumed_at: int, rewound_at_end: bool = True) -> str:
-    """Resume and finish the run; with `rewound_at_end` the first attempt's W&B file was complete
-    and the second attempt continues it from its last row (W&B's rewind, resume_from)."""
-    out = run_cli(*LONG, cwd=root)
+def finish_and_check(root: Path, run_dir: Path, resumed_at: int, continued_at_end: bool = True,
+                     resume: str = "allow") -> str:
+    """Resume and finish the run; with `continued_at_end` the first attempt's W&B file was complete
+    and the second attempt continues it after its last row: a plain resume numbering its rows from
+    there (``logging.wandb.resume=allow``), or W&B's rewind to it (``rewind``: resume_from)."""
+    out = run_cli(*LONG, f"logging.wandb.resume={resume}", cwd=root)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "(resuming from last.ckpt)" in out.stdout
     assert "not resumable" not in out.stderr  # Lightning restores the loader's place in the epoch
@@ -117,11 +119,19 @@ def finish_and_check(root: Path, run_dir: Path, resumed_at: int, rewound_at_end:
     results = json.loads((run_dir / "results.json").read_text())
     assert results["started_at_step"] == resumed_at and results["global_step"] == STEPS
     assert_one_history(run_dir)
-    if rewound_at_end:
+    (attempts,) = read_runs(run_dir / "wandb").values()
+    with open(run_dir / "metrics.csv", newline="") as file:
+        logged = set(next(csv.reader(file))) - {"step"}
+    assert logged <= attempts[-1].summary.keys()  # the run's summary, as the attempt that finished it leaves it
+    if continued_at_end:
         (attempts,) = read_runs(run_dir / "wandb").values()
-        assert len(attempts) == 2 and attempts[1].branch_point[0] == attempts[0].run_id
-        assert attempts[1].branch_point[1] == attempts[0].history[-1]["_step"]
-        assert "W&B: the history lacks" not in out.stdout
+        assert len(attempts) == 2 and "W&B: the history lacks" not in out.stdout
+        if resume == "rewind":
+            assert attempts[1].branch_point[0] == attempts[0].run_id
+            assert attempts[1].branch_point[1] == attempts[0].history[-1]["_step"]
+        else:
+            assert attempts[1].branch_point is None
+            assert attempts[1].history[0]["_step"] == attempts[0].history[-1]["_step"] + 1
     return out.stdout
 
 
@@ -138,10 +148,10 @@ def test_ctrl_c_before_the_first_checkpoint_saves_the_current_step_and_the_run_r
     assert (f"Stopped by Ctrl-C (SIGINT) at step {saved}. Newest checkpoint: {run_dir.relative_to(root)}/checkpoints/"
             f"last.ckpt (step {saved}); run the same command again to resume from it.") in output
     assert "Detected KeyboardInterrupt" not in output  # Lightning's line: the run's own say it all
-    finish_and_check(root, run_dir, saved)
+    finish_and_check(root, run_dir, saved, resume="rewind")
 
 
-def test_a_run_killed_after_a_checkpoint_resumes_with_metrics_cut_back_and_wandb_rewound(root):
+def test_a_run_killed_after_a_checkpoint_resumes_with_metrics_cut_back_and_wandb_continued(root):
     args = [*LONG, "trainer.checkpoint_every_n_steps=50"]
     proc = start(root, *args)
     wait_for(proc, lambda: current_step(root) >= 75, "steps logged after the first checkpoint")
@@ -151,12 +161,14 @@ def test_a_run_killed_after_a_checkpoint_resumes_with_metrics_cut_back_and_wandb
     saved = global_step(run_dir / "checkpoints" / "last.ckpt")
     assert saved >= 50 and max(csv_steps(run_dir, "train/loss")) >= saved  # logged past the checkpoint
     with pytest.warns(UserWarning) if not first_attempt_recorded(run_dir) else contextlib.nullcontext():
-        out = finish_and_check(root, run_dir, saved, rewound_at_end=False)
+        out = finish_and_check(root, run_dir, saved, continued_at_end=False)
         (attempts,) = read_runs(run_dir / "wandb").values()
     assert f"metrics.csv: cut back to step {saved}" in out
-    if len(attempts) == 2:  # W&B's process wrote the killed attempt's records: the new one rewinds the run
-        rewound = attempts[1].branch_point  # W&B's own rewind (resume_from) of the same run
-        assert rewound is not None and rewound[0] == attempts[0].run_id and rewound[2] == "_step"
+    if len(attempts) == 2:  # W&B's process wrote the killed attempt's records: the new one continues them
+        held = max(row["trainer/global_step"] for row in attempts[0].history if "train/loss" in row)
+        assert held > saved  # the killed attempt logged past the checkpoint: those steps are not logged again
+        resumed = [row["trainer/global_step"] for row in attempts[1].history if "train/loss" in row]
+        assert attempts[1].branch_point is None and resumed[0] == held + LOG_EVERY
 
 
 def first_attempt_recorded(run_dir: Path) -> bool:
@@ -178,7 +190,7 @@ def test_sigterm_saves_the_current_step_and_the_run_resumes_from_it_with_what_wa
     # attempt's offline file ends early, here after half of its training rows.
     (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     last = cut_after_rows(run_file, len(csv_steps(run_dir, "train/loss")))
-    out = finish_and_check(root, run_dir, saved, rewound_at_end=False)
+    out = finish_and_check(root, run_dir, saved, continued_at_end=False)
     # from the logged step after the file's last one, or that step itself when it lacks its lr row
     first = int(re.search(r"W&B: the history lacks steps (\d+)-", out).group(1))
     assert first in (last, last + LOG_EVERY), (first, last)

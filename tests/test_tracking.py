@@ -325,17 +325,27 @@ def _wandb_rows(rows):
 
 
 def test_a_complete_wandb_history_is_rewound_to_the_checkpoint_and_nothing_is_logged_again():
-    assert resume_plan(_wandb_rows(CSV_ROWS), CSV_ROWS, step=4) == (7, [])  # _step 7: step 3's last row
+    assert resume_plan(_wandb_rows(CSV_ROWS), CSV_ROWS, step=4)[:2] == (7, [])  # _step 7: step 3's last row
 
 
 def test_rows_a_killed_attempts_wandb_file_lacks_are_logged_again_from_metrics_csv():
     # the file ends after step 1's lr row: step 1's loss row and steps 2-3 are missing
-    assert resume_plan(_wandb_rows(CSV_ROWS[:3]), CSV_ROWS, step=4) == (2, [CSV_ROWS[3], *CSV_ROWS[4:8]])
+    assert resume_plan(_wandb_rows(CSV_ROWS[:3]), CSV_ROWS, step=4)[:2] == (2, [CSV_ROWS[3], *CSV_ROWS[4:8]])
     # an empty file (wandb-core killed before it wrote a row): every row before the checkpoint
-    assert resume_plan([], CSV_ROWS, step=4) == (None, CSV_ROWS[:8])
+    assert resume_plan([], CSV_ROWS, step=4)[:2] == (None, CSV_ROWS[:8])
     # rows without a training step (a plot) belong to the step before them
     logged = [*_wandb_rows(CSV_ROWS[:4]), {"by_length/acc_table": {}, "_step": 4}]
-    assert resume_plan(logged, CSV_ROWS, step=4) == (4, CSV_ROWS[4:8])
+    assert resume_plan(logged, CSV_ROWS, step=4)[:2] == (4, CSV_ROWS[4:8])
+
+
+def test_a_plain_resume_leaves_out_what_wandb_holds_after_the_checkpoint_and_numbers_rows_after_its_last():
+    # the interrupted attempt logged steps 0-5; the checkpoint is step 4; its file ends after step 5's lr row
+    plan = resume_plan(_wandb_rows(CSV_ROWS[:11]), CSV_ROWS, step=4)
+    assert (plan.backfill, plan.next_step) == ([], 11)
+    assert plan.held == {4: {"lr-AdamW", "train/loss", "epoch"}, 5: {"lr-AdamW"}}  # the fit's steps 4-5 only
+    tested = [*_wandb_rows(CSV_ROWS), {"test/acc": 0.5, "trainer/global_step": 2, "_step": 12}]
+    assert resume_plan(tested, CSV_ROWS, step=4).held[2] == {"test/acc"}  # a final test is never logged twice
+    assert resume_plan([], CSV_ROWS, step=4)[2:] == ({}, 0)
 
 
 # Steps 3-5 of CSV_ROWS with the validation of step 4's checkpoint, logged at step 4 (before the
@@ -346,8 +356,8 @@ VALIDATED = [*CSV_ROWS[:8], (4, {"valid/acc": 0.5}), *CSV_ROWS[8:]]
 def test_the_validation_of_the_checkpoints_step_is_kept_on_resume(tmp_path):
     """A validation belongs to the checkpoint of the step it validated: a run resumed from that
     checkpoint keeps it (it does not validate that step again) and trains, and logs, the rest again."""
-    assert resume_plan(_wandb_rows(VALIDATED), VALIDATED, step=4) == (8, [])  # _step 8: the validation
-    assert resume_plan(_wandb_rows(VALIDATED[:8]), VALIDATED, step=4) == (7, [VALIDATED[8]])
+    assert resume_plan(_wandb_rows(VALIDATED), VALIDATED, step=4)[:2] == (8, [])  # _step 8: the validation
+    assert resume_plan(_wandb_rows(VALIDATED[:8]), VALIDATED, step=4)[:2] == (7, [VALIDATED[8]])
     header = "epoch,lr-AdamW,step,train/loss,valid/acc\n"
     (tmp_path / "metrics.csv").write_text(header + ",0.3,3,,\n0,,3,0.25,\n,,4,,0.5\n,0.4,4,,\n0,,4,0.2,\n")
     assert cut_metrics(tmp_path, 4) == 2

@@ -21,6 +21,7 @@ EVALUATE = ("best", "last")  # trainer.evaluate: which checkpoint the final eval
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 WANDB_MODES = ("auto", "offline", "online", "disabled")
 LOG_CHECKPOINTS = {"none": False, "best": True, "all": "all"}  # log_checkpoints -> Lightning's log_model
+WANDB_RESUMES = ("allow", "rewind")
 
 
 @dataclass
@@ -190,6 +191,10 @@ class WandbConfig:
     log_checkpoints: str = "none"
     """none | best | all: upload checkpoints as W&B artifacts of type model (offline: recorded for wandb sync):
     best, once the fit ends, the best checkpoint (alias best) and last.ckpt; all, each checkpoint as it is saved"""
+    resume: str = "allow"
+    """allow | rewind: how a resumed attempt continues the W&B run. allow: W&B's plain resume; what the run holds
+    is kept and only rows it lacks are logged. rewind: W&B's resume_from, which cuts the history back to the
+    checkpoint and logs from there (needs an account with run rewinding)"""
 
 
 @dataclass
@@ -246,6 +251,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.init": INITS,
     "logging.wandb.mode": WANDB_MODES,
     "logging.wandb.log_checkpoints": tuple(LOG_CHECKPOINTS),
+    "logging.wandb.resume": WANDB_RESUMES,
 }
 
 def _at_least(obj: Any, section: str, **minimums: int) -> None:

@@ -50,9 +50,9 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
     CSV comes first because Lightning takes its default checkpoint and log directory from the
     first logger, which makes them ``run_dir/checkpoints`` and ``run_dir``. If W&B cannot even be
     set up (not installed, bad settings) the run goes on with CSV alone and a warning.
-    `resume_step`: the global step a resumed fit continues from; its W&B history is rewound there,
-    and rows an interrupted attempt's W&B file lost are logged again from metrics.csv
-    (`wandb_resume_plan`; `echo` says how many). `quiet`: W&B prints nothing of its own (its
+    `resume_step`: the global step a resumed fit continues from; its W&B run continues as
+    ``logging.wandb.resume`` says, and rows an interrupted attempt's W&B file lost are logged again
+    from metrics.csv (`wandb_resume_plan`; `echo` says how many). `quiet`: W&B prints nothing of its own (its
     banner and closing history); its failures still reach the console as warnings (RunWandbLogger).
     """
     run_dir = Path(run_dir)
@@ -66,7 +66,8 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
             (echo or print)(f"W&B: {unreachable}; logging offline to {run_dir / 'wandb'} "
                             f"(to sync later: {sync_command(run_dir)})")
     name = OmegaConf.select(cfg, "name", default=None)
-    rewind_to, backfill = (None, []) if resume_step is None else wandb_resume_plan(run_dir, resume_step)
+    plan = None if resume_step is None else wandb_resume_plan(run_dir, resume_step)
+    backfill = plan.backfill if plan else []
     if backfill and echo is not None and rank_zero_only.rank == 0:
         echo(f"W&B: the history lacks steps {backfill[0][0]}-{backfill[-1][0]} (an interrupted attempt's W&B file "
              f"ended early); logging its {len(backfill)} rows again from metrics.csv")
@@ -93,8 +94,8 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
                 job_type=OmegaConf.select(cfg, "task.name", default=None),
                 tags=tags,
                 mode=mode,
-                rewind_to=rewind_to,
-                backfill=backfill,
+                resume=plan,
+                rewind=wandb_cfg.get("resume") == "rewind",
                 log_model=LOG_CHECKPOINTS[wandb_cfg.get("log_checkpoints") or "none"],
                 settings={"init_timeout": float(OmegaConf.select(cfg, "logging.wandb.init_timeout", default=30.0)),
                           **({"silent": True} if quiet else {})},

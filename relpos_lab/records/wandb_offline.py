@@ -12,12 +12,11 @@ tail shorter than a chunk header is zero padding. Each reassembled record is a s
 ``wandb.proto.wandb_internal_pb2.Record``.
 
 A resumed run writes a new file with the same run id; `read_runs` lists them in start order and
-`history` merges them into the one history W&B shows. A resumed attempt started with
-``wandb.init(resume_from="<id>?_step=<k>")`` (W&B's rewind, which relpos_lab uses when it resumes
-from a checkpoint) records that branch point in its run record and numbers its rows from k + 1:
-the merged history keeps the earlier attempts' rows up to ``_step`` k and continues with the new
-attempt's. An attempt without a branch point (an older file) replaces the earlier rows from its
-first ``trainer/global_step`` on: the later attempt wins from its start step.
+`history` merges them into the one history W&B shows. A plain resume (``resume="allow"``, relpos_lab's
+default) appends the new attempt's rows to the earlier ones. An attempt started with
+``wandb.init(resume_from="<id>?_step=<k>")`` (W&B's rewind, ``logging.wandb.resume=rewind``) records
+that branch point in its run record and numbers its rows from k + 1: the merged history keeps the
+earlier attempts' rows up to ``_step`` k and continues with the new attempt's.
 
     from relpos_lab.records.wandb_offline import find_run_files, read_run
     for path in find_run_files("runs"):
@@ -228,18 +227,13 @@ def history(attempts: list[OfflineRun]) -> list[dict[str, Any]]:
 
     An attempt with a branch point on ``_step`` k in the same run (W&B's ``resume_from``: rewind)
     drops the earlier rows after ``_step`` k, as W&B does when it syncs the attempt. An attempt
-    without one drops the earlier rows from its first training step on. Rows without a training
-    step (plots, tables logged at the end) stay with the attempt that logged them.
+    without one (a plain resume) adds its rows after theirs, as W&B does.
     """
     merged: list[dict[str, Any]] = []
     for run in attempts:
         point = run.branch_point
         if point is not None and point[0] == run.run_id and point[2] == "_step":
             merged = [row for row in merged if row.get("_step", -1) <= point[1]]
-        else:
-            first = next((row[STEP] for row in run.history if STEP in row), None)
-            if first is not None:
-                merged = [row for row in merged if row.get(STEP, -1) < first]
         merged.extend(run.history)
     return merged
 

@@ -5,14 +5,15 @@ propagate and kill training. `RunWandbLogger` turns each such error into one war
 without W&B. It also puts the resolved config and provenance (git commit, SLURM ids) in the W&B
 run config, finishes the W&B run when a fit fails or SLURM requeues it (so everything logged so far
 is flushed before the process is killed), and never silently logs into another run's W&B run. A
-resumed run rewinds its W&B history to the checkpoint and logs again, from metrics.csv, what an
-interrupted attempt's W&B file lost (`wandb_resume_plan`).
+resumed run continues its W&B run without logging a step twice, and logs again, from metrics.csv,
+what an interrupted attempt's W&B file lost (`wandb_resume_plan`).
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import netrc
+import numbers
 import os
 import socket
 import time
@@ -20,7 +21,7 @@ import urllib.error
 import urllib.request
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import WandbLogger
@@ -53,21 +54,29 @@ class RunWandbLogger(WandbLogger):
     as in Lightning's WandbLogger.
     """
 
-    def __init__(self, *, run_config: dict[str, Any] | None = None, rewind_to: int | None = None,
-                 backfill: list[tuple[int, dict[str, float]]] = (), **kwargs: Any):
+    def __init__(self, *, run_config: dict[str, Any] | None = None, resume: ResumePlan | None = None,
+                 rewind: bool = False, **kwargs: Any):
         super().__init__(**kwargs)
-        self._backfill = list(backfill)  # (step, metrics) rows the W&B history lacks, logged first
         if self._wandb_init.get("anonymous") is None:  # wandb 0.31 warns about the key even when None
             self._wandb_init.pop("anonymous", None)
         self._run_config = run_config or {}
         self._failure: str | None = None
         self._plain_resume: dict[str, Any] | None = None
-        if rewind_to is not None and self._id is not None:
+        self._resume = resume
+        self._backfill = list(resume.backfill) if resume else []  # rows the W&B history lacks, logged first
+        self._held: dict[int, frozenset[str]] = {}  # training step -> metric names not to log again
+        self._next_step: int | None = None  # the _step of the next row, when this logger numbers them
+        if resume is not None and rewind and resume.rewind_to is not None and self._id is not None:
             # W&B's rewind: the run's history is cut after _step `rewind_to` and continues from
             # there (recorded offline as the run's branch point; applied by the server on sync).
-            self._plain_resume = dict(self._wandb_init)
+            self._plain_resume = dict(self._wandb_init, resume="allow")
             self._wandb_init.pop("resume", None)
-            self._wandb_init["resume_from"] = f"{self._id}?_step={rewind_to}"
+            self._wandb_init["resume_from"] = f"{self._id}?_step={resume.rewind_to}"
+        elif resume is not None:
+            # A plain resume: W&B keeps what the run holds, so rows for it are left out, and the rows
+            # are numbered after its last one (offline, W&B itself would start again at _step 0).
+            self._wandb_init["resume"] = "allow"
+            self._held, self._next_step = dict(resume.held), resume.next_step
 
     @property
     def failed(self) -> bool:
@@ -88,8 +97,9 @@ class RunWandbLogger(WandbLogger):
                     if self._plain_resume is not None:
                         # A server without rewind support: continue the run as W&B resumes one.
                         rank_zero_warn(f"W&B: could not rewind run {self._id!r} ({type(err).__name__}: {err}); "
-                                       "continuing it without rewinding: its history may repeat steps")
+                                       "continuing it as logging.wandb.resume=allow does")
                         self._wandb_init, self._plain_resume, self._experiment = self._plain_resume, None, None
+                        self._held, self._next_step = dict(self._resume.held), self._resume.next_step
                     elif self._wandb_init.get("mode") == "online":
                         # The server did not answer in init_timeout: the same run, offline, to sync later.
                         rank_zero_warn(f"W&B: could not start run {self._id!r} online ({type(err).__name__}: "
@@ -103,9 +113,11 @@ class RunWandbLogger(WandbLogger):
                 self._experiment.config.update(self._run_config, allow_val_change=True)
                 if self._wandb_init.get("mode") == "online" and getattr(self._experiment, "url", None):
                     print(f"W&B: {self._experiment.url}", flush=True)  # where the dashboard is
-                for step, metrics in self._backfill:  # as WandbLogger.log_metrics logs a row
-                    self._experiment.log({**metrics, STEP: step})
-                self._backfill = []
+                if self._next_step is not None:  # online, W&B knows where the run's history ends
+                    self._next_step = max(self._next_step, int(self._experiment.step or 0))
+                backfill, self._backfill = self._backfill, []
+                for step, metrics in backfill:  # as WandbLogger.log_metrics logs a row
+                    self._log_row({**metrics, STEP: step})
             return self._experiment
         except Exception as err:  # any W&B problem must leave training running
             self._fail(f"could not start W&B run {self._id!r}", err)
@@ -122,7 +134,26 @@ class RunWandbLogger(WandbLogger):
     @rank_zero_only
     def log_metrics(self, metrics: Any, step: int | None = None) -> None:
         # log_table, log_text, log_image, ... all go through here.
-        self._guard("log metrics", super().log_metrics, metrics, step)
+        if step is not None and step in self._held:  # a plain resume: what W&B holds is not logged again,
+            held = {k: v for k, v in metrics.items() if k in self._held[step]}  # but the summary has its last value
+            last = {k: v for k, v in held.items() if isinstance(v, numbers.Number)}
+            if last:
+                self._guard("update the summary", lambda: self.experiment.summary.update(last))
+            metrics = {k: v for k, v in metrics.items() if k not in held}
+            if not metrics:
+                return
+        if self._next_step is None:
+            self._guard("log metrics", super().log_metrics, metrics, step)
+        else:
+            self._guard("log metrics", self._log_row, dict(metrics, **({STEP: step} if step is not None else {})))
+
+    def _log_row(self, row: dict[str, Any]) -> None:
+        """Log one history row, numbered by this logger after a plain resume."""
+        if self._next_step is None:
+            self.experiment.log(row)
+        else:
+            self.experiment.log(row, step=self._next_step)
+            self._next_step += 1
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
         self._guard("record a checkpoint", super().after_save_checkpoint, checkpoint_callback)
@@ -282,17 +313,27 @@ def new_wandb_run_id(run_dir: str | Path) -> str:
     return run_id
 
 
-def wandb_resume_plan(run_dir: str | Path, step: int) -> tuple[int | None, list[tuple[int, dict[str, float]]]]:
-    """How a run resumed at training step `step` continues its W&B history: the ``_step`` to rewind
-    to (None: nothing logged before), and the rows of metrics.csv before the checkpoint (`before_checkpoint`)
-    that it lacks.
+class ResumePlan(NamedTuple):
+    """How a resumed attempt continues its W&B run (`wandb_resume_plan`)."""
 
-    Usually the earlier attempts' W&B files hold every row up to the checkpoint and the rewind only
-    drops what an interrupted attempt logged after it. SLURM's SIGTERM (scancel, requeue,
-    preemption) also reaches W&B's service process, which dies without flushing: that attempt's
-    file ends early or is empty. metrics.csv, flushed at every checkpoint, holds those rows: the
-    history is rewound to its last row before the checkpoint and the resumed attempt logs the rows
-    it lacks from metrics.csv before it trains, so W&B ends with every step once, as metrics.csv.
+    rewind_to: int | None  # the _step of W&B's last row before the checkpoint (None: none)
+    backfill: list[tuple[int, dict[str, float]]]  # metrics.csv rows before the checkpoint that W&B lacks
+    held: dict[int, frozenset[str]]  # training step -> the metric names W&B holds that a resumed fit logs again
+    next_step: int  # the _step after W&B's last row
+
+
+def wandb_resume_plan(run_dir: str | Path, step: int) -> ResumePlan:
+    """How a run resumed at training step `step` continues its W&B history, from the W&B files
+    of its earlier attempts and metrics.csv.
+
+    Usually the earlier attempts' W&B files hold every row up to the checkpoint, and an interrupted
+    attempt's rows after it. SLURM's SIGTERM (scancel, requeue, preemption) also reaches W&B's
+    service process, which dies without flushing: that attempt's file ends early or is empty.
+    metrics.csv, flushed at every checkpoint, holds those rows: the resumed attempt logs the rows
+    W&B lacks from metrics.csv before it trains (`backfill`), so W&B ends with every step once, as
+    metrics.csv. Then either W&B's history is rewound to its last row before the checkpoint
+    (`rewind_to`) and the attempt logs everything again from there, or (a plain resume) the
+    attempt leaves out what W&B holds (`held`) and numbers its rows from `next_step`.
     """
     run_id = wandb_run_id(run_dir)
     with warnings.catch_warnings():
@@ -309,25 +350,29 @@ def wandb_resume_plan(run_dir: str | Path, step: int) -> tuple[int | None, list[
     return resume_plan(history(attempts), read_metric_rows(run_dir), step)
 
 
-def resume_plan(logged: list[dict[str, Any]], rows: list[tuple[int, dict[str, float]]],
-                step: int) -> tuple[int | None, list[tuple[int, dict[str, float]]]]:
+def resume_plan(logged: list[dict[str, Any]], rows: list[tuple[int, dict[str, float]]], step: int) -> ResumePlan:
     """`wandb_resume_plan` given the W&B history (`history`'s rows) and metrics.csv's rows.
 
     W&B's file is a prefix of what was logged, in step order, so only its newest step can be
     partial: of that step, the rows with a metric W&B lacks are logged again too.
     """
     rows = [(s, metrics) for s, metrics in rows if before_checkpoint(s, metrics, step)]
-    keys_logged: dict[int, set[str]] = {}  # training step -> metric names W&B holds for it
-    last_row: dict[int, int] = {}  # training step -> the _step of its last W&B row
+    keys_logged: dict[int, set[str]] = {}  # training step before the checkpoint -> the metric names W&B holds
+    held: dict[int, set[str]] = {}  # training step -> the metric names of W&B's rows after the checkpoint
+    last_row: dict[int, int] = {}  # training step before the checkpoint -> the _step of its last W&B row
     current = None
     for row in logged:
         current = row.get(STEP, current)  # rows without a training step belong to the row before
-        if current is None or "_step" not in row or not before_checkpoint(current, row, step):
+        if current is None or "_step" not in row:
             continue
-        keys_logged.setdefault(current, set()).update(row)
-        last_row[current] = int(row["_step"])
+        if before_checkpoint(current, row, step):
+            last_row[current] = int(row["_step"])
+            keys_logged.setdefault(current, set()).update(row)
+        else:  # what the resumed attempt would log again: training from the checkpoint on, the final test
+            held.setdefault(current, set()).update(k for k in row if not k.startswith("_") and k != STEP)
+    next_step = max((int(row["_step"]) + 1 for row in logged if "_step" in row), default=0)
     if not last_row:
-        return None, rows
+        return ResumePlan(None, rows, {s: frozenset(k) for s, k in held.items()}, next_step)
     newest = max(last_row)
     lacking = [(s, m) for s, m in rows if s > newest or (s == newest and not m.keys() <= keys_logged[newest])]
-    return last_row[newest], lacking
+    return ResumePlan(last_row[newest], lacking, {s: frozenset(k) for s, k in held.items()}, next_step)

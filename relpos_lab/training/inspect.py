@@ -108,8 +108,8 @@ def inspect_checkpoint(checkpoint: str | Path, split: str = "valid", lengths: Se
     for directory in (Path(out) if out else run_dir, (Path(out) if out else run_dir) / PLOTS):
         writable_directory(directory, "write the figures and inspect.json to another directory with --out DIR "
                            "(nothing is then logged to W&B). Nothing was written")
-    # The run's W&B run continues after its last row (a rewind to it, as a resumed fit does): a
-    # plain resume would start the attempt's rows again at step 0 and cut the training history.
+    # The run's W&B run continues after its last row, as a resumed fit's does (build_loggers numbers
+    # the rows: offline, W&B would start them again at _step 0).
     loggers = [lg for lg in build_loggers(cfg, run_dir, resume_step=sys.maxsize, quiet=is_quiet())
                if not isinstance(lg, RunCSVLogger)] if out is None else []
     try:
