@@ -5,6 +5,7 @@ where the platform allows it); the unit test injects the failure torch.save turn
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from relpos_lab import cli  # imports Lightning, whose log handler then holds pytest's stream, not a test's
 from relpos_lab.api.files import atomic_write_with
+
+from test_train import TINY, run_dir_of
 
 
 def test_a_write_that_fails_for_lack_of_room_names_its_file_and_keeps_the_old_one(tmp_path):
@@ -66,3 +70,47 @@ def test_a_disk_that_fills_mid_run_is_one_line_and_the_run_resumes_after(tmp_pat
     assert (tmp_path / "again.rc").read_text().strip() == "0", (tmp_path / "again.err").read_text()[-2000:]
     assert "resuming from last.ckpt" in (tmp_path / "again.out").read_text()
     assert "results.json" in (tmp_path / "after.txt").read_text().split()
+
+
+# Files a run writes besides its checkpoints, and whether the disk fills at a later write of it
+# (the good file written before must survive) or at its first; always once a checkpoint exists.
+WRITERS = {
+    "metrics.csv": True,  # flushed at each checkpoint and at the end
+    "results.json": False,
+    "by_length_exact_match.png": False,  # plots/
+    "inspect.json": False,
+}
+
+
+@pytest.mark.parametrize("name", list(WRITERS))
+def test_a_full_disk_at_any_writer_is_one_line_keeps_the_good_file_and_the_run_resumes(name, tmp_path, monkeypatch,
+                                                                                      capsys):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "tiny.yaml", "logging.wandb.mode=disabled", "logging.inspect=true"]
+    real_fsync, written = os.fsync, {}  # name -> its content when last written whole
+
+    def fsync(fd: int) -> None:  # every writer of a run ends a write with it (api/files.py)
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if target.endswith(f"/{name}") or f"/.{name}." in target:  # appended to, or written beside and renamed
+            if (name in written or not WRITERS[name]) and list(tmp_path.glob("runs/*/*/checkpoints/*.ckpt")):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real_fsync(fd)
+            written[name] = Path(target).read_bytes()
+            return
+        real_fsync(fd)
+
+    monkeypatch.setattr("relpos_lab.api.files.os.fsync", fsync)
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("relpos-lab: error: cannot write "), err
+    assert f"/{name}: No space left on device (" in err and "run the same command" in err, err
+    run_dir = run_dir_of(tmp_path)
+    assert "), is intact: make room" in err  # training was done: its last checkpoint is kept
+    final = next(run_dir.rglob(name), None)
+    assert (final.read_bytes() if final else None) == written.get(name)  # the good file as it was, or none
+    assert not list(run_dir.rglob("*.tmp")) and not (run_dir / "results.json").exists()
+
+    monkeypatch.setattr("relpos_lab.api.files.os.fsync", real_fsync)  # room again: the same command finishes
+    assert cli.main(args) == 0, capsys.readouterr().err[-3000:]
+    assert (run_dir / "results.json").is_file() and next(run_dir.rglob(name)).stat().st_size > 0

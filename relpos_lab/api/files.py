@@ -37,6 +37,25 @@ def atomic_write_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
         raise
 
 
+def append_text(path: Path, text: str) -> None:
+    """Append `text` to `path` whole or not at all: a failed write (a full disk) cuts the file back
+    to where it ended, and its OSError names `path`."""
+    end = path.stat().st_size if path.exists() else None
+    try:
+        with open(path, "a", newline="") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+    except BaseException as err:
+        if end is None:
+            path.unlink(missing_ok=True)
+        else:
+            os.truncate(path, end)
+        if isinstance(err, OSError) and err.errno is not None and err.filename is None:
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
+
+
 def umask() -> int:
     """The process's umask (the mode bits new files do not get)."""
     current = os.umask(0o022)

@@ -17,6 +17,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from relpos_lab.records.plots import save_figure
+
 KIND_TITLES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",
                "cross": "cross-attention (query: target position, key: source position)"}
 CROSS_NOTE = "an alignment off the diagonal (e.g. reversal) spreads over many offsets: see example_cross_*.png"
@@ -31,10 +33,6 @@ def _figure(width: float, height: float) -> Figure:
     return fig
 
 
-def _save(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
 
 
 def trimmed(offsets: Sequence[int], mass: np.ndarray, floor: float = 1e-12) -> tuple[list[int], np.ndarray]:
@@ -78,7 +76,7 @@ def plot_offset_heatmaps(panels: Mapping[str, tuple[Sequence[int], np.ndarray]],
     fig.colorbar(image, ax=list(axes), label=MASS_LABEL)
     shown = any(_visible(clip, offsets) for offsets, _ in panels.values())
     fig.suptitle(title + (f"\nred dashed lines: Shaw clipping distance ±{clip}" if shown else ""), fontsize="small")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_offset_lines(offsets: Sequence[int], mass: np.ndarray, path: Path, title: str,
@@ -98,7 +96,7 @@ def plot_offset_lines(offsets: Sequence[int], mass: np.ndarray, path: Path, titl
     ax.set_title(title, fontsize="small")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="x-small", ncol=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_example_maps(maps: np.ndarray, path: Path, title: str, query_label: str, key_label: str,
@@ -132,7 +130,7 @@ def plot_example_maps(maps: np.ndarray, path: Path, title: str, query_label: str
         ax.set_ylabel(query_label + (": token" if query_named else ""), fontsize="x-small")
     fig.colorbar(image, ax=list(axes.flat), label="attention probability")
     fig.suptitle(f"{title}\ncolour scale 0 to {vmax:.2f}, the largest probability in these maps", fontsize="small")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_drawings(drawings: Mapping[str, object], path: Path, title: str) -> Path:
@@ -165,7 +163,7 @@ def plot_drawings(drawings: Mapping[str, object], path: Path, title: str) -> Pat
         ax.set_xlabel(d.xlabel, fontsize="x-small")
         ax.set_title(d.title or name.replace("_", " "), fontsize="small")
     fig.suptitle(title, fontsize="small")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_mean_curves(curves: Mapping[str, tuple[Sequence[int], Sequence[float]]], path: Path, title: str) -> Path:
@@ -182,4 +180,4 @@ def plot_mean_curves(curves: Mapping[str, tuple[Sequence[int], Sequence[float]]]
     ax.set_title(title, fontsize="small")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="x-small")
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -19,23 +19,48 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from relpos_lab.api.files import atomic_write
+from relpos_lab.api.files import append_text, atomic_write
 
 METRICS = "metrics.csv"
 
 
 class _AppendingWriter(ExperimentWriter):
-    """Lightning's CSV writer, minus the deletion of an existing metrics file.
+    """Lightning's CSV writer, minus the deletion of an existing metrics file, and safe on a full disk.
 
     The stock writer knows its column names only from what it logged itself, so it starts from
-    the existing file's header: new columns then trigger Lightning's own rewrite-with-new-header
-    path, which keeps the old rows.
+    the existing file's header: new columns then rewrite the file with the new header, keeping the
+    old rows. Lightning truncates the file for that rewrite and appends rows in place, so a disk
+    that fills midway loses rows or leaves half of one; here the rewrite is atomic and an append
+    is whole or undone.
     """
 
     def _check_log_dir_exists(self) -> None:
         if self._fs.isfile(self.metrics_file_path):
             with self._fs.open(self.metrics_file_path, "r", newline="") as file:
                 self.metrics_keys = next(csv.reader(file), [])
+
+    def save(self) -> None:
+        if not self.metrics:
+            return
+        path = Path(self.metrics_file_path)
+        if self._record_new_keys() and path.is_file():
+            self._rewrite_with_new_header(self.metrics_keys)
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=self.metrics_keys)
+        if not path.is_file():
+            writer.writeheader()
+        writer.writerows(self.metrics)
+        append_text(path, text.getvalue())
+        self.metrics = []
+
+    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
+        with open(self.metrics_file_path, newline="") as file:
+            rows = list(csv.DictReader(file))
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=fieldnames)
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write(Path(self.metrics_file_path), text.getvalue())
 
 
 class RunCSVLogger(CSVLogger):

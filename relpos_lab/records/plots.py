@@ -23,6 +23,8 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from relpos_lab.api.files import atomic_write_with
+
 Curves = Mapping[str, Mapping[int | str, float]]
 Groups = Mapping[str, Mapping[str, Sequence[float]]]
 
@@ -40,9 +42,14 @@ def plot_curves(
     report can plot what it reads back without converting. `train_range` (inclusive) is shaded.
     Values all within [0, 1] get a fixed [0, 1] axis so plots of different runs compare by eye.
     """
+    return save_figure(curves_figure(curves, train_range, ylabel, title), path)
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Save `fig` at `path` (its format from the suffix) atomically: a disk that fills while it is
+    written leaves the figure that was there, never half an image."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    curves_figure(curves, train_range, ylabel, title).savefig(path)
+    atomic_write_with(path, lambda file: fig.savefig(file, format=path.suffix.lstrip(".").lower() or "png"))
     return path
 
 
@@ -126,10 +133,7 @@ def plot_panels(panels: Mapping[str, Curves], path: str | Path, train_range: tup
     if title:
         fig.suptitle(title, fontsize="small")
     fig.tight_layout(rect=(0, 0, 1 - 2.0 / (3.6 * cols + 2.2), 1))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_groups(
@@ -146,11 +150,7 @@ def plot_groups(
     right-hand axis with the same scale, shifted (another corpus has another level; differences
     between groups compare directly).
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig = groups_figure(panels, reference, title, xlabel)
-    fig.savefig(path)
-    return path
+    return save_figure(groups_figure(panels, reference, title, xlabel), path)
 
 
 def groups_figure(
