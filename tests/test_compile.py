@@ -100,6 +100,24 @@ def test_compiled_gradients_are_eagers_for_every_parameter(scheme, family):
     torch._dynamo.reset()
 
 
+RANDOMIZED = [(scheme, False) for scheme in BUILTIN if scheme != "none" and not BUILTIN[scheme].positions_from_content]
+RANDOMIZED += [(scheme, True) for scheme in ("shaw", "rope", "alibi", "transformer_xl")]  # per-layer draws
+
+
+@pytest.mark.parametrize(("scheme", "redraw"), RANDOMIZED)
+def test_randomized_positions_trace_as_one_graph_with_eagers_gradients(scheme, redraw):
+    """Ruoss et al.'s randomized positions: the tokens are spread over max_random_len slots, a
+    length known when traced (the drawn positions' last + 1 was read from a tensor: 6-9 breaks)."""
+    positions = builtin_config(scheme, max_random_len=64, redraw_per_layer=redraw)
+    torch.manual_seed(0)
+    model = EncoderOnly(tiny_model_config(positions, architecture="encoder_only")).double().train()
+    inputs = _inputs("encoder_only")
+    eager = _gradients(model, model, inputs)  # seeded: the same draws compiled
+    compiled = _gradients(model, torch.compile(model, backend=BACKEND, fullgraph=True), inputs)
+    _assert_same_gradients(model, eager, compiled, 1e-10)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("impl", ["naive", "batched", "gather"])
 @pytest.mark.parametrize("scheme", ["shaw", "alibi"])
 def test_each_cpu_attention_impl_compiles_as_one_graph(scheme, impl):

@@ -6,7 +6,8 @@ full-sequence forward of training, teacher-forced validation and the encoder-onl
 compiled, and with it the backward. Decoding steps (`start_decoding`, `decode_step`) stay eager:
 a KV cache's Python state changes every step and would recompile the graph each time.
 
-Every built-in scheme traces as one graph, in every model family (tests/test_compile.py): the
+Every built-in scheme traces as one graph, in every model family and with randomized positions
+(tests/test_compile.py): the
 attention's in-place autograd Functions, which save a pass in eager, give way to plain tensor ops
 while dynamo traces (`torch.compiler.is_compiling()`), and nothing in the forward branches on a
 tensor's value there. `graph_breaks` says where a plugin scheme does not.

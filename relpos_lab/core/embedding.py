@@ -95,7 +95,7 @@ class Embedding(nn.Module):
 
     def _at(self, input_pos: Tensor, x: Tensor) -> Tensor:
         """The scheme's absolute encodings at `input_pos`: what it adds to zeros there."""
-        zeros = x.new_zeros(1, int(input_pos[-1]) + 1, x.shape[-1])  # (1, input_pos[-1] + 1, d)
+        zeros = x.new_zeros(1, self.max_random_len, x.shape[-1])  # (1, max_random_len, d): a shape known when traced
         return self.absolute(zeros, 0).index_select(1, input_pos)  # (1, L, d): x's tokens' slots
 
 

@@ -176,7 +176,7 @@ class MultiHeadAttention(nn.Module):
         L    tokens of x: the queries, and the output's rows
         Lk   keys: L in self-attention, the context's length in cross-attention, and with a cache
              every position so far
-        P    slots a randomized-position path spreads x's tokens over: input_pos[-1] + 1 (decoding:
+        P    slots a randomized-position path spreads x's tokens over: max_random_len (decoding:
              the slots from the cache's end to the last position)
         H    heads (n_heads)
         D    a head's width, d_model / H
@@ -193,6 +193,7 @@ class MultiHeadAttention(nn.Module):
             linear(cfg.d_model, cfg.d_model, bias=cfg.attention_bias, init=cfg.init) for _ in range(4))
         self.relative = relative or RelativePositions()  # the scheme's module; was `positions` (old keys load)
         self.scheme = contract.label(cfg.positions)
+        self.slots = cfg.positions.max_random_len  # P of a randomized-position pass (None: positions 0..L-1)
         self.unchecked = relative is not None  # the scheme's hooks are checked on their first call
         self.content = relative is not None and contract.has_content_bias(relative)
         self.register_load_state_dict_pre_hook(renamed_state_dict_keys("positions", "relative"))
@@ -237,9 +238,9 @@ class MultiHeadAttention(nn.Module):
         return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, query_offset=offset, **scheme)
 
     def _at_input_pos(self, x, *, attn_mask, is_causal, input_pos: Tensor) -> Tensor:
-        """The scheme's hooks see the tokens spread over a sequence of input_pos[-1] + 1 slots (gaps
+        """The scheme's hooks see the tokens spread over a sequence of max_random_len slots (gaps
         masked), so every scheme places them at `input_pos` unchanged; attention itself runs over
-        the real tokens only, with the labels of their positions: O(L²), not O(input_pos[-1]²)."""
+        the real tokens only, with the labels of their positions: O(L²), not O(max_random_len²)."""
         q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))  # (B, H, L, D)
         direct = None if self.content else self.relative.attention_kwargs_at(q, k, input_pos)
         if direct is not None:  # the scheme places the real tokens itself: nothing over the P slots
@@ -247,10 +248,10 @@ class MultiHeadAttention(nn.Module):
                 contract.check_attention_kwargs(self.scheme, self.relative, direct, q, k)
                 self.unchecked = False
             return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, positions=input_pos, **direct)
-        q, k = self._rotate(spread(q, input_pos, dim=2), spread(k, input_pos, dim=2), 0)  # (B, H, P, D)
+        q, k = self._rotate(spread(q, input_pos, 2, self.slots), spread(k, input_pos, 2, self.slots), 0)  # (B, H, P, D)
         # (…, P, P); gaps: keys no query sees (content schemes skip them)
-        mask = spread_mask(attn_mask, is_causal, input_pos)
-        extra = self._scheme_kwargs(q, k, spread(x, input_pos, dim=1), 0, mask, False, None)
+        mask = spread_mask(attn_mask, is_causal, input_pos, self.slots)
+        extra = self._scheme_kwargs(q, k, spread(x, input_pos, 1, self.slots), 0, mask, False, None)
         if extra.get("attn_bias") is not None:  # a dense bias over the slots: the real tokens' rows and columns
             bias = extra["attn_bias"]
             for dim in (-2, -1):

@@ -49,17 +49,22 @@ def sample_positions(length: int, max_random_len: int, device=None,
     return torch.randperm(max_random_len, generator=generator)[:length].sort().values.to(device)
 
 
-def spread(x: Tensor, positions: Tensor, dim: int) -> Tensor:
-    """x with its `dim` rows placed at `positions` of a zero tensor of length positions[-1] + 1."""
+def spread(x: Tensor, positions: Tensor, dim: int, slots: int | None = None) -> Tensor:
+    """x with its `dim` rows placed at `positions` of a zero tensor of length `slots`.
+
+    In training and evaluation `slots` is max_random_len: a length known before the draw, so a
+    compiled model traces one graph (positions[-1] + 1, the default, would be read from the tensor:
+    a graph break). The slots past the last position are gaps like the others: the result is the same."""
     shape = list(x.shape)
-    shape[dim] = int(positions[-1]) + 1
+    shape[dim] = int(positions[-1]) + 1 if slots is None else slots
     return x.new_zeros(shape).index_copy(dim, positions, x)
 
 
-def spread_mask(attn_mask: Tensor | None, is_causal: bool, positions: Tensor) -> Tensor:
-    """The boolean mask (…, N, N), True = attend, of the spread sequence: only real tokens are
-    keys, with `attn_mask` ((…, 1 or L, L), True = attend) and causality among them."""
-    n = int(positions[-1]) + 1
+def spread_mask(attn_mask: Tensor | None, is_causal: bool, positions: Tensor, slots: int | None = None) -> Tensor:
+    """The boolean mask (…, N, N), True = attend, of the spread sequence of N = `slots` (as in
+    `spread`): only real tokens are keys, with `attn_mask` ((…, 1 or L, L), True = attend) and
+    causality among them."""
+    n = int(positions[-1]) + 1 if slots is None else slots
     lead = attn_mask.shape[:-2] if attn_mask is not None else (1, 1)
     length = positions.numel()
     inner = torch.ones(length, length, dtype=torch.bool, device=positions.device)
