@@ -53,6 +53,7 @@ class Seq2SeqTask(Task):
     main_metric: ClassVar[str] = "exact_match"
     main_metric_mode: ClassVar[str] = "max"
     architecture: str = "encoder_decoder"  # set by build_model (token batching counts a model's whole sequence)
+    pad_to_multiple: int = 1  # set from data.pad_to_multiple: collate pads every length up to a multiple of it
 
     # --- what every task defines ------------------------------------------------------------
 
@@ -125,6 +126,11 @@ class Seq2SeqTask(Task):
         if getattr(self, "architecture", None) == "encoder_only":  # the slots, counted here on the host
             slots = torch.tensor([self.output_length(len(s)) for s in src], dtype=torch.long)
             batch |= {"slots": slots, "slot_target": slot_targets(batch["tgt_out"], slots, tgt_v, self.cfg.name)}
+        if self.pad_to_multiple > 1:  # few shapes for a compiled model; what the pad adds is masked
+            for key in ("src", "tgt_in", "tgt_out", "slot_target"):
+                if key in batch:
+                    pad = src_v.pad_id if key == "src" else tgt_v.pad_id
+                    batch[key] = padded_to_multiple(batch[key], self.pad_to_multiple, pad)
         return batch
 
     # --- raw text in and out (`relpos-lab translate`) ------------------------------------------
@@ -321,6 +327,12 @@ def slot_targets(tgt_out: Tensor, n_slots: Tensor, vocab: Vocabulary, task: str)
                          "output_length must be at least every target's length")
     target = align(tgt_out, n, vocab.pad_id)
     return target.masked_fill(torch.arange(n, device=target.device)[None, :] >= n_slots[:, None], vocab.pad_id)
+
+
+def padded_to_multiple(ids: Tensor, multiple: int, pad_id: int) -> Tensor:
+    """`ids` (B, T) with pad columns added up to the next multiple of `multiple`."""
+    extra = -ids.shape[1] % multiple
+    return torch.nn.functional.pad(ids, (0, extra), value=pad_id) if extra else ids
 
 
 def slot_predictions(logits: Tensor, n_slots: Tensor, pad_id: int) -> Tensor:

@@ -32,9 +32,12 @@ class DataConfig:
     """examples per evaluation batch (per device)"""
     num_workers: int = 0
     """DataLoader worker processes; 0 loads in the training process"""
+    pad_to_multiple: int = 1
+    """pad each batch's lengths up to a multiple of this (tasks built on Seq2SeqTask): a compiled model then meets
+    few shapes (reduce-overhead records a CUDA graph per shape); the padding is masked, the numbers unchanged"""
 
     def validate(self) -> None:
-        _at_least(self, "data", batch_size=1, eval_batch_size=1, num_workers=0)
+        _at_least(self, "data", batch_size=1, eval_batch_size=1, num_workers=0, pad_to_multiple=1)
 
 
 @dataclass

@@ -31,7 +31,8 @@ from relpos_lab.api.files import atomic_write
 # partition, time limit, ...; the world size it implies is in trainer.devices / num_nodes, which
 # stay in), the trainer's display and reporting switches, how often last.ckpt is refreshed (steps
 # or minutes), how long distributed processes wait for each other at the start, whether the
-# model is compiled (the same arithmetic, fused), and the CPU thread count (its default already
+# model is compiled (the same arithmetic, fused) and the padding that makes its shapes few (masked,
+# tests/test_padding.py), and the CPU thread count (its default already
 # depends on the machine a job lands on, so a requeued job on another node must still find its
 # run). Anything else that can change the numbers stays in — even num_sanity_val_steps, whose
 # extra pass over the validation loader draws from the global RNG.
@@ -48,6 +49,7 @@ VOLATILE_KEYS: tuple[str, ...] = (
     "trainer.checkpoint_every_minutes",
     "trainer.rendezvous_timeout_seconds",
     "trainer.compile",
+    "data.pad_to_multiple",
 )
 
 

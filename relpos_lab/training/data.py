@@ -47,6 +47,8 @@ class TaskDataModule(L.LightningDataModule):
     def __init__(self, task: Task, cfg: DictConfig, test_split: str = "test"):
         super().__init__()
         task.check_split(test_split)
+        if hasattr(task, "pad_to_multiple"):  # a Seq2SeqTask: its collate rounds lengths up
+            task.pad_to_multiple = cfg.get("pad_to_multiple", 1)
         self.task, self.cfg, self.test_split = task, cfg, test_split
         self._datasets: dict[str, Dataset] = {}
 
