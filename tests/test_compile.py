@@ -118,6 +118,18 @@ def test_randomized_positions_trace_as_one_graph_with_eagers_gradients(scheme, r
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("scheme", ["alibi", "transformer_xl"])
+def test_random_distances_trace_as_one_graph_with_eagers_gradients(scheme):
+    positions = builtin_config(scheme, max_random_len=64, random_distances=True)
+    torch.manual_seed(0)
+    model = EncoderOnly(tiny_model_config(positions, architecture="encoder_only")).double().train()
+    inputs = _inputs("encoder_only")
+    eager = _gradients(model, model, inputs)
+    compiled = _gradients(model, torch.compile(model, backend=BACKEND, fullgraph=True), inputs)
+    _assert_same_gradients(model, eager, compiled, 1e-10)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("impl", ["naive", "batched", "gather"])
 @pytest.mark.parametrize("scheme", ["shaw", "alibi"])
 def test_each_cpu_attention_impl_compiles_as_one_graph(scheme, impl):

@@ -516,7 +516,8 @@ def test_a_scheme_takes_only_its_own_fields(tmp_path):
     cfg = load_config(write(tmp_path, "e.yaml",
                             "task: {name: copy}\nmodel: {positions: {scheme: rope, rope_base: 500}}\n"))
     assert dict(cfg.model.positions) == {"scheme": "rope", "max_random_len": None, "randomize_at_eval": False,
-                                         "redraw_per_layer": False, "rope_base": 500.0, "rope_fraction": 1.0,
+                                         "redraw_per_layer": False, "random_distances": False, "rope_base": 500.0,
+                                         "rope_fraction": 1.0,
                                          "rope_scaling": "none", "rope_scaling_factor": 0.0, "rope_train_length": 0,
                                          "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0}
     cfg = load_config(write(tmp_path, "s.yaml",
@@ -529,13 +530,14 @@ def test_an_unknown_field_names_the_valid_fields_of_that_scheme(tmp_path):
     message = error_of(path)
     assert "unknown key 'model.positions.rope_bse'; did you mean 'model.positions.rope_base'" in message
     assert ("valid keys at 'model.positions' (scheme rope): scheme, max_random_len, randomize_at_eval, "
-            "redraw_per_layer, rope_base" in message)
+            "redraw_per_layer, random_distances, rope_base" in message)
 
 
 def test_a_field_of_another_scheme_is_one_line_naming_its_scheme(tmp_path):
     path = write(tmp_path, "e.yaml", "task: {name: copy}\nmodel: {positions: {scheme: rope, max_distance: 4}}\n")
     assert error_of(path) == (f"{path}: model.positions.max_distance=4 is a field of scheme 'shaw', not of 'rope'; "
-                              "fields of rope: max_random_len, randomize_at_eval, redraw_per_layer, rope_base, "
+                              "fields of rope: max_random_len, random_distances, randomize_at_eval, redraw_per_layer, "
+                              "rope_base, "
                               "rope_fraction, rope_scaling, rope_scaling_factor, rope_train_length, yarn_beta_fast, "
                               "yarn_beta_slow "
                               "(`relpos-lab positions`)")
@@ -554,7 +556,8 @@ def test_an_invalid_scheme_value_and_an_unknown_scheme_are_one_line_each(tmp_pat
 def test_switching_scheme_drops_the_fields_of_the_scheme_before(tmp_path):
     write(tmp_path, "base.yaml", "task: {name: copy}\nmodel: {positions: {scheme: shaw, max_distance: 4}}\n")
     cfg = load_config(write(tmp_path, "e.yaml", "extends: base.yaml\nmodel: {positions: {scheme: alibi}}\n"))
-    unrandomized = {"max_random_len": None, "randomize_at_eval": False, "redraw_per_layer": False}
+    unrandomized = {"max_random_len": None, "randomize_at_eval": False, "redraw_per_layer": False,
+                    "random_distances": False}
     assert dict(cfg.model.positions) == {"scheme": "alibi", "left_offset": 0.0, **unrandomized}  # no max_distance
     none = load_config(tmp_path / "base.yaml", ["model.positions.scheme=none"]).model.positions
     assert dict(none) == {"scheme": "none", **unrandomized}

@@ -89,9 +89,10 @@ def test_the_paper_sweeps_encode_as_their_reference_code(name):
             assert positions.left_offset == 0.5, label
         absolute = positions.scheme in ("sinusoidal", "learned")
         assert model.embedding_dropout == (0.1 if absolute else 0.0), label
-        drawn_per_layer = name.startswith("ruoss") and "randomized" in label and positions.scheme in (
-            "rope", "alibi", "transformer_xl")  # what Ruoss et al.'s code redraws in each attention layer
-        assert positions.redraw_per_layer is drawn_per_layer, label
+        # what Ruoss et al.'s code redraws in each attention layer: RoPE's positions, the others' distances
+        randomized = name.startswith("ruoss") and "randomized" in label
+        assert positions.redraw_per_layer is (randomized and positions.scheme == "rope"), label
+        assert positions.random_distances is (randomized and positions.scheme in ("alibi", "transformer_xl")), label
     assert load_config(sweep.experiment, ["model.positions.scheme=alibi"]).model.positions.left_offset == 0
 
 
@@ -203,4 +204,94 @@ def test_redraw_per_layer_needs_randomized_positions_in_an_encoder_only_model(ar
     cfg = tiny_model_config(builtin_config("rope", redraw_per_layer=True, **fields), architecture)
     with pytest.raises(ValueError, match="redraw_per_layer=true .* needs model.positions.max_random_len and "
                                          "model.architecture=encoder_only"):
+        cfg.validate()
+
+
+# --- random_distances: Ruoss et al.'s noisy ALiBi and relative (Transformer-XL) encodings ----------
+
+
+def test_sampled_distances_are_odd_increasing_and_distinct_in_the_range():
+    from relpos_lab.core.positions.randomized import sample_distances
+
+    torch.manual_seed(0)
+    for _ in range(20):
+        d = sample_distances(6, 40)  # offsets -5..5
+        assert len(d) == 11 and int(d[5]) == 0 and torch.equal(d, -d.flip(0))
+        assert bool((d.diff() > 0).all()) and 1 <= int(d[6]) and int(d[-1]) < 40
+    assert sample_distances(4, 4).tolist() == [-3, -2, -1, 0, 1, 2, 3]
+    with pytest.raises(ValueError, match="offsets up to 4, more than model.positions.max_random_len=4"):
+        sample_distances(5, 4)
+
+
+def test_noisy_alibi_is_the_references_bias_at_the_drawn_distances():
+    """The reference's compute_noisy_alibi_encodings_biases (symmetric): key j of query i gets
+    m_h·(−d_|j−i| + 0.5) on the left and −m_h·d_|j−i| on the right, d the sorted draw."""
+    module = alibi_positions(0.5)
+    right = torch.tensor([3, 7, 8, 20])  # d_1..d_4 of 5 tokens
+    distances = torch.cat((-right.flip(0), torch.zeros(1, dtype=torch.long), right))
+    q = k = torch.zeros(1, 2, 5, 8)
+    kw = module.attention_kwargs_at_distances(q, k, distances)
+    reach = kw["max_distance"]
+    slopes = module.slopes
+    for h in range(2):
+        for i in range(5):
+            for j in range(5):
+                d = 0 if i == j else int(right[abs(j - i) - 1])
+                want = slopes[h] * (-d + (0.5 if j < i else 0.0))
+                assert float(kw["rel_bias"][h, j - i + reach]) == pytest.approx(float(want)), (h, i, j)
+    plain = module.attention_kwargs(q, k, 0)
+    kw = module.attention_kwargs_at_distances(q, k, torch.arange(-4, 5))  # each offset its own distance
+    assert torch.equal(kw["rel_bias"], plain["rel_bias"]) and kw["max_distance"] == plain["max_distance"]
+
+
+def test_noisy_transformer_xl_projects_the_encoding_of_the_drawn_distance():
+    """(q_i + v)·W_R R(i − j's distance) + u·k_j, over √D: the distance of i − j is minus that of j − i."""
+    from relpos_lab.core.positions import TransformerXL, TransformerXLConfig
+
+    torch.manual_seed(0)
+    module = TransformerXL(TransformerXLConfig()).attention(4, 2, causal=False).double()
+    q, k = torch.randn(1, 2, 4, 4, dtype=torch.float64), torch.randn(1, 2, 4, 4, dtype=torch.float64)
+    right = torch.tensor([2, 5, 9])
+    distances = torch.cat((-right.flip(0), torch.zeros(1, dtype=torch.long), right))
+    bias = module.attention_kwargs_at_distances(q, k, distances)["attn_bias"]
+    w = module.r_proj.weight.view(2, 4, 8)
+    for h in range(2):
+        for i in range(4):
+            for j in range(4):
+                d = -distances[j - i + 3].double()  # i − j's distance
+                r = module.encoding(d.reshape(1))[0]  # (d_model,)
+                want = ((q[0, h, i] + module.v[h]) @ (w[h] @ r) + module.u[h] @ k[0, h, j]) / 2.0
+                assert float(bias[0, h, i, j]) == pytest.approx(float(want), abs=1e-12), (h, i, j)
+    same = module.attention_kwargs_at_distances(q, k, torch.arange(-3, 4))["attn_bias"]
+    torch.testing.assert_close(same, module.attention_kwargs(q, k, 0)["attn_bias"], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "transformer_xl"])
+def test_random_distances_train_drawn_and_evaluate_at_the_offsets_or_reproducibly_drawn(scheme):
+    from relpos_lab.core.embedding import seed_eval_positions
+
+    src, slots = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 0]]), torch.tensor([4, 3])
+    plain, drawn, at_eval = same_weights(
+        lambda positions: EncoderOnly(tiny_model_config(positions, "encoder_only")),
+        builtin_config(scheme), builtin_config(scheme, max_random_len=64, random_distances=True),
+        builtin_config(scheme, max_random_len=64, random_distances=True, randomize_at_eval=True))
+    torch.testing.assert_close(drawn(src, slots, 4), plain(src, slots, 4))  # evaluation: the offsets themselves
+    drawn.train()
+    assert not torch.allclose(drawn(src, slots, 4), drawn(src, slots, 4))  # each pass, each layer, a draw
+    outputs = []
+    for _ in range(2):
+        seed_eval_positions(at_eval, 5)
+        outputs.append(at_eval(src, slots, 4))
+    torch.testing.assert_close(outputs[0], outputs[1])
+    assert not torch.allclose(outputs[0], plain(src, slots, 4))
+
+
+@pytest.mark.parametrize("scheme, fields, says", [
+    ("shaw", {"max_random_len": 64}, "scheme 'shaw' cannot place its offsets at other distances"),
+    ("alibi", {}, "needs model.positions.max_random_len"),
+    ("alibi", {"max_random_len": 64, "redraw_per_layer": True}, "replaces redraw_per_layer"),
+])
+def test_random_distances_is_refused_where_it_cannot_apply(scheme, fields, says):
+    cfg = tiny_model_config(builtin_config(scheme, random_distances=True, **fields), "encoder_only")
+    with pytest.raises(ValueError, match=says):
         cfg.validate()

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from relpos_lab.core.init import HAIKU_EMBEDDING_STD, truncated_normal_
 from relpos_lab.core.positions import PositionConfig, contract, scheme_of
-from relpos_lab.core.positions.randomized import sample_positions
+from relpos_lab.core.positions.randomized import sample_distances, sample_positions
 from relpos_lab.core.renamed import renamed_attribute, renamed_state_dict_keys
 
 
@@ -53,6 +53,7 @@ class Embedding(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.max_random_len = positions.max_random_len
         self.randomize_at_eval = positions.randomize_at_eval
+        self.random_distances = positions.random_distances  # the layers draw distances; tokens stay at 0..L-1
         # evaluation's draws; the model's embeddings share one (seed_eval_positions)
         self.eval_draws = torch.Generator().manual_seed(0) if self.randomize_at_eval else None
         self.register_load_state_dict_pre_hook(renamed_state_dict_keys("positions", "absolute"))
@@ -60,10 +61,18 @@ class Embedding(nn.Module):
     def random_positions(self, length: int) -> Tensor | None:
         """This forward pass's positions for `length` tokens with randomized positions: a fresh draw
         in training, and in evaluation with randomize_at_eval (from `eval_draws`); None: 0..L-1."""
-        if self.max_random_len is None or not (self.training or self.randomize_at_eval):
+        if self.max_random_len is None or self.random_distances or not (self.training or self.randomize_at_eval):
             return None
         draws = None if self.training else self.eval_draws
         return sample_positions(length, self.max_random_len, self.tokens.weight.device, draws)
+
+    def random_distances_of(self, length: int) -> Tensor | None:
+        """With random_distances, the distances one layer's offsets stand for (`sample_distances`),
+        drawn as `random_positions` draws; None: the offsets themselves."""
+        if not self.random_distances or not (self.training or self.randomize_at_eval):
+            return None
+        draws = None if self.training else self.eval_draws
+        return sample_distances(length, self.max_random_len, self.tokens.weight.device, draws)
 
     def decoding_positions(self, max_tokens: int | None) -> Tensor | None:
         """A generation's positions, drawn up front for the most tokens it may feed (randomize_at_eval,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -140,6 +141,18 @@ class ModelConfig:
             raise ValueError("model.positions.redraw_per_layer=true draws each encoder layer's positions: it needs "
                              "model.positions.max_random_len and model.architecture=encoder_only (now "
                              f"max_random_len={randomized}, architecture={self.architecture})")
+        if self.positions.random_distances:
+            if randomized is None or self.architecture != "encoder_only" or self.positions.redraw_per_layer:
+                raise ValueError("model.positions.random_distances=true draws each encoder layer's distances: it "
+                                 "needs model.positions.max_random_len and model.architecture=encoder_only, and "
+                                 f"replaces redraw_per_layer (now max_random_len={randomized}, architecture="
+                                 f"{self.architecture}, redraw_per_layer={self.positions.redraw_per_layer})")
+            with torch.random.fork_rng(devices=[]):  # a model built from this config draws its weights as before
+                module = scheme.attention(self.head_dim, self.n_heads, causal=False)
+            if type(module).attention_kwargs_at_distances is RelativePositions.attention_kwargs_at_distances:
+                raise ValueError(f"model.positions.random_distances=true: scheme '{self.positions.scheme}' cannot "
+                                 "place its offsets at other distances (attention_kwargs_at_distances); use alibi or "
+                                 "transformer_xl, or randomized positions alone (drop random_distances)")
         if self.positions.randomize_at_eval and randomized is None:
             raise ValueError("model.positions.randomize_at_eval=true draws evaluation positions from "
                              "[0, max_random_len): set model.positions.max_random_len too (e.g. 256, above the "
@@ -204,7 +217,7 @@ class MultiHeadAttention(nn.Module):
         return x.view(b, n, self.n_heads, d // self.n_heads).transpose(1, 2)  # (B, L, H, D) -> (B, H, L, D)
 
     def forward(self, x, *, context=None, attn_mask=None, is_causal=False, cache: KVCache | None = None,
-                input_pos: Tensor | None = None) -> Tensor:
+                input_pos: Tensor | None = None, distances: Tensor | None = None) -> Tensor:
         """Self-attention when context is None, else cross-attention over context. x: (B, L, d),
         context: (B, Lk, d); returns (B, L, d).
 
@@ -213,8 +226,13 @@ class MultiHeadAttention(nn.Module):
         projects the context on its first step only, since the memory never changes.
         `input_pos` (increasing, one per token) places self-attention's tokens there instead of
         0..L-1 (randomized positions; see positions/randomized.py); with a cache, it holds the
-        positions of every token so far, x's last.
+        positions of every token so far, x's last. `distances` (2L - 1,): what the offsets of x's
+        tokens stand for instead of themselves (random_distances; the scheme's attention_kwargs_at_distances).
         """
+        if distances is not None:
+            q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))  # (B, H, L, D)
+            scheme = self.relative.attention_kwargs_at_distances(q, k, distances)
+            return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **scheme)
         if input_pos is not None and cache is not None:
             return self._decode_at_input_pos(x, attn_mask=attn_mask, is_causal=is_causal, input_pos=input_pos,
                                              cache=cache)
@@ -343,8 +361,8 @@ class EncoderLayer(nn.Module):
         self.self_attn = Sublayer(cfg, MultiHeadAttention(cfg, rel))
         self.ffn = Sublayer(cfg, FeedForward(cfg))
 
-    def forward(self, x, *, key_mask: Tensor, input_pos: Tensor | None = None):
-        return self.ffn(self.self_attn(x, attn_mask=key_mask, input_pos=input_pos))
+    def forward(self, x, *, key_mask: Tensor, input_pos: Tensor | None = None, distances: Tensor | None = None):
+        return self.ffn(self.self_attn(x, attn_mask=key_mask, input_pos=input_pos, distances=distances))
 
 
 class DecoderLayer(nn.Module):
@@ -388,7 +406,8 @@ class Encoder(nn.Module):
         for i, layer in enumerate(self.layers):
             if i and self.redraw_per_layer:  # the first layer keeps the embedding's draw
                 input_pos = self.embed.random_positions(src.shape[1])
-            x = layer(x, key_mask=key_mask, input_pos=input_pos)
+            x = layer(x, key_mask=key_mask, input_pos=input_pos,
+                      distances=self.embed.random_distances_of(src.shape[1]))  # each layer its own
         return self.norm(x), key_mask
 
 

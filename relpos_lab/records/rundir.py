@@ -70,6 +70,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.positions.max_random_len": None,
     "model.positions.randomize_at_eval": False,
     "model.positions.redraw_per_layer": False,
+    "model.positions.random_distances": False,
     "trainer.stop_at": None,
     "model.architecture": "encoder_decoder",
     "model.bidirectional_prefix": False,

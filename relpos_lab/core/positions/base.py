@@ -102,6 +102,12 @@ class PositionConfig:
     """with max_random_len, model.architecture=encoder_only: each encoder layer draws its own positions, as
     Ruoss et al.'s code draws them anew in each attention layer; false: one draw per forward pass, shared"""
 
+    random_distances: bool = False
+    """with max_random_len, model.architecture=encoder_only, for ALiBi and Transformer-XL: each encoder layer
+    draws the distances its offsets stand for instead of positions, as Ruoss et al.'s code does for those two:
+    offsets 1..L-1 to the right take an increasing random subset of [1, max_random_len), those to the left
+    their negatives"""
+
     scheme_class: ClassVar[type[PositionScheme] | None] = None  # set when a scheme claims the class
 
     def validate(self) -> None:
@@ -181,6 +187,13 @@ class RelativePositions(nn.Module):
         positions[-1] + 1 slots first (a dense bias over every slot is O(max_random_len²) a layer).
         None (this default): the layer spreads them and calls `rotate` and `attention_kwargs`.
         A scheme that defines it must leave `rotate` as the identity."""
+        return None
+
+    def attention_kwargs_at_distances(self, q: Tensor, k: Tensor, distances: Tensor) -> dict | None:
+        """Optional, for `random_distances`: `attention_kwargs` for self-attention over L tokens at
+        0..L-1 whose offsets j - i stand for other distances: `distances` (2L - 1,), increasing, the
+        distance of offset j - i at index j - i + L - 1 (0 at the middle). None (this default): the
+        scheme cannot, and a config asking for it is refused."""
         return None
 
     def content_bias(self, q: Tensor, k: Tensor, x: Tensor, query_offset: int, visible: Tensor | None,

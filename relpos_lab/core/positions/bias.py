@@ -43,9 +43,18 @@ class AlibiPositions(RelativePositions):
 
     def attention_kwargs(self, q, k, query_offset):
         reach = offset_reach(q.shape[-2], k.shape[-2], query_offset)  # no clipping
-        offsets = torch.arange(-reach, reach + 1, device=q.device).float()  # j - i, the label order
-        distance = offsets.abs() - self.left_offset * (offsets < 0)
-        return {"rel_bias": -self.slopes.to(q.device)[:, None] * distance, "max_distance": reach}
+        return self._bias(torch.arange(-reach, reach + 1, device=q.device))  # j - i, the label order
+
+    def attention_kwargs_at_distances(self, q, k, distances):
+        """Ruoss et al.'s noisy ALiBi: −m_h·|d| (+ left_offset·m_h left of the query) at the distance
+        d each offset stands for."""
+        return self._bias(distances.to(q.device))
+
+    def _bias(self, distances: Tensor) -> dict:
+        """rel_bias over the labels of offsets −reach..reach whose distances are `distances` (2·reach + 1,)."""
+        distances = distances.float()
+        penalty = distances.abs() - self.left_offset * (distances < 0)
+        return {"rel_bias": -self.slopes.to(distances.device)[:, None] * penalty, "max_distance": len(distances) // 2}
 
     def draw(self, max_offset):
         return {"slopes": Drawing("bars", self.slopes.float().cpu(), torch.arange(len(self.slopes)),

@@ -49,6 +49,19 @@ def sample_positions(length: int, max_random_len: int, device=None,
     return torch.randperm(max_random_len, generator=generator)[:length].sort().values.to(device)
 
 
+def sample_distances(length: int, max_random_len: int, device=None,
+                     generator: torch.Generator | None = None) -> Tensor:
+    """The distances the offsets -(length - 1)..length - 1 of `length` tokens stand for
+    (`random_distances`): 0 for 0, an increasing random subset of [1, max_random_len) to the right
+    and its negatives to the left, as Ruoss et al.'s noisy ALiBi and relative encodings draw them
+    (symmetric). Drawn like `sample_positions`."""
+    if length > max_random_len:
+        raise ValueError(f"a sequence of {length} tokens has offsets up to {length - 1}, more than "
+                         f"model.positions.max_random_len={max_random_len} leaves distinct distances for; raise it")
+    right = torch.randperm(max_random_len - 1, generator=generator)[:length - 1].sort().values + 1
+    return torch.cat((-right.flip(0), right.new_zeros(1), right)).to(device)
+
+
 def spread(x: Tensor, positions: Tensor, dim: int, slots: int | None = None) -> Tensor:
     """x with its `dim` rows placed at `positions` of a zero tensor of length `slots`.
 

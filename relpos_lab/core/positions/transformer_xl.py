@@ -43,11 +43,21 @@ class TransformerXLPositions(RelativePositions):
         return torch.cat((angles.sin(), angles.cos()), dim=-1)
 
     def attention_kwargs(self, q, k, query_offset):
+        lq, lk = q.shape[-2], k.shape[-2]
+        # The Lq + Lk - 1 distinct distances i - j, largest first: index m holds offset + lq - 1 - m.
+        return self._bias(q, k, torch.arange(query_offset + lq - 1, query_offset - lk, -1, device=q.device))
+
+    def attention_kwargs_at_distances(self, q, k, distances):
+        """Ruoss et al.'s noisy relative encodings: R at the distance each offset stands for. The
+        distances are odd in the offset (the left ones the right ones' negatives), so i − j stands
+        for −d(j − i): largest first, that is `distances` reversed."""
+        return self._bias(q, k, distances.flip(0).to(q.device))
+
+    def _bias(self, q: Tensor, k: Tensor, distance: Tensor) -> dict:
+        """attn_bias for the Lq + Lk - 1 distances i - j of the query rows and keys, largest first."""
         b, h, lq, d = q.shape
         lk = k.shape[-2]
-        # The Lq + Lk - 1 distinct distances i - j, largest first: index m holds offset + lq - 1 - m.
-        distance = torch.arange(query_offset + lq - 1, query_offset - lk, -1, device=q.device, dtype=q.dtype)
-        r = self.r_proj(self.encoding(distance)).view(-1, h, d).transpose(0, 1)  # (H, Lq+Lk-1, D)
+        r = self.r_proj(self.encoding(distance.to(q.dtype))).view(-1, h, d).transpose(0, 1)  # (H, Lq+Lk-1, D)
         position = (q + self.v[:, None, :]) @ r.transpose(-1, -2)  # (B, H, Lq, Lq+Lk-1)
         # The exact relative shift: row r, key j has distance offset + r - j, at index lq - 1 - r + j.
         rows, keys = torch.arange(lq, device=q.device), torch.arange(lk, device=q.device)
