@@ -11,11 +11,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from relpos_lab.core.attention import banded, flex, gather, relative_attention
 from relpos_lab.core.attention.masks import relative_labels
 
+from tests.attention_cases import CASES, definition, make_case
+
 EXACT_IMPLS = ["naive", "batched", "gather", "flex", "auto"]
 
 
-def reference(q, k, v, rel_k, rel_v, max_distance, mask, causal, offset, bias=None):
-    """e_ij = q_i·(k_j + a^K_ij)/sqrt(D); z_i = Σ_j softmax(e)_ij (v_j + a^V_ij), element by element."""
+def by_the_equations(q, k, v, rel_k, rel_v, max_distance, mask, causal, offset, bias=None):
+    """e_ij = q_i·(k_j + a^K_ij)/sqrt(D); z_i = Σ_j softmax(e)_ij (v_j + a^V_ij), element by element:
+    the paper's equations as loops, which `definition` (tests/attention_cases.py) is checked against."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     out = torch.zeros(B, H, Lq, v.shape[-1], dtype=torch.float64)
@@ -53,54 +56,19 @@ def reference(q, k, v, rel_k, rel_v, max_distance, mask, causal, offset, bias=No
     return out
 
 
-CASES = {
-    "square": dict(B=2, H=3, Lq=5, Lk=5, K=2),
-    "rect_offset_causal": dict(B=2, H=2, Lq=3, Lk=7, K=2, offset=4, causal=True),
-    "causal_prefill": dict(B=1, H=2, Lq=6, Lk=6, K=1, causal=True),
-    "padding_with_empty_row": dict(B=3, H=2, Lq=4, Lk=6, K=2, padding=True),
-    "mask_2d_and_causal": dict(B=2, H=2, Lq=5, Lk=5, K=3, full_mask=True, causal=True),
-    "k0": dict(B=2, H=2, Lq=4, Lk=4, K=0),
-    "k1": dict(B=2, H=2, Lq=5, Lk=6, K=1),
-    "k_beyond_length": dict(B=1, H=2, Lq=4, Lk=5, K=9),
-    "keys_only": dict(B=2, H=2, Lq=4, Lk=5, K=2, use_v=False),
-    "values_only": dict(B=2, H=2, Lq=4, Lk=5, K=2, use_k=False),
-    "neither": dict(B=2, H=2, Lq=4, Lk=5, K=2, use_k=False, use_v=False, causal=True, offset=1),
-    "per_head": dict(B=2, H=3, Lq=4, Lk=6, K=2, per_head=True, padding=True),
-    "per_head_causal_offset": dict(B=1, H=2, Lq=2, Lk=5, K=1, per_head=True, causal=True, offset=3),
-    "with_bias": dict(B=2, H=2, Lq=4, Lk=4, K=1, bias=True),
-}
-
-
-def make_case(B, H, Lq, Lk, K, offset=0, causal=False, padding=False, full_mask=False, use_k=True,
-              use_v=True, per_head=False, bias=False, D=4, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=g, dtype=dtype)
-
-    q, k, v = rand(B, H, Lq, D), rand(B, H, Lk, D), rand(B, H, Lk, D)
-    shape = (H, 2 * K + 1, D) if per_head else (2 * K + 1, D)
-    rel_k = rand(*shape) if use_k else None
-    rel_v = rand(*shape) if use_v else None
-    mask = None
-    if padding:
-        lengths = torch.randint(1, Lk + 1, (B,), generator=g)
-        mask = (torch.arange(Lk)[None, :] < lengths[:, None])[:, None, None, :].clone()
-        mask[0] = False  # a sentence with no visible key: its rows must come out as zeros
-    if full_mask:
-        mask = torch.rand(B, 1, Lq, Lk, generator=g) > 0.3
-    attn_bias = rand(1, H, Lq, Lk) if bias else None
-    kwargs = dict(rel_k=rel_k, rel_v=rel_v, max_distance=K, attn_mask=mask, is_causal=causal,
-                  query_offset=offset, attn_bias=attn_bias)
-    return q, k, v, kwargs
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_shared_definition_is_the_papers_equations_element_by_element(case):
+    q, k, v, kw = make_case(**CASES[case])
+    want = by_the_equations(q, k, v, kw["rel_k"], kw["rel_v"], kw["max_distance"], kw["attn_mask"],
+                            kw["is_causal"], kw["query_offset"], kw["attn_bias"])
+    torch.testing.assert_close(definition(q, k, v, **kw), want, atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize("impl", EXACT_IMPLS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_elementwise_reference(case, impl):
+def test_matches_the_definition(case, impl):
     q, k, v, kw = make_case(**CASES[case])
-    want = reference(q, k, v, kw["rel_k"], kw["rel_v"], kw["max_distance"], kw["attn_mask"],
-                     kw["is_causal"], kw["query_offset"], kw["attn_bias"])
+    want = definition(q, k, v, **kw)
     got = relative_attention(q, k, v, impl=impl, **kw)
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
@@ -142,8 +110,7 @@ def test_label_maps_over_row_blocks_equal_gather_and_scatter_add(monkeypatch, bl
 def test_gather_over_many_row_blocks_matches_the_reference_with_gradients(monkeypatch, case):
     monkeypatch.setattr(gather, "_LABEL_BLOCK", 1)  # blocks of max(1, 2k) rows
     q, k, v, kw = make_case(**CASES[case])
-    want = reference(q, k, v, kw["rel_k"], kw["rel_v"], kw["max_distance"], kw["attn_mask"],
-                     kw["is_causal"], kw["query_offset"], kw["attn_bias"])
+    want = definition(q, k, v, **kw)
     torch.testing.assert_close(relative_attention(q, k, v, impl="gather", **kw), want, atol=1e-10, rtol=1e-10)
     leaves = [t.requires_grad_(True) for t in (q, k, v, kw["rel_k"], kw["rel_v"]) if t is not None]
     grads = []
@@ -349,10 +316,9 @@ BANDED_CASES = {
 
 
 @pytest.mark.parametrize("case", list(BANDED_CASES))
-def test_banded_matches_reference_and_naive_gradients(case):
+def test_banded_matches_the_definition_and_naive_gradients(case):
     q, k, v, kw = make_case(**BANDED_CASES[case])
-    want = reference(q, k, v, kw["rel_k"], kw["rel_v"], kw["max_distance"], kw["attn_mask"],
-                     kw["is_causal"], kw["query_offset"])
+    want = definition(q, k, v, **kw)
     leaves = [t for t in (q, k, v, kw["rel_k"], kw["rel_v"]) if t is not None]
     grads = {}
     for impl in ("naive", "banded"):
@@ -385,12 +351,11 @@ def test_banded_refuses_what_it_cannot_compute():
 
 
 @pytest.mark.parametrize("case", list(BANDED_CASES))
-def test_banded_with_flex_tails_matches_the_reference(case):
+def test_banded_with_flex_tails_matches_the_definition(case):
     """CUDA's banded runs its tails through FlexAttention with block masks: the same core is
     checked here with eager flex on CPU (forward; flex's backward needs CUDA, tests/test_cuda.py)."""
     q, k, v, kw = make_case(**BANDED_CASES[case])
-    want = reference(q, k, v, kw["rel_k"], kw["rel_v"], kw["max_distance"], kw["attn_mask"],
-                     kw["is_causal"], kw["query_offset"])
+    want = definition(q, k, v, **kw)
     n, kmax, mask = q.shape[-2], kw["max_distance"], kw["attn_mask"]
     keep = mask.reshape(mask.shape[0], n).expand(q.shape[0], n) if mask is not None else None
     masks = tuple(flex.flex_block_mask(mask, False, n, n, 0, side, kmax, "cpu") for side in ("left", "right"))

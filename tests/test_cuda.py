@@ -26,6 +26,8 @@ from relpos_lab.core.loss import label_smoothed_loss
 from relpos_lab.core.positions import BUILTIN, builtin_config
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
 
+from tests.attention_cases import definition
+
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -127,12 +129,12 @@ def run(impl, q, k, v, kw, dtype, grad_weights=None):
 
 
 def reference(q, k, v, kw, dtype, grad_weights=None):
-    """float64 on the CPU from the inputs rounded to `dtype`: the paper's form (naive)."""
+    """float64 on the CPU from the inputs rounded to `dtype`: the definition (tests/attention_cases.py)."""
     ins = [t.to(dtype).double().requires_grad_(grad_weights is not None) for t in leaves(q, k, v, kw)]
     it = iter(ins)
     q64, k64, v64 = next(it), next(it), next(it)
     tables = {n: (next(it) if kw[n] is not None else None) for n in ("rel_k", "rel_v")}
-    out = relative_attention(q64, k64, v64, impl="naive", **{**kw, **tables})
+    out = definition(q64, k64, v64, **{**kw, **tables})
     if grad_weights is None:
         return out, []
     (out * grad_weights).sum().backward()

@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from relpos_lab.core.attention import fused, relative_attention
-from relpos_lab.core.attention.masks import offset_bias, relative_labels
+from relpos_lab.core.attention.masks import offset_bias
 from relpos_lab.core.positions import builtin_config
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
+
+from tests import attention_cases
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
@@ -26,42 +28,14 @@ pytestmark = pytest.mark.skipif(
 
 def definition(q, k, v, rel_k, rel_v, rel_bias, kmax, keep, causal, offset, dropped=None, dropout_p=0.0,
                dense_mask=None):
-    """Float64 loops over the equations: e_ij = q_i·(k_j + a^K_ij)/√D + b_ij, z_i = Σ_j α_ij (v_j + a^V_ij),
-    α = softmax(e) with the entries where `dropped` (B, H, Lq, Lk) is False zeroed and the rest / (1 − p)."""
-    q, k, v = q.double(), k.double(), v.double()
-    b, h, lq, d = q.shape
-    lk = k.shape[-2]
-    label = relative_labels(lq, lk, kmax, offset, q.device)
-
-    def table(t, head):
-        return None if t is None else (t[head] if t.dim() == 3 else t).double()
-
-    out = torch.zeros_like(q)
-    for head in range(h):
-        wk, wv = table(rel_k, head), table(rel_v, head)
-        e = q[:, head] @ k[:, head].transpose(-1, -2)
-        if wk is not None:
-            e = e + torch.einsum("bid,ijd->bij", q[:, head], wk[label])
-        e = e / d ** 0.5
-        if rel_bias is not None:
-            e = e + rel_bias[head].double()[label]
-        visible = torch.ones(b, lq, lk, dtype=torch.bool, device=q.device)
-        if keep is not None:
-            visible &= keep[:, None, :]
-        if dense_mask is not None:  # broadcastable to (B, H, Lq, Lk)
-            visible &= dense_mask.expand(b, h, lq, lk)[:, head]
-        if causal:
-            visible &= (torch.arange(lk, device=q.device)[None, :]
-                        <= torch.arange(lq, device=q.device)[:, None] + offset)
-        e = e.masked_fill(~visible, float("-inf"))
-        p = torch.softmax(e, -1).nan_to_num(0.0)
-        if dropped is not None:
-            p = p * dropped[:, head] / (1 - dropout_p)
-        z = p @ v[:, head]
-        if wv is not None:
-            z = z + torch.einsum("bij,ijd->bid", p, wv[label])
-        out[:, head] = z
-    return out
+    """tests/attention_cases.py's float64 definition, with this file's arguments: `keep` (B, Lk) the
+    real keys, `dense_mask` a mask broadcastable to (B, H, Lq, Lk) beside it."""
+    mask = keep[:, None, None, :] if keep is not None else None
+    if dense_mask is not None:
+        mask = dense_mask if mask is None else mask & dense_mask
+    return attention_cases.definition(q, k, v, rel_k=rel_k, rel_v=rel_v, rel_bias=rel_bias, max_distance=kmax,
+                                      attn_mask=mask, is_causal=causal, query_offset=offset, dropped=dropped,
+                                      dropout_p=dropout_p)
 
 
 def make(b=2, h=3, lq=37, lk=None, d=24, kmax=4, per_head=False, use_k=True, use_v=True, use_bias=True,
