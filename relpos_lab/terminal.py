@@ -85,6 +85,12 @@ def show_summary(summary, title: str) -> None:
     for name in names:
         metrics.add_row(name, *(f"{values[name]:.4f}" if name in values else "" for values in splits.values()))
     console.print(metrics)
+    data = {split: d["data"] for split, d in (getattr(summary, "details", None) or {}).items() if "data" in d}
+    for split, text in data.items():  # what each split's numbers were measured on
+        console.print(f"{split + ' data':>14}  {text}", markup=False, highlight=False, soft_wrap=True)
+    if len(set(data.values())) > 1:
+        console.print(f"{'':>14}  {' and '.join(data)} are different texts: compare a metric between runs on one "
+                      "split, not between splits", markup=False, highlight=False, soft_wrap=True)
 
 
 def show_table(table: Table) -> None:

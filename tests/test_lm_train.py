@@ -58,8 +58,20 @@ def test_a_tiny_run_on_the_builtin_corpus_records_perplexity_by_length(trained):
         signature = results["details"][split]["data_signature"]
         assert signature.startswith("pydoc_data.topics (Python 3.") and "|sha256:" in signature
         assert results["details"][split]["train_data_signature"].startswith("pydoc_data.topics")
+        data = results["details"][split]["data"]  # in words, for the closing summary
+        assert "pydoc topics, " in data and data.endswith(" tokens")
     assert (trained / "plots" / "by_length_ppl.png").is_file()
     assert (trained / "plots" / "by_length_ppl_pos32-63.png").is_file()
+
+
+def test_the_summary_says_what_each_split_scored_and_that_they_differ(trained, data_dir):
+    """valid and test are whole documents of their own: their perplexities differ by content."""
+    out = run_cli("train", *TINY, f"task.data_dir={data_dir}", cwd=trained.parents[2])  # finished: the summary
+    assert out.returncode == 0, out.stderr[-4000:]
+    details = json.loads((trained / "results.json").read_text())["details"]
+    for split in ("valid", "test"):
+        assert f"{split} data  {details[split]['data']}" in out.stdout
+    assert "valid and test are different texts: compare a metric between runs on one split" in out.stdout
 
 
 def test_eval_with_sliding_windows_scores_every_token_once(trained, tmp_path):

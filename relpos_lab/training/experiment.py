@@ -405,7 +405,7 @@ def _write(out_dir: Path, splits: dict[str, EvalResult], task, loggers, extra: d
     curves = {split: {n: {k: v for k, v in row.items() if k != "n"} for n, row in rows.items()}
               for split, rows in by_length.items()}  # example counts are not worth a plot
     plots = plot_by_length(out_dir, curves, task.train_length_range(), loggers) if by_length else []
-    return RunSummary(out_dir, out_dir / "results.json", metrics, plots, outputs), results
+    return RunSummary(out_dir, out_dir / "results.json", metrics, plots, outputs, details=details), results
 
 
 def _write_lines(path: Path, lines: list[str]) -> Path:

@@ -48,6 +48,7 @@ class RunSummary:
     resumed_from: Path | None = None
     seconds: float = 0.0
     finished_before: bool = False  # the run was finished already: nothing was trained
+    details: dict[str, dict[str, str]] = field(default_factory=dict)  # split -> what its numbers were made of
 
 
 def training_directory(cfg: DictConfig, force: bool = False) -> tuple[Path, bool]:
@@ -198,4 +199,5 @@ def finished_summary(run_dir: Path) -> RunSummary:
     checkpoint = run_dir / results["checkpoint"] if results.get("checkpoint") else None
     return RunSummary(run_dir, run_dir / "results.json", results["metrics"], sorted((run_dir / "plots").glob("*.png")),
                       checkpoint=checkpoint, checkpoint_step=results.get("checkpoint_step"),
-                      checkpoint_choice=results.get("checkpoint_choice"), finished_before=True)
+                      checkpoint_choice=results.get("checkpoint_choice"), finished_before=True,
+                      details=results.get("details") or {})

@@ -123,6 +123,7 @@ class LMTask(Task):
     def __init__(self, cfg: LMConfig, *, seed: int = 0):
         super().__init__(cfg, seed=seed)
         self._streams: dict[str, TokenStream] = {}
+        self._scored: dict[str, str] = {}  # split -> its text in words (TextSource.name)
 
     # --- text, vocabulary, token streams -----------------------------------------------------
 
@@ -153,6 +154,7 @@ class LMTask(Task):
         if split not in self._streams:
             source = self.source(split)
             stream, built = load_or_build(source, self.subword, self.data_dir / "tokens", split)
+            self._scored[split] = source.name.removeprefix(f"{split}: ")
             _info(f"[{split}] {'tokenised' if built else 'cached'} {source.name}: {stream.info['tokens']} tokens, "
                   f"{stream.info['lines']} lines")
             self._streams[split] = stream
@@ -242,11 +244,14 @@ class LMTask(Task):
         return PerplexityEvaluation(self.cfg.lengths(), self.cfg.train_length, details=lambda: self._signatures(split))
 
     def _signatures(self, split: str) -> dict[str, str]:
-        """Which text was scored, and which the model learned from (when this process read it)."""
+        """Which text was scored, and which the model learned from (when this process read it); `data`
+        says it in words for the run's closing summary (valid and test are different texts)."""
         out = {}
         for name, key in ((split, "data_signature"), ("train", "train_data_signature")):
             if name in self._streams:
                 out[key] = signature(self._streams[name].info)
+        if split in self._streams:
+            out["data"] = f"{self._scored[split]}, {self._streams[split].info['tokens']:,} tokens"
         return out
 
     def evaluate(self, model: nn.Module, batch: Batch, evaluation: PerplexityEvaluation) -> None:
