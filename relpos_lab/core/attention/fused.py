@@ -417,7 +417,8 @@ def launch_forward(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> tu
     fwd, _, _, _ = _get_kernels()
     fwd[lambda meta: (_cdiv(lq, meta["BLOCK_M"]), h, b)](
         q, k, v, *args["tables"], args["mask"], o, lse, logits, mass,
-        *_strides(q, k, v), *args["strides"], *_strides(o), *args["scalars"], **args["meta"])
+        *_strides(q, k, v), *args["table_strides"], *args["mask_strides"], *_strides(o), *args["scalars"],
+        **args["meta"])
     return o, lse, mass, args
 
 
@@ -426,6 +427,12 @@ class Needs(NamedTuple):
     rel_k: bool
     rel_v: bool
     rel_bias: bool
+
+    @classmethod
+    def of(cls, needs_input_grad) -> Needs:
+        """From autograd's flags for the inputs (q, k, v, rel_k, rel_v, rel_bias, ...)."""
+        inputs = dict(zip(("q", "k", "v", "rel_k", "rel_v", "rel_bias"), needs_input_grad))
+        return cls(*(inputs[name] for name in cls._fields))
 
 
 def launch_backward(do, q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass, launch: _Launch, args: dict,
@@ -453,12 +460,14 @@ def launch_backward(do, q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass, lau
     # kernel reads: it runs first.
     bwd_dq[lambda meta: (_cdiv(lq, meta["BLOCK_M"]), h, b)](
         q, k, v, *args["tables"], args["mask"], o, do, lse, dq, delta, edges, logits, values, grad,
-        *_strides(q, k, v), *args["strides"], *_strides(o, do, dq), *args["scalars"], **args["meta"],
+        *_strides(q, k, v), *args["table_strides"], *args["mask_strides"], *_strides(o, do, dq), *args["scalars"],
+        **args["meta"],
         NEEDS_G=needs_g)
     meta = args["meta"]
     bwd_dkdv[lambda meta: (_cdiv(lk, meta["BLOCK_N"]), h, b)](
         q, k, v, args["tables"][2], args["mask"], do, lse, delta, edges, logits, values, dk, dv, dbias_rows, rows,
-        *_strides(q, k, v), args["strides"][4], *args["strides"][5:], *_strides(do, dk, dv), *args["scalars"],
+        *_strides(q, k, v), args["table_strides"].rel_bias_head, *args["mask_strides"], *_strides(do, dk, dv),
+        *args["scalars"],
         **meta, BIAS_GRAD=wide_grad,
         **({"WINDOW": _window(*_INTERPRETER_BLOCKS.values())} if INTERPRETED else {}))
     d_rel_k = d_rel_v = d_rel_bias = None
@@ -493,7 +502,7 @@ class _FusedRelativeAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        needs = Needs(*ctx.needs_input_grad[3:6])
+        needs = Needs.of(ctx.needs_input_grad)
         grads = launch_backward(do, *ctx.saved_tensors, ctx.launch, ctx.args, needs)
         return *grads, None, None
 
@@ -533,7 +542,7 @@ def _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> dict
     The bias goes in as rel_bias · log2 e: the kernels' logits are in base 2."""
     wk, swkh, swkl = _table(rel_k, q)
     wv, swvh, swvl = _table(rel_v, q)
-    bias = (rel_bias.float() * kernels.LOG2E).contiguous() if rel_bias is not None else q
+    bias = (rel_bias.float() * kernels.LOG2E.value).contiguous() if rel_bias is not None else q
     sbh = bias.stride(0) if rel_bias is not None else 0
     meta = dict(LABELS=labels(rel_k, rel_v, rel_bias, launch.kmax),
                 HAS_RK=rel_k is not None, HAS_RV=rel_v is not None, HAS_BIAS=rel_bias is not None,
@@ -544,14 +553,32 @@ def _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> dict
         meta.update(_INTERPRETER_BLOCKS)
     lq, lk = q.shape[-2], k.shape[-2]
     return {"tables": (wk, wv, bias), "mask": mask if mask is not None else q,
-            "strides": (swkh, swkl, swvh, swvl, sbh, *(mask.stride() if mask is not None else (0, 0, 0, 0))),
+            "table_strides": TableStrides(swkh, swkl, swvh, swvl, sbh),
+            "mask_strides": MaskStrides(*(mask.stride() if mask is not None else (0, 0, 0, 0))),
             "scalars": (q.shape[1], lq, lk, q.shape[-1], launch.offset, launch.kmax, launch.scale, launch.seed,
                         launch.dropout_p, _bucket(lq, lk)),
             "meta": meta}
 
 
+class TableStrides(NamedTuple):
+    """The tables' strides the kernels take (0 where a table is shared by the heads, or absent)."""
+    rel_k_head: int
+    rel_k_label: int
+    rel_v_head: int
+    rel_v_label: int
+    rel_bias_head: int
+
+
+class MaskStrides(NamedTuple):
+    """The mask's strides (0 where it broadcasts, or is absent)."""
+    batch: int
+    head: int
+    query: int
+    key: int
+
+
 def _mask_kind(mask: Tensor | None) -> int:
-    """0: no mask; 1: per key (the rows and heads broadcast: padding); 2: per (query, key)."""
+    """The kernels' MASK: none, one per key (the rows and heads broadcast: padding), or per (query, key)."""
     if mask is None:
-        return 0
-    return 1 if mask.stride(2) == 0 and mask.stride(1) == 0 else 2
+        return kernels.NO_MASK.value
+    return kernels.KEY_MASK.value if mask.stride(2) == 0 and mask.stride(1) == 0 else kernels.DENSE_MASK.value

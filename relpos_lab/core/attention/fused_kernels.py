@@ -48,7 +48,15 @@ import os
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
+"""log2 e: the softmax runs in base 2, with log2 e folded into the scale and the bias."""
+MIN_DOT = tl.constexpr(16)
+"""The narrowest tl.dot takes: a row sum or a single label goes through the tensor cores this wide."""
+NO_MASK = tl.constexpr(0)
+KEY_MASK = tl.constexpr(1)
+"""MASK: a mask per key (rows and heads broadcast: padding)."""
+DENSE_MASK = tl.constexpr(2)
+"""MASK: a mask per (query, key)."""
 INLINE_PTX = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
 """Compiled for a GPU (not interpreted): per-pair label loads and stores are inline PTX."""
 
@@ -321,13 +329,13 @@ def load_transposed(ptr, rows, stride, dims, n_rows, D, EVEN_ROWS: tl.constexpr,
 def visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK: tl.constexpr,
             CAUSAL: tl.constexpr, EVEN_N: tl.constexpr):
     """s with −inf where the key may not be seen: beyond Lk (unless Lk fills the tiles), masked
-    out (MASK 1: per key, padding; 2: per (query, key)), or, CAUSAL, in the query's future."""
+    out (KEY_MASK: per key, padding; DENSE_MASK: per (query, key)), or, CAUSAL, in the query's future."""
     if not EVEN_N:
         s = tl.where((cols < LK)[None, :], s, float("-inf"))
-    if MASK == 1:
+    if MASK == KEY_MASK:
         s = tl.where((tl.load(mask_ptr + cols * stride_mk, mask=cols < LK, other=0) != 0)[None, :], s,
                      float("-inf"))
-    elif MASK == 2:
+    elif MASK == DENSE_MASK:
         attend = tl.load(mask_ptr + rows[:, None] * stride_mq + cols[None, :] * stride_mk,
                          mask=(rows[:, None] < LQ) & (cols[None, :] < LK), other=0)
         s = tl.where(attend != 0, s, float("-inf"))
@@ -385,9 +393,9 @@ def dropped(x, seed, rows, cols, LK, dropout_p, HAS_DROPOUT: tl.constexpr):
 
 @triton.jit
 def label_zero(W, dims, D, DTYPE: tl.constexpr):
-    """(16, BLOCK_D): w_0 in row 0, zeros below, so that label 0 goes through the tensor cores
-    as a narrow dot beside the tile's (16 is the narrowest a dot takes)."""
-    row = tl.arange(0, 16)[:, None]
+    """(MIN_DOT, BLOCK_D): w_0 in row 0, zeros below, so that label 0 goes through the tensor cores
+    as a narrow dot beside the tile's."""
+    row = tl.arange(0, MIN_DOT)[:, None]
     return tl.load(W + row * 0 + dims[None, :], mask=(row == 0) & (dims[None, :] < D), other=0.0).to(DTYPE)
 
 
@@ -415,7 +423,7 @@ def table_combination(acc, tile, column0, W, stride_wl, labels, dims, n_labels, 
     """acc + Σ_l m_il w_l, (BM, D), the masses in DTYPE: the tile's labels 1..2k by one dot, label 0
     by another, both accumulating into acc (no adds of their own)."""
     w = label_vectors(W, stride_wl, labels, dims, n_labels, D, DTYPE)
-    first = tl.arange(0, 16)[None, :] == 0
+    first = tl.arange(0, MIN_DOT)[None, :] == 0
     out = tl.dot(tile.to(DTYPE), w, acc, input_precision=PRECISION)
     return tl.dot(tl.where(first, column0[:, None], 0.0).to(DTYPE), label_zero(W, dims, D, DTYPE), out,
                   input_precision=PRECISION)
@@ -572,7 +580,7 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
     takes mass out of the pairs and not out of l_i: without, m_lo = l_i − m_hi. With dropout, off
     the band, the kept mass is summed by the tensor cores with P·V: p times a column of ones, in
     `kept`, rescaled like acc."""
-    kept = tl.zeros((rows.shape[0], 16), dtype=tl.float32)  # the stage's kept mass, 16 times over
+    kept = tl.zeros((rows.shape[0], MIN_DOT), dtype=tl.float32)  # the stage's kept mass, MIN_DOT times over
     for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
         cols = n0 + tl.arange(0, BLOCK_N)
         if STAGE == FRINGE_PAIR:
@@ -580,7 +588,7 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
             cols = tl.where(in_right, cols + (right_lo - n0 - BLOCK_N // 2), cols)
         qk = tl.dot(q, load_transposed(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D),
                     input_precision=PRECISION)  # (BM, BN)
-        if STAGE != BAND and (MASK != 0 or not EVEN_N):  # (the band masks after its logit terms)
+        if STAGE != BAND and (MASK != NO_MASK or not EVEN_N):  # (the band masks after its logit terms)
             qk = visible(qk, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
         if STAGE == FRINGE_PAIR:
             # One label per half: the row maximum is the greater of the halves' maxima, each plus
@@ -652,15 +660,15 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
                     m_lo = m_lo * alpha + (tl.sum(p, 1) - hi_part)
                 m_hi = m_hi * alpha + hi_part
             elif HAS_DROPOUT:
-                kept = tl.dot(p.to(v.dtype), tl.full((BLOCK_N, 16), 1.0, v.dtype), kept * alpha[:, None],
+                kept = tl.dot(p.to(v.dtype), tl.full((BLOCK_N, MIN_DOT), 1.0, v.dtype), kept * alpha[:, None],
                               input_precision=PRECISION)
                 m_lo = m_lo * alpha
                 m_hi = m_hi * alpha
         m_i = m_new
     if HAS_RV and HAS_DROPOUT and STAGE == LEFT:
-        m_lo += tl.sum(kept, 1) / 16
+        m_lo += tl.sum(kept, 1) / MIN_DOT
     elif HAS_RV and HAS_DROPOUT and STAGE == RIGHT:
-        m_hi += tl.sum(kept, 1) / 16
+        m_hi += tl.sum(kept, 1) / MIN_DOT
     return acc, l_i, m_i, m_lo, m_hi
 
 
@@ -690,7 +698,7 @@ def forward_kernel(
     start_m = tl.program_id(0)
     b, h, bh = head_of_program(H)
     n_labels = 2 * max_distance + 1
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_abs = rows + OFFSET
     dims = tl.arange(0, BLOCK_D)
@@ -816,7 +824,7 @@ def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, table_to_qk, r_edge, valu
     """dq and the label sums G of a query block over key tiles [lo, hi) of one stage: g_hi sums
     label 2k, the band's interior values go to the grad table. Label 0 needs no sum: a row of dS
     sums to zero (Σ_j p_ij dP_ij = delta_i), so G_i0 = −(G_i,2k + the interior)."""
-    g_right = tl.zeros((rows.shape[0], 16), dtype=tl.float32)  # RIGHT's row sums of dS, 16 times over
+    g_right = tl.zeros((rows.shape[0], MIN_DOT), dtype=tl.float32)  # RIGHT's row sums of dS, MIN_DOT times over
     for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
         cols = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
@@ -831,7 +839,7 @@ def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, table_to_qk, r_edge, valu
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
             p = tl.exp2(s * qk_scale - lse[:, None])
         else:
-            if MASK != 0 or not EVEN_N:
+            if MASK != NO_MASK or not EVEN_N:
                 s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
             p = tl.exp2(s * qk_scale - (lse - r_edge)[:, None])
         # dP = dO·(v_j + w^V_l), dropped as p was; dS = p (dP − delta).
@@ -853,10 +861,10 @@ def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, table_to_qk, r_edge, valu
                 g_hi += tl.sum(tl.where(offset >= max_distance, ds, 0.0), 1)
                 store_by_row((grad_rows + max_distance)[:, None] + distance, ds, rows, LQ, EVEN_M)
             elif STAGE == RIGHT:  # by the tensor cores, in the precision dq takes dS in
-                g_right = tl.dot(ds.to(k.dtype), tl.full((BLOCK_N, 16), 1.0, k.dtype), g_right,
+                g_right = tl.dot(ds.to(k.dtype), tl.full((BLOCK_N, MIN_DOT), 1.0, k.dtype), g_right,
                                  input_precision=PRECISION)
     if NEEDS_G and STAGE == RIGHT:
-        g_hi += tl.sum(g_right, 1) / 16  # 16 equal columns (their mean: a max would spill in 64/128)
+        g_hi += tl.sum(g_right, 1) / MIN_DOT  # MIN_DOT equal columns (their mean: a max would spill in 64/128)
     return dq, g_hi
 
 
@@ -886,7 +894,7 @@ def backward_dq_kernel(
     start_m = tl.program_id(0)
     b, h, bh = head_of_program(H)
     n_labels = 2 * max_distance + 1
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_abs = rows + OFFSET
     dims = tl.arange(0, BLOCK_D)
@@ -1005,7 +1013,7 @@ def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, table_to_qk, value_base,
             if HAS_LOGITS:
                 s += load_by_row((logit_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M) * table_to_qk
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
-        elif MASK != 0 or not EVEN_N:
+        elif MASK != NO_MASK or not EVEN_N:
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
         p = tl.exp2(s * qk_scale - lse[:, None])
         dv += tl.dot(tl.trans(dropped(p, seed, rows, cols, LK, dropout_p, HAS_DROPOUT).to(do.dtype)), do,
@@ -1051,7 +1059,7 @@ def backward_dkdv_kernel(
     start_n = tl.program_id(0)
     b, h, bh = head_of_program(H)
     n_labels = 2 * max_distance + 1
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
     n0 = start_n * BLOCK_N
     cols = n0 + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)

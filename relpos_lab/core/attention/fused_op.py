@@ -82,7 +82,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, do, _lse, _mass):
-    needs = ctx.needs_input_grad[3:6]
+    needs = fused.Needs.of(ctx.needs_input_grad)
     grads = fused_attention_backward(do, *ctx.saved_tensors, *ctx.scalars, *needs)
     return (*grads[:3], *(g if need else None for g, need in zip(grads[3:], needs)), None, *(None,) * 6)
 
