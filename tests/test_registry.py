@@ -171,7 +171,7 @@ def test_an_installed_scheme_is_listed_validated_and_trains(installed_scheme, tm
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert ("did you mean 'model.positions.max_distance'" in out.stderr
             and "valid keys at 'model.positions' (scheme distance_bias): scheme, max_random_len, randomize_at_eval, "
-                "redraw_per_layer, max_distance" in out.stderr)
+                "redraw_per_layer, random_distances, max_distance" in out.stderr)
     out = run_cli("config", "reverse_shaw", "model.positions.scheme=distance_bias", "model.positions.max_distance=-2",
                   cwd=tmp_path)
     assert out.returncode == 2 and "model.positions.max_distance must be >= 0, got -2" in out.stderr

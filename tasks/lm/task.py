@@ -250,7 +250,7 @@ class LMTask(Task):
         for name, key in ((split, "data_signature"), ("train", "train_data_signature")):
             if name in self._streams:
                 out[key] = signature(self._streams[name].info)
-        if split in self._streams:
+        if split in self._scored:
             out["data"] = f"{self._scored[split]}, {self._streams[split].info['tokens']:,} tokens"
         return out
 
