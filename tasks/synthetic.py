@@ -16,6 +16,8 @@ registered through the ``relpos_lab.tasks`` entry points in pyproject.toml.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -24,6 +26,8 @@ from torch import Tensor
 
 from relpos_lab.api import ConfigError, DecodingConfig, Pair, Seq2SeqTask, TaskConfig, Vocabulary
 from relpos_lab.api.stream import Stream, seed_of
+
+DEBUG_LENGTHS, DEBUG_PER_LENGTH, DEBUG_TRAIN = 8, 16, 2000  # the `debug` overlay's data (LengthsConfig.for_debug)
 
 
 @dataclass
@@ -47,6 +51,15 @@ class LengthsConfig(TaskConfig):
     """evaluate every n-th length of the valid/test ranges (long probes)"""
     data_seed: int | None = None
     """None: the experiment's seed"""
+
+    def for_debug(self) -> LengthsConfig:
+        """At most DEBUG_LENGTHS + 1 lengths of each evaluated range (its ends and a few between),
+        DEBUG_PER_LENGTH examples of each, DEBUG_TRAIN training examples (a stream stays a stream)."""
+        spans = [hi - lo for lo, hi in (self.valid_lengths, self.test_lengths)]
+        step = max(self.eval_length_step, *(math.ceil(span / (DEBUG_LENGTHS - 1)) for span in spans))
+        return dataclasses.replace(self, eval_length_step=step,
+                                   eval_size_per_length=min(self.eval_size_per_length, DEBUG_PER_LENGTH),
+                                   train_size=min(self.train_size, DEBUG_TRAIN))
 
     def validate(self) -> None:
         super().validate()

@@ -201,7 +201,8 @@ def test_sigterm_during_the_final_evaluation_exits_143_and_the_same_command_eval
     exits 143 with one line saying so, leaves no results.json, and the same command finishes it."""
     steps = 20
     args = ["train", "tiny.yaml", f"trainer.max_steps={steps}", "task.test_lengths=[1,40]",
-            "task.eval_size_per_length=300", "logging.wandb.mode=disabled"]  # ~10 s of greedy decoding
+            "task.eval_size_per_length=300", "logging.wandb.mode=disabled",
+            "debug=false"]  # ~10 s of greedy decoding: the tiny model on the data as given
     proc = start(root, *args)
     wait_for(proc, lambda: checkpoint_step(root) == steps, "a last.ckpt of the last step")
     time.sleep(1.0)  # past the fit, into the final evaluation

@@ -100,7 +100,8 @@ def test_wandb_offline_history_holds_the_logged_metrics(trained):
 
 def test_a_shipped_experiment_trains_by_name_from_an_empty_directory(tmp_path):
     out = run_cli("train", "reverse_shaw", "debug", "trainer.max_steps=4", "trainer.val_every_n_steps=4",
-                  "task.test_lengths=[1,4]", "task.eval_size_per_length=2", "logging.wandb.mode=disabled", cwd=tmp_path)
+                  "task.valid_lengths=[1,4]", "task.test_lengths=[1,4]", "task.eval_size_per_length=2",
+                  "logging.wandb.mode=disabled", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
     run_dir = run_dir_of(tmp_path)
     assert run_dir.parent == tmp_path / "runs" / "reverse_shaw" and run_dir.name.startswith("reverse-shaw-k16-")

@@ -63,6 +63,12 @@ class TaskConfig:
     end included, then averaged over the batch, as DeepMind's reference code takes it; false: a mean over the
     target's tokens"""
 
+    def for_debug(self) -> TaskConfig:
+        """This config for the `debug` overlay: its evaluation cut to a few lengths and examples, its
+        training data small, so that a debug run of any experiment finishes in seconds. The default
+        changes nothing; the built-in tasks' configs cut what they generate or read."""
+        return self
+
     def validate(self) -> None:
         """Raise ValueError naming a bad field; subclasses extend it (call super().validate())."""
         if self.decoding.beam_size < 1:

@@ -214,6 +214,9 @@ def compose(sources: list[Source], *, default_name: str, partial: bool = False) 
                           "on the command line")
     _check_choices(cfg, provenance)
     _check_sections(cfg, provenance, [label for label, _ in sources])
+    if cfg.get("debug") and task_cls is not None and not missing:  # the task's data cut small, checked again
+        cfg.task = OmegaConf.structured(OmegaConf.to_object(cfg.task).for_debug())
+        _check_sections(cfg, provenance, [label for label, _ in sources])
     return cfg
 
 

@@ -226,6 +226,9 @@ class ExperimentConfig:
     """a run of this experiment that differs only in its budget (trainer.max_steps, val_every_n_steps, stop_at) is
     continued in its own directory from its newest checkpoint, one history (`train --extend`); false: train a separate
     run; null: refuse, naming that run and --extend"""
+    debug: bool = False
+    """true (the `debug` overlay sets it): the task's data cut small by its config's `for_debug()` (a few
+    evaluation lengths and examples, a small training set), so that any experiment checks end to end in seconds"""
     task: Any = None
     """the task and its options: validated against the chosen task's config_class (see load_config)"""
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -71,6 +71,8 @@ ADDED_KEYS: dict[str, Any] = {
     "model.positions.randomize_at_eval": False,
     "model.positions.redraw_per_layer": False,
     "model.positions.random_distances": False,
+    "debug": False,
+    "task.eval_sentences": 0,
     "trainer.stop_at": None,
     "model.architecture": "encoder_decoder",
     "model.bidirectional_prefix": False,

@@ -95,11 +95,12 @@ class StepProgressBar(RichProgressBar):
 
 
 class ProgressLines(ProgressBar):
-    """A plain line every `every_n_steps` optimizer steps (and at the last), one after each validation."""
+    """A plain line every `every_n_steps` optimizer steps (and at the last), one after each
+    validation; with `every_n_steps` 0, the validations' lines only."""
 
     def __init__(self, every_n_steps: int, write: Callable[[str], None] | None = None) -> None:
         super().__init__()
-        self.every_n_steps = max(int(every_n_steps), 1)
+        self.every_n_steps = int(every_n_steps)
         self._write = write
         self._enabled = True
         self._start: tuple[float, int] = (0.0, 0)  # (time, step) the fit started at
@@ -123,7 +124,8 @@ class ProgressLines(ProgressBar):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         step, total = trainer.global_step, trainer.max_steps
-        if not self._enabled or step == self._last[1] or (step % self.every_n_steps and step < total):
+        if (not self._enabled or not self.every_n_steps or step == self._last[1]
+                or (step % self.every_n_steps and step < total)):
             return
         now = time.monotonic()
         rate = (step - self._last[1]) / max(now - self._last[0], 1e-9)

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from relpos_lab.api.errors import UserError
 from relpos_lab.training.checkpoints import AtomicCheckpointIO
-from relpos_lab.training.progress import LongRunNotice, OneLineSummary, is_quiet, progress_bar
+from relpos_lab.training.progress import LongRunNotice, OneLineSummary, ProgressLines, is_quiet, progress_bar
 from relpos_lab.training.rendezvous import ddp_strategy
 
 
@@ -25,8 +25,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, loggers: list, callbacks: l
     t = cfg.trainer
     check_hardware(cfg)
     callbacks = [*callbacks, LongRunNotice()]  # with progress or without (debug)
-    if t.enable_progress_bar:
-        callbacks = [*callbacks, progress_bar(t.log_every_n_steps)]
+    # without a bar (debug, a sweep's logs) a line after each validation still says how it goes
+    callbacks = [*callbacks, progress_bar(t.log_every_n_steps) if t.enable_progress_bar else ProgressLines(0)]
     if t.enable_model_summary and is_quiet():
         callbacks = [*callbacks, OneLineSummary()]
     try:
@@ -37,7 +37,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, loggers: list, callbacks: l
             val_check_interval=t.val_every_n_steps, check_val_every_n_epoch=None,
             log_every_n_steps=t.log_every_n_steps, gradient_clip_val=t.gradient_clip_val or None,
             accumulate_grad_batches=t.accumulate_grad_batches, num_sanity_val_steps=t.num_sanity_val_steps,
-            deterministic=t.deterministic, enable_progress_bar=t.enable_progress_bar,
+            deterministic=t.deterministic, enable_progress_bar=True,  # a bar, or ProgressLines
             enable_model_summary=t.enable_model_summary,
             enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
             use_distributed_sampler=False,  # TaskDataModule shards (token batches as whole batches)

@@ -43,6 +43,7 @@ from relpos_lab_tasks.lm.tokens import ConcatWindows, TokenStream, Window, Windo
 from relpos_lab_tasks.subword import SubwordConfig, SubwordModel, load_or_train
 
 CORPORA = ("builtin", "files", "hf")
+DEBUG_TOKENS = 2048  # what the `debug` overlay scores of each evaluation stream (LMConfig.for_debug)
 HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 PAD, EOS = 0, 2  # the framework's specials (Vocabulary.SPECIALS), which the subword model keeps
 
@@ -82,6 +83,10 @@ class LMConfig(TaskConfig):
     """score at most this many tokens of each evaluation stream (its beginning); 0: all"""
     eval_max_tokens: int = 8192
     """padded tokens per evaluation batch"""
+
+    def for_debug(self) -> LMConfig:
+        """The first DEBUG_TOKENS tokens of each evaluation stream scored."""
+        return dataclasses.replace(self, eval_tokens=min(self.eval_tokens or DEBUG_TOKENS, DEBUG_TOKENS))
 
     def validate(self) -> None:
         super().validate()

@@ -19,6 +19,7 @@ registered through the ``relpos_lab.tasks`` entry points like any plugin.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -39,6 +40,7 @@ from relpos_lab_tasks.translation.corpora import ParallelText, read_aligned, rea
 from relpos_lab_tasks.translation.gettext import build_corpus
 
 CORPORA = ("gettext", "files", "tsv", "hf")
+DEBUG_SENTENCES = 64  # gettext's valid and test messages under the `debug` overlay (TranslationConfig.for_debug)
 HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 
 
@@ -77,12 +79,20 @@ class TranslationConfig(TaskConfig):
     """padded tokens per training batch (per process)"""
     eval_max_tokens: int = 4096
     """padded tokens per evaluation batch (beam search multiplies them)"""
+    eval_sentences: int = 0
+    """score the first this many pairs of valid and test; 0: all (`debug` sets it)"""
     length_buckets: list[int] = field(default_factory=lambda: [1, 6, 11, 21, 41])
     """by_length: lower bounds of source-length buckets (subword tokens) for BLEU/chrF by length;
     [] for none"""
     decoding: DecodingConfig = field(default_factory=lambda: DecodingConfig(
         beam_size=4, length_penalty=0.6, max_len_a=1.5, max_len_b=10))
     """beam search of 4, as in the paper"""
+
+    def for_debug(self) -> TranslationConfig:
+        """DEBUG_SENTENCES pairs of valid and test scored (gettext's held-out sets cut to as many)."""
+        return dataclasses.replace(self, valid_size=min(self.valid_size, DEBUG_SENTENCES),
+                                   test_size=min(self.test_size, DEBUG_SENTENCES),
+                                   eval_sentences=min(self.eval_sentences or DEBUG_SENTENCES, DEBUG_SENTENCES))
 
     def validate(self) -> None:
         super().validate()
@@ -99,6 +109,8 @@ class TranslationConfig(TaskConfig):
         for name in ("valid_size", "test_size", "max_chars", "max_len", "max_tokens", "eval_max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"task.{name}={getattr(self, name)} must be >= 1")
+        if self.eval_sentences < 0:
+            raise ValueError(f"task.eval_sentences={self.eval_sentences} must be >= 0 (0: all)")
         if self.max_len_ratio < 1:
             raise ValueError(f"task.max_len_ratio={self.max_len_ratio} must be >= 1")
         if list(self.length_buckets) != sorted(set(self.length_buckets)) or any(b < 1 for b in self.length_buckets):
@@ -188,7 +200,8 @@ class TranslationTask(Seq2SeqTask):
     def dataset(self, split: str) -> list[Sentence]:
         text = self.text(split)
         src, tgt = self.subword.encode(text.src), self.subword.encode(text.tgt)
-        keep = range(len(text))
+        keep = range(len(text) if split == "train" or not self.cfg.eval_sentences
+                     else min(len(text), self.cfg.eval_sentences))
         if split == "train":
             keep = [i for i in keep if self._fits(len(src[i]), len(tgt[i]))]
             if len(keep) < len(text):
