@@ -15,9 +15,10 @@ import pytest
 from relpos_lab import cli
 from relpos_lab.training import experiment
 
-TINY = ["lm_builtin", "debug", "task.subword.vocab_size=400", "task.train_length=16", "task.eval_lengths=[16,32,64]",
-        "task.eval_tokens=3000", "model.positions.max_distance=4", "trainer.max_steps=30",
-        "trainer.val_every_n_steps=15", "optim.lr=0.01", "model.dropout=0.0", "model.attention_dropout=0.0"]
+TINY = ["lm_builtin", "debug", "debug=false", "task.subword.vocab_size=400", "task.train_length=16",
+        "task.eval_lengths=[16,32,64]", "task.eval_tokens=3000", "model.positions.max_distance=4",
+        "trainer.max_steps=30", "trainer.val_every_n_steps=15", "optim.lr=0.01", "model.dropout=0.0",
+        "model.attention_dropout=0.0"]
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
