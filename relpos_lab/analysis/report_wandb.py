@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from relpos_lab.config.schema import WandbConfig
+from relpos_lab.records.wandb_offline import wait_until_complete
 from relpos_lab.records.wandb_run import resolve_wandb_mode
 
 TASK = "task"  # the sweep axis that splits the length charts, when the sweep has one
@@ -49,5 +50,8 @@ def publish_report(out: Path, name: str, split: str, how: str, names: list[str],
                 artifact.add_file(str(path))
         run.log_artifact(artifact)
     finally:
+        run_file = Path(run.dir).parent / f"run-{run.id}.wandb"
         run.finish()
+        if run_file.is_file():  # offline: the file is complete when the command returns (as RunWandbLogger.close)
+            wait_until_complete(run_file)
     return out / "wandb"
