@@ -73,6 +73,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.positions.random_distances": False,
     "debug": False,
     "task.eval_sentences": 0,
+    "task.train_sentences": 0,
     "trainer.stop_at": None,
     "model.architecture": "encoder_decoder",
     "model.bidirectional_prefix": False,

@@ -13,6 +13,7 @@ counted, and reported with its line numbers — the one repair that is safe to m
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,12 @@ class ParallelText:
 
     def __len__(self) -> int:
         return len(self.src)
+
+    def head(self, limit: int) -> ParallelText:
+        """The first `limit` pairs (0: all)."""
+        if not 0 < limit < len(self):
+            return self
+        return ParallelText(f"{self.origin} (first {limit})", self.src[:limit], self.tgt[:limit], self.empty_lines)
 
     def report(self) -> str:
         line = f"{self.origin}: {len(self)} sentence pairs"
@@ -90,9 +97,11 @@ def read_tsv(path: str | Path) -> ParallelText:
     return from_pairs(str(path), pairs)
 
 
-def read_hf(name: str, config: str | None, split: str, src_lang: str, tgt_lang: str) -> ParallelText:
+def read_hf(name: str, config: str | None, split: str, src_lang: str, tgt_lang: str, *,
+            limit: int = 0) -> ParallelText:
     """A split of a Hugging Face dataset: rows {"translation": {src_lang: ..., tgt_lang: ...}}
-    (wmt14, iwslt2017, opus...) or with the two languages as columns."""
+    (wmt14, iwslt2017, opus...) or with the two languages as columns. With a `limit`, its first
+    `limit` rows, streamed (nothing else downloaded)."""
     try:
         import datasets
     except ImportError:
@@ -100,9 +109,11 @@ def read_hf(name: str, config: str | None, split: str, src_lang: str, tgt_lang: 
                         'pip install -e ".[hf]" (or pip install datasets)') from None
     origin = f"{name}{'/' + config if config else ''}[{split}]"
     try:
-        rows = datasets.load_dataset(name, config, split=split)
+        rows = datasets.load_dataset(name, config, split=split, streaming=limit > 0)
     except Exception as err:  # no network, unknown name or split: say which
         raise UserError(f"cannot load Hugging Face dataset {origin}: {type(err).__name__}: {err}") from None
+    if limit:
+        rows, origin = itertools.islice(rows, limit), f"{origin} (first {limit})"
     return from_hf_rows(origin, rows, src_lang, tgt_lang)
 
 

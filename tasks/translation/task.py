@@ -40,7 +40,9 @@ from relpos_lab_tasks.translation.corpora import ParallelText, read_aligned, rea
 from relpos_lab_tasks.translation.gettext import build_corpus
 
 CORPORA = ("gettext", "files", "tsv", "hf")
-DEBUG_SENTENCES = 64  # gettext's valid and test messages under the `debug` overlay (TranslationConfig.for_debug)
+DEBUG_SENTENCES = 64  # valid and test pairs under the `debug` overlay (TranslationConfig.for_debug)
+DEBUG_TRAIN_SENTENCES = 2000  # ... and training pairs, which the subword model is trained on too
+DEBUG_MAX_TOKENS = 1024  # ... and padded tokens per training batch (the overlay's data.batch_size is for examples)
 HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 
 
@@ -79,8 +81,10 @@ class TranslationConfig(TaskConfig):
     """padded tokens per training batch (per process)"""
     eval_max_tokens: int = 4096
     """padded tokens per evaluation batch (beam search multiplies them)"""
+    train_sentences: int = 0
+    """read only the first this many training pairs (corpus=hf streams them); 0: all (`debug` sets it)"""
     eval_sentences: int = 0
-    """score the first this many pairs of valid and test; 0: all (`debug` sets it)"""
+    """score the first this many pairs of valid and test (corpus=hf streams them); 0: all (`debug` sets it)"""
     length_buckets: list[int] = field(default_factory=lambda: [1, 6, 11, 21, 41])
     """by_length: lower bounds of source-length buckets (subword tokens) for BLEU/chrF by length;
     [] for none"""
@@ -89,10 +93,14 @@ class TranslationConfig(TaskConfig):
     """beam search of 4, as in the paper"""
 
     def for_debug(self) -> TranslationConfig:
-        """DEBUG_SENTENCES pairs of valid and test scored (gettext's held-out sets cut to as many)."""
-        return dataclasses.replace(self, valid_size=min(self.valid_size, DEBUG_SENTENCES),
+        """DEBUG_SENTENCES pairs of valid and test scored (gettext's held-out sets cut to as many),
+        DEBUG_TRAIN_SENTENCES training pairs read, in batches of DEBUG_MAX_TOKENS."""
+        return dataclasses.replace(self, max_tokens=min(self.max_tokens, DEBUG_MAX_TOKENS),
+                                   valid_size=min(self.valid_size, DEBUG_SENTENCES),
                                    test_size=min(self.test_size, DEBUG_SENTENCES),
-                                   eval_sentences=min(self.eval_sentences or DEBUG_SENTENCES, DEBUG_SENTENCES))
+                                   eval_sentences=min(self.eval_sentences or DEBUG_SENTENCES, DEBUG_SENTENCES),
+                                   train_sentences=min(self.train_sentences or DEBUG_TRAIN_SENTENCES,
+                                                       DEBUG_TRAIN_SENTENCES))
 
     def validate(self) -> None:
         super().validate()
@@ -109,8 +117,9 @@ class TranslationConfig(TaskConfig):
         for name in ("valid_size", "test_size", "max_chars", "max_len", "max_tokens", "eval_max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"task.{name}={getattr(self, name)} must be >= 1")
-        if self.eval_sentences < 0:
-            raise ValueError(f"task.eval_sentences={self.eval_sentences} must be >= 0 (0: all)")
+        for name in ("train_sentences", "eval_sentences"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"task.{name}={getattr(self, name)} must be >= 0 (0: all)")
         if self.max_len_ratio < 1:
             raise ValueError(f"task.max_len_ratio={self.max_len_ratio} must be >= 1")
         if list(self.length_buckets) != sorted(set(self.length_buckets)) or any(b < 1 for b in self.length_buckets):
@@ -142,23 +151,27 @@ class TranslationTask(Seq2SeqTask):
     # --- text and vocabulary ----------------------------------------------------------------
 
     def text(self, split: str) -> ParallelText:
-        """The sentence pairs of `split`, read (and reported) once."""
+        """The sentence pairs of `split` (the first task.train_sentences / eval_sentences), read (and reported) once."""
         self.check_split(split)
         if split not in self._texts:
             c, name = self.cfg, self.cfg.split_names.get(split, split)
             if c.corpus == "gettext":
-                self._texts.update(self._gettext.splits)
+                self._texts.update({s: text.head(self._limit(s)) for s, text in self._gettext.splits.items()})
             elif c.corpus == "files":
                 self._texts[split] = read_aligned(self.data_dir / f"{name}.{c.src_lang}",
-                                                  self.data_dir / f"{name}.{c.tgt_lang}")
+                                                  self.data_dir / f"{name}.{c.tgt_lang}").head(self._limit(split))
             elif c.corpus == "tsv":
-                self._texts[split] = read_tsv(self.data_dir / f"{name}.tsv")
+                self._texts[split] = read_tsv(self.data_dir / f"{name}.tsv").head(self._limit(split))
             else:
                 hf_split = c.split_names.get(split, HF_SPLITS[split])
-                self._texts[split] = read_hf(c.hf_dataset, c.hf_config, hf_split, c.src_lang, c.tgt_lang)
+                self._texts[split] = read_hf(c.hf_dataset, c.hf_config, hf_split, c.src_lang, c.tgt_lang,
+                                             limit=self._limit(split))
             if c.corpus != "gettext":
                 rank_zero_info(f"[{split}] {self._texts[split].report()}")
         return self._texts[split]
+
+    def _limit(self, split: str) -> int:
+        return self.cfg.train_sentences if split == "train" else self.cfg.eval_sentences
 
     @cached_property
     def _gettext(self):
@@ -200,8 +213,7 @@ class TranslationTask(Seq2SeqTask):
     def dataset(self, split: str) -> list[Sentence]:
         text = self.text(split)
         src, tgt = self.subword.encode(text.src), self.subword.encode(text.tgt)
-        keep = range(len(text) if split == "train" or not self.cfg.eval_sentences
-                     else min(len(text), self.cfg.eval_sentences))
+        keep = range(len(text))
         if split == "train":
             keep = [i for i in keep if self._fits(len(src[i]), len(tgt[i]))]
             if len(keep) < len(text):
