@@ -73,10 +73,13 @@ class RunWandbLogger(WandbLogger):
             self._wandb_init.pop("resume", None)
             self._wandb_init["resume_from"] = f"{self._id}?_step={resume.rewind_to}"
         elif resume is not None:
-            # A plain resume: W&B keeps what the run holds, so rows for it are left out, and the rows
-            # are numbered after its last one (offline, W&B itself would start again at _step 0).
             self._wandb_init["resume"] = "allow"
-            self._held, self._next_step = dict(resume.held), resume.next_step
+            self._resume_plainly()
+
+    def _resume_plainly(self) -> None:
+        """A plain resume: W&B keeps what the run holds, so rows for it are left out, and the rows
+        are numbered after its last one (offline, W&B itself would start again at _step 0)."""
+        self._held, self._next_step = dict(self._resume.held), self._resume.next_step
 
     @property
     def failed(self) -> bool:
@@ -99,7 +102,7 @@ class RunWandbLogger(WandbLogger):
                         rank_zero_warn(f"W&B: could not rewind run {self._id!r} ({type(err).__name__}: {err}); "
                                        "continuing it as logging.wandb.resume=allow does")
                         self._wandb_init, self._plain_resume, self._experiment = self._plain_resume, None, None
-                        self._held, self._next_step = dict(self._resume.held), self._resume.next_step
+                        self._resume_plainly()
                     elif self._wandb_init.get("mode") == "online":
                         # The server did not answer in init_timeout: the same run, offline, to sync later.
                         rank_zero_warn(f"W&B: could not start run {self._id!r} online ({type(err).__name__}: "
@@ -371,8 +374,9 @@ def resume_plan(logged: list[dict[str, Any]], rows: list[tuple[int, dict[str, fl
         else:  # what the resumed attempt would log again: training from the checkpoint on, the final test
             held.setdefault(current, set()).update(k for k in row if not k.startswith("_") and k != STEP)
     next_step = max((int(row["_step"]) + 1 for row in logged if "_step" in row), default=0)
+    frozen = {s: frozenset(k) for s, k in held.items()}
     if not last_row:
-        return ResumePlan(None, rows, {s: frozenset(k) for s, k in held.items()}, next_step)
+        return ResumePlan(None, rows, frozen, next_step)
     newest = max(last_row)
     lacking = [(s, m) for s, m in rows if s > newest or (s == newest and not m.keys() <= keys_logged[newest])]
-    return ResumePlan(last_row[newest], lacking, {s: frozenset(k) for s, k in held.items()}, next_step)
+    return ResumePlan(last_row[newest], lacking, frozen, next_step)
