@@ -99,12 +99,6 @@ def test_no_module_imports_a_layer_above_its_own():
     assert not upward, "imports point upwards:\n" + "\n".join(upward)
 
 
-TO_UNTANGLE = {("relpos_lab.core.attention.fused", "relpos_lab.core.attention.fused_op")}
-"""Imports that still close a circle, {(importer, imported)}, each inside a function: `fused.attend`
-calls the torch.library ops of fused_op.py while dynamo traces, and fused_op.py wraps fused's
-launches. Issue 58 item 4 reworks that host code; drop the pair here when it untangles them."""
-
-
 def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Every circle of the graph `edges`, one per strongly connected component of more than one
     module (Tarjan's algorithm), each as the component's modules, sorted."""
@@ -136,12 +130,7 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_import_graph_has_no_circle():
-    edges = graph()
-    for module, target in TO_UNTANGLE:
-        assert target in edges[module], f"{module} no longer imports {target}: drop the pair from TO_UNTANGLE"
-        assert target not in imports(modules()[module], eager=True), f"{module} imports {target} when imported"
-        edges[module] = edges[module] - {target}
-    found = circles(edges)
+    found = circles(graph())
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 

@@ -143,12 +143,12 @@ def fused_launches(case: Case, length: int) -> list:
                             kernels.label_sums_kernel))
     try:
         q, k, v, rel_k, rel_v, rel_bias, mask = _meta_tensors(case, length)
-        kmax = case.max_distance if case.terms != "wide" else length - 1
+        max_distance = case.max_distance if case.terms != "wide" else length - 1
         if case.terms == "wide":
-            rel_bias = torch.empty(q.shape[1], 2 * kmax + 1, device="meta", requires_grad=True)
-        out = fused.attend(q, k, v, rel_k=rel_k, rel_v=rel_v, rel_bias=rel_bias, max_distance=kmax, attn_mask=mask,
-                           is_causal=case.causal, query_offset=0, dropout_p=case.dropout_p, attn_bias=None,
-                           scale=case.head_dim ** -0.5)
+            rel_bias = torch.empty(q.shape[1], 2 * max_distance + 1, device="meta", requires_grad=True)
+        out = fused.attend(q, k, v, rel_k=rel_k, rel_v=rel_v, rel_bias=rel_bias, max_distance=max_distance,
+                           attn_mask=mask, is_causal=case.causal, query_offset=0, dropout_p=case.dropout_p,
+                           attn_bias=None, scale=case.head_dim ** -0.5)
         out.backward(torch.empty_like(out))
     finally:
         fused._kernels = saved
@@ -163,8 +163,32 @@ def _derived(kernel, args: tuple, constexprs: dict, config) -> dict:
     return {**constexprs, **{name: rule(known) for name, rule in fused._heuristics(kernel).items()}}
 
 
-KEY_PARTS = ["band", "left fringe", "left narrow fringe", "left", "right narrow fringe", "right fringe", "right"]
-"""The forward's and dq's key loops in code order (fused_kernels.PART_*)."""
+KEY_LOOPS = [  # (stage, its first key, past its last, tile width): KeyStages fields and constexpr names
+    ("band", "band_lo", "band_hi", "BAND_BLOCK"),
+    ("left fringe", "left_hi", "left_narrow", "BAND_BLOCK"),
+    ("left narrow fringe", "left_narrow", "band_lo", "FRINGE_BLOCK"),
+    ("left", "lo", "left_hi", "BLOCK_N"),
+    ("right narrow fringe", "band_hi", "right_wide", "FRINGE_BLOCK"),
+    ("right fringe", "right_wide", "right_lo", "BAND_BLOCK"),
+    ("right", "right_lo", "hi", "BLOCK_N"),
+]
+"""The forward's and dq's key loops in the order the kernels run them (`backward_dq_kernel`)."""
+
+
+def key_loops(name: str, causal: bool, block_n: int, band_block: int, fringe_block: int) -> list[str]:
+    """The key loops that kernel `name` (forward, dq) compiles for these blocks, in code order."""
+    from relpos_lab.core.attention import fused_kernels as kernels
+
+    wide = kernels.has_wide_fringes(block_n, band_block)
+    narrow = kernels.has_narrow_fringes(causal, band_block, fringe_block)
+    compiled = {"band": True, "left fringe": wide, "left narrow fringe": narrow, "left": True,
+                "right narrow fringe": narrow, "right fringe": wide and not causal, "right": not causal}
+    stages = [stage for stage, *_ in KEY_LOOPS if compiled[stage]]
+    if name == "forward" and narrow:  # both narrow fringes as one tile, right after the band
+        stages = [stages[0], FRINGE_PAIR, *(stage for stage in stages[1:] if "narrow" not in stage)]
+    return stages
+
+
 FRINGE_PAIR = "fringe pair"
 """The forward's tile for both narrow fringes (fused_kernels.fringe_pair), after the band."""
 CONTROL_STAGES = ["full", "diagonal"]
@@ -185,17 +209,11 @@ def measure_fused(case: Case, sm: int, length: int = 2048) -> list[Record]:
 
 
 def _measure_fused_kernel(kernel, name: str, case: Case, args: tuple, kwargs: dict, config, sm: int) -> Record:
-    from relpos_lab.core.attention import fused_kernels as kernels
-
     constexprs = _derived(kernel, args, kwargs, config)
     stages = ["band", "left", "right"]
-    if name != "dkdv":  # the key loops that are compiled at all, in code order
-        stages = [part for index, part in enumerate(KEY_PARTS)
-                  if kernels.runs.fn(index, case.causal, config.kwargs["BLOCK_N"], constexprs["BAND_BLOCK"],
-                                     constexprs["FRINGE_BLOCK"])]
-        if name == "forward" and kernels.pairs_fringes(case.causal, constexprs["BAND_BLOCK"],
-                                                       constexprs["FRINGE_BLOCK"]):
-            stages = [stages[0], FRINGE_PAIR, *(stage for stage in stages[1:] if "narrow" not in stage)]
+    if name != "dkdv":
+        stages = key_loops(name, case.causal, config.kwargs["BLOCK_N"], constexprs["BAND_BLOCK"],
+                           constexprs["FRINGE_BLOCK"])
     return measure(kernel, name, case, args, constexprs, config, sm, stages)
 
 
@@ -236,12 +254,11 @@ def _tiles(name: str, stage_fn, length: int, max_distance: int, causal: bool, bl
                 out.append({"full": -(-diagonal_lo // block_n), "diagonal": -(-(hi - diagonal_lo) // block_n)})
             else:
                 bb, fb = band_block(block_n, name, bool(maxnreg)), fringe_block(block_n, name, bool(maxnreg))
-                bounds = stage_fn(m0, 0, length, max_distance, causal, block_m, block_n, bb, fb)
-                tiles = {}
-                for part, stage in enumerate(KEY_PARTS):
-                    start, end = (bounds[kernels.PART_FROM.value[part] + i] for i in (0, 1))
-                    tiles[stage] = max(-(-(end - start) // kernels.part_width(part, block_n, bb, fb)), 0)
-                if name == "forward" and kernels.pairs_fringes(causal, bb, fb):  # one tile for both
+                keys = stage_fn(m0, 0, length, max_distance, causal, block_m, block_n, bb, fb)
+                width = {"BAND_BLOCK": bb, "FRINGE_BLOCK": fb, "BLOCK_N": block_n}
+                tiles = {stage: max(-(-(getattr(keys, end) - getattr(keys, start)) // width[size]), 0)
+                         for stage, start, end, size in KEY_LOOPS}
+                if name == "forward" and kernels.has_narrow_fringes(causal, bb, fb):  # one tile for both
                     tiles[FRINGE_PAIR] = int(tiles.pop("left narrow fringe") + tiles.pop("right narrow fringe") > 0)
                 out.append(tiles)
     else:

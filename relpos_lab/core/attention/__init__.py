@@ -58,6 +58,16 @@ def _sdpa(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale)
 
 
+def _fused(q, k, v, **call) -> Tensor:
+    """The fused kernel: eager, from an autograd Function (fused.py); while dynamo traces, as
+    torch.library ops (fused_op.py, imported only then: it imports dynamo)."""
+    if torch.compiler.is_compiling():
+        from relpos_lab.core.attention import fused_op
+
+        return fused_op.attend(q, k, v, **call)
+    return fused.attend(q, k, v, **call)
+
+
 class Implementation(NamedTuple):
     """One way to compute the op. Both take (q, k, v) and the same keyword arguments, those of
     `relative_attention` (`unsupported` all but the scale): `unsupported` says why it cannot run
@@ -72,7 +82,7 @@ IMPLEMENTATIONS = {
     "gather": Implementation(gather.unsupported, gather.attend),
     "flex": Implementation(flex.unsupported, flex.attend),
     "banded": Implementation(banded.unsupported, banded.attend),
-    "triton": Implementation(fused.unsupported, fused.attend),
+    "triton": Implementation(fused.unsupported, _fused),
     "sdpa": Implementation(_sdpa_unsupported, _sdpa),
 }
 IMPLS = (*IMPLEMENTATIONS, "auto")

@@ -112,7 +112,7 @@ def _window(block_m: int, block_n: int) -> int:
     return _power_of_2_at_least(block_m + block_n - 1)
 
 
-_TUNE_KEY = ["L_BUCKET", "LABELS", "BLOCK_D", "HAS_RK", "HAS_RV", "HAS_BIAS", "MASK", "CAUSAL", "HAS_DROPOUT"]
+_TUNE_KEY = ["L_BUCKET", "LABEL_TILE", "BLOCK_D", "HAS_RK", "HAS_RV", "HAS_BIAS", "MASK", "CAUSAL", "HAS_DROPOUT"]
 _INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
 _EVEN = {"EVEN_M": lambda a: a["LQ"] % a["BLOCK_M"] == 0, "EVEN_N": lambda a: a["LK"] % a["BLOCK_N"] == 0,
          "EVEN_D": lambda a: a["D"] == a["BLOCK_D"]}
@@ -293,45 +293,42 @@ def unsupported(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_
     return None
 
 
-def _reach(lq: int, lk: int, kmax: int, query_offset: int) -> int:
+def _reach(lq: int, lk: int, max_distance: int, query_offset: int) -> int:
     """The clipping distance that changes nothing here: no pair is farther apart than this."""
-    return min(kmax, masks.reach(lq, lk, query_offset))
+    return min(max_distance, masks.reach(lq, lk, query_offset))
 
 
-def _label_space(kmax: int) -> int:
+def _label_space(reach: int) -> int:
     """Columns of the kernels' label tiles: labels 1..2k (label 0 is a row vector of its own)."""
-    return max(16, _power_of_2_at_least(2 * kmax))
+    return max(16, _power_of_2_at_least(2 * reach))
 
 
-def labels(rel_k, rel_v, rel_bias, kmax: int) -> int:
-    """LABELS, the kernels' label tile width: a wide bias is read from memory, its tiles the narrowest."""
-    return 16 if _bias_is_wide(rel_k, rel_v, rel_bias, kmax) else _label_space(kmax)
+def label_tile(rel_k, rel_v, rel_bias, reach: int) -> int:
+    """LABEL_TILE, the kernels' label tile width: a wide bias is read from memory, its tiles the narrowest."""
+    return 16 if _bias_is_wide(rel_k, rel_v, rel_bias, reach) else _label_space(reach)
 
 
-def _bias_is_wide(rel_k, rel_v, rel_bias, kmax: int) -> bool:
+def _bias_is_wide(rel_k, rel_v, rel_bias, reach: int) -> bool:
     """A rel_bias alone whose label space does not fit the registers: read per tile from memory
     instead, its gradient summed along tile diagonals (`_add_diagonals`)."""
-    return rel_bias is not None and rel_k is None and rel_v is None and _label_space(kmax) > MAX_LABELS
+    return rel_bias is not None and rel_k is None and rel_v is None and _label_space(reach) > MAX_LABELS
 
 
 def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p,
            attn_bias, scale):
-    """Tables are cut to the distances these lengths reach (exact: clipping beyond them is a
-    no-op); the kernels cast w^K and w^V to the inputs' dtype as they load them (no cast kernels,
-    forward or backward); a (B, 1, 1, Lk) mask becomes per-key padding. Dropout's
-    seed comes from torch's CPU generator, so torch.manual_seed reproduces it, with no device sync.
+    """Eager calls: the kernels from an autograd Function, the lightest launch path (a compiled
+    model calls fused_op.attend instead; `relative_attention` picks)."""
+    rel_k, rel_v, rel_bias, mask, launch = prepare(q, k, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal,
+                                                   query_offset, dropout_p, scale)
+    return _FusedRelativeAttention.apply(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
 
-    Eager, the kernels run from an autograd Function (the lightest launch path); while dynamo
-    traces, as the torch.library ops of fused_op.py, one node each in the graph. With attention
-    dropout a compiled model still runs them between graphs: the seed is a host integer per call,
-    which a graph would bake in."""
-    if torch.compiler.is_compiling() and dropout_p > 0:
-        from relpos_lab.core.attention import fused_op
 
-        return fused_op.attend_between_graphs(q, k, v, rel_k=rel_k, rel_v=rel_v, rel_bias=rel_bias,
-                                              max_distance=max_distance, attn_mask=attn_mask, is_causal=is_causal,
-                                              query_offset=query_offset, dropout_p=dropout_p, attn_bias=attn_bias,
-                                              scale=scale)
+def prepare(q, k, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p, scale):
+    """(rel_k, rel_v, rel_bias, mask, launch) as the launches take them. Tables are cut to the
+    distances these lengths reach (exact: clipping beyond them is a no-op); the kernels cast w^K
+    and w^V to the inputs' dtype as they load them (no cast kernels, forward or backward); a
+    (B, 1, 1, Lk) mask becomes per-key padding. Dropout's seed comes from torch's CPU generator,
+    so torch.manual_seed reproduces it, with no device sync."""
     lq, lk = q.shape[-2], k.shape[-2]
     reach = _reach(lq, lk, max_distance, query_offset)
     if reach < max_distance:  # sliced only then: a slice's gradient is a zeroed copy
@@ -344,17 +341,12 @@ def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causa
     if attn_mask is not None:
         mask = attn_mask.view(torch.uint8).expand(q.shape[0], q.shape[1], lq, lk)
     seed = int(torch.randint(0, 2**30, (1,)).item()) if dropout_p > 0 else 0
-    launch = _Launch(reach, bool(is_causal), query_offset, scale, seed, float(dropout_p))
-    if torch.compiler.is_compiling():
-        from relpos_lab.core.attention import fused_op
-
-        return fused_op.attention(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
-    return _FusedRelativeAttention.apply(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
+    return rel_k, rel_v, rel_bias, mask, _Launch(reach, bool(is_causal), query_offset, scale, seed, float(dropout_p))
 
 
 class _Launch(NamedTuple):
     """The scalars of one call, shared by its forward and backward launches."""
-    kmax: int
+    reach: int
     causal: bool
     offset: int
     scale: float
@@ -392,9 +384,9 @@ def _strides(*tensors: Tensor) -> list[int]:
 
 
 def _label_table(b: int, h: int, lq: int, args: dict, like: Tensor, needed: bool = True) -> Tensor:
-    """(B·H·Lq, LABELS + 1) float32 rows, one per query row, label l in column l (a placeholder
+    """(B·H·Lq, LABEL_TILE + 1) float32 rows, one per query row, label l in column l (a placeholder
     when not needed). Columns past 2k pad the row to the kernels' constexpr width."""
-    width = args["meta"]["LABELS"] + 1
+    width = args["meta"]["LABEL_TILE"] + 1
     return torch.empty((b * h * lq, width) if needed else (1,), device=like.device, dtype=torch.float32)
 
 
@@ -441,8 +433,8 @@ def launch_backward(do, q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass, lau
     do = _last_dim_contiguous(do)
     b, h, lq, d = q.shape
     lk = k.shape[-2]
-    nl = 2 * launch.kmax + 1
-    wide = _bias_is_wide(rel_k, rel_v, rel_bias, launch.kmax)
+    nl = 2 * launch.reach + 1
+    wide = _bias_is_wide(rel_k, rel_v, rel_bias, launch.reach)
     needs_g = (rel_k is not None and needs.rel_k) or (rel_bias is not None and not wide and needs.rel_bias)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
@@ -524,11 +516,11 @@ def _label_sums(pairs: list[tuple[Tensor, Tensor, Tensor]], args: dict, n_labels
     meta = args["meta"]
     block = _INTERPRETER_BLOCKS["BLOCK_M"] if INTERPRETED else 64
     blocks = _cdiv(lq, block)
-    shares = torch.empty((len(pairs), b * h * blocks, meta["LABELS"] + 1, meta["BLOCK_D"]), device=x_a.device,
+    shares = torch.empty((len(pairs), b * h * blocks, meta["LABEL_TILE"] + 1, meta["BLOCK_D"]), device=x_a.device,
                          dtype=torch.float32)
     _, _, _, sums = _get_kernels()
     sums[(blocks * len(pairs), h, b)](table_a, x_a, table_b, x_b, shares, *x_a.stride()[:3], *x_b.stride()[:3],
-                                      h, lq, d, blocks, LABELS=meta["LABELS"], BLOCK_M=block,
+                                      h, lq, d, blocks, LABEL_TILE=meta["LABEL_TILE"], BLOCK_M=block,
                                       BLOCK_D=meta["BLOCK_D"], PRECISION=meta["PRECISION"])
     shares = shares.view(len(pairs), b, h, blocks, *shares.shape[2:])[..., :n_labels, :d]
     per_head = [w.dim() == 3 for _, _, w in pairs]
@@ -544,7 +536,7 @@ def _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> dict
     wv, swvh, swvl = _table(rel_v, q)
     bias = (rel_bias.float() * kernels.LOG2E.value).contiguous() if rel_bias is not None else q
     sbh = bias.stride(0) if rel_bias is not None else 0
-    meta = dict(LABELS=labels(rel_k, rel_v, rel_bias, launch.kmax),
+    meta = dict(LABEL_TILE=label_tile(rel_k, rel_v, rel_bias, launch.reach),
                 HAS_RK=rel_k is not None, HAS_RV=rel_v is not None, HAS_BIAS=rel_bias is not None,
                 MASK=_mask_kind(mask), CAUSAL=launch.causal, HAS_DROPOUT=launch.dropout_p > 0,
                 BLOCK_D=max(16, _power_of_2_at_least(q.shape[-1])),
@@ -555,7 +547,7 @@ def _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> dict
     return {"tables": (wk, wv, bias), "mask": mask if mask is not None else q,
             "table_strides": TableStrides(swkh, swkl, swvh, swvl, sbh),
             "mask_strides": MaskStrides(*(mask.stride() if mask is not None else (0, 0, 0, 0))),
-            "scalars": (q.shape[1], lq, lk, q.shape[-1], launch.offset, launch.kmax, launch.scale, launch.seed,
+            "scalars": (q.shape[1], lq, lk, q.shape[-1], launch.offset, launch.reach, launch.scale, launch.seed,
                         launch.dropout_p, _bucket(lq, lk)),
             "meta": meta}
 

@@ -1,7 +1,8 @@
 """The fused kernel's Triton programs: forward, backward dq, backward dk/dv (imported only with triton).
 
 One query block's key tiles fall in three stages, by the labels l(i, j) = clip(j − i, k) + k of
-their pairs (a0, a1: the block's first and last absolute row):
+their pairs (a0, a1: the block's first and last absolute row). Here k is `reach`: the call's
+max_distance cut to the distances its lengths reach (`fused._reach`), so 2k + 1 = n_labels:
 
     BAND   [band_lo, band_hi)  some pair has |j − i| < k: labels read pair by pair
     LEFT   [0, band_lo)        every pair has j − i ≤ −k: label 0, one logit term per row
@@ -20,8 +21,9 @@ BN-aligned plain stages (`key_stages`); the forward runs LEFT's FRINGE_BLOCK fri
 as the two halves of one tile, right after the band (`fringe_pair`).
 
 Per-pair label work goes through small tables in memory, one row per query row, read and written
-at `row · (LABELS + 1) + l(i, j)` (L1-resident, and no register gather; LABELS + 1 ≥ 2k + 1, a
-constexpr, so that a tile of labels is stored and loaded without bounds checks):
+at `row · (LABEL_TILE + 1) + l(i, j)` (L1-resident, and no register gather). LABEL_TILE, the
+label tiles' width, is a power of two ≥ 2k (16 for a wide bias, which the kernels read from
+memory), a constexpr, so that a tile of labels is stored and loaded without bounds checks:
 
     LOGITS (R)   R_il / scale = q_i·w^K_l + b_l / scale (units of q·k)   written by forward and dq
     VALUES (DW)  dO_i·w^V_l, the value term's share of dP                 written by dq
@@ -44,6 +46,7 @@ The softmax runs in base 2 (exp2, log2 e folded into the scale). Dropout is Phil
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import triton
 import triton.language as tl
@@ -67,37 +70,165 @@ RIGHT = tl.constexpr(2)
 FRINGE_PAIR = tl.constexpr(3)
 
 
-# A query block's key loops in code order: the band; LEFT's wide fringe, narrow fringe and BN
-# tiles; RIGHT's narrow fringe, wide fringe and BN tiles. Each runs [bounds[PART_FROM],
-# bounds[PART_FROM + 1]) of `key_stages` in tiles of its kind's width (BAND_TILES and WIDE:
-# BAND_BLOCK, NARROW: FRINGE_BLOCK, PLAIN: BN). The forward runs both NARROW loops' keys as one
-# tile right after the band instead (`fringe_pair`).
-BAND_TILES = tl.constexpr(0)
-WIDE = tl.constexpr(1)
-NARROW = tl.constexpr(2)
-PLAIN = tl.constexpr(3)
-PART_STAGE = tl.constexpr((0, 1, 1, 1, 2, 2, 2))
-PART_KIND = tl.constexpr((0, 1, 2, 3, 2, 1, 3))
-PART_FROM = tl.constexpr((3, 1, 2, 0, 4, 5, 6))
+class KeyStages(NamedTuple):
+    """A query block's key bounds (`key_stages`), in key order. LEFT is [lo, left_hi) in BN tiles,
+    then its wide fringe [left_hi, left_narrow) in BAND_BLOCK tiles and its narrow fringe
+    [left_narrow, band_lo) in FRINGE_BLOCK tiles; the band is [band_lo, band_hi); RIGHT is its
+    narrow fringe [band_hi, right_wide), its wide fringe [right_wide, right_lo) and [right_lo, hi)
+    in BN tiles. The kernels run the band first, then LEFT's and RIGHT's loops from the band out."""
+    lo: int
+    left_hi: int
+    left_narrow: int
+    band_lo: int
+    band_hi: int
+    right_wide: int
+    right_lo: int
+    hi: int
 
 
-@triton.jit
-def runs(part: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr,
-         FRINGE_BLOCK: tl.constexpr):
-    """Whether a key loop is compiled at all: wide fringes only where the band's tiles are
-    narrower than BN, narrow ones where a fringe tile is narrower still (never with causality,
-    whose band keeps BAND_BLOCK's alignment), RIGHT's loops only without causality (its keys are
-    the future)."""
-    kind: tl.constexpr = PART_KIND[part]
-    return ((kind != WIDE or BAND_BLOCK < BLOCK_N) and (kind != NARROW or (FRINGE_BLOCK < BAND_BLOCK and not CAUSAL))
-            and not (CAUSAL and PART_STAGE[part] == RIGHT))
+class ForwardFlags(NamedTuple):
+    """The forward's compile-time switches that each of its key loops reads (`forward_kernel`)."""
+    IN_STAGE_UNITS: bool
+    HAS_LOGITS: bool
+    HAS_RV: bool
+    IN_PLACE: bool
+    LOW_REGISTERS: bool
+    MASK: int
+    CAUSAL: bool
+    HAS_DROPOUT: bool
+    EVEN_M: bool
+    EVEN_N: bool
+    EVEN_D: bool
+    PRECISION: str
+
+
+class ForwardTiles(NamedTuple):
+    """What each of the forward's key loops reads besides its keys: one query block's rows, the
+    label tables and the launch's pointers and sizes."""
+    q: object
+    logit_rows: object
+    table_to_qk: object
+    mass_rows: object
+    K_ptr: object
+    V_ptr: object
+    mask_ptr: object
+    stride_kn: object
+    stride_vn: object
+    stride_mq: object
+    stride_mk: object
+    rows: object
+    rows_abs: object
+    dims: object
+    LQ: object
+    LK: object
+    D: object
+    reach: object
+    qk_scale: object
+    seed: object
+    dropout_p: object
+
+
+class DqFlags(NamedTuple):
+    """dq's compile-time switches that each of its key loops reads (`backward_dq_kernel`)."""
+    HAS_LOGITS: bool
+    HAS_RV: bool
+    NEEDS_G: bool
+    MASK: int
+    CAUSAL: bool
+    HAS_DROPOUT: bool
+    EVEN_M: bool
+    EVEN_N: bool
+    EVEN_D: bool
+    PRECISION: str
+
+
+class DqTiles(NamedTuple):
+    """What each of dq's key loops reads besides its keys (as `ForwardTiles`)."""
+    q: object
+    do: object
+    lse: object
+    delta: object
+    logit_rows: object
+    table_to_qk: object
+    value_rows: object
+    grad_rows: object
+    K_ptr: object
+    V_ptr: object
+    mask_ptr: object
+    stride_kn: object
+    stride_vn: object
+    stride_mq: object
+    stride_mk: object
+    rows: object
+    rows_abs: object
+    dims: object
+    LQ: object
+    LK: object
+    D: object
+    reach: object
+    qk_scale: object
+    seed: object
+    dropout_p: object
+
+
+class DkdvFlags(NamedTuple):
+    """dk/dv's compile-time switches that each of its query loops reads (`backward_dkdv_kernel`)."""
+    TABLE_ROW: int
+    HAS_LOGITS: bool
+    HAS_RV: bool
+    BIAS_GRAD: bool
+    MASK: int
+    CAUSAL: bool
+    HAS_DROPOUT: bool
+    EVEN_M: bool
+    EVEN_N: bool
+    EVEN_D: bool
+    BLOCK_N: int
+    WINDOW: int
+    PRECISION: str
+
+
+class DkdvTiles(NamedTuple):
+    """What each of dk/dv's query loops reads besides its rows' statistics: one key block, the
+    tables and the launch's pointers and sizes."""
+    k: object
+    v: object
+    logit_base: object
+    logit_stride: object
+    table_to_qk: object
+    value_base: object
+    dbias_ptr: object
+    Q_ptr: object
+    DO_ptr: object
+    stride_qm: object
+    stride_dom: object
+    cols: object
+    mask_ptr: object
+    stride_mq: object
+    stride_mk: object
+    dims: object
+    LQ: object
+    LK: object
+    D: object
+    OFFSET: object
+    reach: object
+    qk_scale: object
+    seed: object
+    dropout_p: object
 
 
 @triton.constexpr_function
-def part_width(part, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK):
-    """The keys of a key loop's tiles."""
-    kind = PART_KIND.value[part]
-    return BLOCK_N if kind == PLAIN.value else (FRINGE_BLOCK if kind == NARROW.value else BAND_BLOCK)
+def has_wide_fringes(BLOCK_N, BAND_BLOCK):
+    """Whether the key loops include the BAND_BLOCK fringes: where the band's tiles are narrower than BN."""
+    return BAND_BLOCK < BLOCK_N
+
+
+@triton.constexpr_function
+def has_narrow_fringes(CAUSAL, BAND_BLOCK, FRINGE_BLOCK):
+    """Whether they include the FRINGE_BLOCK fringes: where a fringe tile is narrower than a band
+    tile, and never with causality, whose band keeps BAND_BLOCK's alignment and ends at the
+    diagonal. The forward runs LEFT's narrow fringe and RIGHT's as one tile (`fringe_pair`)."""
+    return FRINGE_BLOCK < BAND_BLOCK and not CAUSAL
 
 
 @triton.jit
@@ -110,10 +241,9 @@ def head_of_program(H):
 
 
 @triton.jit
-def key_stages(m0, OFFSET, LK, max_distance, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+def key_stages(m0, OFFSET, LK, reach, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, FRINGE_BLOCK: tl.constexpr):
-    """(0, left_hi, left_narrow, band_lo, band_hi, right_wide, right_lo, hi): the key bounds of
-    query block [m0, m0 + BM). The band [band_lo, band_hi) is the fewest BAND_BLOCK tiles, from
+    """The `KeyStages` of query block [m0, m0 + BM). The band [band_lo, band_hi) is the fewest BAND_BLOCK tiles, from
     a FRINGE_BLOCK boundary, that hold every key with an interior label (with k = 16, BM = 64:
     two tiles of 64 from a multiple of 32, where a multiple of 64 needs three); it ends at Lk at
     the latest where Lk is a multiple of FRINGE_BLOCK. The plain stages' BN tiles are aligned
@@ -130,18 +260,18 @@ def key_stages(m0, OFFSET, LK, max_distance, CAUSAL: tl.constexpr, BLOCK_M: tl.c
     hi = LK
     if CAUSAL:  # the diagonal's tiles need the causal mask: they are band tiles, whatever k
         hi = max(min(LK, a1 + 1), 0)
-        band_lo = min(max(a0 - max_distance + 1, 0) // BAND_BLOCK * BAND_BLOCK, hi)
+        band_lo = min(max(a0 - reach + 1, 0) // BAND_BLOCK * BAND_BLOCK, hi)
         band_hi = hi
     else:
-        band_lo = min(max(a0 - max_distance + 1, 0) // FRINGE_BLOCK * FRINGE_BLOCK, hi)
-        tiles = (max(min(a1 + max_distance, hi) - band_lo, 0) + BAND_BLOCK - 1) // BAND_BLOCK
+        band_lo = min(max(a0 - reach + 1, 0) // FRINGE_BLOCK * FRINGE_BLOCK, hi)
+        tiles = (max(min(a1 + reach, hi) - band_lo, 0) + BAND_BLOCK - 1) // BAND_BLOCK
         band_lo = max(band_lo - max(band_lo + tiles * BAND_BLOCK - hi, 0) // FRINGE_BLOCK * FRINGE_BLOCK, 0)
         band_hi = band_lo + tiles * BAND_BLOCK
     left_hi = band_lo // BLOCK_N * BLOCK_N
     left_narrow = band_lo // BAND_BLOCK * BAND_BLOCK
     right_lo = min((band_hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N, hi)
     right_wide = min((band_hi + BAND_BLOCK - 1) // BAND_BLOCK * BAND_BLOCK, right_lo)
-    return 0, left_hi, left_narrow, band_lo, band_hi, right_wide, right_lo, hi
+    return KeyStages(0, left_hi, left_narrow, band_lo, band_hi, right_wide, right_lo, hi)
 
 
 @triton.jit
@@ -157,15 +287,8 @@ def fringe_pair(left_narrow, band_lo, band_hi, right_wide, r_lo, r_hi, BAND_BLOC
             tl.where(has_left, r_lo, float("-inf")), tl.where(has_right, r_hi, float("-inf")))
 
 
-@triton.constexpr_function
-def pairs_fringes(CAUSAL, BAND_BLOCK, FRINGE_BLOCK):
-    """Whether the forward runs LEFT's narrow fringe and RIGHT's as one tile (`fringe_pair`):
-    wherever both can be (not with causality, whose band ends at the diagonal)."""
-    return FRINGE_BLOCK < BAND_BLOCK and not CAUSAL
-
-
 @triton.jit
-def query_stages(n0, OFFSET, LQ, max_distance, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+def query_stages(n0, OFFSET, LQ, reach, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr):
     """(lo, band_lo, band_hi): the query-block bounds of key block [n0, n0 + BN), from the keys'
     side: [lo, band_lo) every label 2k (queries before the keys), [band_lo, band_hi) the band,
@@ -173,10 +296,10 @@ def query_stages(n0, OFFSET, LQ, max_distance, CAUSAL: tl.constexpr, BLOCK_M: tl
     lo = 0
     if CAUSAL:  # query blocks that end before the first key see none of it
         lo = min(max(n0 - OFFSET, 0) // BLOCK_M * BLOCK_M, LQ)
-    band_lo = min(max(max(n0 - max_distance - OFFSET + 1, 0) // BLOCK_M * BLOCK_M, lo), LQ)
+    band_lo = min(max(max(n0 - reach - OFFSET + 1, 0) // BLOCK_M * BLOCK_M, lo), LQ)
     if CAUSAL:
         band_lo = lo
-    above = (max(n0 + BLOCK_N - 1 + max_distance - OFFSET, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    above = (max(n0 + BLOCK_N - 1 + reach - OFFSET, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     band_hi = max(min(above, LQ), band_lo)
     return lo, band_lo, band_hi
 
@@ -188,16 +311,16 @@ def pair_offsets(rows_abs, cols):
 
 
 @triton.jit
-def label_of(offset, max_distance):
+def label_of(offset, reach):
     """clip(j − i, k) + k."""
-    return clipped(offset, max_distance) + max_distance
+    return clipped(offset, reach) + reach
 
 
 @triton.jit
-def clipped(offset, max_distance):
+def clipped(offset, reach):
     """clip(j − i, k): a label less k, to index table rows whose pointers already point at label k
     (one add per row, not one per pair)."""
-    return tl.minimum(tl.maximum(offset, -max_distance), max_distance)
+    return tl.minimum(tl.maximum(offset, -reach), reach)
 
 
 @triton.jit
@@ -254,14 +377,14 @@ def store_where(ptrs, x, mask):
 
 
 @triton.jit
-def interior_index(rows_abs, cols, max_distance):
+def interior_index(rows_abs, cols, reach):
     """(BM, BN) j − i + k − 1 per pair of a band tile: the interior labels 1..2k−1 are 0..2k−2
     in it (one unsigned compare), label l at column 1 + index."""
-    return cols[None, :] - (rows_abs - max_distance + 1)[:, None]
+    return cols[None, :] - (rows_abs - reach + 1)[:, None]
 
 
 @triton.jit
-def store_interior(table_rows, x, index, max_distance, rows, LQ, EVEN_M: tl.constexpr):
+def store_interior(table_rows, x, index, reach, rows, LQ, EVEN_M: tl.constexpr):
     """A band tile's interior pairs into a label table, the only ones read back (its edge
     entries are written whole later). Most pairs of a band tile are edges; masked off, they cost
     no memory access (docs/dev/fused-kernel.md). Compiled, the address is one wide multiply-add
@@ -270,31 +393,31 @@ def store_interior(table_rows, x, index, max_distance, rows, LQ, EVEN_M: tl.cons
         tl.inline_asm_elementwise("{ .reg .pred p; .reg .b64 a; setp.lt.u32 p, $2, $3; mad.wide.s32 a, $2, 4, $1;"
                                   " @p st.global.f32 [a], $4; } mov.u32 $0, 0;", "=r,l,r,r,f",
                                   [(table_rows + 1).to(tl.int64)[:, None], index,
-                                   tl.maximum(2 * max_distance - 1, 0), x], dtype=tl.int32, is_pure=False, pack=1)
+                                   tl.maximum(2 * reach - 1, 0), x], dtype=tl.int32, is_pure=False, pack=1)
     else:
-        tl.store((table_rows + 1)[:, None] + index, x, mask=interior_pairs(index, max_distance, rows, LQ, EVEN_M))
+        tl.store((table_rows + 1)[:, None] + index, x, mask=interior_pairs(index, reach, rows, LQ, EVEN_M))
 
 
 @triton.jit
-def interior_pairs(index, max_distance, rows, LQ, EVEN_M: tl.constexpr):
+def interior_pairs(index, reach, rows, LQ, EVEN_M: tl.constexpr):
     """The pairs of a band tile with an interior label (`interior_index` in 0..2k−2), in rows below Lq."""
-    interior = (index >= 0) & (index < 2 * max_distance - 1)
+    interior = (index >= 0) & (index < 2 * reach - 1)
     if not EVEN_M:
         interior = interior & (rows < LQ)[:, None]
     return interior
 
 
 @triton.jit
-def store_interior_over(ptrs, x, index, max_distance, rows, LQ, EVEN_M: tl.constexpr):
+def store_interior_over(ptrs, x, index, reach, rows, LQ, EVEN_M: tl.constexpr):
     """store_interior at the addresses the tile's logits were just loaded from, when the logit
     table becomes the mass table: an interior entry is read by its one pair only, so that pair's
     logit s takes its place, at the load's own address (no address arithmetic per pair)."""
     if EVEN_M and INLINE_PTX:
         tl.inline_asm_elementwise("{ .reg .pred p; setp.lt.u32 p, $2, $3; @p st.global.f32 [$1], $4; } mov.u32 $0, 0;",
-                                  "=r,l,r,r,f", [ptrs.to(tl.int64), index, tl.maximum(2 * max_distance - 1, 0), x],
+                                  "=r,l,r,r,f", [ptrs.to(tl.int64), index, tl.maximum(2 * reach - 1, 0), x],
                                   dtype=tl.int32, is_pure=False, pack=1)
     else:
-        tl.store(ptrs, x, mask=interior_pairs(index, max_distance, rows, LQ, EVEN_M))
+        tl.store(ptrs, x, mask=interior_pairs(index, reach, rows, LQ, EVEN_M))
 
 
 @triton.jit
@@ -401,7 +524,7 @@ def label_zero(W, dims, D, DTYPE: tl.constexpr):
 
 @triton.jit
 def label_vectors(W, stride_wl, labels, dims, n_labels, D, DTYPE: tl.constexpr):
-    """(LABELS, BLOCK_D): w_1..w_2k, past 2k zeros, in the rows' DTYPE (a table of float32
+    """(LABEL_TILE, BLOCK_D): w_1..w_2k, past 2k zeros, in the rows' DTYPE (a table of float32
     parameters under autocast is cast here, as it loads, not by the host)."""
     return tl.load(W + (labels[:, None] + 1) * stride_wl + dims[None, :],
                    mask=(labels[:, None] + 1 < n_labels) & (dims[None, :] < D), other=0.0).to(DTYPE)
@@ -410,7 +533,7 @@ def label_vectors(W, stride_wl, labels, dims, n_labels, D, DTYPE: tl.constexpr):
 @triton.jit
 def table_product(x, W, stride_wl, labels, dims, n_labels, D, PRECISION: tl.constexpr):
     """x · w_lᵀ for every label of a (2k+1, D) table and a block of rows: labels 1..2k as a
-    (BM, LABELS) tile (column c is label c + 1), label 0 as a row vector. Label 0 stays out of
+    (BM, LABEL_TILE) tile (column c is label c + 1), label 0 as a row vector. Label 0 stays out of
     the tile so that k = 16 fits 32 columns, not 64."""
     w = label_vectors(W, stride_wl, labels, dims, n_labels, D, x.dtype)
     column0 = tl.sum(tl.dot(x, tl.trans(label_zero(W, dims, D, x.dtype)), input_precision=PRECISION), 1)
@@ -431,7 +554,7 @@ def table_combination(acc, tile, column0, W, stride_wl, labels, dims, n_labels, 
 
 @triton.jit
 def store_label_rows(table_rows, tile, column0, rows, labels, LQ, EVEN_M: tl.constexpr):
-    """A block's rows of a label table, from a tile (labels 1..LABELS: past 2k, the row's
+    """A block's rows of a label table, from a tile (labels 1..LABEL_TILE: past 2k, the row's
     padding) and the label-0 column."""
     store_by_row(table_rows[:, None] + 1 + labels[None, :], tile, rows, LQ, EVEN_M)
     if EVEN_M:
@@ -441,14 +564,14 @@ def store_label_rows(table_rows, tile, column0, rows, labels, LQ, EVEN_M: tl.con
 
 
 @triton.jit
-def interior_of(table_rows, rows, rows_abs, labels, max_distance, LQ, LK, other, CAUSAL: tl.constexpr,
+def interior_of(table_rows, rows, rows_abs, labels, reach, LQ, LK, other, CAUSAL: tl.constexpr,
                 EVEN_M: tl.constexpr):
-    """(BM, LABELS) the values the band stored by label, for interior labels that name a key the
+    """(BM, LABEL_TILE) the values the band stored by label, for interior labels that name a key the
     band visited (j = i + l − k); `other` for the rest, whose entries may be stale. Every
     address stays in the (padded) row."""
     label = labels[None, :] + 1
-    first = max_distance - rows_abs  # the label of key 0
-    end = tl.minimum(max_distance + 1 if CAUSAL else 2 * max_distance, first + LK)  # past the last one
+    first = reach - rows_abs  # the label of key 0
+    end = tl.minimum(reach + 1 if CAUSAL else 2 * reach, first + LK)  # past the last one
     ok = (label - first[:, None]).to(tl.uint32) < tl.maximum(end - first, 0).to(tl.uint32)[:, None]
     if not EVEN_M:
         ok = ok & (rows < LQ)[:, None]
@@ -456,11 +579,11 @@ def interior_of(table_rows, rows, rows_abs, labels, max_distance, LQ, LK, other,
 
 
 @triton.jit
-def with_edges(tile, lo, hi, labels, max_distance):
+def with_edges(tile, lo, hi, labels, reach):
     """(tile, label-0 column) with the edges set: label 2k (column 2k − 1) to hi, label 0 to lo
     (k = 0 has one label: lo + hi)."""
-    tile = tl.where(labels[None, :] + 1 == 2 * max_distance, hi[:, None], tile)
-    return tile, lo + tl.where(max_distance == 0, hi, 0.0)
+    tile = tl.where(labels[None, :] + 1 == 2 * reach, hi[:, None], tile)
+    return tile, lo + tl.where(reach == 0, hi, 0.0)
 
 
 @triton.jit
@@ -491,12 +614,12 @@ def table_to_qk_units(qk_scale, HAS_RK: tl.constexpr):
 
 
 @triton.jit
-def edge_logits(logit_rows, rows, LQ, max_distance, qk_scale, HAS_RK: tl.constexpr, HAS_LOGITS: tl.constexpr):
+def edge_logits(logit_rows, rows, LQ, reach, qk_scale, HAS_RK: tl.constexpr, HAS_LOGITS: tl.constexpr):
     """(BM,) × 2: each row's logit terms of labels 0 and 2k in the units of exp2, the row offsets
     of the stages off the band."""
     to_exp2 = table_to_qk_units(qk_scale, HAS_RK) * qk_scale
     return (edge_column(logit_rows, rows, LQ, 0, HAS_LOGITS) * to_exp2,
-            edge_column(logit_rows, rows, LQ, 2 * max_distance, HAS_LOGITS) * to_exp2)
+            edge_column(logit_rows, rows, LQ, 2 * reach, HAS_LOGITS) * to_exp2)
 
 
 @triton.jit
@@ -561,14 +684,8 @@ def rescale(m_from, m_to):
 
 
 @triton.jit
-def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge, r_right, mass_rows, K_ptr, V_ptr,
-                   mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, lo, hi, right_lo,
-                   LQ, LK, D, max_distance, qk_scale, seed, dropout_p,
-                   STAGE: tl.constexpr, IN_STAGE_UNITS: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr,
-                   IN_PLACE: tl.constexpr, LOW_REGISTERS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                   HAS_DROPOUT: tl.constexpr,
-                   EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   PIPELINED: tl.constexpr, PRECISION: tl.constexpr):
+def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_edge, r_right, lo, hi, right_lo, flags: tl.constexpr,
+                   STAGE: tl.constexpr, BLOCK_N: tl.constexpr, PIPELINED: tl.constexpr = False):
     """The online softmax over key tiles [lo, hi) of one stage (acc, l_i, m_i: FlashAttention-2's).
 
     IN_STAGE_UNITS: off the band, m_i is the row maximum less r_edge (the caller's conversion).
@@ -580,6 +697,10 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
     takes mass out of the pairs and not out of l_i: without, m_lo = l_i − m_hi. With dropout, off
     the band, the kept mass is summed by the tensor cores with P·V: p times a column of ones, in
     `kept`, rescaled like acc."""
+    (q, logit_rows, table_to_qk, mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows,
+     rows_abs, dims, LQ, LK, D, reach, qk_scale, seed, dropout_p) = tiles
+    (IN_STAGE_UNITS, HAS_LOGITS, HAS_RV, IN_PLACE, LOW_REGISTERS, MASK, CAUSAL, HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D,
+     PRECISION) = flags
     kept = tl.zeros((rows.shape[0], MIN_DOT), dtype=tl.float32)  # the stage's kept mass, MIN_DOT times over
     for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
         cols = n0 + tl.arange(0, BLOCK_N)
@@ -598,9 +719,9 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
         elif STAGE == BAND:
             # Pair by pair: the logit term by label, then every mask.
             offset = pair_offsets(rows_abs, cols)
-            distance = clipped(offset, max_distance)
+            distance = clipped(offset, reach)
             s = qk  # in the units of q·k: scaled once, with the row maximum
-            logit_ptrs = (logit_rows + max_distance)[:, None] + distance
+            logit_ptrs = (logit_rows + reach)[:, None] + distance
             if HAS_LOGITS:
                 s += load_by_row(logit_ptrs, rows, LQ, EVEN_M) * table_to_qk
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
@@ -612,12 +733,12 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_edge
                 else:
                     stored = s
                 if IN_PLACE and not LOW_REGISTERS:
-                    store_interior_over(logit_ptrs, stored, interior_index(rows_abs, cols, max_distance), max_distance,
+                    store_interior_over(logit_ptrs, stored, interior_index(rows_abs, cols, reach), reach,
                                         rows, LQ, EVEN_M)
                 else:
-                    store_interior(mass_rows, stored, interior_index(rows_abs, cols, max_distance), max_distance,
+                    store_interior(mass_rows, stored, interior_index(rows_abs, cols, reach), reach,
                                    rows, LQ, EVEN_M)
-                at_hi = offset >= max_distance
+                at_hi = offset >= reach
         else:
             # One label per side: its logit term r_edge is a row offset.
             row_max = tl.max(qk, 1) * qk_scale
@@ -683,8 +804,8 @@ def forward_kernel(
         stride_bh,
         stride_mb, stride_mh, stride_mq, stride_mk,
         stride_ob, stride_oh, stride_om,
-        H, LQ, LK, D, OFFSET, max_distance, sm_scale, seed, dropout_p, L_BUCKET,
-        LABELS: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
+        H, LQ, LK, D, OFFSET, reach, sm_scale, seed, dropout_p, L_BUCKET,
+        LABEL_TILE: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
         MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, FRINGE_BLOCK: tl.constexpr,
@@ -697,17 +818,17 @@ def forward_kernel(
     loads'."""
     start_m = tl.program_id(0)
     b, h, bh = head_of_program(H)
-    n_labels = 2 * max_distance + 1
+    n_labels = 2 * reach + 1
     qk_scale = sm_scale * LOG2E
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_abs = rows + OFFSET
     dims = tl.arange(0, BLOCK_D)
-    labels = tl.arange(0, LABELS)
+    labels = tl.arange(0, LABEL_TILE)
     q = load_rows(Q + b * stride_qb + h * stride_qh, rows, stride_qm, dims, LQ, D, EVEN_M, EVEN_D)
 
     # The label tables: logits (scratch, with w^K), masses (interior logits until the end).
     HAS_LOGITS: tl.constexpr = HAS_RK or HAS_BIAS
-    table_offset = bh * LQ * (LABELS + 1)
+    table_offset = bh * LQ * (LABEL_TILE + 1)
     logit_rows = logit_rows_of(q, WK + h * stride_wkh, stride_wkl, BIAS + h * stride_bh, LOGITS + table_offset,
                                rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, EVEN_M, PRECISION)
     if HAS_RK:
@@ -716,17 +837,16 @@ def forward_kernel(
     # interior logit over the logit term it has just read (read by that pair alone), the epilogue
     # the masses over those.
     IN_PLACE: tl.constexpr = HAS_RK and HAS_RV
-    mass_rows = logit_rows if IN_PLACE else MASS + table_offset + rows * (LABELS + 1)  # (one pointer fewer)
+    mass_rows = logit_rows if IN_PLACE else MASS + table_offset + rows * (LABEL_TILE + 1)  # (one pointer fewer)
     table_to_qk = table_to_qk_units(qk_scale, HAS_RK)
-    r_lo, r_hi = edge_logits(logit_rows, rows, LQ, max_distance, qk_scale, HAS_RK, HAS_LOGITS)
+    r_lo, r_hi = edge_logits(logit_rows, rows, LQ, reach, qk_scale, HAS_RK, HAS_LOGITS)
 
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     m_lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    bounds = key_stages(start_m * BLOCK_M, OFFSET, LK, max_distance, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK,
-                        FRINGE_BLOCK)
+    keys = key_stages(start_m * BLOCK_M, OFFSET, LK, reach, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK)
     K_ptr = K + b * stride_kb + h * stride_kh
     V_ptr = V + b * stride_vb + h * stride_vh
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
@@ -740,44 +860,43 @@ def forward_kernel(
     if IN_STAGE_UNITS:
         r_lo = tl.maximum(r_lo, LOGIT_FLOOR)
         r_hi = tl.maximum(r_hi, LOGIT_FLOOR)
+    tiles = ForwardTiles(q, logit_rows, table_to_qk, mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn,
+                         stride_mq, stride_mk, rows, rows_abs, dims, LQ, LK, D, reach, qk_scale, seed + bh,
+                         dropout_p)
+    flags: tl.constexpr = ForwardFlags(IN_STAGE_UNITS, HAS_LOGITS, HAS_RV, IN_PLACE, LOW_REGISTERS, MASK, CAUSAL,
+                                       HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D, PRECISION)
+    WIDE_FRINGES: tl.constexpr = has_wide_fringes(BLOCK_N, BAND_BLOCK)
+    NARROW_FRINGES: tl.constexpr = has_narrow_fringes(CAUSAL, BAND_BLOCK, FRINGE_BLOCK)
+
+    # The band, both narrow fringes as one tile, LEFT from the band out, then RIGHT from the band out.
+    acc, l_i, m_i, m_lo, m_hi = _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_hi, r_hi, keys.band_lo, keys.band_hi,
+                                               0, flags, BAND, BAND_BLOCK)
+    if NARROW_FRINGES:  # both narrow fringes, side by side in one tile, in the band's units
+        first, end, right_lo, r_left, r_right = fringe_pair(keys.left_narrow, keys.band_lo, keys.band_hi,
+                                                            keys.right_wide, r_lo, r_hi, BAND_BLOCK)
+        acc, l_i, m_i, m_lo, m_hi = _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_left, r_right, first, end,
+                                                   right_lo, flags, FRINGE_PAIR, BAND_BLOCK)
     m_ref = m_i
-    PAIRED: tl.constexpr = pairs_fringes(CAUSAL, BAND_BLOCK, FRINGE_BLOCK)
-    for part in tl.static_range(7):  # the band, then LEFT's fringes and tiles, RIGHT's
-        if part == 1 and PAIRED:  # the narrow fringes, side by side in one tile, in the band's units
-            first, end, right_lo, r_left, r_right = fringe_pair(bounds[2], bounds[3], bounds[4], bounds[5], r_lo, r_hi,
-                                                                BAND_BLOCK)
-            acc, l_i, m_i, m_lo, m_hi = _forward_tiles(
-                acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_left, r_right, mass_rows, K_ptr, V_ptr,
-                mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, first, end, right_lo,
-                LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
-                STAGE=FRINGE_PAIR, IN_STAGE_UNITS=IN_STAGE_UNITS, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV,
-                IN_PLACE=IN_PLACE, LOW_REGISTERS=LOW_REGISTERS, MASK=MASK,
-                CAUSAL=CAUSAL, HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
-                BLOCK_N=BAND_BLOCK, PIPELINED=False, PRECISION=PRECISION)
-        if part == 1:
-            m_ref = m_i
-            if IN_STAGE_UNITS:
-                m_i = m_i - r_lo
-        if part == 4:
-            if IN_STAGE_UNITS:
-                m_i = out_of_stage(m_i, m_ref, r_lo)
-            if not CAUSAL:
-                if LAZY_HI:  # from here on l's growth is label 2k's
-                    m_hi = m_hi * rescale(m_ref, m_i) - l_i
-                m_ref = m_i
-                if IN_STAGE_UNITS:
-                    m_i = m_i - r_hi
-        if runs(part, CAUSAL, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK) and not (PAIRED and PART_KIND[part] == NARROW):
-            acc, l_i, m_i, m_lo, m_hi = _forward_tiles(
-                acc, l_i, m_i, m_lo, m_hi, q, logit_rows, table_to_qk, r_lo if PART_STAGE[part] == LEFT else r_hi,
-                r_hi, mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs,
-                dims, bounds[PART_FROM[part]], bounds[PART_FROM[part] + 1], 0,
-                LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
-                STAGE=PART_STAGE[part], IN_STAGE_UNITS=IN_STAGE_UNITS, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV,
-                IN_PLACE=IN_PLACE, LOW_REGISTERS=LOW_REGISTERS, MASK=MASK,
-                CAUSAL=CAUSAL, HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
-                BLOCK_N=part_width(part, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK), PIPELINED=PART_KIND[part] == PLAIN,
-                PRECISION=PRECISION)
+    if IN_STAGE_UNITS:
+        m_i = m_i - r_lo
+    if WIDE_FRINGES:
+        acc, l_i, m_i, m_lo, m_hi = _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_lo, r_hi, keys.left_hi,
+                                                   keys.left_narrow, 0, flags, LEFT, BAND_BLOCK)
+    acc, l_i, m_i, m_lo, m_hi = _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_lo, r_hi, keys.lo, keys.left_hi, 0,
+                                               flags, LEFT, BLOCK_N, PIPELINED=True)
+    if IN_STAGE_UNITS:
+        m_i = out_of_stage(m_i, m_ref, r_lo)
+    if not CAUSAL:  # (RIGHT's keys are the future)
+        if LAZY_HI:  # from here on l's growth is label 2k's
+            m_hi = m_hi * rescale(m_ref, m_i) - l_i
+        m_ref = m_i
+        if IN_STAGE_UNITS:
+            m_i = m_i - r_hi
+        if WIDE_FRINGES:
+            acc, l_i, m_i, m_lo, m_hi = _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_hi, r_hi, keys.right_wide,
+                                                       keys.right_lo, 0, flags, RIGHT, BAND_BLOCK)
+        acc, l_i, m_i, m_lo, m_hi = _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_hi, r_hi, keys.right_lo,
+                                                   keys.hi, 0, flags, RIGHT, BLOCK_N, PIPELINED=True)
 
     if IN_STAGE_UNITS and not CAUSAL:
         m_i = out_of_stage(m_i, m_ref, r_hi)
@@ -791,7 +910,7 @@ def forward_kernel(
     if HAS_RV:
         # The masses, normalised: interior ones from the logits the band stored, edges from row sums.
         tl.debug_barrier()
-        mass = tl.exp2(interior_of(mass_rows, rows, rows_abs, labels, max_distance, LQ, LK, float("-inf"), CAUSAL,
+        mass = tl.exp2(interior_of(mass_rows, rows, rows_abs, labels, reach, LQ, LK, float("-inf"), CAUSAL,
                                    EVEN_M) * qk_scale - lse[:, None])
         if HAS_DROPOUT:  # (the band stored −inf for the pairs it dropped)
             mass = mass / (1.0 - dropout_p)
@@ -799,7 +918,7 @@ def forward_kernel(
             m_hi = m_hi * rescale(m_ref, m_i) + (0.0 if CAUSAL else l_i)
             m_lo = l_i - m_hi
         # m_lo summed the band's interior too
-        mass, mass0 = with_edges(mass, m_lo / l_safe - tl.sum(mass, 1), m_hi / l_safe, labels, max_distance)
+        mass, mass0 = with_edges(mass, m_lo / l_safe - tl.sum(mass, 1), m_hi / l_safe, labels, reach)
         mass = stored_by_row(mass_rows[:, None] + 1 + labels[None, :], mass, rows, LQ, EVEN_M)
         tl.store(mass_rows, mass0, mask=rows < LQ)
         out = table_combination(out, mass, mass0, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D,
@@ -814,16 +933,14 @@ def forward_kernel(
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, table_to_qk, r_edge, value_rows, dw_edge, grad_rows,
-              K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, lo, hi,
-              LQ, LK, D, max_distance, qk_scale, seed, dropout_p,
-              STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr, NEEDS_G: tl.constexpr,
-              MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
-              EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, PIPELINED: tl.constexpr,
-              PRECISION: tl.constexpr):
+def _dq_tiles(dq, g_hi, tiles, r_edge, dw_edge, lo, hi, flags: tl.constexpr, STAGE: tl.constexpr,
+              BLOCK_N: tl.constexpr, PIPELINED: tl.constexpr = False):
     """dq and the label sums G of a query block over key tiles [lo, hi) of one stage: g_hi sums
     label 2k, the band's interior values go to the grad table. Label 0 needs no sum: a row of dS
     sums to zero (Σ_j p_ij dP_ij = delta_i), so G_i0 = −(G_i,2k + the interior)."""
+    (q, do, lse, delta, logit_rows, table_to_qk, value_rows, grad_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn,
+     stride_mq, stride_mk, rows, rows_abs, dims, LQ, LK, D, reach, qk_scale, seed, dropout_p) = tiles
+    HAS_LOGITS, HAS_RV, NEEDS_G, MASK, CAUSAL, HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D, PRECISION = flags
     g_right = tl.zeros((rows.shape[0], MIN_DOT), dtype=tl.float32)  # RIGHT's row sums of dS, MIN_DOT times over
     for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
         cols = n0 + tl.arange(0, BLOCK_N)
@@ -833,9 +950,9 @@ def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, table_to_qk, r_edge, valu
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if STAGE == BAND:
             offset = pair_offsets(rows_abs, cols)
-            distance = clipped(offset, max_distance)
+            distance = clipped(offset, reach)
             if HAS_LOGITS:
-                s += load_by_row((logit_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M) * table_to_qk
+                s += load_by_row((logit_rows + reach)[:, None] + distance, rows, LQ, EVEN_M) * table_to_qk
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
             p = tl.exp2(s * qk_scale - lse[:, None])
         else:
@@ -847,7 +964,7 @@ def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, table_to_qk, r_edge, valu
         row_delta = delta
         if HAS_RV:
             if STAGE == BAND:
-                dp += load_by_row((value_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M)
+                dp += load_by_row((value_rows + reach)[:, None] + distance, rows, LQ, EVEN_M)
             elif HAS_DROPOUT:
                 dp += dw_edge[:, None]
             else:
@@ -858,8 +975,8 @@ def _dq_tiles(dq, g_hi, q, do, lse, delta, logit_rows, table_to_qk, r_edge, valu
         # G: label 2k by row sums, interior values stored in the grad table (label 0: at the end).
         if NEEDS_G:
             if STAGE == BAND:  # (the edges' entries are overwritten at the end)
-                g_hi += tl.sum(tl.where(offset >= max_distance, ds, 0.0), 1)
-                store_by_row((grad_rows + max_distance)[:, None] + distance, ds, rows, LQ, EVEN_M)
+                g_hi += tl.sum(tl.where(offset >= reach, ds, 0.0), 1)
+                store_by_row((grad_rows + reach)[:, None] + distance, ds, rows, LQ, EVEN_M)
             elif STAGE == RIGHT:  # by the tensor cores, in the precision dq takes dS in
                 g_right = tl.dot(ds.to(k.dtype), tl.full((BLOCK_N, MIN_DOT), 1.0, k.dtype), g_right,
                                  input_precision=PRECISION)
@@ -881,8 +998,8 @@ def backward_dq_kernel(
         stride_ob, stride_oh, stride_om,
         stride_dob, stride_doh, stride_dom,
         stride_dqb, stride_dqh, stride_dqm,
-        H, LQ, LK, D, OFFSET, max_distance, sm_scale, seed, dropout_p, L_BUCKET,
-        LABELS: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
+        H, LQ, LK, D, OFFSET, reach, sm_scale, seed, dropout_p, L_BUCKET,
+        LABEL_TILE: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
         NEEDS_G: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, FRINGE_BLOCK: tl.constexpr,
@@ -893,12 +1010,12 @@ def backward_dq_kernel(
     gradients read."""
     start_m = tl.program_id(0)
     b, h, bh = head_of_program(H)
-    n_labels = 2 * max_distance + 1
+    n_labels = 2 * reach + 1
     qk_scale = sm_scale * LOG2E
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_abs = rows + OFFSET
     dims = tl.arange(0, BLOCK_D)
-    labels = tl.arange(0, LABELS)
+    labels = tl.arange(0, LABEL_TILE)
     q = load_rows(Q + b * stride_qb + h * stride_qh, rows, stride_qm, dims, LQ, D, EVEN_M, EVEN_D)
     do = load_rows(DO + b * stride_dob + h * stride_doh, rows, stride_dom, dims, LQ, D, EVEN_M, EVEN_D)
     o = load_rows(O + b * stride_ob + h * stride_oh, rows, stride_om, dims, LQ, D, EVEN_M, EVEN_D)
@@ -908,49 +1025,60 @@ def backward_dq_kernel(
 
     # The tables the band reads per pair: logits (as the forward's), and dO·w^V.
     HAS_LOGITS: tl.constexpr = HAS_RK or HAS_BIAS
-    table_offset = bh * LQ * (LABELS + 1)
+    table_offset = bh * LQ * (LABEL_TILE + 1)
     logit_rows = logit_rows_of(q, WK + h * stride_wkh, stride_wkl, BIAS + h * stride_bh, LOGITS + table_offset,
                                rows, labels, dims, n_labels, LQ, D, qk_scale, HAS_RK, HAS_BIAS, EVEN_M, PRECISION)
     table_to_qk = table_to_qk_units(qk_scale, HAS_RK)
-    value_rows = VALUES + table_offset + rows * (LABELS + 1)
+    value_rows = VALUES + table_offset + rows * (LABEL_TILE + 1)
     if HAS_RV:
         dw, dw0 = table_product(do, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D, PRECISION)
         store_label_rows(value_rows, dw, dw0, rows, labels, LQ, EVEN_M)
     tl.debug_barrier()
-    grad_rows = GRAD + table_offset + rows * (LABELS + 1)
+    grad_rows = GRAD + table_offset + rows * (LABEL_TILE + 1)
     # Each edge label's terms, per row: off the band the dk/dv kernel reads them like lse and delta.
-    r_lo, r_hi = edge_logits(logit_rows, rows, LQ, max_distance, qk_scale, HAS_RK, HAS_LOGITS)
+    r_lo, r_hi = edge_logits(logit_rows, rows, LQ, reach, qk_scale, HAS_RK, HAS_LOGITS)
     dw_lo = edge_column(value_rows, rows, LQ, 0, HAS_RV)
-    dw_hi = edge_column(value_rows, rows, LQ, 2 * max_distance, HAS_RV)
+    dw_hi = edge_column(value_rows, rows, LQ, 2 * reach, HAS_RV)
     store_edge_stats(EDGES + bh * EDGE_STATS * LQ, rows, LQ, lse - r_lo, lse - r_hi, delta - dw_lo, delta - dw_hi,
                      dw_lo, dw_hi)
 
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     g_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    bounds = key_stages(start_m * BLOCK_M, OFFSET, LK, max_distance, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK,
-                        FRINGE_BLOCK)
+    keys = key_stages(start_m * BLOCK_M, OFFSET, LK, reach, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK)
     K_ptr = K + b * stride_kb + h * stride_kh
     V_ptr = V + b * stride_vb + h * stride_vh
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
-    for part in tl.static_range(7):  # the band, then LEFT's fringes and tiles, RIGHT's
-        if runs(part, CAUSAL, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK):
-            dq, g_hi = _dq_tiles(
-                dq, g_hi, q, do, lse, delta, logit_rows, table_to_qk, r_lo if PART_STAGE[part] == LEFT else r_hi,
-                value_rows, dw_lo if PART_STAGE[part] == LEFT else dw_hi, grad_rows,
-                K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims,
-                bounds[PART_FROM[part]], bounds[PART_FROM[part] + 1],
-                LQ, LK, D, max_distance, qk_scale, seed + bh, dropout_p,
-                STAGE=PART_STAGE[part], HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, NEEDS_G=NEEDS_G, MASK=MASK,
-                CAUSAL=CAUSAL, HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
-                BLOCK_N=part_width(part, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK), PIPELINED=PART_KIND[part] == PLAIN,
-                PRECISION=PRECISION)
+    tiles = DqTiles(q, do, lse, delta, logit_rows, table_to_qk, value_rows, grad_rows, K_ptr, V_ptr, mask_ptr,
+                    stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, LQ, LK, D, reach, qk_scale,
+                    seed + bh, dropout_p)
+    flags: tl.constexpr = DqFlags(HAS_LOGITS, HAS_RV, NEEDS_G, MASK, CAUSAL, HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D,
+                                  PRECISION)
+    WIDE_FRINGES: tl.constexpr = has_wide_fringes(BLOCK_N, BAND_BLOCK)
+    NARROW_FRINGES: tl.constexpr = has_narrow_fringes(CAUSAL, BAND_BLOCK, FRINGE_BLOCK)
+
+    # The band, then LEFT from the band out, then RIGHT from the band out.
+    dq, g_hi = _dq_tiles(dq, g_hi, tiles, r_hi, dw_hi, keys.band_lo, keys.band_hi, flags, BAND, BAND_BLOCK)
+    if WIDE_FRINGES:
+        dq, g_hi = _dq_tiles(dq, g_hi, tiles, r_lo, dw_lo, keys.left_hi, keys.left_narrow, flags, LEFT, BAND_BLOCK)
+    if NARROW_FRINGES:
+        dq, g_hi = _dq_tiles(dq, g_hi, tiles, r_lo, dw_lo, keys.left_narrow, keys.band_lo, flags, LEFT, FRINGE_BLOCK)
+    dq, g_hi = _dq_tiles(dq, g_hi, tiles, r_lo, dw_lo, keys.lo, keys.left_hi, flags, LEFT, BLOCK_N, PIPELINED=True)
+    if not CAUSAL:  # (RIGHT's keys are the future)
+        if NARROW_FRINGES:
+            dq, g_hi = _dq_tiles(dq, g_hi, tiles, r_hi, dw_hi, keys.band_hi, keys.right_wide, flags, RIGHT,
+                                 FRINGE_BLOCK)
+        if WIDE_FRINGES:
+            dq, g_hi = _dq_tiles(dq, g_hi, tiles, r_hi, dw_hi, keys.right_wide, keys.right_lo, flags, RIGHT,
+                                 BAND_BLOCK)
+        dq, g_hi = _dq_tiles(dq, g_hi, tiles, r_hi, dw_hi, keys.right_lo, keys.hi, flags, RIGHT, BLOCK_N,
+                             PIPELINED=True)
 
     if NEEDS_G:
         # The grad table's rows, whole: interior values the band stored, label 2k from row sums,
         # label 0 what makes the row sum zero.
         tl.debug_barrier()
-        g = interior_of(grad_rows, rows, rows_abs, labels, max_distance, LQ, LK, 0.0, CAUSAL, EVEN_M)
-        g, g0 = with_edges(g, -(g_hi + tl.sum(g, 1)), g_hi, labels, max_distance)
+        g = interior_of(grad_rows, rows, rows_abs, labels, reach, LQ, LK, 0.0, CAUSAL, EVEN_M)
+        g, g0 = with_edges(g, -(g_hi + tl.sum(g, 1)), g_hi, labels, reach)
         store_label_rows(grad_rows, g, g0, rows, labels, LQ, EVEN_M)
         if HAS_RK:  # Σ_l G_il w^K_l, the key term's share of dq
             dq = table_combination(dq, g, g0, WK + h * stride_wkh, stride_wkl, labels, dims, n_labels, D,
@@ -960,7 +1088,7 @@ def backward_dq_kernel(
 
 
 @triton.jit
-def add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, max_distance, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, reach, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   WINDOW: tl.constexpr):
     """A wide rel_bias's gradient: the tile's dS summed along its BM + BN − 1 diagonals (one
     offset j − i each), added into this key block's own row of per-label sums. Diagonals
@@ -972,31 +1100,28 @@ def add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, max_distance, BLOCK_M: tl.con
     on_tile = (key >= 0) & (key < BLOCK_N)
     diag = tl.sum(tl.where(on_tile, tl.gather(ds, tl.minimum(tl.maximum(key, 0), BLOCK_N - 1), 1), 0.0), 0)
     offset = tl.min(cols, 0) - (m0 + OFFSET) - (BLOCK_M - 1) + w  # j − i of diagonal w, absolute positions
-    label = label_of(offset, max_distance)
+    label = label_of(offset, reach)
     real = w < BLOCK_M + BLOCK_N - 1
-    inside = real & (label > 0) & (label < 2 * max_distance)
+    inside = real & (label > 0) & (label < 2 * reach)
     lo = tl.sum(tl.where(real & (label == 0), diag, 0.0), 0)
-    hi = tl.where(max_distance > 0, tl.sum(tl.where(real & (label == 2 * max_distance), diag, 0.0), 0), 0.0)
+    hi = tl.where(reach > 0, tl.sum(tl.where(real & (label == 2 * reach), diag, 0.0), 0), 0.0)
     tl.store(dbias_ptr + label, tl.load(dbias_ptr + label, mask=inside, other=0.0) + diag, mask=inside)
     tl.store(dbias_ptr, tl.load(dbias_ptr) + lo)
-    tl.store(dbias_ptr + 2 * max_distance, tl.load(dbias_ptr + 2 * max_distance) + hi)
+    tl.store(dbias_ptr + 2 * reach, tl.load(dbias_ptr + 2 * reach) + hi)
     tl.debug_barrier()
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, table_to_qk, value_base, dbias_ptr, Q_ptr, DO_ptr, lse_ptr,
-                delta_ptr, dw_ptr,
-                stride_qm, stride_dom, cols, mask_ptr, stride_mq, stride_mk, dims, lo, hi,
-                LQ, LK, D, OFFSET, max_distance, qk_scale, seed, dropout_p,
-                TABLE_ROW: tl.constexpr, STAGE: tl.constexpr, HAS_LOGITS: tl.constexpr, HAS_RV: tl.constexpr,
-                BIAS_GRAD: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr,
-                WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+def _dkdv_tiles(dk, dv, tiles, lse_ptr, delta_ptr, dw_ptr, lo, hi, flags: tl.constexpr, STAGE: tl.constexpr,
+                BLOCK_M: tl.constexpr):
     """dk, dv of a key block over query blocks [lo, hi) of one stage. Off the band, lse_ptr and
     delta_ptr point at the stage's edge statistics: its logit term and dO·w^V are already in them
     (with dropout, dw_ptr holds dO·w^V, added to dP before it is dropped)."""
-    edge = 0 if STAGE == LEFT else 2 * max_distance
+    (k, v, logit_base, logit_stride, table_to_qk, value_base, dbias_ptr, Q_ptr, DO_ptr, stride_qm, stride_dom, cols,
+     mask_ptr, stride_mq, stride_mk, dims, LQ, LK, D, OFFSET, reach, qk_scale, seed, dropout_p) = tiles
+    (TABLE_ROW, HAS_LOGITS, HAS_RV, BIAS_GRAD, MASK, CAUSAL, HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D, BLOCK_N, WINDOW,
+     PRECISION) = flags
+    edge = 0 if STAGE == LEFT else 2 * reach
     for m0 in tl.range(lo, hi, BLOCK_M, num_stages=1 if STAGE == BAND else None):
         rows = m0 + tl.arange(0, BLOCK_M)
         rows_abs = rows + OFFSET
@@ -1009,9 +1134,9 @@ def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, table_to_qk, value_base,
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if STAGE == BAND:
             offset = pair_offsets(rows_abs, cols)
-            distance = clipped(offset, max_distance)
+            distance = clipped(offset, reach)
             if HAS_LOGITS:
-                s += load_by_row((logit_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M) * table_to_qk
+                s += load_by_row((logit_rows + reach)[:, None] + distance, rows, LQ, EVEN_M) * table_to_qk
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
         elif MASK != NO_MASK or not EVEN_N:
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
@@ -1021,7 +1146,7 @@ def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, table_to_qk, value_base,
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if HAS_RV:
             if STAGE == BAND:
-                dp += load_by_row((value_rows + max_distance)[:, None] + distance, rows, LQ, EVEN_M)
+                dp += load_by_row((value_rows + reach)[:, None] + distance, rows, LQ, EVEN_M)
             elif HAS_DROPOUT:
                 dp += tl.load(dw_ptr + rows, mask=rows < LQ, other=0.0)[:, None]
         dp = dropped(dp, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
@@ -1029,7 +1154,7 @@ def _dkdv_tiles(dk, dv, k, v, logit_base, logit_stride, table_to_qk, value_base,
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
         if BIAS_GRAD:  # a wide rel_bias's gradient, into this key block's own row
             if STAGE == BAND:
-                add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, max_distance, BLOCK_M, BLOCK_N, WINDOW)
+                add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, reach, BLOCK_M, BLOCK_N, WINDOW)
             else:
                 tl.store(dbias_ptr + edge, tl.load(dbias_ptr + edge) + tl.sum(tl.sum(ds, 1), 0))
                 tl.debug_barrier()
@@ -1047,8 +1172,8 @@ def backward_dkdv_kernel(
         stride_dob, stride_doh, stride_dom,
         stride_dkb, stride_dkh, stride_dkn,
         stride_dvb, stride_dvh, stride_dvn,
-        H, LQ, LK, D, OFFSET, max_distance, sm_scale, seed, dropout_p, L_BUCKET,
-        LABELS: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
+        H, LQ, LK, D, OFFSET, reach, sm_scale, seed, dropout_p, L_BUCKET,
+        LABEL_TILE: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
         BIAS_GRAD: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, WINDOW: tl.constexpr,
@@ -1058,7 +1183,7 @@ def backward_dkdv_kernel(
     query tiles are BAND_ROWS high (a divisor of BLOCK_M)."""
     start_n = tl.program_id(0)
     b, h, bh = head_of_program(H)
-    n_labels = 2 * max_distance + 1
+    n_labels = 2 * reach + 1
     qk_scale = sm_scale * LOG2E
     n0 = start_n * BLOCK_N
     cols = n0 + tl.arange(0, BLOCK_N)
@@ -1066,34 +1191,34 @@ def backward_dkdv_kernel(
     k = load_rows(K + b * stride_kb + h * stride_kh, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
     v = load_rows(V + b * stride_vb + h * stride_vh, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
     HAS_LOGITS: tl.constexpr = HAS_RK or HAS_BIAS
-    table_offset = bh * LQ * (LABELS + 1)
+    table_offset = bh * LQ * (LABEL_TILE + 1)
     logit_base = BIAS + h * stride_bh
     logit_stride = 0
     if HAS_RK:  # dq's table, in the units of q·k
         logit_base = LOGITS + table_offset
-        logit_stride = LABELS + 1
+        logit_stride = LABEL_TILE + 1
     table_to_qk = table_to_qk_units(qk_scale, HAS_RK)
     dbias_ptr = DBIAS + (bh * DBIAS_ROWS + start_n) * n_labels  # this program's own row
 
-    lo, band_lo, band_hi = query_stages(n0, OFFSET, LQ, max_distance, CAUSAL, BLOCK_M, BLOCK_N)
+    lo, band_lo, band_hi = query_stages(n0, OFFSET, LQ, reach, CAUSAL, BLOCK_M, BLOCK_N)
     dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     edges = EDGES + bh * EDGE_STATS * LQ
-    for stage in tl.static_range(3):  # BAND, then queries after the keys (label 0), before them (2k)
-        side = 0 if stage == LEFT else 1
-        dk, dv = _dkdv_tiles(
-            dk, dv, k, v, logit_base, logit_stride, table_to_qk, VALUES + table_offset, dbias_ptr,
-            Q + b * stride_qb + h * stride_qh, DO + b * stride_dob + h * stride_doh,
-            LSE + bh * LQ if stage == BAND else edges + side * LQ,
-            DELTA + bh * LQ if stage == BAND or HAS_DROPOUT else edges + (2 + side) * LQ, edges + (4 + side) * LQ,
-            stride_qm, stride_dom, cols, MASK_PTR + b * stride_mb + h * stride_mh, stride_mq, stride_mk, dims,
-            band_lo if stage == BAND else (band_hi if stage == LEFT else lo),
-            band_hi if stage == BAND else (LQ if stage == LEFT else band_lo),
-            LQ, LK, D, OFFSET, max_distance, qk_scale, seed + bh, dropout_p,
-            TABLE_ROW=LABELS + 1, STAGE=stage, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, BIAS_GRAD=BIAS_GRAD, MASK=MASK,
-            CAUSAL=CAUSAL,
-            HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
-            BLOCK_M=BAND_ROWS if stage == BAND else BLOCK_M, BLOCK_N=BLOCK_N, WINDOW=WINDOW, PRECISION=PRECISION)
+    tiles = DkdvTiles(k, v, logit_base, logit_stride, table_to_qk, VALUES + table_offset, dbias_ptr,
+                      Q + b * stride_qb + h * stride_qh, DO + b * stride_dob + h * stride_doh, stride_qm, stride_dom,
+                      cols, MASK_PTR + b * stride_mb + h * stride_mh, stride_mq, stride_mk, dims, LQ, LK, D, OFFSET,
+                      reach, qk_scale, seed + bh, dropout_p)
+    flags: tl.constexpr = DkdvFlags(LABEL_TILE + 1, HAS_LOGITS, HAS_RV, BIAS_GRAD, MASK, CAUSAL, HAS_DROPOUT, EVEN_M,
+                                    EVEN_N, EVEN_D, BLOCK_N, WINDOW, PRECISION)
+    # The band, then the queries after the keys (LEFT: label 0), then those before them (RIGHT: 2k).
+    # Off the band a stage reads its rows' statistics with its logit term and dO·w^V in them
+    # (EDGE_STATS's rows), with dropout delta and dO·w^V apart.
+    dk, dv = _dkdv_tiles(dk, dv, tiles, LSE + bh * LQ, DELTA + bh * LQ, edges + 5 * LQ, band_lo, band_hi, flags, BAND,
+                         BAND_ROWS)
+    dk, dv = _dkdv_tiles(dk, dv, tiles, edges, DELTA + bh * LQ if HAS_DROPOUT else edges + 2 * LQ, edges + 4 * LQ,
+                         band_hi, LQ, flags, LEFT, BLOCK_M)
+    dk, dv = _dkdv_tiles(dk, dv, tiles, edges + LQ, DELTA + bh * LQ if HAS_DROPOUT else edges + 3 * LQ, edges + 5 * LQ,
+                         lo, band_lo, flags, RIGHT, BLOCK_M)
     col_mask = (cols[:, None] < LK) & (dims[None, :] < D)
     tl.store(DK + b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :],
              (dk * sm_scale).to(DK.dtype.element_ty), mask=col_mask)
@@ -1106,11 +1231,11 @@ def label_sums_kernel(TABLE_A, X_A, TABLE_B, X_B, OUT,
                       stride_ab, stride_ah, stride_am,
                       stride_bb, stride_bh, stride_bm,
                       H, LQ, D, BLOCKS,
-                      LABELS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                      LABEL_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     """One block of rows of one (batch, head) and one of two (label table T, rows x) pairs (the grid's
     first axis holds pair A's blocks, then B's: the grad table and q for dw^K, the mass table and
     dO for dw^V, in one launch): its share Σ_i T_il x_i of a table's gradient, as a
-    (LABELS + 1, BLOCK_D) float32 block, label l in row l; the host sums the shares in a fixed
+    (LABEL_TILE + 1, BLOCK_D) float32 block, label l in row l; the host sums the shares in a fixed
     order (no atomics). The tile in x's dtype on the tensor cores, as `impl="gather"` takes it
     under autocast. Its own kernel, not dq's epilogue, whose registers the sums would take (there
     they make dq spill on sm_80)."""
@@ -1122,12 +1247,12 @@ def label_sums_kernel(TABLE_A, X_A, TABLE_B, X_B, OUT,
         table, x_rows, stride_xm = TABLE_B, X_B + b * stride_bb + h * stride_bh, stride_bm
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
-    labels = tl.arange(0, LABELS)
+    labels = tl.arange(0, LABEL_TILE)
     x = load_rows(x_rows, rows, stride_xm, dims, LQ, D, False, False)
-    table_rows = table + (bh * LQ + rows) * (LABELS + 1)
+    table_rows = table + (bh * LQ + rows) * (LABEL_TILE + 1)
     tile = tl.load(table_rows[:, None] + 1 + labels[None, :], mask=(rows < LQ)[:, None], other=0.0)
     column0 = tl.load(table_rows, mask=rows < LQ, other=0.0)
-    out = OUT + ((pair * tl.num_programs(2) * H + bh) * BLOCKS + start_m) * (LABELS + 1) * BLOCK_D
+    out = OUT + ((pair * tl.num_programs(2) * H + bh) * BLOCKS + start_m) * (LABEL_TILE + 1) * BLOCK_D
     tl.store(out + (labels[:, None] + 1) * BLOCK_D + dims[None, :],
              tl.dot(tl.trans(tile.to(x.dtype)), x, input_precision=PRECISION))
     tl.store(out + dims, tl.sum(column0[:, None] * x.to(tl.float32), 0))

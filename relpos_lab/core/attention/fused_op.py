@@ -1,11 +1,12 @@
-"""The fused kernels as torch.library ops: what a compiled model calls (`fused.attend` while dynamo
-traces), so torch.compile keeps the kernel as one node of its graph, schedules the rest around it,
-and CUDA graphs capture it, where an autograd Function launching Triton would break the graph.
+"""The fused kernels as torch.library ops: what a compiled model calls (`attend`, which
+`relative_attention` calls while dynamo traces), so torch.compile keeps the kernel as one node of
+its graph, schedules the rest around it, and CUDA graphs capture it, where an autograd Function
+launching Triton would break the graph.
 
 `relpos_lab::fused_attention` returns the output with the log-sum-exp and mass table the backward
 reads; `relpos_lab::fused_attention_backward` returns dq, dk, dv and the tables' gradients (an
 empty tensor where a table needs none). Their fake implementations give every output's shape from
-the inputs alone, as the launches allocate them (`fused.labels`). These are custom ops rather than
+the inputs alone, as the launches allocate them (`fused.label_tile`). These are custom ops rather than
 `triton_op`s: the kernels are autotuned over a heuristics subclass (fused._Derived) and, in the
 tests, interpreted, which `wrap_triton` does not take; opaque to inductor, they are still traced,
 fused around and captured. Eager calls keep the autograd Function, whose launch path is lighter.
@@ -24,20 +25,20 @@ attend_between_graphs = torch.compiler.disable(fused.attend)
 
 @torch.library.custom_op("relpos_lab::fused_attention", mutates_args=())
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None,
-                    rel_bias: Tensor | None, mask: Tensor | None, kmax: int, causal: bool, offset: int, scale: float,
+                    rel_bias: Tensor | None, mask: Tensor | None, reach: int, causal: bool, offset: int, scale: float,
                     seed: int, dropout_p: float) -> tuple[Tensor, Tensor, Tensor]:
     """(output, log-sum-exp, mass table) of `fused.launch_forward`. `mask`: uint8, broadcastable to
     (B, H, Lq, Lk); expanded here, whatever strides the graph gave it (the kernels read it by them)."""
-    launch = fused._Launch(kmax, causal, offset, scale, seed, dropout_p)
+    launch = fused._Launch(reach, causal, offset, scale, seed, dropout_p)
     mask = _expanded(mask, q, k)
     o, lse, mass, _ = fused.launch_forward(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
     return o, lse, mass if rel_v is not None else mass.zero_()  # (a placeholder without a^V: defined, not read)
 
 
 @fused_attention.register_fake
-def _(q, k, v, rel_k, rel_v, rel_bias, mask, kmax, causal, offset, scale, seed, dropout_p):
+def _(q, k, v, rel_k, rel_v, rel_bias, mask, reach, causal, offset, scale, seed, dropout_p):
     b, h, lq, _ = q.shape
-    width = fused.labels(rel_k, rel_v, rel_bias, kmax) + 1
+    width = fused.label_tile(rel_k, rel_v, rel_bias, reach) + 1
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty(b * h * lq, dtype=torch.float32),
             q.new_empty((b * h * lq, width) if rel_v is not None else (1,), dtype=torch.float32))
@@ -46,11 +47,11 @@ def _(q, k, v, rel_k, rel_v, rel_bias, mask, kmax, causal, offset, scale, seed, 
 @torch.library.custom_op("relpos_lab::fused_attention_backward", mutates_args=())
 def fused_attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None,
                              rel_bias: Tensor | None, mask: Tensor | None, o: Tensor, lse: Tensor, mass: Tensor,
-                             kmax: int, causal: bool, offset: int, scale: float, seed: int, dropout_p: float,
+                             reach: int, causal: bool, offset: int, scale: float, seed: int, dropout_p: float,
                              needs_rel_k: bool, needs_rel_v: bool, needs_rel_bias: bool,
                              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv, d rel_k, d rel_v, d rel_bias of `fused.launch_backward` (empty where not needed)."""
-    launch = fused._Launch(kmax, causal, offset, scale, seed, dropout_p)
+    launch = fused._Launch(reach, causal, offset, scale, seed, dropout_p)
     mask = _expanded(mask, q, k)
     args = fused._common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
     grads = fused.launch_backward(do, q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass, launch, args,
@@ -59,7 +60,7 @@ def fused_attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_k:
 
 
 @fused_attention_backward.register_fake
-def _(do, q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass, kmax, causal, offset, scale, seed, dropout_p,
+def _(do, q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass, reach, causal, offset, scale, seed, dropout_p,
       needs_rel_k, needs_rel_v, needs_rel_bias):
     def table(t, needed):
         return torch.empty_like(t, memory_format=torch.contiguous_format) if t is not None and needed \
@@ -90,7 +91,16 @@ def _backward(ctx, do, _lse, _mass):
 fused_attention.register_autograd(_backward, setup_context=_setup_context)
 
 
-def attention(q, k, v, rel_k, rel_v, rel_bias, mask, launch: fused._Launch) -> Tensor:
-    """`fused.attend`'s call, through the op."""
+def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p,
+           attn_bias, scale):
+    """`fused.attend` while dynamo traces: the kernels as the ops above, one node each in the
+    graph. With attention dropout they still run between graphs: the seed is a host integer per
+    call, which a graph would bake in."""
+    if dropout_p > 0:
+        return attend_between_graphs(q, k, v, rel_k=rel_k, rel_v=rel_v, rel_bias=rel_bias, max_distance=max_distance,
+                                     attn_mask=attn_mask, is_causal=is_causal, query_offset=query_offset,
+                                     dropout_p=dropout_p, attn_bias=attn_bias, scale=scale)
+    rel_k, rel_v, rel_bias, mask, launch = fused.prepare(q, k, rel_k, rel_v, rel_bias, max_distance, attn_mask,
+                                                         is_causal, query_offset, dropout_p, scale)
     q, k, v = (fused._last_dim_contiguous(t) for t in (q, k, v))
     return fused_attention(q, k, v, rel_k, rel_v, rel_bias, mask, *launch)[0]
