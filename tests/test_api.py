@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tomllib
+import warnings
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
@@ -255,6 +256,99 @@ def test_a_renamed_attribute_warns_naming_the_new_one_and_is_the_new_object(sche
                                                 rf"{re.escape(owner)}\.{new} now \(CHANGELOG.md\)$"):
         assert getattr(module, old) is getattr(module, new) is not None
     assert f"`{owner.rsplit('.', 1)[1]}.{old}`" in (REPO / "CHANGELOG.md").read_text()
+
+
+# --- Task methods renamed in 0.2.0 (issue 58, item 6): called or overridden, the old names still work -----------
+
+TASK = "relpos_lab.api.task.Task"
+
+
+def reverse_task_and_model():
+    from relpos_lab.api.testing import tiny_model_config
+    from relpos_lab.core.positions import builtin_config
+    from relpos_lab_tasks.synthetic import ReverseTask, SyntheticConfig
+
+    task = ReverseTask(SyntheticConfig(name="reverse", train_size=8, eval_size_per_length=2), seed=0)
+    torch.manual_seed(0)
+    return task, task.build_model(tiny_model_config(builtin_config("shaw"), vocab=len(task.tgt_vocab))).eval()
+
+
+@pytest.mark.parametrize("old, new", [("decode", "predict"), ("decode_output", "detokenize")])
+def test_a_renamed_task_method_called_by_its_old_name_warns_and_gives_the_new_ones_result(old, new):
+    task, model = reverse_task_and_model()
+    args = (model, task.input_batch([task.encode_input("4 5 6")])) if new == "predict" else (torch.tensor([4, 5, 3]),)
+    with torch.no_grad():
+        want = getattr(task, new)(*args)
+        with pytest.warns(DeprecationWarning, match=rf"^{re.escape(TASK)}\.{old} is deprecated: it is "
+                                                    rf"{re.escape(TASK)}\.{new} now \(CHANGELOG.md\)$") as caught:
+            got = getattr(task, old)(*args)
+    assert caught[0].filename == __file__
+    assert torch.equal(got, want) if new == "predict" else got == want
+    assert f"`Task.{old}`" in (REPO / "CHANGELOG.md").read_text()
+
+
+def test_a_task_that_overrides_the_old_names_is_warned_once_and_still_called():
+    """A plugin written before the rename overrides `decode` and `decode_output`: its class is warned
+    about once, at each method's definition; the framework (translate) calls its methods by the new
+    names, and `super().decode(...)` inside them reaches the base's method."""
+    from relpos_lab.training.inference import translate
+    from relpos_lab_tasks.synthetic import ReverseTask
+
+    calls = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        class OldTask(ReverseTask):
+            def decode(self, model, batch):
+                calls.append("decode")
+                return super().decode(model, batch)
+
+            def decode_output(self, ids):
+                calls.append("decode_output")
+                return "<" + super().decode_output(ids) + ">"
+
+    messages = [(str(w.message), w.filename, w.lineno) for w in caught if w.category is DeprecationWarning]
+    first_line = OldTask.decode.__code__.co_firstlineno
+    assert messages == [
+        (f"{TASK}.decode is deprecated: it is {TASK}.predict now (CHANGELOG.md); {__name__}.{OldTask.__qualname__} "
+         "overrides decode, and is called as predict: rename it", __file__, first_line),
+        (f"{TASK}.decode_output is deprecated: it is {TASK}.detokenize now (CHANGELOG.md); "
+         f"{__name__}.{OldTask.__qualname__} overrides decode_output, and is called as detokenize: rename it",
+         __file__, OldTask.decode_output.__code__.co_firstlineno)]
+    plain, model = reverse_task_and_model()
+    task = OldTask(plain.cfg, seed=0)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        outputs = translate(task, model, ["4 5 6", "", "7 8"])
+    assert calls == ["decode", "decode_output", "decode_output"]  # one batch of two lines
+    want = translate(plain, model, ["4 5 6", "", "7 8"])
+    assert outputs == [f"<{want[0]}>", "", f"<{want[2]}>"]
+    # super().decode reached Seq2SeqTask's method through its deprecated name: warned, no recursion
+    assert {str(w.message).split(" is deprecated")[0] for w in caught} == {f"{TASK}.decode", f"{TASK}.decode_output"}
+
+    class NewBelowOld(OldTask):  # a subclass that moved on: its `predict` is called, and it reaches the old one
+        def predict(self, model, batch):
+            calls.append("predict")
+            return super().predict(model, batch)
+
+    calls.clear()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        NewBelowOld(plain.cfg, seed=0).decode(model, plain.input_batch([plain.encode_input("4 5")]))
+    assert calls == ["predict", "decode"]
+
+
+def test_relpos_lab_shows_an_old_method_overrides_deprecation_to_plugin_authors(tmp_path):
+    (tmp_path / "old_task_plugin.py").write_text("from relpos_lab.api import Seq2SeqTask\n\n\n"
+                                                 "class OldTask(Seq2SeqTask):\n"
+                                                 "    def decode_output(self, ids):\n"
+                                                 "        return ''\n")
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    shown = subprocess.run([sys.executable, "-c", "from relpos_lab import cli; cli.show_deprecations(); "
+                            "import old_task_plugin"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=120).stderr
+    assert (f"old_task_plugin.py:5: DeprecationWarning: {TASK}.decode_output is deprecated: it is {TASK}.detokenize "
+            "now (CHANGELOG.md); old_task_plugin.OldTask overrides decode_output") in shown, shown[-2000:]
 
 
 @pytest.mark.parametrize("scheme, old_key", [("shaw", "encoder.layers.0.self_attn.inner.positions.rel_k"),

@@ -45,7 +45,7 @@ def test_a_padded_batch_gives_the_same_loss_and_predictions(family, scheme, tmp_
     assert got.n_tokens == want.n_tokens
     model.eval()
     with torch.no_grad():
-        want, got = task.decode(model, plain), task.decode(model, padded)
+        want, got = task.predict(model, plain), task.predict(model, padded)
     width = max(want.shape[1], got.shape[1])
     pad = task.tgt_vocab.pad_id
     assert torch.equal(torch.nn.functional.pad(got, (0, width - got.shape[1]), value=pad),

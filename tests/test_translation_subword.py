@@ -90,4 +90,4 @@ def test_the_task_caches_its_model_in_the_data_dir_and_a_checkpoint_state_needs_
     restored = TranslationTask(cfg)
     restored.load_state_dict(state)
     assert restored.vocab.symbols == first.vocab.symbols
-    assert restored.decode_output(restored.encode_input(SRC[0])) == SRC[0]
+    assert restored.detokenize(restored.encode_input(SRC[0])) == SRC[0]

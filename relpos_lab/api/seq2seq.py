@@ -142,7 +142,7 @@ class Seq2SeqTask(Task):
     def input_batch(self, inputs: Sequence[Tensor]) -> Batch:
         return {"src": pad_sequence(list(inputs), batch_first=True, padding_value=self.src_vocab.pad_id)}
 
-    def decode_output(self, ids: Tensor) -> str:
+    def detokenize(self, ids: Tensor) -> str:
         """The text of predicted target ids (up to EOS): symbols joined by spaces by default."""
         return " ".join(self.tgt_vocab.decode(ids))
 
@@ -262,7 +262,7 @@ class Seq2SeqTask(Task):
         target = slot_targets(batch["tgt_out"], n_slots, self.tgt_vocab, self.cfg.name) if "tgt_out" in batch else None
         return n_slots, target
 
-    def decode(self, model: nn.Module, batch: Batch) -> Tensor:
+    def predict(self, model: nn.Module, batch: Batch) -> Tensor:
         """Predicted target ids (B, T'), EOS included and pad after it, per `cfg.decoding`
         (encoder_only: the argmax at each slot, pad past a row's slots)."""
         if isinstance(model, EncoderOnly):
@@ -296,7 +296,7 @@ class Seq2SeqTask(Task):
         forced = label_smoothed_loss(model(batch["src"], batch["tgt_in"]), batch["tgt_out"],
                                      smoothing=0.0, ignore_index=pad)
         evaluation.update_nll(forced.nll_sum, forced.n_tokens)
-        hyps = self.decode(model, batch)
+        hyps = self.predict(model, batch)
         target = batch["tgt_out"]
         evaluation.update(align(hyps, target.shape[1], pad), target, lengths=self.bucket_of(batch["length"]))
         return hyps

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from relpos_lab.api.errors import UserError, did_you_mean
+from relpos_lab.core.renamed import renamed_methods
 
 if TYPE_CHECKING:  # type names only: the contract does not import the model core or torchmetrics
     from relpos_lab.api.evaluation import Evaluation
@@ -31,6 +32,9 @@ if TYPE_CHECKING:  # type names only: the contract does not import the model cor
     from relpos_lab.core.transformer import ModelConfig
 
 Batch = dict[str, Tensor]
+
+RENAMED_METHODS = {"decode": "predict", "decode_output": "detokenize"}
+"""Task methods renamed in 0.2.0 (old: new): the old names keep working, overridden or called, until 0.3.0."""
 
 
 @dataclass
@@ -86,6 +90,10 @@ class Task(abc.ABC):
     def __init__(self, cfg: TaskConfig, *, seed: int = 0):
         self.cfg = cfg
         self.seed = seed
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        renamed_methods(cls, f"{__name__}.Task", RENAMED_METHODS)  # a plugin's `decode` is its `predict`
 
     @classmethod
     def describe(cls) -> str:
@@ -171,20 +179,24 @@ class Task(abc.ABC):
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict()` from a checkpoint, before the data or model is first built."""
 
-    # --- raw text in and out (`relpos-lab translate`); optional ------------------------------
+    # --- raw text in and out (`relpos-lab translate`, `generate`); optional ------------------
 
     def encode_input(self, line: str) -> Tensor:
         """The input ids of one line of user text."""
         raise UserError(f"task '{self.cfg.name}' does not take raw text input (it defines no encode_input)")
 
     def input_batch(self, inputs: Sequence[Tensor]) -> Batch:
-        """A batch of encoded inputs, for `decode`."""
+        """A batch of encoded inputs, for `predict`."""
         raise UserError(f"task '{self.cfg.name}' does not take raw text input (it defines no input_batch)")
 
-    def decode(self, model: nn.Module, batch: Batch) -> Tensor:
-        """Predicted ids (B, T') of a batch's inputs."""
-        raise UserError(f"task '{self.cfg.name}' does not generate output (it defines no decode)")
+    def predict(self, model: nn.Module, batch: Batch) -> Tensor:
+        """Predicted ids (B, T') of a batch's inputs: the search `task.decoding` configures, or what
+        the model reads off in one pass."""
+        raise UserError(f"task '{self.cfg.name}' does not generate output (it defines no predict)")
 
-    def decode_output(self, ids: Tensor) -> str:
+    def detokenize(self, ids: Tensor) -> str:
         """The text of one row of predicted ids."""
-        raise UserError(f"task '{self.cfg.name}' does not produce text (it defines no decode_output)")
+        raise UserError(f"task '{self.cfg.name}' does not produce text (it defines no detokenize)")
+
+
+renamed_methods(Task, f"{__name__}.Task", RENAMED_METHODS)

@@ -1,10 +1,13 @@
 """Names renamed in 0.2.0 that keep working until 0.3.0 (CHANGELOG.md): a module's `__getattr__`
 (PEP 562) answers an old name with the new object and a DeprecationWarning naming the new one; a
-renamed attribute of a class is a property that does the same (`renamed_attribute`), and a renamed
-submodule's old state-dict keys load into the new one (`renamed_state_dict_keys`)."""
+renamed attribute of a class is a property that does the same (`renamed_attribute`), a renamed
+method of a class meant to be subclassed answers to both names, in the class and in subclasses
+that still override the old one (`renamed_methods`), and a renamed submodule's old state-dict keys
+load into the new one (`renamed_state_dict_keys`)."""
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 
 
@@ -24,13 +27,63 @@ def renamed(module: str, old_to_new: dict[str, str], namespace: dict):
     return __getattr__
 
 
-def renamed_attribute(owner: str, old: str, new: str) -> property:
-    """A read-only property `old` of class `owner` (dotted) that warns and returns attribute `new`."""
+def renamed_attribute(owner: str, old: str, new: str, *, settable: bool = False) -> property:
+    """A property `old` of class `owner` (dotted) that warns and returns attribute `new`; `settable`:
+    assigning to it also warns and sets `new` (for a plain value a script may set, not a submodule)."""
     def get(self):
         _warn(owner, old, new)
         return getattr(self, new)
 
-    return property(get, doc=f"Deprecated: {owner}.{new}.")
+    def put(self, value):
+        _warn(owner, old, new)
+        setattr(self, new, value)
+
+    return property(get, put if settable else None, doc=f"Deprecated: {owner}.{new}.")
+
+
+def renamed_methods(cls: type, owner: str, old_to_new: dict[str, str]) -> None:
+    """Keep the renamed methods of class `owner` (dotted; a base class plugins subclass) working in
+    `cls`, `owner` itself or a subclass: call it once on the base and from its `__init_subclass__`.
+
+    Afterwards every class defines both names of a method or neither, so that both resolve to the
+    same class of the MRO and `super().old(...)` in an old override reaches its base's method:
+    - a class that defines the new name gets the old one, which warns and calls this class's method;
+    - a class that still overrides only the old name (a plugin written before the rename) has it
+      under the new name too, which is what the framework calls, and is warned once, at the
+      method's definition.
+    """
+    for old, new in old_to_new.items():
+        own = vars(cls)
+        if new in own and old not in own:
+            setattr(cls, old, _renamed_method(owner, old, new, own[new]))
+        elif old in own and new not in own:
+            setattr(cls, new, own[old])
+            _warn_override(cls, owner, old, new, own[old])
+
+
+def _renamed_method(owner: str, old: str, new: str, method):
+    @functools.wraps(method)
+    def alias(self, *args, **kwargs):
+        _warn(owner, old, new)
+        return method(self, *args, **kwargs)
+
+    alias.__name__, alias.__doc__ = old, f"Deprecated: {owner}.{new}."
+    alias.__qualname__ = f"{alias.__qualname__.rpartition('.')[0]}.{old}".lstrip(".")
+    return alias
+
+
+def _warn_override(cls: type, owner: str, old: str, new: str, method) -> None:
+    """The DeprecationWarning of a subclass that overrides `old`, attributed to its definition."""
+    code = getattr(method, "__code__", None)
+    module = sys.modules.get(cls.__module__)
+    namespace = vars(module) if module is not None else None
+    filename = code.co_filename if code is not None else getattr(module, "__file__", None) or cls.__module__
+    message = (f"{owner}.{old} is deprecated: it is {owner}.{new} now (CHANGELOG.md); "
+               f"{cls.__module__}.{cls.__qualname__} overrides {old}, and is called as {new}: rename it")
+    warnings.warn_explicit(message, DeprecationWarning, filename, code.co_firstlineno if code is not None else 1,
+                           module=cls.__module__,
+                           registry=namespace.setdefault("__warningregistry__", {}) if namespace is not None else None,
+                           module_globals=namespace)
 
 
 def renamed_state_dict_keys(old: str, new: str):

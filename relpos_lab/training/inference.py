@@ -5,8 +5,8 @@ A checkpoint rebuilds its task — with the task's saved state, such as its subw
 model, so translating needs neither the training corpus nor the run directory. Each input line
 is encoded by the task (`Task.encode_input`), lines are batched by length (the same token batches
 as training, so a long file does not pad every sentence to its longest one), decoded with the
-task's decoding settings (`Task.decode`: beam search with the checkpoint's beam size and length
-penalty unless overridden), and returned in input order as text (`Task.decode_output`).
+task's decoding settings (`Task.predict`: beam search with the checkpoint's beam size and length
+penalty unless overridden), and returned in input order as text (`Task.detokenize`).
 
 Input the vocabulary does not know (characters absent from the training corpus, say) is read as
 <unk>, which the model has learnt to drop or garble: `translate` says so once, with a count and
@@ -106,9 +106,9 @@ def translate(task: Task, model: nn.Module, lines: Sequence[str], max_tokens: in
     for batch in batches:
         rows = [todo[j] for j in batch]
         inputs = {key: value.to(device) for key, value in task.input_batch([sources[i] for i in rows]).items()}
-        hyps = task.decode(model, inputs)
+        hyps = task.predict(model, inputs)
         for i, hyp in zip(rows, hyps.cpu()):
-            outputs[i] = task.decode_output(hyp)
+            outputs[i] = task.detokenize(hyp)
     return outputs
 
 
@@ -147,5 +147,5 @@ def generate(task: Task, model: nn.Module, prompt: str, max_new_tokens: int = 10
     new, _ = sample(model, ids, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
     # Decoded with the prompt, so the first new piece keeps its leading space (a subword model
     # drops it at the start of a text), then the prompt's own text cut off.
-    prefix, full = task.decode_output(ids[0].cpu()), task.decode_output(torch.cat((ids[0], new[0])).cpu())
+    prefix, full = task.detokenize(ids[0].cpu()), task.detokenize(torch.cat((ids[0], new[0])).cpu())
     return full[len(prefix):] if full.startswith(prefix) else full

@@ -281,7 +281,7 @@ class LMTask(Task):
                 ids.append(EOS)
         return torch.tensor(ids or [EOS], dtype=torch.long)
 
-    def decode_output(self, ids: Tensor) -> str:
+    def detokenize(self, ids: Tensor) -> str:
         """Generated ids as text, EOS as a line break."""
         lines, current = [], []
         for i in ids.tolist():

@@ -251,7 +251,7 @@ class TranslationTask(Seq2SeqTask):
     def encode_input(self, line: str) -> Tensor:
         return torch.tensor(self.subword.encode([line.strip()])[0], dtype=torch.long)
 
-    def decode_output(self, ids: Tensor) -> str:
+    def detokenize(self, ids: Tensor) -> str:
         v, out = self.tgt_vocab, []
         for i in ids.tolist():
             if i == v.eos_id:
@@ -279,15 +279,15 @@ class TranslationTask(Seq2SeqTask):
         forced = label_smoothed_loss(model(batch["src"], batch["tgt_in"]), batch["tgt_out"], smoothing=0.0,
                                      ignore_index=self.tgt_vocab.pad_id)
         evaluation.update_nll(forced.nll_sum, forced.n_tokens)
-        hyps = self.decode(model, batch)
-        texts = [self.decode_output(h) for h in hyps.cpu()]
+        hyps = self.predict(model, batch)
+        texts = [self.detokenize(h) for h in hyps.cpu()]
         evaluation.update(texts, batch["tgt_text"], batch["index"], batch["src_text"],
                           lengths=self.bucket_of(batch["length"]))
         return hyps
 
     def sample_rows(self, batch: Batch, hyps: Tensor, n: int = 8) -> tuple[list[str], list[list]]:
         lengths = batch["length"].tolist()
-        rows = [[lengths[i], batch["src_text"][i], batch["tgt_text"][i], self.decode_output(hyps[i].cpu())]
+        rows = [[lengths[i], batch["src_text"][i], batch["tgt_text"][i], self.detokenize(hyps[i].cpu())]
                 for i in pick_rows(lengths, n)]
         return ["length", "source", "reference", "hypothesis"], rows
 
