@@ -23,7 +23,7 @@ from relpos_lab.core.positions import (
     T5BiasPositions,
     alibi_slopes,
     builtin_config,
-    scheme_of,
+    position_scheme_of,
 )
 
 SCHEMES = tuple(BUILTIN)
@@ -36,11 +36,11 @@ def PositionConfig(scheme: str = "shaw", **fields) -> _PositionConfig:  # noqa: 
 
 
 def build_absolute(cfg: _PositionConfig, d_model: int) -> nn.Module | None:
-    return scheme_of(cfg).embedding(d_model)
+    return position_scheme_of(cfg).embedding(d_model)
 
 
 def build_relative(cfg: _PositionConfig, head_dim: int, n_heads: int, causal: bool) -> RelativePositions:
-    return scheme_of(cfg).attention(head_dim, n_heads, causal) or RelativePositions()
+    return position_scheme_of(cfg).attention(head_dim, n_heads, causal) or RelativePositions()
 
 
 __all__ = [

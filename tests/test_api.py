@@ -204,7 +204,8 @@ RENAMED = {
         "SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding", "NoPositions": "NoPE",
         "NoPositionsConfig": "NoPEConfig", "AbacusPositions": "AbacusEmbedding",
         "CouplingPositions": "PositionCouplingEmbedding", "CouplingEmbedding": "PositionCouplingEmbedding",
-        "PolarPositions": "PopePositions"},
+        "PolarPositions": "PopePositions", "scheme_of": "position_scheme_of"},
+    "relpos_lab.core.positions.base": {"scheme_of": "position_scheme_of"},
     "relpos_lab.core.positions.absolute": {
         "SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding", "NoPositions": "NoPE",
         "NoPositionsConfig": "NoPEConfig"},
@@ -248,6 +249,9 @@ def tiny_model(scheme: str):
     ("shaw", "encoder.layers.0.self_attn.inner", "relpos_lab.core.transformer.MultiHeadAttention", "positions",
      "relative"),
     ("learned", "decoder.embed", "relpos_lab.core.embedding.Embedding", "positions", "absolute"),
+    ("shaw", "encoder.layers.0.self_attn.inner", "relpos_lab.core.transformer.MultiHeadAttention", "scheme",
+     "scheme_label"),
+    ("learned", "decoder.embed", "relpos_lab.core.embedding.Embedding", "scheme", "scheme_label"),
 ])
 def test_a_renamed_attribute_warns_naming_the_new_one_and_is_the_new_object(scheme, where, owner, old, new):
     module = tiny_model(scheme).get_submodule(where)

@@ -19,7 +19,7 @@ from relpos_lab.api.decoding_checks import random_tokens
 from relpos_lab.api.testing import check_scheme, tiny_model_config
 from relpos_lab.core.compiling import compile_model, graph_breaks, is_compiled
 from relpos_lab.core.encoder_only import EncoderOnly
-from relpos_lab.core.positions import BUILTIN, builtin_config, scheme_of
+from relpos_lab.core.positions import BUILTIN, builtin_config, position_scheme_of
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder
 
@@ -39,7 +39,7 @@ content, token ids); every scheme in the three families."""
 def _model(scheme: str, family: str, dtype=torch.float64, **model_fields):
     cls, kw = FAMILIES[family]
     cfg = tiny_model_config(builtin_config(scheme), **kw, **model_fields)
-    if False in cfg.self_attention_causal and not scheme_of(cfg.positions).supports_bidirectional:
+    if False in cfg.self_attention_causal and not position_scheme_of(cfg.positions).supports_bidirectional:
         pytest.skip(f"{scheme} is causal-only")
     torch.manual_seed(0)
     return cls(cfg).to(dtype).train()

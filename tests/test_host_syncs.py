@@ -13,7 +13,7 @@ import torch
 
 from relpos_lab.api import registry
 from relpos_lab.api.testing import tiny_model_config
-from relpos_lab.core.positions import BUILTIN, builtin_config, scheme_of
+from relpos_lab.core.positions import BUILTIN, builtin_config, position_scheme_of
 
 ARCHITECTURES = ("encoder_decoder", "decoder_only", "encoder_only")
 
@@ -29,7 +29,7 @@ def _task():
 @pytest.mark.parametrize("scheme", BUILTIN)
 def test_a_training_step_reads_nothing_back_from_the_device(scheme, architecture):
     cfg = tiny_model_config(builtin_config(scheme), architecture, vocab=0, dropout=0.1, attention_dropout=0.1)
-    if False in cfg.self_attention_causal and not scheme_of(cfg.positions).supports_bidirectional:
+    if False in cfg.self_attention_causal and not position_scheme_of(cfg.positions).supports_bidirectional:
         pytest.skip(f"{scheme} is causal-only")
     task = _task()
     model = task.build_model(dataclasses.replace(cfg, src_vocab_size=0, tgt_vocab_size=0)).train()

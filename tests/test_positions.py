@@ -24,7 +24,7 @@ from relpos_lab.core.positions import (
     TransformerXLPositions,
     alibi_slopes,
     builtin_config,
-    scheme_of,
+    position_scheme_of,
 )
 
 
@@ -127,13 +127,13 @@ def test_every_scheme_contributes_where_it_says(scheme):
     absolute, kwargs, rotates = CONTRIBUTIONS[scheme]
     cfg = builtin_config(scheme)
     cfg.validate()
-    module = scheme_of(cfg).embedding(16)
+    module = position_scheme_of(cfg).embedding(16)
     assert (module is None) if absolute is None else isinstance(module, absolute)
     x = torch.randn(2, 5, 16)
     if module is not None:
-        args = (0, torch.tensor([[4, 5, 3, 6, 7]] * 2)) if scheme_of(cfg).reads_tokens else ()
+        args = (0, torch.tensor([[4, 5, 3, 6, 7]] * 2)) if position_scheme_of(cfg).reads_tokens else ()
         assert module(x, *args).shape == x.shape and not torch.equal(module(x, *args), x)
-    rel = scheme_of(cfg).attention(8, 2, causal=True) or RelativePositions()
+    rel = position_scheme_of(cfg).attention(8, 2, causal=True) or RelativePositions()
     got = rel.attention_kwargs(*qk(5, 5), 0)
     assert set(got) == kwargs
     if "attn_bias" in got:
@@ -152,8 +152,8 @@ def test_a_negative_clipping_distance_is_a_clear_error():
 
 
 def test_shaw_with_sinusoids_adds_absolute_positions():
-    assert scheme_of(ShawConfig()).embedding(8) is None
-    assert isinstance(scheme_of(ShawConfig(add_sinusoids=True)).embedding(8), SinusoidalEmbedding)
+    assert position_scheme_of(ShawConfig()).embedding(8) is None
+    assert isinstance(position_scheme_of(ShawConfig(add_sinusoids=True)).embedding(8), SinusoidalEmbedding)
 
 
 @pytest.mark.parametrize("left,right", [(2, 2), (1, 3), (3, 0), (0, 2)])

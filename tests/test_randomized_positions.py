@@ -8,7 +8,14 @@ import torch
 
 from relpos_lab.core.decoding import beam_search, greedy_search, sample
 from relpos_lab.core.embedding import positions_in_order, seed_eval_positions
-from relpos_lab.core.positions import BUILTIN, RotaryPositions, ShawConfig, ShawPositions, builtin_config, scheme_of
+from relpos_lab.core.positions import (
+    BUILTIN,
+    RotaryPositions,
+    ShawConfig,
+    ShawPositions,
+    builtin_config,
+    position_scheme_of,
+)
 from relpos_lab.core.positions.randomized import sample_positions, spread_mask
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention
@@ -43,7 +50,8 @@ def test_positions_0_to_L_minus_1_are_the_plain_layer(scheme, causal):
     padding included: the path adds nothing of its own."""
     torch.manual_seed(0)
     cfg = config(scheme)
-    layer = MultiHeadAttention(cfg, scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal)).double()
+    relative = position_scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal)
+    layer = MultiHeadAttention(cfg, relative).double()
     x = torch.randn(3, 6, 16, dtype=torch.float64)
     mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 2 + [0] * 4], dtype=torch.bool)[:, None, None, :]
     want = layer(x, attn_mask=mask, is_causal=causal)
@@ -58,7 +66,8 @@ def test_attention_at_positions_is_the_layer_on_the_spread_sequence(scheme, caus
     sequence of positions[-1] + 1 slots whose gaps are masked out: the same values and gradients."""
     torch.manual_seed(0)
     cfg = config(scheme)
-    layer = MultiHeadAttention(cfg, scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal)).double()
+    relative = position_scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal)
+    layer = MultiHeadAttention(cfg, relative).double()
     p = torch.tensor([1, 2, 6, 7, 13, 20])
     x = torch.randn(3, 6, 16, dtype=torch.float64, requires_grad=True)
     mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 2 + [0] * 4], dtype=torch.bool)[:, None, None, :]

@@ -16,7 +16,7 @@ from relpos_lab.core.positions import (
     SandwichPositions,
     XposConfig,
     XposPositions,
-    scheme_of,
+    position_scheme_of,
 )
 from relpos_lab.core.positions.rotary import yarn_ramp
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder
@@ -339,7 +339,7 @@ def test_config_errors_name_the_field(cfg, message):
 
 
 def test_rope_draws_its_score_by_offset_in_training_and_scaled_evaluation():
-    layer = scheme_of(RopeConfig(rope_fraction=0.5, rope_scaling="linear", rope_scaling_factor=2.0,
+    layer = position_scheme_of(RopeConfig(rope_fraction=0.5, rope_scaling="linear", rope_scaling_factor=2.0,
                                  rope_train_length=16)).attention(D, 2, causal=True)
     drawn = layer.draw(5)
     d = torch.arange(-5, 6, dtype=torch.float64)
@@ -347,12 +347,12 @@ def test_rope_draws_its_score_by_offset_in_training_and_scaled_evaluation():
     assert drawn["score"].values.shape == (1, 11) and drawn["score"].x.tolist() == list(range(-5, 6))
     torch.testing.assert_close(drawn["score"].values[0], (d[:, None] * theta).cos().mean(-1).float())
     torch.testing.assert_close(drawn["score_scaled"].values[0], (d[:, None] * theta / 2).cos().mean(-1).float())
-    assert set(scheme_of(RopeConfig()).attention(D, 2, causal=True).draw(5)) == {"score"}
+    assert set(position_scheme_of(RopeConfig()).attention(D, 2, causal=True).draw(5)) == {"score"}
     assert layer.training  # drawing does not leave the layer in evaluation mode
 
 
 def test_xpos_draws_its_decayed_score_and_decay_per_pair():
-    layer = scheme_of(XposConfig(xpos_scale_base=8.0)).attention(D, 2, causal=True)
+    layer = position_scheme_of(XposConfig(xpos_scale_base=8.0)).attention(D, 2, causal=True)
     drawn = layer.draw(6)
     d = torch.arange(-6, 1, dtype=torch.float64)
     zeta = (torch.arange(4, dtype=torch.float64) / 4 + 0.4) / 1.4
@@ -363,7 +363,7 @@ def test_xpos_draws_its_decayed_score_and_decay_per_pair():
 
 
 def test_pope_draws_its_score_per_head_and_learned_phases():
-    layer = scheme_of(PopeConfig()).attention(D, 2, causal=True)
+    layer = position_scheme_of(PopeConfig()).attention(D, 2, causal=True)
     with torch.no_grad():
         layer.phase.fill_(-1.0)
     drawn = layer.draw(3)
@@ -374,7 +374,7 @@ def test_pope_draws_its_score_per_head_and_learned_phases():
 
 
 def test_sandwich_draws_the_bias_it_adds():
-    layer = scheme_of(SandwichConfig(sandwich_dim=16)).attention(D, 4, causal=False)
+    layer = position_scheme_of(SandwichConfig(sandwich_dim=16)).attention(D, 4, causal=False)
     drawn = layer.draw(5)["bias"]
     kwargs = layer.attention_kwargs(torch.zeros(1, 4, 1, D), torch.zeros(1, 4, 11, D), 5)
     torch.testing.assert_close(drawn.values, kwargs["rel_bias"].float())

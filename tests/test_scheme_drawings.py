@@ -13,12 +13,12 @@ from relpos_lab.core.positions import (
     ShawConfig,
     T5BiasConfig,
     TransformerXLConfig,
-    scheme_of,
+    position_scheme_of,
 )
 
 
 def _layer(cfg, causal=False):
-    return scheme_of(cfg).attention(8, 4, causal=causal)
+    return position_scheme_of(cfg).attention(8, 4, causal=causal)
 
 
 def test_shaw_draws_each_tables_norms_and_cosines_at_its_offsets():

@@ -28,7 +28,7 @@ from relpos_lab.core.compiling import MODES as COMPILE_MODES, compile_model
 from relpos_lab.core.decoding import greedy_search, sample
 from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.loss import label_smoothed_loss
-from relpos_lab.core.positions import builtin_config, scheme_of
+from relpos_lab.core.positions import builtin_config, position_scheme_of
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention
 from relpos_lab.training.optim import build_optimizer
 from relpos_lab.training.threads import use_cpu_threads
@@ -130,7 +130,7 @@ def bench_layer(args, device, dtype) -> list[Result]:
         for scheme in ("none", "shaw"):
             cfg = ModelConfig(d_model=args.d_model, n_heads=args.heads, attention_dropout=0.0,
                               positions=_positions(scheme, args.max_distance))
-            rel = scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal=False)
+            rel = position_scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal=False)
             module = MultiHeadAttention(cfg, rel).to(device=device, dtype=dtype)
             x = torch.randn(args.batch, length, args.d_model, device=device, dtype=dtype, requires_grad=True)
 

@@ -44,7 +44,7 @@ from relpos_lab.api.task import Task
 from relpos_lab.core.attention.capture import AttentionProbe, capturing
 from relpos_lab.core.compiling import graph_breaks
 from relpos_lab.core.encoder_only import EncoderOnly
-from relpos_lab.core.positions.base import Drawing, PositionScheme, scheme_of
+from relpos_lab.core.positions.base import Drawing, PositionScheme, position_scheme_of
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import ARCHITECTURES, DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention
 
@@ -160,7 +160,7 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
     if not report.run("config: its dataclass takes the fields and validates", config):
         return report
     positions = holder["positions"]
-    models, unsupported = {}, _unsupported_families(scheme_of(positions), positions)
+    models, unsupported = {}, _unsupported_families(position_scheme_of(positions), positions)
 
     def build(arch):
         def run():
@@ -174,7 +174,7 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
         else:
             report.run(f"{arch}: builds", build(arch))
     src, tgt = random_tokens(3, 7, seed=1), random_tokens(3, 6, seed=2)
-    decodes = scheme_of(positions).supports_cache
+    decodes = position_scheme_of(positions).supports_cache
     for arch in ARCHITECTURES:
         names = (f"{arch}: output shape, finite gradients reaching the scheme's parameters",
                  *((f"{arch}: cached decoding and multi-token prefill equal the full pass (float64)",
@@ -208,10 +208,10 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
     return report
 
 
-def _unsupported_families(scheme: PositionScheme, positions) -> dict[str, str]:
+def _unsupported_families(position_scheme: PositionScheme, positions) -> dict[str, str]:
     """The model families the kit skips for this scheme, each with why: a causal-only scheme
     (supports_bidirectional = False) has no place in a model with bidirectional self-attention."""
-    if scheme.supports_bidirectional:
+    if position_scheme.supports_bidirectional:
         return {}
     why = {"encoder_decoder": "this family's encoder self-attention is bidirectional",
            "encoder_only": "this family's self-attention is bidirectional",

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from relpos_lab.core.init import HAIKU_EMBEDDING_STD, truncated_normal_
-from relpos_lab.core.positions import PositionConfig, contract, scheme_of
+from relpos_lab.core.positions import PositionConfig, contract, position_scheme_of
 from relpos_lab.core.positions.randomized import sample_distances, sample_positions
 from relpos_lab.core.renamed import renamed_attribute, renamed_state_dict_keys
 
@@ -32,6 +32,7 @@ class Embedding(nn.Module):
     """
 
     positions = renamed_attribute(f"{__name__}.Embedding", "positions", "absolute")
+    scheme = renamed_attribute(f"{__name__}.Embedding", "scheme", "scheme_label")
 
     def __init__(self, vocab_size: int, d_model: int, positions: PositionConfig, *, pad_id: int = 0,
                  dropout: float = 0.0, init: str = "pytorch", tokens: nn.Embedding | None = None):
@@ -44,10 +45,10 @@ class Embedding(nn.Module):
                 nn.init.normal_(self.tokens.weight, std=d_model**-0.5)
             with torch.no_grad():
                 self.tokens.weight[pad_id].zero_()
-        scheme = scheme_of(positions)
-        self.absolute = scheme.embedding(d_model)  # the scheme's module, or None; was `positions` (old keys load)
-        self.reads_tokens = scheme.reads_tokens  # its module is called with the ids of every position so far
-        self.scheme = contract.label(positions)
+        position_scheme = position_scheme_of(positions)
+        self.absolute = position_scheme.embedding(d_model)  # its module, or None; was `positions` (old keys load)
+        self.reads_tokens = position_scheme.reads_tokens  # its module is called with the ids of every position so far
+        self.scheme_label = contract.scheme_label(positions)  # how contract errors name the scheme
         self.unchecked = self.absolute is not None  # its output is checked on the first call (contract.py)
         self.scale = math.sqrt(d_model)
         self.dropout = nn.Dropout(dropout)
@@ -97,7 +98,7 @@ class Embedding(nn.Module):
             else:
                 placed = self.absolute(x, offset) if input_pos is None else x + self._at(input_pos, x)
             if self.unchecked:
-                contract.check_embedding(self.scheme, self.absolute, placed, x)
+                contract.check_embedding(self.scheme_label, self.absolute, placed, x)
                 self.unchecked = False
             x = placed
         return self.dropout(x)

@@ -20,7 +20,14 @@ from relpos_lab.core.attention.masks import visibility_mask
 from relpos_lab.core.cache import DecoderCache, KVCache, LayerCache
 from relpos_lab.core.embedding import Embedding, seed_eval_positions
 from relpos_lab.core.init import INITS, linear
-from relpos_lab.core.positions import KeyState, PositionConfig, RelativePositions, ShawConfig, contract, scheme_of
+from relpos_lab.core.positions import (
+    KeyState,
+    PositionConfig,
+    RelativePositions,
+    ShawConfig,
+    contract,
+    position_scheme_of,
+)
 from relpos_lab.core.positions.randomized import spread, spread_mask
 from relpos_lab.core.renamed import renamed_attribute, renamed_state_dict_keys
 
@@ -116,24 +123,24 @@ class ModelConfig:
         if self.share_src_tgt_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError("model.share_src_tgt_embeddings needs equal source and target vocabularies")
         self.positions.validate()
-        scheme = scheme_of(self.positions)
-        if not scheme.supports_bidirectional and False in self.self_attention_causal:
+        position_scheme = position_scheme_of(self.positions)
+        if not position_scheme.supports_bidirectional and False in self.self_attention_causal:
             setting, layers = (("model.bidirectional_prefix=true", "every decoder layer, whose source attends to all "
                                 "of itself,") if self.bidirectional_prefix else
                                (f"model.architecture={self.architecture}", "the encoder's layers"))
-            raise ValueError(f"{contract.label(self.positions)} is causal-only (supports_bidirectional = False), and "
-                             f"{setting} builds {layers} with bidirectional self-attention; use "
+            raise ValueError(f"{contract.scheme_label(self.positions)} is causal-only (supports_bidirectional = "
+                             f"False), and {setting} builds {layers} with bidirectional self-attention; use "
                              "model.architecture=decoder_only with model.bidirectional_prefix=false, or another scheme")
-        scheme.check(self.d_model, self.n_heads)
-        contract.check_scheme(scheme, self.d_model, self.n_heads, self.self_attention_causal)
+        position_scheme.check(self.d_model, self.n_heads)
+        contract.check_scheme(position_scheme, self.d_model, self.n_heads, self.self_attention_causal)
         randomized = self.positions.max_random_len
         if randomized is not None:
             if randomized < 1:
                 raise ValueError(f"model.positions.max_random_len={randomized} must be >= 1 (None: off)")
-            if scheme.contributes_nothing:
+            if position_scheme.contributes_nothing:
                 raise ValueError(f"model.positions.max_random_len randomizes positions, and scheme "
                                  f"'{self.positions.scheme}' has none; drop it or pick a scheme with positions")
-            if scheme.positions_from_content:
+            if position_scheme.positions_from_content:
                 raise ValueError(f"model.positions.max_random_len randomizes token indices, and scheme "
                                  f"'{self.positions.scheme}' counts its positions from the tokens alone, so it would "
                                  "change nothing; drop it")
@@ -148,7 +155,7 @@ class ModelConfig:
                                  f"replaces redraw_per_layer (now max_random_len={randomized}, architecture="
                                  f"{self.architecture}, redraw_per_layer={self.positions.redraw_per_layer})")
             with torch.random.fork_rng(devices=[]):  # a model built from this config draws its weights as before
-                module = scheme.attention(self.head_dim, self.n_heads, causal=False)
+                module = position_scheme.attention(self.head_dim, self.n_heads, causal=False)
             if type(module).attention_kwargs_at_distances is RelativePositions.attention_kwargs_at_distances:
                 raise ValueError(f"model.positions.random_distances=true: scheme '{self.positions.scheme}' cannot "
                                  "place its offsets at other distances (attention_kwargs_at_distances); use alibi or "
@@ -197,6 +204,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     positions = renamed_attribute(f"{__name__}.MultiHeadAttention", "positions", "relative")
+    scheme = renamed_attribute(f"{__name__}.MultiHeadAttention", "scheme", "scheme_label")
 
     def __init__(self, cfg: ModelConfig, relative: RelativePositions | None = None):
         super().__init__()
@@ -205,7 +213,7 @@ class MultiHeadAttention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
             linear(cfg.d_model, cfg.d_model, bias=cfg.attention_bias, init=cfg.init) for _ in range(4))
         self.relative = relative or RelativePositions()  # the scheme's module; was `positions` (old keys load)
-        self.scheme = contract.label(cfg.positions)
+        self.scheme_label = contract.scheme_label(cfg.positions)  # how contract errors name the scheme
         self.slots = cfg.positions.max_random_len  # P of a randomized-position pass (None: positions 0..L-1)
         self.unchecked = relative is not None  # the scheme's hooks are checked on their first call
         self.content = relative is not None and contract.has_content_bias(relative)
@@ -231,8 +239,8 @@ class MultiHeadAttention(nn.Module):
         """
         if distances is not None:
             q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))  # (B, H, L, D)
-            scheme = self.relative.attention_kwargs_at_distances(q, k, distances)
-            return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **scheme)
+            extra = self.relative.attention_kwargs_at_distances(q, k, distances)
+            return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **extra)
         if input_pos is not None and cache is not None:
             return self._decode_at_input_pos(x, attn_mask=attn_mask, is_causal=is_causal, input_pos=input_pos,
                                              cache=cache)
@@ -252,8 +260,8 @@ class MultiHeadAttention(nn.Module):
             k, v = self._heads(self.k_proj(context)), self._heads(self.v_proj(context))  # (B, H, Lk, D)
             if cache is not None:
                 cache.append(k, v)
-        scheme = self._scheme_kwargs(q, k, x, offset, attn_mask, is_causal, cache)
-        return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, query_offset=offset, **scheme)
+        extra = self._scheme_kwargs(q, k, x, offset, attn_mask, is_causal, cache)
+        return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, query_offset=offset, **extra)
 
     def _at_input_pos(self, x, *, attn_mask, is_causal, input_pos: Tensor) -> Tensor:
         """The scheme's hooks see the tokens spread over a sequence of max_random_len slots (gaps
@@ -263,7 +271,7 @@ class MultiHeadAttention(nn.Module):
         direct = None if self.content else self.relative.attention_kwargs_at(q, k, input_pos)
         if direct is not None:  # the scheme places the real tokens itself: nothing over the P slots
             if self.unchecked:
-                contract.check_attention_kwargs(self.scheme, self.relative, direct, q, k)
+                contract.check_attention_kwargs(self.scheme_label, self.relative, direct, q, k)
                 self.unchecked = False
             return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, positions=input_pos, **direct)
         q, k = self._rotate(spread(q, input_pos, 2, self.slots), spread(k, input_pos, 2, self.slots), 0)  # (B, H, P, D)
@@ -288,8 +296,8 @@ class MultiHeadAttention(nn.Module):
         q, k = self._rotate(q, k, offset)
         k, v = cache.append(k, v)  # (B, H, Lk, D): every slot so far
         mask = spread_mask(attn_mask, is_causal, input_pos)[..., offset:, :]  # (…, P, Lk); gaps: keys no query sees
-        scheme = self._scheme_kwargs(q, k, spread(x, new, dim=1), offset, mask, False, cache)
-        return self._attend(q, k, v, rows=new, attn_mask=mask, query_offset=offset, **scheme)
+        extra = self._scheme_kwargs(q, k, spread(x, new, dim=1), offset, mask, False, cache)
+        return self._attend(q, k, v, rows=new, attn_mask=mask, query_offset=offset, **extra)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, *, rows: Tensor | None = None, **call) -> Tensor:
         """The tail of every path: relative_attention with the path's `call` (its mask and offset, the
@@ -306,7 +314,7 @@ class MultiHeadAttention(nn.Module):
     def _rotate(self, q: Tensor, k: Tensor, offset: int) -> tuple[Tensor, Tensor]:
         rotated = self.relative.rotate(q, k, offset)
         if self.unchecked:
-            contract.check_rotate(self.scheme, self.relative, rotated, q, k)
+            contract.check_rotate(self.scheme_label, self.relative, rotated, q, k)
         return rotated
 
     def _scheme_kwargs(self, q: Tensor, k: Tensor, x: Tensor, offset: int, attn_mask: Tensor | None,
@@ -315,13 +323,13 @@ class MultiHeadAttention(nn.Module):
         a scheme that has one (computed from q, k and the layer input x) in attn_bias."""
         extra = self.relative.attention_kwargs(q, k, offset)
         if self.unchecked:
-            contract.check_attention_kwargs(self.scheme, self.relative, extra, q, k)
+            contract.check_attention_kwargs(self.scheme_label, self.relative, extra, q, k)
         if self.content:
             visible = visibility_mask(attn_mask, is_causal, q.shape[-2], k.shape[-2], offset, q.device)
             state = cache.state if cache is not None else KeyState()
             bias = self.relative.content_bias(q, k, x, offset, visible, state)
             if self.unchecked:
-                contract.check_content_bias(self.scheme, self.relative, bias, q, k, state)
+                contract.check_content_bias(self.scheme_label, self.relative, bias, q, k, state)
             if capture.ACTIVE is not None:  # inspect: what the scheme draws of its bias (draw_content)
                 capture.ACTIVE.observe_content(q, k, x, offset, visible)
             extra = {**extra, "attn_bias": bias if extra.get("attn_bias") is None else extra["attn_bias"] + bias}
@@ -357,7 +365,7 @@ class Sublayer(nn.Module):
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        rel = scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal=False)
+        rel = position_scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal=False)
         self.self_attn = Sublayer(cfg, MultiHeadAttention(cfg, rel))
         self.ffn = Sublayer(cfg, FeedForward(cfg))
 
@@ -368,7 +376,7 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, cross_attention: bool, causal: bool = True):
         super().__init__()
-        rel = scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal=causal)
+        rel = position_scheme_of(cfg.positions).attention(cfg.head_dim, cfg.n_heads, causal=causal)
         self.self_attn = Sublayer(cfg, MultiHeadAttention(cfg, rel))
         self.cross_attn = Sublayer(cfg, MultiHeadAttention(cfg)) if cross_attention else None
         self.ffn = Sublayer(cfg, FeedForward(cfg))

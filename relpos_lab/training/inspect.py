@@ -374,7 +374,7 @@ def _nothing_drawn(model) -> str:
     own = sorted({type(m.relative).__name__ for m in layers if type(m.relative) is not RelativePositions})
     why = (f"its per-layer module {', '.join(own)} gives no panels from draw() and has no content_bias" if own
            else "it has no module in the attention layers to draw")
-    label = layers[0].scheme if layers else "the position scheme"
+    label = layers[0].scheme_label if layers else "the position scheme"
     return f"inspect: {label} draws nothing: {why}; attention by offset is measured all the same"
 
 

@@ -6,7 +6,8 @@ themselves (a content bias: CoPE, FoX, DAPE); abacus and position coupling read 
 place digits in their numbers (digits.py). The built-in schemes are registered under the
 ``relpos_lab.positions`` entry-point group exactly as third-party ones are
 (relpos_lab.api.registry finds them; `relpos-lab positions` lists them), and the Transformer
-builds whatever a config names through `scheme_of(cfg)`.
+builds whatever a config names through `position_scheme_of(cfg)`, its `PositionScheme` (the config's
+`scheme` is the scheme's name).
 """
 from relpos_lab.core.positions.absolute import (
     Learned,
@@ -24,7 +25,7 @@ from relpos_lab.core.positions.base import (
     PositionConfig,
     PositionScheme,
     RelativePositions,
-    scheme_of,
+    position_scheme_of,
 )
 from relpos_lab.core.positions.bias import (
     Alibi,
@@ -129,11 +130,12 @@ __all__ = [
     "XposPositions",
     "alibi_slopes",
     "builtin_config",
-    "scheme_of",
+    "position_scheme_of",
 ]
 
 __getattr__ = renamed(__name__, {"SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding",
                                  "NoPositions": "NoPE", "NoPositionsConfig": "NoPEConfig",
                                  "AbacusPositions": "AbacusEmbedding", "CouplingPositions": "PositionCouplingEmbedding",
-                                 "CouplingEmbedding": "PositionCouplingEmbedding", "PolarPositions": "PopePositions"},
+                                 "CouplingEmbedding": "PositionCouplingEmbedding", "PolarPositions": "PopePositions",
+                                 "scheme_of": "position_scheme_of"},
                       globals())

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from relpos_lab.core.attention.masks import relative_labels
+from relpos_lab.core.renamed import renamed
 
 
 @dataclass
@@ -294,10 +295,14 @@ class PositionScheme:
         """Raise ValueError for a model shape the scheme cannot use (e.g. RoPE needs an even head dim)."""
 
 
-def scheme_of(cfg: PositionConfig) -> PositionScheme:
-    """The scheme object of a config: the scheme class that claimed its config class."""
+def position_scheme_of(cfg: PositionConfig) -> PositionScheme:
+    """The PositionScheme of a config (the object that builds the scheme's modules; `cfg.scheme` is its
+    name): an instance of the scheme class that claimed the config's class."""
     cls = type(cfg).scheme_class
     if cls is None:
         raise ValueError(f"{type(cfg).__name__} belongs to no position scheme; use a scheme's config class "
                          "(e.g. ShawConfig) or load the config through relpos_lab.config")
     return cls(cfg)
+
+
+__getattr__ = renamed(__name__, {"scheme_of": "position_scheme_of"}, globals())

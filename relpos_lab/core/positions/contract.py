@@ -35,7 +35,7 @@ ATTENTION_HOOKS = ("rotate", "attention_kwargs", "content_bias")
 SCHEME_HOOKS = ("embedding", "attention")
 
 
-def label(cfg: PositionConfig) -> str:
+def scheme_label(cfg: PositionConfig) -> str:
     """How errors name a scheme: its name and its class."""
     cls = type(cfg).scheme_class
     where = f"{cls.__module__}.{cls.__qualname__}" if cls is not None else type(cfg).__qualname__
@@ -49,17 +49,17 @@ def scheme_keys() -> tuple[str, ...]:
                  if p.kind is p.KEYWORD_ONLY and name not in CORE_KEYS)
 
 
-def check_scheme(scheme: PositionScheme, d_model: int, n_heads: int,
+def check_scheme(position_scheme: PositionScheme, d_model: int, n_heads: int,
                  causal: tuple[bool, ...] = (False, True)) -> None:
     """Refuse a scheme that would add no positions without saying so (a misnamed hook). `causal`:
     the kinds of self-attention layer the model has (ModelConfig.self_attention_causal), the only
     ones built here."""
-    if scheme.contributes_nothing:
+    if position_scheme.contributes_nothing:
         return
-    name = label(scheme.cfg)
+    name = scheme_label(position_scheme.cfg)
     with torch.random.fork_rng(devices=[]):  # building the modules here must not shift the model's init
-        embedding = scheme.embedding(d_model)
-        modules = [scheme.attention(d_model // n_heads, n_heads, kind) for kind in causal]
+        embedding = position_scheme.embedding(d_model)
+        modules = [position_scheme.attention(d_model // n_heads, n_heads, kind) for kind in causal]
     if embedding is not None and (not isinstance(embedding, nn.Module)
                                   or type(embedding).forward is nn.Module.forward):
         raise ContractError(f"{name}: embedding() returned {type(embedding).__qualname__}, which is not a module "
@@ -75,10 +75,10 @@ def check_scheme(scheme: PositionScheme, d_model: int, n_heads: int,
                                 f"{', '.join(ATTENTION_HOOKS)}, so it adds no positions"
                                 f"{_near_misses(type(module), RelativePositions, ATTENTION_HOOKS)}")
     if embedding is None and all(module is None for module in modules):
-        raise ContractError(f"{name} adds no positions: embedding() and attention() return None"
-                            f"{_near_misses(type(scheme), PositionScheme, SCHEME_HOOKS)}; define embedding(d_model) "
-                            "or attention(head_dim, n_heads, causal), or set contributes_nothing = True on the "
-                            "class if it means to (as 'none' does)")
+        near_misses = _near_misses(type(position_scheme), PositionScheme, SCHEME_HOOKS)
+        raise ContractError(f"{name} adds no positions: embedding() and attention() return None{near_misses}; "
+                            "define embedding(d_model) or attention(head_dim, n_heads, causal), or set "
+                            "contributes_nothing = True on the class if it means to (as 'none' does)")
 
 
 def check_rotate(name: str, module: RelativePositions, out, q: Tensor, k: Tensor) -> None:
