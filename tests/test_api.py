@@ -252,6 +252,8 @@ def tiny_model(scheme: str):
     ("shaw", "encoder.layers.0.self_attn.inner", "relpos_lab.core.transformer.MultiHeadAttention", "scheme",
      "scheme_label"),
     ("learned", "decoder.embed", "relpos_lab.core.embedding.Embedding", "scheme", "scheme_label"),
+    ("shaw", "encoder.layers.0.self_attn.inner", "relpos_lab.core.transformer.MultiHeadAttention", "impl",
+     "attention_impl"),
 ])
 def test_a_renamed_attribute_warns_naming_the_new_one_and_is_the_new_object(scheme, where, owner, old, new):
     module = tiny_model(scheme).get_submodule(where)
@@ -353,6 +355,20 @@ def test_relpos_lab_shows_an_old_method_overrides_deprecation_to_plugin_authors(
                            timeout=120).stderr
     assert (f"old_task_plugin.py:5: DeprecationWarning: {TASK}.decode_output is deprecated: it is {TASK}.detokenize "
             "now (CHANGELOG.md); old_task_plugin.OldTask overrides decode_output") in shown, shown[-2000:]
+
+
+def test_the_old_name_of_an_attention_layers_impl_still_sets_it():
+    """MultiHeadAttention.impl is attention_impl (issue 58), the name of the config key that sets it; a
+    script that switched a layer's implementation through the old name still does, warned."""
+    model = tiny_model("shaw")
+    layer = model.get_submodule("encoder.layers.0.self_attn.inner")
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    want = layer(x)
+    with pytest.warns(DeprecationWarning, match=r"MultiHeadAttention\.impl is deprecated: it is "
+                                                r".*MultiHeadAttention\.attention_impl now"):
+        layer.impl = "naive"
+    assert layer.attention_impl == "naive" and "impl" not in vars(layer)
+    assert torch.allclose(layer(x), want, atol=1e-12)
 
 
 @pytest.mark.parametrize("scheme, old_key", [("shaw", "encoder.layers.0.self_attn.inner.positions.rel_k"),

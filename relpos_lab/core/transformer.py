@@ -86,7 +86,8 @@ class ModelConfig:
     pad_id: int = 0
     """token id of padding"""
     attention_impl: str = "auto"
-    """naive | batched | gather | flex | triton | auto: how relative_attention computes (auto: fastest exact)"""
+    """the `impl` every attention call of the model passes to relative_attention: naive | batched | gather | flex |
+    triton | auto (the fastest exact one for the call)"""
     positions: PositionConfig = field(default_factory=ShawConfig)
     """the position scheme (`relpos-lab positions` lists them) and that scheme's own fields"""
 
@@ -205,10 +206,11 @@ class MultiHeadAttention(nn.Module):
 
     positions = renamed_attribute(f"{__name__}.MultiHeadAttention", "positions", "relative")
     scheme = renamed_attribute(f"{__name__}.MultiHeadAttention", "scheme", "scheme_label")
+    impl = renamed_attribute(f"{__name__}.MultiHeadAttention", "impl", "attention_impl", settable=True)
 
     def __init__(self, cfg: ModelConfig, relative: RelativePositions | None = None):
         super().__init__()
-        self.n_heads, self.impl = cfg.n_heads, cfg.attention_impl
+        self.n_heads, self.attention_impl = cfg.n_heads, cfg.attention_impl  # relative_attention's impl=
         self.dropout = cfg.attention_dropout
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
             linear(cfg.d_model, cfg.d_model, bias=cfg.attention_bias, init=cfg.init) for _ in range(4))
@@ -303,7 +305,7 @@ class MultiHeadAttention(nn.Module):
         """The tail of every path: relative_attention with the path's `call` (its mask and offset, the
         scheme's keywords), then the heads merged back and projected. q: (B, H, L, D), or (B, H, P, D)
         with `rows` the L slots of x's tokens; k, v: (B, H, Lk, D)."""
-        y = relative_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, impl=self.impl,
+        y = relative_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, impl=self.attention_impl,
                                **call)  # (B, H, L or P, D)
         if rows is not None:
             y = y.index_select(2, rows)  # (B, H, L, D)
