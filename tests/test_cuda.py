@@ -356,7 +356,7 @@ def test_adamw_is_fused_on_cuda():
 
 @pytest.mark.parametrize("scheme", ["sinusoidal", "shaw", "alibi"])
 def test_compiled_model_gradients_equal_eager_on_cuda(scheme):
-    """auto on CUDA: SDPA for sinusoidal, the fused kernel (run between graphs) for Shaw and ALiBi."""
+    """auto on CUDA: SDPA for sinusoidal, the fused kernel (a node of the graph) for Shaw and ALiBi."""
     from relpos_lab.api.testing import tiny_model_config
     from relpos_lab.core.compiling import compile_model
 

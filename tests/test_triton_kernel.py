@@ -424,17 +424,19 @@ def test_one_config_from_the_environment_replaces_the_autotuners_list(monkeypatc
     assert not any(c.maxnreg for c in fused._configs("dq") + fused._configs("dkdv")[:6])
 
 
-@pytest.mark.parametrize("name", ["odd length, shared tables and bias", "per-head tables", "keys only", "padding"])
-def test_the_fused_op_passes_torch_library_opcheck(name):
+@pytest.mark.parametrize("name, dropout_p", [("odd length, shared tables and bias", 0.0), ("per-head tables", 0.0),
+                                             ("keys only", 0.0), ("padding", 0.0), ("padding", 0.3)])
+def test_the_fused_op_passes_torch_library_opcheck(name, dropout_p):
     """The torch.library op a compiled model calls: schema, fake shapes, autograd registration, and
-    its traced forms (make_fx, AOTAutograd) against the real kernels."""
+    its traced forms (make_fx, AOTAutograd) against the real kernels; with dropout, its seed tensor."""
     from relpos_lab.core.attention import fused_op
 
     make_kw, _ = CASES[name]
     case = make(**{**make_kw, "lq": min(make_kw.get("lq", 37), 17), "b": 1, "h": 2})
     mask = case["keep"][:, None, None, :].view(torch.uint8) if case["keep"] is not None else None
+    seed = torch.tensor([7], dtype=torch.int32, device=DEVICE) if dropout_p else None
     args = (case["q"], case["k"], case["v"], case["rel_k"], case["rel_v"], case["rel_bias"], mask,
-            4, False, 0, case["q"].shape[-1] ** -0.5, 0, 0.0)
+            4, False, 0, case["q"].shape[-1] ** -0.5, seed, dropout_p)
     torch.library.opcheck(fused_op.fused_attention, args)
 
 
@@ -463,19 +465,30 @@ def test_a_compiled_model_runs_the_fused_op_in_its_graph(scheme):
                                    msg=lambda m, name=name: f"{name}: {m}")
 
 
-def test_a_compiled_model_with_attention_dropout_runs_the_kernels_between_graphs():
-    """With dropout the seed is a host integer per call, which a graph would bake in: each call leaves the
-    graph (fused_op.attend_between_graphs) and draws its own mask, as eager does."""
+def test_a_compiled_model_with_attention_dropout_keeps_the_kernels_in_its_graph():
+    """With dropout the seed is a tensor drawn in the graph: fullgraph compiles, each call draws a
+    fresh mask, and after the same torch.manual_seed the compiled model draws eager's masks (the
+    aot_eager backend runs torch's generator), so outputs and gradients equal eager's."""
     from relpos_lab.api.testing import tiny_model_config
-    from relpos_lab.core.compiling import graph_breaks
 
     torch.manual_seed(0)
     cfg = tiny_model_config(builtin_config("shaw", max_distance=3), attention_impl="triton", attention_dropout=0.5)
     model = EncoderDecoder(cfg).to(DEVICE).train()
     src, tgt = torch.randint(3, 12, (2, 9), device=DEVICE), torch.randint(3, 12, (2, 7), device=DEVICE)
-    compiled = torch.compile(model, backend="aot_eager_decomp_partition")
-    first, second = compiled(src, tgt), compiled(src, tgt)
-    assert not torch.equal(first, second)  # a fresh dropout mask per call, not one baked into the graph
-    first.log_softmax(-1).mean().neg().backward()
-    assert model.encoder.layers[0].self_attn.inner.relative.rel_k.grad is not None
-    assert any("attend_between_graphs" in line or "disable" in line for line in graph_breaks(model, src, tgt))
+    compiled = torch.compile(model, backend="aot_eager_decomp_partition", fullgraph=True)
+
+    def run(call):
+        torch.manual_seed(5)
+        model.zero_grad()
+        out = call(src, tgt)
+        out.log_softmax(-1).mean().neg().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    (eager, eager_grads), (out, grads) = run(model), run(compiled)
+    assert not torch.equal(compiled(src, tgt), compiled(src, tgt))  # a fresh mask per call, not one baked in
+    torch._dynamo.reset()
+    torch.testing.assert_close(out, eager)
+    assert grads.keys() == eager_grads.keys() and "encoder.layers.0.self_attn.inner.relative.rel_k" in grads
+    for name, want in eager_grads.items():
+        torch.testing.assert_close(grads[name], want, atol=1e-5 * max(1.0, want.abs().max().item()), rtol=1e-4,
+                                   msg=lambda m, name=name: f"{name}: {m}")

@@ -60,7 +60,7 @@ def _sdpa(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal
 
 def _fused(q, k, v, **call) -> Tensor:
     """The fused kernel: eager, from an autograd Function (fused.py); while dynamo traces, as
-    torch.library ops (fused_op.py, imported only then: it imports dynamo)."""
+    torch.library ops (fused_op.py, registered on the first compile)."""
     if torch.compiler.is_compiling():
         from relpos_lab.core.attention import fused_op
 

@@ -327,8 +327,9 @@ def prepare(q, k, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, qu
     """(rel_k, rel_v, rel_bias, mask, launch) as the launches take them. Tables are cut to the
     distances these lengths reach (exact: clipping beyond them is a no-op); the kernels cast w^K
     and w^V to the inputs' dtype as they load them (no cast kernels, forward or backward); a
-    (B, 1, 1, Lk) mask becomes per-key padding. Dropout's seed comes from torch's CPU generator,
-    so torch.manual_seed reproduces it, with no device sync."""
+    (B, 1, 1, Lk) mask becomes per-key padding. Dropout's seed is a tensor drawn on the inputs'
+    device (no host sync; a compiled graph draws it anew at each run), so torch.manual_seed
+    reproduces it."""
     lq, lk = q.shape[-2], k.shape[-2]
     reach = _reach(lq, lk, max_distance, query_offset)
     if reach < max_distance:  # sliced only then: a slice's gradient is a zeroed copy
@@ -340,7 +341,7 @@ def prepare(q, k, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, qu
     mask = None  # viewed as bytes and broadcast by strides: no copy
     if attn_mask is not None:
         mask = attn_mask.view(torch.uint8).expand(q.shape[0], q.shape[1], lq, lk)
-    seed = int(torch.randint(0, 2**30, (1,)).item()) if dropout_p > 0 else 0
+    seed = torch.randint(0, 2**30, (1,), dtype=torch.int32, device=q.device) if dropout_p > 0 else None
     return rel_k, rel_v, rel_bias, mask, _Launch(reach, bool(is_causal), query_offset, scale, seed, float(dropout_p))
 
 
@@ -350,7 +351,7 @@ class _Launch(NamedTuple):
     causal: bool
     offset: int
     scale: float
-    seed: int
+    seed: Tensor | None  # (1,) int32, with dropout
     dropout_p: float
 
 
@@ -360,7 +361,7 @@ def dropout_keep(seed: int, batch: int, heads: int, lq: int, lk: int, dropout_p:
     out = torch.empty(batch * heads, lq, lk, dtype=torch.int8, device=device)
     block = 16
     kernels.dropout_keep_kernel[(_cdiv(lq, block), _cdiv(lk, block), batch * heads)](
-        out, seed, lq, lk, dropout_p, BLOCK=block)
+        out, torch.tensor([seed], dtype=torch.int32, device=device), lq, lk, dropout_p, BLOCK=block)
     return out.bool().reshape(batch, heads, lq, lk)
 
 
@@ -547,8 +548,8 @@ def _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> dict
     return {"tables": (wk, wv, bias), "mask": mask if mask is not None else q,
             "table_strides": TableStrides(swkh, swkl, swvh, swvl, sbh),
             "mask_strides": MaskStrides(*(mask.stride() if mask is not None else (0, 0, 0, 0))),
-            "scalars": (q.shape[1], lq, lk, q.shape[-1], launch.offset, launch.reach, launch.scale, launch.seed,
-                        launch.dropout_p, _bucket(lq, lk)),
+            "scalars": (q.shape[1], lq, lk, q.shape[-1], launch.offset, launch.reach, launch.scale,
+                        launch.seed if launch.seed is not None else q, launch.dropout_p, _bucket(lq, lk)),
             "meta": meta}
 
 

@@ -41,7 +41,8 @@ dw^V = Σ Mᵀ dO): no atomics. dq also writes each row's edge terms beside lse 
 (EDGE_STATS), so that the dk/dv kernel's plain tiles read them as a flash kernel reads lse.
 
 The softmax runs in base 2 (exp2, log2 e folded into the scale). Dropout is Philox keyed by
-(seed + batch·head, row·Lk + key), so the backward redraws the forward's mask.
+(seed + batch·head, row·Lk + key), so the backward redraws the forward's mask; the seed is read
+from a tensor (`seed_of`).
 """
 from __future__ import annotations
 
@@ -229,6 +230,16 @@ def has_narrow_fringes(CAUSAL, BAND_BLOCK, FRINGE_BLOCK):
     tile, and never with causality, whose band keeps BAND_BLOCK's alignment and ends at the
     diagonal. The forward runs LEFT's narrow fringe and RIGHT's as one tile (`fringe_pair`)."""
     return FRINGE_BLOCK < BAND_BLOCK and not CAUSAL
+
+
+@triton.jit
+def seed_of(SEED, HAS_DROPOUT: tl.constexpr):
+    """The call's dropout seed, read from memory: drawn as a tensor where the call is made, so a
+    compiled graph or a CUDA graph draws a new one at each run (SEED is any pointer without dropout)."""
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    return seed
 
 
 @triton.jit
@@ -804,7 +815,7 @@ def forward_kernel(
         stride_bh,
         stride_mb, stride_mh, stride_mq, stride_mk,
         stride_ob, stride_oh, stride_om,
-        H, LQ, LK, D, OFFSET, reach, sm_scale, seed, dropout_p, L_BUCKET,
+        H, LQ, LK, D, OFFSET, reach, sm_scale, SEED, dropout_p, L_BUCKET,
         LABEL_TILE: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
         MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
@@ -818,6 +829,7 @@ def forward_kernel(
     loads'."""
     start_m = tl.program_id(0)
     b, h, bh = head_of_program(H)
+    seed = seed_of(SEED, HAS_DROPOUT)
     n_labels = 2 * reach + 1
     qk_scale = sm_scale * LOG2E
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -998,7 +1010,7 @@ def backward_dq_kernel(
         stride_ob, stride_oh, stride_om,
         stride_dob, stride_doh, stride_dom,
         stride_dqb, stride_dqh, stride_dqm,
-        H, LQ, LK, D, OFFSET, reach, sm_scale, seed, dropout_p, L_BUCKET,
+        H, LQ, LK, D, OFFSET, reach, sm_scale, SEED, dropout_p, L_BUCKET,
         LABEL_TILE: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
         NEEDS_G: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
@@ -1010,6 +1022,7 @@ def backward_dq_kernel(
     gradients read."""
     start_m = tl.program_id(0)
     b, h, bh = head_of_program(H)
+    seed = seed_of(SEED, HAS_DROPOUT)
     n_labels = 2 * reach + 1
     qk_scale = sm_scale * LOG2E
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -1172,7 +1185,7 @@ def backward_dkdv_kernel(
         stride_dob, stride_doh, stride_dom,
         stride_dkb, stride_dkh, stride_dkn,
         stride_dvb, stride_dvh, stride_dvn,
-        H, LQ, LK, D, OFFSET, reach, sm_scale, seed, dropout_p, L_BUCKET,
+        H, LQ, LK, D, OFFSET, reach, sm_scale, SEED, dropout_p, L_BUCKET,
         LABEL_TILE: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
         BIAS_GRAD: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
@@ -1183,6 +1196,7 @@ def backward_dkdv_kernel(
     query tiles are BAND_ROWS high (a divisor of BLOCK_M)."""
     start_n = tl.program_id(0)
     b, h, bh = head_of_program(H)
+    seed = seed_of(SEED, HAS_DROPOUT)
     n_labels = 2 * reach + 1
     qk_scale = sm_scale * LOG2E
     n0 = start_n * BLOCK_N
@@ -1259,11 +1273,12 @@ def label_sums_kernel(TABLE_A, X_A, TABLE_B, X_B, OUT,
 
 
 @triton.jit
-def dropout_keep_kernel(OUT, seed, LQ, LK, dropout_p, BLOCK: tl.constexpr):
+def dropout_keep_kernel(OUT, SEED, LQ, LK, dropout_p, BLOCK: tl.constexpr):
     """The kept entries of one (batch, head)'s dropout draw, for tests that rebuild the mask."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     bh = tl.program_id(2)
-    kept = dropped(tl.full((BLOCK, BLOCK), 1.0, tl.float32), seed + bh, rows, cols, LK, dropout_p, True) != 0.0
+    kept = dropped(tl.full((BLOCK, BLOCK), 1.0, tl.float32), tl.load(SEED) + bh, rows, cols, LK, dropout_p,
+                   True) != 0.0
     tl.store(OUT + bh * LQ * LK + rows[:, None] * LK + cols[None, :], kept.to(tl.int8),
              mask=(rows[:, None] < LQ) & (cols[None, :] < LK))

@@ -18,15 +18,11 @@ from torch import Tensor
 
 from relpos_lab.core.attention import fused
 
-# With attention dropout a compiled model runs the kernels between graphs (fused.attend). Made here,
-# where only compiling imports it: torch.compiler.disable imports dynamo, seconds a plain command spends.
-attend_between_graphs = torch.compiler.disable(fused.attend)
-
 
 @torch.library.custom_op("relpos_lab::fused_attention", mutates_args=())
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None,
                     rel_bias: Tensor | None, mask: Tensor | None, reach: int, causal: bool, offset: int, scale: float,
-                    seed: int, dropout_p: float) -> tuple[Tensor, Tensor, Tensor]:
+                    seed: Tensor | None, dropout_p: float) -> tuple[Tensor, Tensor, Tensor]:
     """(output, log-sum-exp, mass table) of `fused.launch_forward`. `mask`: uint8, broadcastable to
     (B, H, Lq, Lk); expanded here, whatever strides the graph gave it (the kernels read it by them)."""
     launch = fused._Launch(reach, causal, offset, scale, seed, dropout_p)
@@ -47,7 +43,7 @@ def _(q, k, v, rel_k, rel_v, rel_bias, mask, reach, causal, offset, scale, seed,
 @torch.library.custom_op("relpos_lab::fused_attention_backward", mutates_args=())
 def fused_attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None,
                              rel_bias: Tensor | None, mask: Tensor | None, o: Tensor, lse: Tensor, mass: Tensor,
-                             reach: int, causal: bool, offset: int, scale: float, seed: int, dropout_p: float,
+                             reach: int, causal: bool, offset: int, scale: float, seed: Tensor | None, dropout_p: float,
                              needs_rel_k: bool, needs_rel_v: bool, needs_rel_bias: bool,
                              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv, d rel_k, d rel_v, d rel_bias of `fused.launch_backward` (empty where not needed)."""
@@ -75,16 +71,18 @@ def _expanded(mask: Tensor | None, q: Tensor, k: Tensor) -> Tensor | None:
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, rel_k, rel_v, rel_bias, mask, *scalars = inputs
+    q, k, v, rel_k, rel_v, rel_bias, mask, reach, causal, offset, scale, seed, dropout_p = inputs
     o, lse, mass = output
     ctx.mark_non_differentiable(lse, mass)
-    ctx.save_for_backward(q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass)
-    ctx.scalars = scalars
+    ctx.save_for_backward(q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass, seed)
+    ctx.scalars = reach, causal, offset, scale, dropout_p
 
 
 def _backward(ctx, do, _lse, _mass):
     needs = fused.Needs.of(ctx.needs_input_grad)
-    grads = fused_attention_backward(do, *ctx.saved_tensors, *ctx.scalars, *needs)
+    *saved, seed = ctx.saved_tensors
+    reach, causal, offset, scale, dropout_p = ctx.scalars
+    grads = fused_attention_backward(do, *saved, reach, causal, offset, scale, seed, dropout_p, *needs)
     return (*grads[:3], *(g if need else None for g, need in zip(grads[3:], needs)), None, *(None,) * 6)
 
 
@@ -93,13 +91,8 @@ fused_attention.register_autograd(_backward, setup_context=_setup_context)
 
 def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p,
            attn_bias, scale):
-    """`fused.attend` while dynamo traces: the kernels as the ops above, one node each in the
-    graph. With attention dropout they still run between graphs: the seed is a host integer per
-    call, which a graph would bake in."""
-    if dropout_p > 0:
-        return attend_between_graphs(q, k, v, rel_k=rel_k, rel_v=rel_v, rel_bias=rel_bias, max_distance=max_distance,
-                                     attn_mask=attn_mask, is_causal=is_causal, query_offset=query_offset,
-                                     dropout_p=dropout_p, attn_bias=attn_bias, scale=scale)
+    """`fused.attend` while dynamo traces: the kernels as the ops above, one node each in the graph,
+    with attention dropout too (its seed is a tensor the graph draws at each run)."""
     rel_k, rel_v, rel_bias, mask, launch = fused.prepare(q, k, rel_k, rel_v, rel_bias, max_distance, attn_mask,
                                                          is_causal, query_offset, dropout_p, scale)
     q, k, v = (fused._last_dim_contiguous(t) for t in (q, k, v))
