@@ -161,11 +161,13 @@ def test_the_pre_0_2_readme_plugin_loads_through_its_entry_point_with_a_deprecat
     monkeypatch.delitem(sys.modules, "relpos_lab.task", raising=False)
     monkeypatch.delitem(sys.modules, "old_readme_tasks", raising=False)
     real = registry.entry_points
-    entry = EntryPoint("shift", "old_readme_tasks:ShiftTask", registry.TASKS.group)
+    # A name of its own: test_registry pip-installs the guide's "shift" plugin into this environment,
+    # which another worker's registry then sees too.
+    entry = EntryPoint("shift_pre_0_2", "old_readme_tasks:ShiftTask", registry.TASKS.group)
     monkeypatch.setattr(registry, "entry_points",
                         lambda group: [*real(group=group), *([entry] if group == entry.group else [])])
     with pytest.warns(DeprecationWarning, match="relpos_lab.task is deprecated; import Seq2SeqTask") as caught:
-        cls = registry.get_task_class("shift")
+        cls = registry.get_task_class("shift_pre_0_2")
     assert any(w.filename.endswith("old_readme_tasks.py") for w in caught)  # the plugin's own import line
     assert issubclass(cls, Seq2SeqTask)
 
