@@ -291,6 +291,8 @@ def keys_help(section: str, config: str | None, overrides: list[str], task: str 
          arg("--point", type=int, default=None, help="train only grid point N, in this process "
              "(what local workers and SLURM array tasks run)"),
          arg("--list", action="store_true", help="print the grid and each point's status, run nothing"),
+         arg("--step-times", default=None, metavar="BENCH_JSON", help="with --list: the sweep's device-hours, eager "
+             "and compiled, from the step times a `bench model --json` file measured"),
          arg("--slurm", action="store_true", help="submit the unfinished points as one SLURM job array"),
          arg("--dry-run", action="store_true", help="with --slurm: print the sbatch script, submit nothing"),
          arg("--reuse", action="store_true", help="link points whose experiment already finished in another "
@@ -299,6 +301,8 @@ def keys_help(section: str, config: str | None, overrides: list[str], task: str 
 def sweep(args: argparse.Namespace) -> int:
     from relpos_lab.launch.sweep import link_identical_runs, load_sweep, run_locally
 
+    if args.step_times and not args.list:
+        raise UserError("--step-times goes with --list (it prices the grid it lists)")
     if args.dry_run and not args.slurm:  # a user who asks for a dry run must never get a real one
         raise UserError("--dry-run goes with --slurm (it prints the sbatch script); to see the grid without "
                         "running it, use --list")
@@ -312,7 +316,7 @@ def sweep(args: argparse.Namespace) -> int:
         return train_sweep_point(grid, args.point)
     manifest = grid.write_manifest()
     if args.list:
-        return list_sweep(grid, manifest)
+        return list_sweep(grid, manifest, args.step_times)
     failed = run_locally(grid, args.max_parallel, echo=echo)
     console.print(f"sweep {grid.name}: {len(grid.points) - len(failed)}/{len(grid.points)} points finished; "
                   f"report with: {PROG} report {shown_path(grid.directory)}")
@@ -341,8 +345,8 @@ def train_sweep_point(grid, index: int) -> int:
     return 0
 
 
-def list_sweep(grid, manifest) -> int:
-    """`sweep --list`: the grid and each point's status; nothing runs."""
+def list_sweep(grid, manifest, step_times: str | None = None) -> int:
+    """`sweep --list`: the grid and each point's status; nothing runs. With step times, its cost."""
     from relpos_lab.launch.sweep import is_finished
 
     table = Table(*grid.axes, "point", "status", "run directory", title=f"sweep {grid.name} ({manifest})")
@@ -350,6 +354,12 @@ def list_sweep(grid, manifest) -> int:
         table.add_row(*p.labels.values(), str(p.index), "finished" if is_finished(p) else "to run",
                       shown_path(Path(p.run_dir)))
     console.print(table)
+    if step_times is not None:
+        from relpos_lab.analysis.estimate import StepTimes, estimate
+
+        times = StepTimes.read(step_times)
+        for line in estimate([grid.config(p.index) for p in grid.points], times).lines():
+            console.print(line)
     return 0
 
 
