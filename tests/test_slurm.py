@@ -286,3 +286,112 @@ def test_the_batch_script_passes_sigusr1_on_to_the_job_step_and_exits_as_it_does
         assert "SIGUSR1 reached the batch script: passing it on to the job step" in err
     else:
         assert job.returncode == 3, out + err  # srun's status is the job's
+
+
+# --- several runs to a GPU (cluster.runs_per_gpu) -------------------------------------------------------
+
+
+def test_packed_points_are_ceil_points_over_runs_per_gpu_tasks_of_one_step_per_run(workdir, capsys):
+    script = dry_run(capsys, "sweep", "sweep.yaml", "--slurm", "cluster.runs_per_gpu=2", "cluster.array_parallelism=1",
+                     "trainer.accelerator=gpu")
+    assert option(script, "array") == "0-1%1"  # 3 points, 2 to a task
+    assert option(script, "ntasks-per-node") == "2" and option(script, "gpus-per-node") == "1"
+    assert option(script, "nodes") == "1" and option(script, "cpus-per-task") == "4"  # per run
+    sweep_dir = (workdir / "runs" / "grid").resolve()
+    (loop,) = re.findall(r'\nfor run in (\S+)/"\$SLURM_ARRAY_TASK_ID"/\*; do', script)
+    assert re.fullmatch(rf"{sweep_dir}/slurm/array-[0-9-]+", loop)
+    srun = script[script.index("    srun "):script.index("    steps+=($!)")]
+    assert "--overlap" in srun and "--ntasks=1" in srun and "--ntasks-per-node=1" in srun  # Lightning: devices=1
+    assert f"--output={sweep_dir}/slurm/%A_%a.$point.out" in srun and "--open-mode=append" in srun
+    assert srun.rstrip().endswith('relpos-lab train "$run/config.yaml" resume=true &')
+    assert "\nunset SRUN_CPUS_PER_TASK" in script  # no --exact: a step may use every CPU of the task
+    checked = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_a_packed_array_pins_each_task_to_its_points(workdir, capsys):
+    grid = load_sweep("sweep.yaml", ["cluster.runs_per_gpu=2"])
+    (Path(grid.points[1].run_dir) / "results.json").parent.mkdir(parents=True)
+    (Path(grid.points[1].run_dir) / "results.json").write_text("{}")  # finished: left out
+    job = sweep_job(grid)
+    assert job.groups == ((0, 2),) and job.array == "0"
+    assert option(job.script, "ntasks-per-node") == "2"
+    pin_points(grid, job)
+    assert sorted(p.name for p in (job.points / "0").iterdir()) == ["0", "2"]
+    for index in (0, 2):
+        assert (job.points / "0" / str(index)).resolve() == Path(grid.points[index].run_dir).resolve()
+        assert (job.points / "0" / str(index) / "config.yaml").is_file()
+    grid = load_sweep("sweep.yaml", ["cluster.runs_per_gpu=4"])
+    (Path(grid.points[1].run_dir) / "results.json").unlink()
+    job = sweep_job(grid)  # fewer points than runs_per_gpu: a task of as many runs as there are
+    assert job.groups == ((0, 1, 2),) and option(job.script, "ntasks-per-node") == "3"
+
+
+@pytest.mark.parametrize("world", [["trainer.devices=2"], ["trainer.num_nodes=2"]])
+def test_runs_of_several_processes_cannot_be_packed(workdir, capsys, world):
+    assert cli.main(["sweep", "sweep.yaml", "--slurm", "--dry-run", "cluster.runs_per_gpu=2", *world]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cluster.runs_per_gpu=2" in err, err
+    assert f"trainer.{world[0].split('.')[1]}" in err and "set trainer.devices=1 trainer.num_nodes=1" in err
+    assert "cluster.runs_per_gpu=1" in err
+    assert cli.main(["sweep", "sweep.yaml", "--slurm", "--dry-run", "cluster.runs_per_gpu=0"]) == 2
+    assert "runs_per_gpu" in capsys.readouterr().err
+
+
+def test_one_run_and_runs_per_gpu_1_are_not_packed(workdir, capsys):
+    for argv in (["submit", "tiny.yaml", "cluster.runs_per_gpu=4"], ["sweep", "sweep.yaml", "--slurm"]):
+        script = dry_run(capsys, *argv)
+        assert option(script, "ntasks-per-node") == "1" and "--overlap" not in script
+
+
+def test_points_packing_other_numbers_cannot_share_an_array(workdir, capsys):
+    (workdir / "sweep.yaml").write_text("experiment: tiny.yaml\nname: grid\ngrid:\n  point:\n"
+                                        "    a: {seed: 1, cluster.runs_per_gpu: 2}\n"
+                                        "    b: {seed: 2, cluster.runs_per_gpu: 3}\n")
+    assert cli.main(["sweep", "sweep.yaml", "--slurm", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "one job array has one shape" in err and "cluster.runs_per_gpu=3" in err
+
+
+FAKE_PACKED_SRUN = """#!/bin/bash
+# Stands in for srun: records the run it trains and the signals it gets; a run named in $FAIL exits 3.
+run=${@: -2:1}
+point=$(basename "$(dirname "$run")")
+trap 'echo "$point USR1" >> "$SIGNALS"; exit 0' USR1
+if [ "$point" = "$FAIL" ]; then exit 3; fi
+echo "$point" >> "$SIGNALS.ready"
+while :; do sleep 0.05; done
+"""
+
+
+@pytest.mark.parametrize("fail", [None, "2"])
+def test_a_packed_task_starts_a_step_per_run_and_passes_sigusr1_on_to_every_step(workdir, capsys, fail):
+    grid = load_sweep("sweep.yaml", ["cluster.runs_per_gpu=2", 'cluster.setup=["true"]'])
+    job = sweep_job(grid)
+    pin_points(grid, job)
+    (workdir / "fake").mkdir()
+    srun = workdir / "fake" / "srun"
+    srun.write_text(FAKE_PACKED_SRUN)
+    srun.chmod(0o755)
+    (workdir / "job.sh").write_text(job.script)
+    signals = workdir / "signals"
+    env = {**os.environ, "PATH": f"{srun.parent}:{os.environ['PATH']}", "SIGNALS": str(signals),
+           "SLURM_JOB_ID": "8", "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1" if fail else "0",
+           "FAIL": fail or ""}
+    started = subprocess.Popen(["bash", str(workdir / "job.sh")], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    if fail:  # task 1 holds point 2 alone, which fails: the job's status is the step's
+        out, err = started.communicate(timeout=30)
+        assert started.returncode == 3, out + err
+        return
+    deadline = time.monotonic() + 30
+    while len(signals.with_name("signals.ready").read_text().split() if signals.with_name("signals.ready").exists()
+              else []) < 2:
+        assert started.poll() is None and time.monotonic() < deadline, started.communicate()
+        time.sleep(0.02)
+    assert sorted(signals.with_name("signals.ready").read_text().split()) == ["0", "1"]  # task 0: points 0 and 1
+    started.send_signal(signal.SIGUSR1)
+    out, err = started.communicate(timeout=30)
+    assert started.returncode == 0, out + err
+    assert sorted(signals.read_text().splitlines()) == ["0 USR1", "1 USR1"]
+    assert "SIGUSR1 reached the batch script: passing it on to the job steps" in err

@@ -168,9 +168,13 @@ class ClusterConfig:
     """SIGUSR1 this long before the time limit: checkpoint, then requeue"""
     array_parallelism: int = 0
     """at most this many array tasks at once (the % throttle); 0: no limit"""
+    runs_per_gpu: int = 1
+    """`sweep --slurm`: grid points trained at once in one array task, on its one GPU, each in its own job step
+    (with cpus_per_task CPUs), run directory and W&B run; only runs of trainer.devices=1, num_nodes=1. 1: a task
+    per point"""
 
     def validate(self) -> None:
-        _at_least(self, "cluster", cpus_per_task=1, array_parallelism=0, signal_seconds=1)
+        _at_least(self, "cluster", cpus_per_task=1, array_parallelism=0, signal_seconds=1, runs_per_gpu=1)
 
 
 @dataclass

@@ -1,11 +1,12 @@
 """SLURM launchers: an experiment (or a sweep's grid) as an sbatch script, and its submission.
 
-The script is job.sbatch (package data beside this module) with three holes: the #SBATCH options, the set-up lines
-and the command that `srun` starts once per task. The options come from the config, and the world size
-from one place only: ``--nodes`` is ``trainer.num_nodes`` and ``--ntasks-per-node`` (with
-``--gpus-per-node`` on GPUs) is ``trainer.devices`` — the two numbers Lightning's SLURMEnvironment
-checks against the job, so the classic mismatch (a hang, or Lightning refusing to start) cannot be
-written down. Everything else comes from the ``cluster`` section.
+The script is job.sbatch (package data beside this module) with three holes: the #SBATCH options,
+the set-up lines and the job steps: one `srun` of the command, which starts it once per task, or a
+packed sweep's steps (below). The options come from the config, and the world size from one place
+only: ``--nodes`` is ``trainer.num_nodes`` and ``--ntasks-per-node`` (with ``--gpus-per-node`` on
+GPUs) is ``trainer.devices`` — the two numbers Lightning's SLURMEnvironment checks against the
+job, so the classic mismatch (a hang, or Lightning refusing to start) cannot be written down.
+Everything else comes from the ``cluster`` section.
 
 Every job asks for ``--signal=SIGUSR1@<cluster.signal_seconds> --requeue --open-mode=append``:
 before the time limit the ranks checkpoint and the job requeues itself (requeue.py); the next
@@ -21,6 +22,14 @@ function of the config, records.rundir.run_directory), appending to the same log
   config is written into its run directory, and ``<sweep dir>/slurm/array-<time>/<i>`` links index
   i to that directory; task i trains ``array-<time>/<i>/config.yaml``. Editing the grid while the
   array waits cannot shift an index onto another point.
+- ``cluster.runs_per_gpu=R`` (R > 1) packs R points into one array task: task g trains the points
+  linked in ``array-<time>/<g>/`` (each link named by its point), one job step each, all at once on
+  the task's one GPU. The task asks for R tasks of cpus_per_task CPUs; each step is
+  ``srun --overlap -n1``, as a step otherwise holds the job's GPU alone, and logs to
+  ``<array job>_<g>.<point>.out``. SIGUSR1 reaches every step; each run saves its checkpoint, the
+  first to ask requeues the task, and the next attempt resumes every run of the task in its own
+  run directory (a finished one has nothing to train). Only runs of one process (trainer.devices
+  = num_nodes = 1) can be packed.
 """
 from __future__ import annotations
 
@@ -59,6 +68,7 @@ class Job:
     directory: Path  # the run directory (a single run) or the sweep directory (an array)
     array: str | None = None  # e.g. "0-3%2"
     points: Path | None = None  # an array's index -> run directory links (written at submission)
+    groups: tuple[tuple[int, ...], ...] | None = None  # packed (cluster.runs_per_gpu > 1): each task's points
 
     def logs_of(self, job_id: str) -> tuple[Path, Path]:
         """The log paths with SLURM's patterns filled in (%A_%a stays per task: shown with *)."""
@@ -68,13 +78,14 @@ class Job:
 
 
 def sbatch_options(cfg: DictConfig, *, job_name: str, output: Path, error: Path,
-                   array: str | None = None) -> list[str]:
-    """The #SBATCH options of a job running `cfg`, one ``--key=value`` string each."""
+                   array: str | None = None, runs: int = 1) -> list[str]:
+    """The #SBATCH options of a job running `cfg`, one ``--key=value`` string each; `runs`: the runs
+    packed into it (cluster.runs_per_gpu, all on one node and one GPU), a task each."""
     if job_name in INTERACTIVE_JOB_NAMES:
         raise UserError(f"a SLURM job named {job_name!r} is taken by Lightning for an interactive shell "
                         "and runs without its SLURM support: choose another experiment name (name=...)")
     t, c = cfg.trainer, cfg.cluster
-    options = [f"--job-name={job_name}", f"--nodes={t.num_nodes}", f"--ntasks-per-node={t.devices}"]
+    options = [f"--job-name={job_name}", f"--nodes={t.num_nodes}", f"--ntasks-per-node={t.devices * runs}"]
     if t.accelerator in GPU_ACCELERATORS:
         options.append(f"--gpus-per-node={t.devices}")
     options.append(f"--cpus-per-task={c.cpus_per_task}")
@@ -106,7 +117,35 @@ def setup_lines(cfg: DictConfig) -> list[str]:
     return []
 
 
-def render(options: list[str], setup: list[str], command: str) -> str:
+def one_step(command: str) -> str:
+    """The job step of a run: srun starts `command` once per task (trainer.devices per node)."""
+    return f"srun --kill-on-bad-exit=1 {command} &\nsteps+=($!)"
+
+
+def packed_steps(points: Path, logs: Path) -> str:
+    """The job steps of a packed array task: one per run linked in points/<task>/, at once.
+
+    --overlap: a step holds the job's GPU alone otherwise, and the next one would wait for it. No
+    --cpus-per-task (it implies --exact, CPUs of the step's own, which overlapping steps may be
+    given alike) and no binding: each process may run on all the task's CPUs, with OMP_NUM_THREADS
+    threads. Each
+    step's --ntasks-per-node=1 is the SLURM_NTASKS_PER_NODE Lightning checks against trainer.devices.
+    """
+    run = f"{PROG} train \"$run/config.yaml\" resume=true"
+    log = f"{shlex.quote(str(logs))}/%A_%a.$point"
+    return "\n".join([
+        "# cluster.runs_per_gpu: a job step for each run of this task, all at once on its GPU and CPUs",
+        "unset SRUN_CPUS_PER_TASK  # -c implies --exact: overlapping steps may be given the same CPUs",
+        f'for run in {shlex.quote(str(points))}/"$SLURM_ARRAY_TASK_ID"/*; do  # named by grid point',
+        "    point=${run##*/}",
+        "    srun --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpu-bind=none --kill-on-bad-exit=1 \\",
+        f"        --open-mode=append --output={log}.out --error={log}.err \\",
+        f"        {run} &",
+        "    steps+=($!)",
+        "done"])
+
+
+def render(options: list[str], setup: list[str], steps: str) -> str:
     """job.sbatch with its holes filled."""
     if not TEMPLATE.is_file():
         raise UserError(f"sbatch template not found at {TEMPLATE}: install relpos-lab from its "
@@ -114,7 +153,7 @@ def render(options: list[str], setup: list[str], command: str) -> str:
     return (TEMPLATE.read_text()
             .replace("@SBATCH@", "\n".join(f"#SBATCH {o}" for o in options))
             .replace("@SETUP@", "\n".join(setup))
-            .replace("@COMMAND@", command))
+            .replace("@STEPS@", steps))
 
 
 # --- one run ------------------------------------------------------------------------------------
@@ -127,7 +166,8 @@ def run_job(config: str | Path, overrides: list[str] = ()) -> tuple[Job, DictCon
     logs = run_dir / "slurm"
     output, error = logs / "%j.out", logs / "%j.err"
     command = shlex.join([PROG, "train", str(run_dir / "config.yaml"), "resume=true"])
-    script = render(sbatch_options(cfg, job_name=cfg.name, output=output, error=error), setup_lines(cfg), command)
+    script = render(sbatch_options(cfg, job_name=cfg.name, output=output, error=error), setup_lines(cfg),
+                    one_step(command))
     return Job(cfg.name, script, logs / "job.sbatch", output, error, run_dir), cfg
 
 
@@ -172,7 +212,8 @@ def submit_run(config: str | Path, overrides: list[str] = (), echo=print) -> tup
 
 
 def sweep_job(sweep: Sweep) -> Job | None:
-    """One array job over the sweep's unfinished points (None when every point is finished).
+    """One array job over the sweep's unfinished points (None when every point is finished): a task
+    per point, or cluster.runs_per_gpu points to a task.
 
     An array has one shape for all its tasks, so every point must ask for the same resources.
     """
@@ -183,20 +224,36 @@ def sweep_job(sweep: Sweep) -> Job | None:
     logs = directory / "slurm"
     output, error = logs / "%A_%a.out", logs / "%A_%a.err"
     first = sweep.config(todo[0])
+    per_gpu = first.cluster.runs_per_gpu
+    if per_gpu > 1 and (first.trainer.devices, first.trainer.num_nodes) != (1, 1):
+        raise UserError(f"sweep {sweep.path}: cluster.runs_per_gpu={per_gpu} packs runs of one process onto one "
+                        f"GPU, and these runs have trainer.devices={first.trainer.devices} and "
+                        f"trainer.num_nodes={first.trainer.num_nodes}: set trainer.devices=1 trainer.num_nodes=1, "
+                        "or cluster.runs_per_gpu=1 (an array task per point)")
+    groups = tuple(tuple(todo[i:i + per_gpu]) for i in range(0, len(todo), per_gpu)) if per_gpu > 1 else None
     throttle = first.cluster.array_parallelism
-    array = _index_ranges(todo) + (f"%{throttle}" if throttle else "")
-    shape = sbatch_options(first, job_name=sweep.name, output=output, error=error, array=array)
+    array = _index_ranges(todo if groups is None else list(range(len(groups)))) + (f"%{throttle}" if throttle else "")
+    runs = min(per_gpu, len(todo))
+
+    def shape_of(cfg: DictConfig) -> list[str]:  # the #SBATCH options, and the packing, which is none of them
+        return [*sbatch_options(cfg, job_name=sweep.name, output=output, error=error, array=array, runs=runs),
+                f"cluster.runs_per_gpu={cfg.cluster.runs_per_gpu}"]
+
+    shape = shape_of(first)
     for index in todo[1:]:
-        other = sbatch_options(sweep.config(index), job_name=sweep.name, output=output, error=error, array=array)
+        other = shape_of(sweep.config(index))
         if other != shape:
             differ = sorted(set(shape) ^ set(other))
             raise UserError(f"sweep {sweep.path}: point {index} {sweep.points[index].shown} needs other SLURM "
                             f"resources than point {todo[0]} ({', '.join(differ)}); one job array has one shape: "
                             "split the sweep or submit the points one by one")
     points = logs / f"array-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    command = f"{PROG} train {shlex.quote(str(points))}/$SLURM_ARRAY_TASK_ID/config.yaml resume=true"
-    script = render(shape, setup_lines(first), command)
-    return Job(sweep.name, script, logs / "array.sbatch", output, error, directory, array, points)
+    if groups is None:
+        steps = one_step(f"{PROG} train {shlex.quote(str(points))}/$SLURM_ARRAY_TASK_ID/config.yaml resume=true")
+    else:
+        steps = packed_steps(points, logs)
+    script = render(shape[:-1], setup_lines(first), steps)
+    return Job(sweep.name, script, logs / "array.sbatch", output, error, directory, array, points, groups)
 
 
 def first_unfinished(sweep: Sweep) -> DictConfig:
@@ -206,15 +263,21 @@ def first_unfinished(sweep: Sweep) -> DictConfig:
 
 def pin_points(sweep: Sweep, job: Job) -> None:
     """Write each submitted point's resolved config into its run directory and link array index
-    i to it (job.points/i), so a task trains what was submitted whatever the grid says by then."""
+    i to it (job.points/i; packed, task g to each of its points p: job.points/g/p), so a task
+    trains what was submitted whatever the grid says by then."""
     job.points.mkdir(parents=True)
-    for index in [p.index for p in sweep.points if not is_finished(p)]:  # the array's indices
+    if job.groups is None:
+        links = {job.points / str(p.index): p.index for p in sweep.points if not is_finished(p)}  # the array's
+    else:
+        links = {job.points / str(task) / str(index): index for task, group in enumerate(job.groups) for index in group}
+    for link, index in links.items():
         cfg = sweep.config(index)
         run_dir = run_directory(cfg).resolve()
         snapshot = save_resolved_config(cfg, run_dir)
         if run_directory(load_config(snapshot)).resolve() != run_dir:
             raise RuntimeError(f"{snapshot} does not reload into its own run directory")
-        (job.points / str(index)).symlink_to(run_dir)
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(run_dir)
 
 
 def submit_sweep(sweep: Sweep) -> tuple[Job | None, str | None]:
@@ -301,11 +364,14 @@ def check_request(job: Job, cfg: DictConfig) -> None:
         if "partition" in reason.lower():
             raise UserError(f"SLURM cannot run this job ({said}): cluster.partition={partition}; `sinfo -s` lists "
                             "the partitions you may use")
-        asks = (f"{cfg.trainer.num_nodes} node(s) x {cfg.trainer.devices} task(s) x {cfg.cluster.cpus_per_task} CPUs"
-                + (f" + {cfg.trainer.devices} GPUs per node" if cfg.trainer.accelerator in GPU_ACCELERATORS else ""))
+        runs = max(map(len, job.groups)) if job.groups else 1
+        gpus = f" + {cfg.trainer.devices} GPUs per node" if cfg.trainer.accelerator in GPU_ACCELERATORS else ""
+        asks = (f"{cfg.trainer.num_nodes} node(s) x {cfg.trainer.devices * runs} task(s) x {cfg.cluster.cpus_per_task} "
+                f"CPUs{gpus}" + (f" ({runs} runs per GPU)" if runs > 1 else ""))
         nodes = partition_node_count(partition)
         lower = (f"trainer.num_nodes (the partition has {nodes} node{'s' if nodes != 1 else ''})"
-                 if nodes and cfg.trainer.num_nodes > nodes else "trainer.devices / cluster.cpus_per_task")
+                 if nodes and cfg.trainer.num_nodes > nodes else
+                 f"{'cluster.runs_per_gpu' if runs > 1 else 'trainer.devices'} / cluster.cpus_per_task")
         raise UserError(f"SLURM cannot run this job ({reason.removeprefix('sbatch: error: ')}): it asks for {asks}, "
                         f"and partition {partition or '(default)'} has {partition_nodes(partition)}; lower "
                         f"{lower} or choose another partition (cluster.partition)")
