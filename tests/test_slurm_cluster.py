@@ -182,7 +182,9 @@ def test_a_finished_ddp_run_extended_through_sbatch_continues_one_run(workdir, c
     train_steps = logged_steps(run_dir, "train/loss")
     assert train_steps == sorted(set(train_steps)) and train_steps[-1] >= 35  # one history, in order
     assert logged_steps(run_dir, "valid/exact_match") == [10, 20, 30, 40]
-    assert logged_steps(run_dir, "test/exact_match") == [40]  # the final evaluation, once
+    # The final evaluation, once, at the step of the checkpoint it tested (trainer.evaluate=best: the
+    # best validated one, 10 where the tiny model's validation peaks there).
+    assert logged_steps(run_dir, "test/exact_match") == [results["checkpoint_step"]]
     (attempts,) = read_runs(run_dir / "wandb").values()  # one W&B run id, one attempt per job
     assert len(attempts) == 2 and {a.config["provenance"]["slurm"]["job_id"] for a in attempts} == {first, second}
 
