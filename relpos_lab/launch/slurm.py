@@ -128,8 +128,8 @@ def packed_steps(points: Path, logs: Path) -> str:
     --overlap: a step holds the job's GPU alone otherwise, and the next one would wait for it. No
     --cpus-per-task (it implies --exact, CPUs of the step's own, which overlapping steps may be
     given alike) and no binding: each process may run on all the task's CPUs, with OMP_NUM_THREADS
-    threads. Each
-    step's --ntasks-per-node=1 is the SLURM_NTASKS_PER_NODE Lightning checks against trainer.devices.
+    threads. Each step's --ntasks-per-node=1 is the SLURM_NTASKS_PER_NODE Lightning checks against
+    trainer.devices.
     """
     run = f"{PROG} train \"$run/config.yaml\" resume=true"
     log = f"{shlex.quote(str(logs))}/%A_%a.$point"
