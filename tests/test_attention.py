@@ -11,14 +11,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from relpos_lab.core.attention import banded, flex, gather, relative_attention
 from relpos_lab.core.attention.masks import relative_labels
 
-from tests.attention_cases import CASES, definition, make_case
+from tests.attention_cases import CASES, EMPTY_FIRST, SMALL, TILED, Case, build, definition, names
 
 EXACT_IMPLS = ["naive", "batched", "gather", "flex", "auto"]
 
 
-def by_the_equations(q, k, v, rel_k, rel_v, max_distance, mask, causal, offset, bias=None):
-    """e_ij = q_i·(k_j + a^K_ij)/sqrt(D); z_i = Σ_j softmax(e)_ij (v_j + a^V_ij), element by element:
-    the paper's equations as loops, which `definition` (tests/attention_cases.py) is checked against."""
+def by_the_equations(q, k, v, rel_k, rel_v, max_distance, mask, causal, offset, bias=None, rel_bias=None):
+    """e_ij = q_i·(k_j + a^K_ij)/sqrt(D) + b_ij; z_i = Σ_j softmax(e)_ij (v_j + a^V_ij), element by
+    element: the paper's equations as loops, which `definition` (tests/attention_cases.py) is checked
+    against. b_ij = rel_bias[h, label] plus the dense bias[b, h, i, j]."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     out = torch.zeros(B, H, Lq, v.shape[-1], dtype=torch.float64)
@@ -41,6 +42,8 @@ def by_the_equations(q, k, v, rel_k, rel_v, max_distance, mask, causal, offset, 
                     if rel_k is not None:
                         key = key + table(rel_k, h, label).double()
                     e = float(q[b, h, i].double() @ key) / math.sqrt(D)
+                    if rel_bias is not None:
+                        e += float(rel_bias[h, label])
                     if bias is not None:
                         e += float(bias.expand(B, H, Lq, Lk)[b, h, i, j])
                     visible.append((j, label))
@@ -56,18 +59,18 @@ def by_the_equations(q, k, v, rel_k, rel_v, max_distance, mask, causal, offset, 
     return out
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", names(SMALL, TILED))  # LONG's loops would take a minute
 def test_the_shared_definition_is_the_papers_equations_element_by_element(case):
-    q, k, v, kw = make_case(**CASES[case])
+    q, k, v, kw = build(CASES[case])
     want = by_the_equations(q, k, v, kw["rel_k"], kw["rel_v"], kw["max_distance"], kw["attn_mask"],
-                            kw["is_causal"], kw["query_offset"], kw["attn_bias"])
+                            kw["is_causal"], kw["query_offset"], kw["attn_bias"], kw["rel_bias"])
     torch.testing.assert_close(definition(q, k, v, **kw), want, atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize("impl", EXACT_IMPLS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_the_definition(case, impl):
-    q, k, v, kw = make_case(**CASES[case])
+    q, k, v, kw = build(CASES[case])
     want = definition(q, k, v, **kw)
     got = relative_attention(q, k, v, impl=impl, **kw)
     assert got.dtype == torch.float64
@@ -76,14 +79,14 @@ def test_matches_the_definition(case, impl):
 
 @pytest.mark.parametrize("impl", ["naive", "batched", "gather", "flex"])
 def test_float32_agrees_with_naive_within_1e5(impl):
-    q, k, v, kw = make_case(B=2, H=4, Lq=33, Lk=40, K=4, offset=7, causal=True, padding=True,
-                            D=16, dtype=torch.float32)
+    q, k, v, kw = build(Case("float32", B=2, H=4, Lq=33, Lk=40, D=16, max_distance=4, offset=7, causal=True,
+                             padding=EMPTY_FIRST), dtype=torch.float32)
     want = relative_attention(q, k, v, impl="naive", **kw)
     torch.testing.assert_close(relative_attention(q, k, v, impl=impl, **kw), want, atol=1e-5, rtol=1e-5)
 
 
 def test_fully_masked_rows_are_zero_not_nan():
-    q, k, v, kw = make_case(**CASES["padding_with_empty_row"])
+    q, k, v, kw = build(CASES["padding_with_empty_row"])
     for impl in EXACT_IMPLS:
         out = relative_attention(q, k, v, impl=impl, **kw)
         assert torch.isfinite(out).all()
@@ -109,7 +112,7 @@ def test_label_maps_over_row_blocks_equal_gather_and_scatter_add(monkeypatch, bl
                                   "k1", "keys_only", "values_only"])
 def test_gather_over_many_row_blocks_matches_the_reference_with_gradients(monkeypatch, case):
     monkeypatch.setattr(gather, "_LABEL_BLOCK", 1)  # blocks of max(1, 2k) rows
-    q, k, v, kw = make_case(**CASES[case])
+    q, k, v, kw = build(CASES[case])
     want = definition(q, k, v, **kw)
     torch.testing.assert_close(relative_attention(q, k, v, impl="gather", **kw), want, atol=1e-10, rtol=1e-10)
     leaves = [t.requires_grad_(True) for t in (q, k, v, kw["rel_k"], kw["rel_v"]) if t is not None]
@@ -127,7 +130,7 @@ GRAD_CASES = ["rect_offset_causal", "padding_with_empty_row", "per_head", "k_bey
 
 @pytest.mark.parametrize("case", GRAD_CASES)
 def test_gradients_agree_across_implementations(case):
-    q, k, v, kw = make_case(**CASES[case])
+    q, k, v, kw = build(CASES[case])
     leaves = [t for t in (q, k, v, kw["rel_k"], kw["rel_v"]) if t is not None]
     grads = {}
     for impl in ("naive", "batched", "gather"):
@@ -145,7 +148,8 @@ def test_gradients_agree_across_implementations(case):
 @pytest.mark.parametrize("impl", ["gather", "batched"])
 @pytest.mark.parametrize("per_head", [False, True])
 def test_gradcheck(impl, per_head):
-    q, k, v, kw = make_case(B=1, H=2, Lq=3, Lk=4, K=1, offset=1, causal=True, per_head=per_head)
+    q, k, v, kw = build(Case("gradcheck", B=1, H=2, Lq=3, Lk=4, D=4, max_distance=1, offset=1, causal=True,
+                             per_head=per_head))
     rel_k, rel_v = kw.pop("rel_k"), kw.pop("rel_v")
     inputs = tuple(t.requires_grad_(True) for t in (q, k, v, rel_k, rel_v))
 
@@ -157,7 +161,8 @@ def test_gradcheck(impl, per_head):
 
 def test_gradcheck_through_masks_and_a_row_that_sees_nothing():
     """The masked logits pass their gradient through (it is zero there): checked numerically."""
-    q, k, v, kw = make_case(B=2, H=1, Lq=4, Lk=4, K=1, causal=True, padding=True)
+    q, k, v, kw = build(Case("gradcheck", B=2, H=1, Lq=4, Lk=4, D=4, max_distance=1, causal=True,
+                             padding=EMPTY_FIRST))
     assert not kw["attn_mask"][0].any()  # sequence 0: every row fully masked
     rel_k, rel_v = kw.pop("rel_k"), kw.pop("rel_v")
     inputs = tuple(t.requires_grad_(True) for t in (q, k, v, rel_k, rel_v))
@@ -166,10 +171,13 @@ def test_gradcheck_through_masks_and_a_row_that_sees_nothing():
             lambda *x: relative_attention(*x[:3], rel_k=x[3], rel_v=x[4], impl=impl, **kw), inputs)
 
 
+HALF = Case("half", B=2, H=2, Lq=16, Lk=16, D=16, max_distance=3, causal=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("impl", ["naive", "batched", "gather"])
 def test_half_inputs_give_half_outputs_close_to_float32(impl, dtype):
-    q, k, v, kw = make_case(B=2, H=2, Lq=16, Lk=16, K=3, causal=True, D=16, dtype=torch.float32)
+    q, k, v, kw = build(HALF, dtype=torch.float32)
     want = relative_attention(q, k, v, impl="naive", **kw)
     half = {n: (t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t) for n, t in kw.items()}
     got = relative_attention(q.to(dtype), k.to(dtype), v.to(dtype), impl=impl, **half)
@@ -180,7 +188,7 @@ def test_half_inputs_give_half_outputs_close_to_float32(impl, dtype):
 @pytest.mark.parametrize("impl", ["naive", "batched", "gather", "flex"])
 def test_half_inputs_with_float32_tables(impl):
     """A training loop without autocast: bf16 activations, the position tables still float32."""
-    q, k, v, kw = make_case(B=2, H=2, Lq=16, Lk=16, K=3, causal=True, D=16, dtype=torch.float32)
+    q, k, v, kw = build(HALF, dtype=torch.float32)
     want = relative_attention(q, k, v, impl="naive", **kw)
     got = relative_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), impl=impl, **kw)
     assert got.dtype == torch.bfloat16
@@ -190,7 +198,7 @@ def test_half_inputs_with_float32_tables(impl):
 def test_flex_runs_on_cpu_with_the_default_settings():
     """FLEX_COMPILE stays on: torch's CPU compiler cannot return the log-sum-exp, so CPU runs eager."""
     assert flex.FLEX_COMPILE
-    q, k, v, kw = make_case(B=1, H=2, Lq=8, Lk=8, K=2, causal=True, D=8, dtype=torch.float32)
+    q, k, v, kw = build(Case("flex", B=1, H=2, Lq=8, Lk=8, D=8, max_distance=2, causal=True), dtype=torch.float32)
     torch.testing.assert_close(relative_attention(q, k, v, impl="flex", **kw),
                                relative_attention(q, k, v, impl="naive", **kw), atol=1e-5, rtol=1e-5)
 
@@ -210,14 +218,14 @@ class SoftmaxDtypes(TorchDispatchMode):
 @pytest.mark.parametrize("dtype,acc", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
                                        (torch.float32, torch.float32), (torch.float64, torch.float64)])
 def test_softmax_runs_in_at_least_float32(impl, dtype, acc):
-    q, k, v, kw = make_case(**CASES["per_head"], dtype=dtype)
+    q, k, v, kw = build(CASES["per_head"], dtype=dtype)
     with SoftmaxDtypes() as probe:
         relative_attention(q, k, v, impl=impl, **kw)
     assert probe.dtypes == {acc}
 
 
 def test_dropout_hits_both_value_terms_identically_across_impls():
-    q, k, v, kw = make_case(**CASES["square"])
+    q, k, v, kw = build(CASES["square"])
     outs = []
     for impl in ("naive", "batched", "gather"):
         torch.manual_seed(123)
@@ -229,14 +237,14 @@ def test_dropout_hits_both_value_terms_identically_across_impls():
 
 
 def test_auto_without_tables_equals_plain_attention_with_offset_causality():
-    q, k, v, kw = make_case(B=2, H=2, Lq=3, Lk=6, K=0, offset=3, causal=True, padding=True,
-                            use_k=False, use_v=False, dtype=torch.float32)
+    q, k, v, kw = build(Case("plain", B=2, H=2, Lq=3, Lk=6, D=4, max_distance=0, offset=3, causal=True,
+                             padding=EMPTY_FIRST, use_k=False, use_v=False), dtype=torch.float32)
     torch.testing.assert_close(relative_attention(q, k, v, impl="auto", **kw),
                                relative_attention(q, k, v, impl="naive", **kw), atol=1e-6, rtol=1e-6)
 
 
 def test_bad_arguments_are_clear_errors():
-    q, k, v, kw = make_case(**CASES["square"])
+    q, k, v, kw = build(CASES["square"])
     with pytest.raises(ValueError, match="unknown attention impl 'fast'"):
         relative_attention(q, k, v, impl="fast", **kw)
     with pytest.raises(ValueError, match="rel_k has shape"):
@@ -265,7 +273,8 @@ class LargestTensor(TorchDispatchMode):
 @pytest.mark.parametrize("per_head", [False, True])
 def test_gather_never_materialises_an_lq_lk_d_tensor(per_head):
     B, H, L, D, K = 1, 2, 64, 32, 4
-    q, k, v, kw = make_case(B=B, H=H, Lq=L, Lk=L, K=K, causal=True, D=D, dtype=torch.float32, per_head=per_head)
+    q, k, v, kw = build(Case("long", B=B, H=H, Lq=L, Lk=L, D=D, max_distance=K, causal=True, per_head=per_head),
+                        dtype=torch.float32)
     sizes = {}
     for impl in ("naive", "gather"):
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v, kw["rel_k"], kw["rel_v"])]
@@ -305,19 +314,19 @@ def test_gather_peak_memory_is_far_below_naive_at_long_length():
     assert peaks["gather"] < peaks["naive"] / 4, peaks
 
 
-BANDED_CASES = {
-    "bidirectional": dict(B=2, H=3, Lq=13, Lk=13, K=2),
-    "bidirectional_padding": dict(B=3, H=2, Lq=11, Lk=11, K=3, padding=True),
-    "causal_padding": dict(B=3, H=2, Lq=11, Lk=11, K=2, padding=True, causal=True),
-    "causal_k1": dict(B=2, H=2, Lq=9, Lk=9, K=1, causal=True),
-    "per_head_values_only": dict(B=2, H=3, Lq=10, Lk=10, K=4, per_head=True, use_k=False),
-    "keys_only_long_k": dict(B=1, H=2, Lq=40, Lk=40, K=17, use_v=False),
-}
+BANDED_CASES = {case.name: case for case in (  # banded's own: Lq = Lk, no offset, 1 <= k < L
+    Case("bidirectional", B=2, H=3, Lq=13, Lk=13, D=4, max_distance=2),
+    Case("bidirectional_padding", B=3, H=2, Lq=11, Lk=11, D=4, max_distance=3, padding=EMPTY_FIRST),
+    Case("causal_padding", B=3, H=2, Lq=11, Lk=11, D=4, max_distance=2, padding=EMPTY_FIRST, causal=True),
+    Case("causal_k1", B=2, H=2, Lq=9, Lk=9, D=4, max_distance=1, causal=True),
+    Case("per_head_values_only", B=2, H=3, Lq=10, Lk=10, D=4, max_distance=4, per_head=True, use_k=False),
+    Case("keys_only_long_k", B=1, H=2, Lq=40, Lk=40, D=4, max_distance=17, use_v=False),
+)}
 
 
 @pytest.mark.parametrize("case", list(BANDED_CASES))
 def test_banded_matches_the_definition_and_naive_gradients(case):
-    q, k, v, kw = make_case(**BANDED_CASES[case])
+    q, k, v, kw = build(BANDED_CASES[case])
     want = definition(q, k, v, **kw)
     leaves = [t for t in (q, k, v, kw["rel_k"], kw["rel_v"]) if t is not None]
     grads = {}
@@ -335,7 +344,7 @@ def test_banded_matches_the_definition_and_naive_gradients(case):
 
 
 def test_banded_gradcheck_through_the_flash_log_sum_exp():
-    q, k, v, kw = make_case(B=1, H=1, Lq=5, Lk=5, K=1, D=2, padding=True)
+    q, k, v, kw = build(Case("gradcheck", B=1, H=1, Lq=5, Lk=5, D=2, max_distance=1, padding=EMPTY_FIRST))
     kw["attn_mask"][0] = True
     rel_k, rel_v = kw.pop("rel_k"), kw.pop("rel_v")
     inputs = tuple(t.requires_grad_(True) for t in (q, k, v, rel_k, rel_v))
@@ -345,7 +354,7 @@ def test_banded_gradcheck_through_the_flash_log_sum_exp():
 
 
 def test_banded_refuses_what_it_cannot_compute():
-    q, k, v, kw = make_case(**CASES["rect_offset_causal"])
+    q, k, v, kw = build(CASES["rect_offset_causal"])
     with pytest.raises(ValueError, match="impl='banded' does not support Lq != Lk"):
         relative_attention(q, k, v, impl="banded", **kw)
 
@@ -354,7 +363,7 @@ def test_banded_refuses_what_it_cannot_compute():
 def test_banded_with_flex_tails_matches_the_definition(case):
     """CUDA's banded runs its tails through FlexAttention with block masks: the same core is
     checked here with eager flex on CPU (forward; flex's backward needs CUDA, tests/test_cuda.py)."""
-    q, k, v, kw = make_case(**BANDED_CASES[case])
+    q, k, v, kw = build(BANDED_CASES[case])
     want = definition(q, k, v, **kw)
     n, kmax, mask = q.shape[-2], kw["max_distance"], kw["attn_mask"]
     keep = mask.reshape(mask.shape[0], n).expand(q.shape[0], n) if mask is not None else None
@@ -380,7 +389,8 @@ def test_flex_block_masks_are_built_once_per_mask_tensor():
 @pytest.mark.slow  # torch.compile on CPU, ~40 s, for an opt-in path (BANDED_COMPILE is off by default)
 def test_banded_core_compiles_to_the_same_values_and_gradients():
     """banded's core compiles (BANDED_COMPILE) to what it computes eagerly (here on CPU)."""
-    q, k, v, kw = make_case(B=2, H=2, Lq=40, Lk=40, K=4, D=16, padding=True, dtype=torch.float32)
+    q, k, v, kw = build(Case("compiled", B=2, H=2, Lq=40, Lk=40, D=16, max_distance=4, padding=EMPTY_FIRST),
+                        dtype=torch.float32)
     keep = kw["attn_mask"].reshape(2, 40)
     keep[0] = True
     inputs = [t.requires_grad_(True) for t in (q, k, v, kw["rel_k"], kw["rel_v"])]

@@ -1,6 +1,7 @@
 """The CUDA tier (`pytest -m cuda`, skipped without a GPU): every attention impl against float64,
 the fused forms' gradients (FlexAttention's backward, its log-sum-exp term included), masks,
-bf16, no host synchronisation, bf16-mixed training through the CLI, cached decoding.
+bf16, no host synchronisation, bf16-mixed training through the CLI, cached decoding. The attention
+cases are tests/attention_cases.py's LONG.
 
 Tolerances are relative errors ‖x − ref‖ / ‖ref‖ against float64 computed from the same
 (rounded) inputs, so they measure the arithmetic alone:
@@ -26,7 +27,7 @@ from relpos_lab.core.loss import label_smoothed_loss
 from relpos_lab.core.positions import BUILTIN, builtin_config
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
 
-from tests.attention_cases import definition
+from tests.attention_cases import CASES, LONG, Case, build, definition, long_padding, names
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -52,40 +53,6 @@ CUDA = torch.device("cuda")
 IMPLS = ["naive", "batched", "gather", "flex", "banded", "triton", "auto"]
 FUSED = ["flex", "banded", "triton"]
 
-CASES = {
-    "bidirectional": dict(B=2, H=4, L=300, K=16),
-    "padding": dict(B=3, H=2, L=300, K=16, padding=True),
-    "causal": dict(B=2, H=2, L=300, K=16, causal=True),
-    "causal_padding": dict(B=3, H=2, L=257, K=8, causal=True, padding=True),
-    "per_head_padding": dict(B=2, H=4, L=200, K=16, per_head=True, padding=True),
-    "values_only": dict(B=2, H=2, L=300, K=16, use_k=False),
-    "keys_only_k1": dict(B=2, H=2, L=130, K=1, use_v=False, padding=True),
-    "offset_causal": dict(B=2, H=2, L=300, K=16, causal=True, lq=37),
-}
-
-
-def make(B, H, L, K, D=64, causal=False, padding=False, per_head=False, use_k=True, use_v=True, lq=None,
-         seed=0):
-    """float64 CPU inputs and relative_attention's keyword arguments; `lq` queries at offset L − lq."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-    lq = lq or L
-    q, k, v = rand(B, H, lq, D), rand(B, H, L, D), rand(B, H, L, D)
-    table = (H, 2 * K + 1, D) if per_head else (2 * K + 1, D)
-    mask = None
-    if padding:
-        lengths = torch.randint(K // 2 + 1, L + 1, (B,), generator=g)
-        lengths[-1] = L
-        mask = (torch.arange(L)[None, :] < lengths[:, None])[:, None, None, :]
-        mask[0] = False  # a sentence with no visible key: its rows must be zeros, its gradients finite
-    kw = dict(rel_k=rand(*table) * 0.5 if use_k else None, rel_v=rand(*table) if use_v else None, max_distance=K,
-              attn_mask=mask, is_causal=causal, query_offset=L - lq)
-    return q, k, v, kw
-
-
 def to(x, dtype=None):
     if x is None:
         return None
@@ -108,7 +75,7 @@ def tolerance(impl, dtype) -> float:
 
 def supported(impl, case) -> bool:
     c = CASES[case]
-    return not (impl == "banded" and c.get("lq"))
+    return not (impl == "banded" and (c.Lq != c.Lk or c.offset))
 
 
 def leaves(q, k, v, kw):
@@ -143,11 +110,11 @@ def reference(q, k, v, kw, dtype, grad_weights=None):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", names(LONG))
 def test_every_impl_matches_float64(case, impl, dtype):
     if not supported(impl, case):
         pytest.skip("banded: self-attention without a query offset only")
-    q, k, v, kw = make(**CASES[case])
+    q, k, v, kw = build(CASES[case])
     want, _ = reference(q, k, v, kw, dtype)
     got, _ = run(impl, q, k, v, kw, dtype)
     assert got.dtype == dtype and got.is_cuda
@@ -158,13 +125,13 @@ def test_every_impl_matches_float64(case, impl, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("impl", FUSED + ["gather"])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", names(LONG))
 def test_gradients_of_every_input_match_float64(case, impl, dtype):
     """The first backward of flex and of banded's FlexAttention tails on a GPU: q, k, v, rel_k and
     rel_v, through the log-sum-exps that carry the value term's bucket masses."""
     if not supported(impl, case):
         pytest.skip("banded: self-attention without a query offset only")
-    q, k, v, kw = make(**CASES[case], seed=1)
+    q, k, v, kw = build(CASES[case], seed=1)
     w = torch.randn(q.shape[:-1] + (v.shape[-1],), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     _, want = reference(q, k, v, kw, dtype, w)
     _, got = run(impl, q, k, v, kw, dtype, w)
@@ -214,7 +181,7 @@ def test_auto_trains_and_infers_with_triton_and_steps_one_token_with_gather(monk
         real = IMPLEMENTATIONS[name]
         monkeypatch.setitem(IMPLEMENTATIONS, name, Implementation(
             real.unsupported, lambda *a, _real=real.attend, _name=name, **kw: calls.append(_name) or _real(*a, **kw)))
-    q, k, v, kw = make(**CASES["padding"])
+    q, k, v, kw = build(CASES["padding_long"])
     run("auto", q, k, v, kw, torch.bfloat16, torch.randn(q.shape))
     with torch.no_grad():
         run("auto", q, k, v, kw, torch.bfloat16)
@@ -228,7 +195,8 @@ def test_auto_trains_and_infers_with_triton_and_steps_one_token_with_gather(monk
 @pytest.mark.parametrize("fresh_mask", [False, True], ids=["same_mask", "new_mask_each_step"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 def test_fused_training_step_never_synchronises_with_the_host(causal, fresh_mask, impl):
-    q, k, v, kw = make(B=4, H=4, L=512, K=16, causal=causal, padding=True)
+    q, k, v, kw = build(Case("training_step", B=4, H=4, Lq=512, Lk=512, D=64, max_distance=16, causal=causal,
+                             padding=long_padding(16)))
     ins = [to(t, torch.bfloat16).requires_grad_(True) for t in leaves(q, k, v, kw)]
     mask = to(kw["attn_mask"])
 

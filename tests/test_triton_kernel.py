@@ -4,10 +4,13 @@ On CPU the very kernel code runs in Triton's interpreter (tests/conftest.py sets
 before triton is imported), so these prove exactness without a GPU: outputs and the gradients of
 q, k, v, rel_k, rel_v and rel_bias, over lengths that are not multiples of the block (16 here),
 cross lengths with a query offset, per-head tables, each term alone, k = 0, 1, 16 and k ≥ L,
-padding, causality and rows that see nothing; the band in tiles of 8 and of 16. On a GPU the same tests run
-compiled (-m cuda).
+padding, causality and rows that see nothing; the band in tiles of 8 and of 16. The cases are
+tests/attention_cases.py's SMALL and TILED, and the tests' own built from its records. On a GPU
+the same tests run compiled (-m cuda).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -17,7 +20,7 @@ from relpos_lab.core.attention.masks import offset_bias
 from relpos_lab.core.positions import builtin_config
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
 
-from tests import attention_cases
+from tests.attention_cases import CASES, SMALL, TILED, WHOLE_LAST, Case, build, definition
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
@@ -26,98 +29,67 @@ pytestmark = pytest.mark.skipif(
     is not None, reason="triton is not installed, or neither CUDA nor TRITON_INTERPRET=1")
 
 
-def definition(q, k, v, rel_k, rel_v, rel_bias, kmax, keep, causal, offset, dropped=None, dropout_p=0.0,
-               dense_mask=None):
-    """tests/attention_cases.py's float64 definition, with this file's arguments: `keep` (B, Lk) the
-    real keys, `dense_mask` a mask broadcastable to (B, H, Lq, Lk) beside it."""
-    mask = keep[:, None, None, :] if keep is not None else None
-    if dense_mask is not None:
-        mask = dense_mask if mask is None else mask & dense_mask
-    return attention_cases.definition(q, k, v, rel_k=rel_k, rel_v=rel_v, rel_bias=rel_bias, max_distance=kmax,
-                                      attn_mask=mask, is_causal=causal, query_offset=offset, dropped=dropped,
-                                      dropout_p=dropout_p)
+def make(case: Case, dtype=torch.float32, seed=0):
+    """q, k, v and the keyword arguments of `case` on DEVICE, every floating tensor a leaf."""
+    return build(case, dtype=dtype, device=DEVICE, seed=seed, requires_grad=True)
 
 
-def make(b=2, h=3, lq=37, lk=None, d=24, kmax=4, per_head=False, use_k=True, use_v=True, use_bias=True,
-         padding=False, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    lk = lq if lk is None else lk
-
-    def leaf(*shape):
-        return torch.randn(*shape, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
-
-    table = (h, 2 * kmax + 1, d) if per_head else (2 * kmax + 1, d)
-    keep = None
-    if padding:
-        lengths = torch.randint(1, lk + 1, (b,), generator=g)
-        lengths[0] = lk
-        keep = (torch.arange(lk)[None, :] < lengths[:, None]).to(DEVICE)
-    return dict(q=leaf(b, h, lq, d), k=leaf(b, h, lk, d), v=leaf(b, h, lk, d),
-                rel_k=leaf(*table) if use_k else None, rel_v=leaf(*table) if use_v else None,
-                rel_bias=leaf(h, 2 * kmax + 1) if use_bias else None, keep=keep)
+def tiled(name, B=2, H=3, L=37, Lk=None, D=24, max_distance=4, rel_bias=True, **fields) -> Case:
+    """A case of TILED's usual sizes and terms (Lq = L, Lk = L unless given), for a test's own inputs."""
+    return Case(name, B=B, H=H, Lq=L, Lk=L if Lk is None else Lk, D=D, max_distance=max_distance, rel_bias=rel_bias,
+                **fields)
 
 
-def check_against_definition(case, kmax, causal=False, offset=0, atol=2e-5, rtol=1e-4):
-    q, k, v, rel_k, rel_v, rel_bias, keep = (case[n] for n in ("q", "k", "v", "rel_k", "rel_v", "rel_bias", "keep"))
-    mask = keep[:, None, None, :] if keep is not None else None
-    out = relative_attention(q, k, v, rel_k=rel_k, rel_v=rel_v, rel_bias=rel_bias, max_distance=kmax,
-                             attn_mask=mask, is_causal=causal, query_offset=offset, impl="triton")
-    want = definition(q, k, v, rel_k, rel_v, rel_bias, kmax, keep, causal, offset)
+def leaves(q, k, v, kw) -> dict:
+    """The inputs that have gradients, by name: q, k, v and whichever of rel_k, rel_v, rel_bias are given."""
+    named = dict(q=q, k=k, v=v, rel_k=kw["rel_k"], rel_v=kw["rel_v"], rel_bias=kw["rel_bias"])
+    return {name: t for name, t in named.items() if t is not None}
+
+
+def check_against_definition(q, k, v, kw, atol=2e-5, rtol=1e-4):
+    """Output and the gradient of every input of impl="triton" against the float64 definition."""
+    out = relative_attention(q, k, v, **kw, impl="triton")
+    want = definition(q, k, v, **kw)
     assert out.dtype == q.dtype
     torch.testing.assert_close(out.double(), want, atol=atol, rtol=rtol)
-    leaves = [t for t in (q, k, v, rel_k, rel_v, rel_bias) if t is not None]
+    named = leaves(q, k, v, kw)
     grad_out = torch.randn_like(out)
-    got = torch.autograd.grad(out, leaves, grad_out)
-    expected = torch.autograd.grad(want, leaves, grad_out.double())
-    for name, a, e in zip(("q", "k", "v", "rel_k", "rel_v", "rel_bias"), got, expected):
+    got = torch.autograd.grad(out, list(named.values()), grad_out)
+    expected = torch.autograd.grad(want, list(named.values()), grad_out.double())
+    for name, a, e in zip(named, got, expected):
         assert torch.isfinite(a).all(), name
         torch.testing.assert_close(a.double(), e.double(), atol=atol * max(1.0, e.abs().max().item()), rtol=rtol,
                                    msg=lambda m, name=name: f"gradient of {name}: {m}")
 
 
-CASES = {
-    "odd length, shared tables and bias": (dict(lq=37), dict(kmax=4)),
-    "per-head tables": (dict(lq=29, per_head=True), dict(kmax=3)),
-    "keys only": (dict(lq=33, use_v=False, use_bias=False), dict(kmax=4)),
-    "values only": (dict(lq=33, use_k=False, use_bias=False), dict(kmax=4)),
-    "bias only": (dict(lq=33, use_k=False, use_v=False), dict(kmax=4)),
-    "no relative terms": (dict(lq=21, use_k=False, use_v=False, use_bias=False), dict(kmax=2)),
-    "k = 0": (dict(lq=23), dict(kmax=0)),
-    "k = 1, many tiles off the band": (dict(lq=70, b=1, h=2), dict(kmax=1)),
-    "k = 16": (dict(lq=45, b=1), dict(kmax=16)),
-    "k >= L": (dict(lq=20, b=1), dict(kmax=50)),
-    "head dimension 64": (dict(lq=19, d=64, b=1, h=2), dict(kmax=3)),
-    "padding": (dict(lq=37, padding=True), dict(kmax=4)),
-    "causal": (dict(lq=37), dict(kmax=4, causal=True)),
-    "padding and causal": (dict(lq=37, padding=True), dict(kmax=4, causal=True)),
-    "cross lengths": (dict(lq=13, lk=40, b=1), dict(kmax=5)),
-    "prefill on a cache": (dict(lq=7, lk=40, b=1, per_head=True), dict(kmax=5, causal=True, offset=33)),
-    "offset beyond the band, not causal": (dict(lq=9, lk=45, b=1), dict(kmax=2, offset=30)),
-}
+def check_case(case: Case):
+    check_against_definition(*make(case))
 
 
-@pytest.mark.parametrize("name", CASES)
+INTERPRETED_CASES = [case.name for case in SMALL + TILED if not case.attn_bias]
+"""The shared table's cases this tier runs: LONG would take minutes here, and the kernel refuses a
+dense attn_bias (rel_bias stands for it)."""
+
+
+@pytest.mark.parametrize("name", INTERPRETED_CASES)
 def test_matches_the_float64_definition_with_gradients(name):
-    make_kwargs, check_kwargs = CASES[name]
-    check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
+    check_case(CASES[name])
 
 
-@pytest.mark.parametrize("name", ["odd length, shared tables and bias", "padding and causal", "cross lengths"])
+@pytest.mark.parametrize("name", ["all_terms_tiled", "padding_causal_tiled", "cross_lengths_tiled"])
 def test_a_band_in_whole_blocks_matches_too(name, monkeypatch):
     """The interpreter cuts the band's 16-blocks in two, with plain fringe tiles beside it (as
     128-key blocks are cut on a GPU); configs whose BN is the cap keep them whole, and compile no
     fringe: that path, here with the band uncut."""
     monkeypatch.setattr(fused, "BAND_CAP", {"forward": 16, "dq": 16})
-    make_kwargs, check_kwargs = CASES[name]
-    check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
+    check_case(CASES[name])
 
 
 NARROW_FRINGE_CASES = {
-    **{name: CASES[name] for name in ("odd length, shared tables and bias", "k = 16", "cross lengths",
-                                      "padding and causal", "padding", "values only",
-                                      "offset beyond the band, not causal")},
-    "lengths that fill the blocks": (dict(lq=64, b=1), dict(kmax=4)),
-    "lengths that fill the blocks, with padding": (dict(lq=64, padding=True), dict(kmax=4)),
+    **{name: CASES[name] for name in ("all_terms_tiled", "k16_tiled", "cross_lengths_tiled", "padding_causal_tiled",
+                                      "padding_tiled", "values_only_tiled", "offset_beyond_band_tiled")},
+    "full_blocks": tiled("full_blocks", B=1, L=64),  # lengths that fill the blocks: the band ends at Lk
+    "full_blocks_padding": tiled("full_blocks_padding", L=64, padding=WHOLE_LAST),
 }
 
 
@@ -130,49 +102,43 @@ def test_a_band_from_a_narrow_fringes_boundary_matches_too(name, monkeypatch):
     −inf where RIGHT's is none (`fringe_pair`): both occur here."""
     monkeypatch.setattr(fused, "_INTERPRETER_BLOCKS", {"BLOCK_M": 16, "BLOCK_N": 32})
     monkeypatch.setattr(fused, "BAND_CAP", {"forward": 16, "dq": 16})
-    make_kwargs, check_kwargs = NARROW_FRINGE_CASES[name]
-    check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
+    check_case(NARROW_FRINGE_CASES[name])
 
 
 @pytest.mark.parametrize("shared", ["rel_k", "rel_v"])
 def test_a_table_per_head_beside_one_the_heads_share(shared):
     """Both tables' gradients come from one launch of label_sums_kernel and one reduction over its
     shares; a table the heads share is summed over them too, one per head is not."""
-    case = make(lq=29, per_head=True, kmax=3)
+    q, k, v, kw = make(CASES["per_head_tiled"])
     g = torch.Generator().manual_seed(5)
-    case[shared] = torch.randn(7, 24, generator=g).to(DEVICE).requires_grad_()
-    check_against_definition(case, kmax=3)
+    kw[shared] = torch.randn(7, 24, generator=g).to(DEVICE).requires_grad_()
+    check_against_definition(q, k, v, kw)
 
 
-@pytest.mark.parametrize("name", ["odd length, shared tables and bias", "padding and causal"])
+@pytest.mark.parametrize("name", ["all_terms_tiled", "padding_causal_tiled"])
 def test_a_register_capped_forward_writes_the_same_tables(name, monkeypatch):
     """With w^K and w^V the forward writes each interior logit over the logit term it has read;
     under a register cap at the address it computes again (fused.low_registers), else at the
     load's: that other path, here."""
     monkeypatch.setattr(fused, "low_registers", lambda meta: True)
-    make_kwargs, check_kwargs = CASES[name]
-    check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
+    check_case(CASES[name])
 
 
-@pytest.mark.parametrize("name", ["odd length, shared tables and bias", "padding and causal", "k = 16",
-                                  "prefill on a cache", "wide bias, causal with padding"])
+@pytest.mark.parametrize("name", ["all_terms_tiled", "padding_causal_tiled", "k16_tiled",
+                                  "per_head_causal_offset_tiled", "wide_causal_padding"])
 def test_dkdv_in_half_height_band_tiles_matches(name, monkeypatch):
     """Under a register cap dk/dv runs its band in tiles of half the block's rows
     (fused.band_rows): that path, here, a wide rel_bias's diagonals included."""
     monkeypatch.setattr(fused, "band_rows", lambda meta: meta["BLOCK_M"] // 2)
-    if name.startswith("wide bias"):
+    if name in WIDE_CASES:
         monkeypatch.setattr(fused, "MAX_LABELS", 16)
-        make_kwargs, check_kwargs = WIDE_CASES["causal with padding"]
-        make_kwargs = {**make_kwargs, "use_k": False, "use_v": False}
-    else:
-        make_kwargs, check_kwargs = CASES[name]
-    check_against_definition(make(kmax=check_kwargs["kmax"], **make_kwargs), **check_kwargs)
+    check_case({**CASES, **WIDE_CASES}[name])
 
 
 @pytest.mark.parametrize("shape", ["prefix (B, 1, Lq, Lk)", "per head (B, H, Lq, Lk)", "shared (Lq, Lk)"])
 def test_dense_masks_are_read_tile_by_tile(shape):
     """A prefix LM's mask (the source sees all of itself, the target is causal) and arbitrary masks."""
-    case = make(lq=30, lk=30)
+    q, k, v, kw = make(tiled("dense_mask", L=30))
     g = torch.Generator().manual_seed(4)
     if shape.startswith("prefix"):
         prefix = torch.tensor([9, 17])
@@ -182,24 +148,24 @@ def test_dense_masks_are_read_tile_by_tile(shape):
         mask = torch.rand(2, 3, 30, 30, generator=g) < 0.7
     else:
         mask = torch.rand(30, 30, generator=g) < 0.7
-    mask = mask.to(DEVICE)
-    leaves = [case[n] for n in ("q", "k", "v", "rel_k", "rel_v", "rel_bias")]
-    out = relative_attention(*leaves[:3], rel_k=case["rel_k"], rel_v=case["rel_v"], rel_bias=case["rel_bias"],
-                             max_distance=4, attn_mask=mask, impl="triton")
-    want = definition(*leaves, 4, None, False, 0, dense_mask=mask)
+    kw["attn_mask"] = mask.to(DEVICE)
+    inputs = list(leaves(q, k, v, kw).values())
+    out = relative_attention(q, k, v, **kw, impl="triton")
+    want = definition(q, k, v, **kw)
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
     grad_out = torch.randn_like(out)
-    for a, e in zip(torch.autograd.grad(out, leaves, grad_out), torch.autograd.grad(want, leaves, grad_out.double())):
+    for a, e in zip(torch.autograd.grad(out, inputs, grad_out), torch.autograd.grad(want, inputs, grad_out.double())):
         torch.testing.assert_close(a.double(), e.double(), atol=2e-5 * max(1.0, e.abs().max().item()), rtol=1e-4)
 
 
-WIDE_CASES = {
-    "every offset": (dict(lq=37), dict(kmax=40)),
-    "clipped": (dict(lq=37, padding=True), dict(kmax=12)),
-    "causal with padding": (dict(lq=37, padding=True), dict(kmax=20, causal=True)),
-    "prefill on a cache": (dict(lq=9, lk=41, b=1), dict(kmax=45, causal=True, offset=32)),
-    "cross lengths, offset": (dict(lq=21, lk=50, b=1), dict(kmax=60, offset=7)),
-}
+WIDE_CASES = {case.name: case for case in (  # a rel_bias alone, as ALiBi's and T5's
+    tiled("wide_every_offset", max_distance=40, use_k=False, use_v=False),
+    tiled("wide_clipped", max_distance=12, padding=WHOLE_LAST, use_k=False, use_v=False),
+    tiled("wide_causal_padding", max_distance=20, causal=True, padding=WHOLE_LAST, use_k=False, use_v=False),
+    tiled("wide_prefill_on_a_cache", B=1, L=9, Lk=41, max_distance=45, causal=True, offset=32, use_k=False,
+          use_v=False),
+    tiled("wide_cross_lengths_offset", B=1, L=21, Lk=50, max_distance=60, offset=7, use_k=False, use_v=False),
+)}
 
 
 @pytest.mark.parametrize("name", WIDE_CASES)
@@ -207,32 +173,29 @@ def test_a_wide_rel_bias_alone_is_read_per_tile_and_reduced_along_diagonals(name
     """Tables too wide for the label space in registers (here: wider than 16 labels): the bias is
     loaded per tile and its gradient summed along each tile's diagonals."""
     monkeypatch.setattr(fused, "MAX_LABELS", 16)
-    make_kwargs, check_kwargs = WIDE_CASES[name]
-    case = make(kmax=check_kwargs["kmax"], use_k=False, use_v=False, **make_kwargs)
-    assert fused._bias_is_wide(None, None, case["rel_bias"], check_kwargs["kmax"])
-    check_against_definition(case, **check_kwargs)
+    q, k, v, kw = make(WIDE_CASES[name])
+    assert fused._bias_is_wide(None, None, kw["rel_bias"], kw["max_distance"])
+    check_against_definition(q, k, v, kw)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_a_window_of_minus_inf_edge_biases_matches(causal):
     """rel_bias −inf at labels 0 and 2k: every key farther than k − 1 is out of reach. The stages
     off the band keep their row maximum less that term (floored at −2²⁰), and give nothing."""
-    case = make(lq=45, b=1, kmax=4)
+    q, k, v, kw = make(tiled("window", B=1, L=45, causal=causal))
     with torch.no_grad():
-        case["rel_bias"][:, 0] = float("-inf")
-        case["rel_bias"][:, -1] = float("-inf")
-    check_against_definition(case, kmax=4, causal=causal)
+        kw["rel_bias"][:, 0] = float("-inf")
+        kw["rel_bias"][:, -1] = float("-inf")
+    check_against_definition(q, k, v, kw)
 
 
 def test_rows_that_see_nothing_are_zero_with_zero_gradients():
-    case = make(lq=17, lk=17, b=2)
+    q, k, v, kw = make(tiled("empty", L=17))
     keep = torch.ones(2, 17, dtype=torch.bool, device=DEVICE)
     keep[1] = False  # the second sequence: every key is padding
-    out = relative_attention(case["q"], case["k"], case["v"], rel_k=case["rel_k"], rel_v=case["rel_v"],
-                             rel_bias=case["rel_bias"], max_distance=4, attn_mask=keep[:, None, None, :],
-                             impl="triton")
+    out = relative_attention(q, k, v, **{**kw, "attn_mask": keep[:, None, None, :]}, impl="triton")
     assert out[1].abs().max() == 0
-    grads = torch.autograd.grad(out.sum(), [case["q"], case["k"], case["v"]])
+    grads = torch.autograd.grad(out.sum(), [q, k, v])
     assert all(torch.isfinite(g).all() for g in grads)
     assert grads[0][1].abs().max() == 0 and grads[1][1].abs().max() == 0
 
@@ -241,12 +204,9 @@ def test_rows_that_see_nothing_are_zero_with_zero_gradients():
 def test_half_inputs_stay_within_half_rounding(dtype):
     if dtype == torch.bfloat16 and fused.INTERPRETED:
         pytest.skip("Triton 3.6's interpreter computes bfloat16 dots wrongly (numpy has no bfloat16); -m cuda")
-    case = make(lq=33, padding=True, dtype=dtype)
-    out = relative_attention(case["q"], case["k"], case["v"], rel_k=case["rel_k"], rel_v=case["rel_v"],
-                             rel_bias=case["rel_bias"], max_distance=4,
-                             attn_mask=case["keep"][:, None, None, :], impl="triton")
-    want = definition(case["q"], case["k"], case["v"], case["rel_k"], case["rel_v"], case["rel_bias"], 4,
-                      case["keep"], False, 0)
+    q, k, v, kw = make(tiled("half", L=33, padding=WHOLE_LAST), dtype=dtype)
+    out = relative_attention(q, k, v, **kw, impl="triton")
+    want = definition(q, k, v, **kw)
     assert out.dtype == dtype
     assert (out.double() - want).norm() / want.norm() < 2e-2
 
@@ -255,7 +215,8 @@ def test_float32_tables_with_half_inputs_are_cast_as_the_kernels_load_them():
     """Under autocast w^K and w^V are float32 parameters and q, k, v half: the kernels cast the
     tables as they load them, the same rounding as casting them first, and the tables' gradients
     come back in their own dtype."""
-    case = make(lq=29, kmax=3, use_bias=False)
+    q, k, v, kw = make(tiled("autocast", L=29, max_distance=3, rel_bias=False))
+    case = {"q": q, "k": k, "v": v, "rel_k": kw["rel_k"], "rel_v": kw["rel_v"]}
     runs = {}
     for table_dtype in (torch.float32, torch.float16):
         q, k, v = (case[n].detach().half().requires_grad_() for n in ("q", "k", "v"))
@@ -272,20 +233,18 @@ def test_float32_tables_with_half_inputs_are_cast_as_the_kernels_load_them():
 
 
 def test_rel_bias_equals_the_dense_bias_it_stands_for_in_every_impl():
-    case = make(lq=19, use_k=False, use_v=False)
-    dense = offset_bias(case["rel_bias"], 19, 19, 4)
-    want = relative_attention(case["q"], case["k"], case["v"], attn_bias=dense, max_distance=4, impl="naive")
+    q, k, v, kw = make(tiled("rel_bias", L=19, use_k=False, use_v=False))
+    dense = offset_bias(kw["rel_bias"], 19, 19, 4)
+    want = relative_attention(q, k, v, attn_bias=dense, max_distance=4, impl="naive")
     for impl in ("naive", "batched", "gather", "triton", "auto"):
-        got = relative_attention(case["q"], case["k"], case["v"], rel_bias=case["rel_bias"], max_distance=4,
-                                 impl=impl)
+        got = relative_attention(q, k, v, rel_bias=kw["rel_bias"], max_distance=4, impl=impl)
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4, msg=lambda m, impl=impl: f"{impl}: {m}")
 
 
 def test_refusals_name_what_is_unsupported():
-    case = make(lq=8, use_bias=False)
-    q, k, v = case["q"], case["k"], case["v"]
+    q, k, v, kw = make(tiled("refused", L=8, rel_bias=False))
     with pytest.raises(ValueError, match=r"impl='triton' does not support a dense attn_bias"):
-        relative_attention(q, k, v, rel_k=case["rel_k"], max_distance=4, attn_bias=torch.zeros(8, 8), impl="triton")
+        relative_attention(q, k, v, rel_k=kw["rel_k"], max_distance=4, attn_bias=torch.zeros(8, 8), impl="triton")
     with pytest.raises(ValueError, match=r"rel_bias has shape \(3, 5\); expected .* \(3, 9\)"):
         relative_attention(q, k, v, rel_bias=torch.zeros(3, 5), max_distance=4, impl="triton")
 
@@ -328,15 +287,14 @@ def test_a_few_training_steps_match_gather_in_loss_and_gradients(scheme, monkeyp
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
-def dropout_run(case, seed, dropout_p=0.3, **kw):
+def dropout_run(q, k, v, kw, seed, dropout_p=0.3):
     torch.manual_seed(seed)
-    return relative_attention(case["q"], case["k"], case["v"], rel_k=case["rel_k"], rel_v=case["rel_v"],
-                              rel_bias=case["rel_bias"], max_distance=4, dropout_p=dropout_p, impl="triton", **kw)
+    return relative_attention(q, k, v, **kw, dropout_p=dropout_p, impl="triton")
 
 
 def test_dropout_is_reproducible_from_the_seed():
-    case = make(lq=21)
-    first, again, other = dropout_run(case, 7), dropout_run(case, 7), dropout_run(case, 8)
+    case = make(tiled("dropout", L=21))
+    first, again, other = dropout_run(*case, 7), dropout_run(*case, 7), dropout_run(*case, 8)
     assert torch.equal(first, again)
     assert not torch.equal(first, other)
 
@@ -356,17 +314,17 @@ def test_dropout_matches_the_definition_with_the_kernels_own_mask(causal, length
     if narrow_fringes:
         monkeypatch.setattr(fused, "_INTERPRETER_BLOCKS", {"BLOCK_M": 16, "BLOCK_N": 32})
         monkeypatch.setattr(fused, "BAND_CAP", {"forward": 16, "dq": 16})
-    case = make(lq=length, padding=True)
+    q, k, v, kw = make(tiled("dropout", L=length, padding=WHOLE_LAST, causal=causal))
     torch.manual_seed(3)
     seed = int(torch.randint(0, 2**30, (1,)).item())  # the draw fused.attend makes after the same seed
-    out = dropout_run(case, 3, attn_mask=case["keep"][:, None, None, :], is_causal=causal)
+    out = dropout_run(q, k, v, kw, 3)
     kept = fused.dropout_keep(seed, 2, 3, length, length, 0.3, DEVICE)
     assert 0.6 < kept.float().mean() < 0.8
-    leaves = [case[n] for n in ("q", "k", "v", "rel_k", "rel_v", "rel_bias")]
-    want = definition(*leaves, 4, case["keep"], causal, 0, dropped=kept, dropout_p=0.3)
+    inputs = list(leaves(q, k, v, kw).values())
+    want = definition(q, k, v, **kw, dropped=kept, dropout_p=0.3)
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
     grad_out = torch.randn_like(out)
-    for a, e in zip(torch.autograd.grad(out, leaves, grad_out), torch.autograd.grad(want, leaves, grad_out.double())):
+    for a, e in zip(torch.autograd.grad(out, inputs, grad_out), torch.autograd.grad(want, inputs, grad_out.double())):
         torch.testing.assert_close(a.double(), e.double(), atol=2e-5 * max(1.0, e.abs().max().item()), rtol=1e-4)
 
 
@@ -386,12 +344,10 @@ def test_dropout_keeps_one_minus_p_of_the_pairs_independently():
 @pytest.mark.slow  # 40 s in the interpreter; the mask itself is checked exactly by the tests above
 def test_dropout_averages_to_the_dropout_free_output():
     """Each (batch, head) draws its own mask: 256 copies of one sequence in one call average out."""
-    one = make(b=1, h=1, lq=12, d=16)
-    many = {n: (t.detach().expand(256, *t.shape[1:]).contiguous() if n in ("q", "k", "v") else t)
-            for n, t in one.items()}
-    mean = dropout_run(many, 5, dropout_p=0.2).mean(0, keepdim=True)
-    exact = relative_attention(one["q"], one["k"], one["v"], rel_k=one["rel_k"], rel_v=one["rel_v"],
-                               rel_bias=one["rel_bias"], max_distance=4, impl="triton")
+    q, k, v, kw = make(tiled("one", B=1, H=1, L=12, D=16))
+    many = [t.detach().expand(256, *t.shape[1:]).contiguous() for t in (q, k, v)]
+    mean = dropout_run(*many, kw, 5, dropout_p=0.2).mean(0, keepdim=True)
+    exact = relative_attention(q, k, v, **kw, impl="triton")
     spread = (mean - exact).abs().max() / exact.abs().max()
     assert spread < 0.1
 
@@ -424,19 +380,19 @@ def test_one_config_from_the_environment_replaces_the_autotuners_list(monkeypatc
     assert not any(c.maxnreg for c in fused._configs("dq") + fused._configs("dkdv")[:6])
 
 
-@pytest.mark.parametrize("name, dropout_p", [("odd length, shared tables and bias", 0.0), ("per-head tables", 0.0),
-                                             ("keys only", 0.0), ("padding", 0.0), ("padding", 0.3)])
+@pytest.mark.parametrize("name, dropout_p", [("all_terms_tiled", 0.0), ("per_head_tiled", 0.0),
+                                             ("keys_only_tiled", 0.0), ("padding_tiled", 0.0), ("padding_tiled", 0.3)])
 def test_the_fused_op_passes_torch_library_opcheck(name, dropout_p):
     """The torch.library op a compiled model calls: schema, fake shapes, autograd registration, and
     its traced forms (make_fx, AOTAutograd) against the real kernels; with dropout, its seed tensor."""
     from relpos_lab.core.attention import fused_op
 
-    make_kw, _ = CASES[name]
-    case = make(**{**make_kw, "lq": min(make_kw.get("lq", 37), 17), "b": 1, "h": 2})
-    mask = case["keep"][:, None, None, :].view(torch.uint8) if case["keep"] is not None else None
+    case = CASES[name]
+    q, k, v, kw = make(dataclasses.replace(case, B=1, H=2, Lq=min(case.Lq, 17), Lk=min(case.Lk, 17)))
+    mask = kw["attn_mask"].view(torch.uint8) if kw["attn_mask"] is not None else None
     seed = torch.tensor([7], dtype=torch.int32, device=DEVICE) if dropout_p else None
-    args = (case["q"], case["k"], case["v"], case["rel_k"], case["rel_v"], case["rel_bias"], mask,
-            4, False, 0, case["q"].shape[-1] ** -0.5, seed, dropout_p)
+    args = (q, k, v, kw["rel_k"], kw["rel_v"], kw["rel_bias"], mask, kw["max_distance"], kw["is_causal"],
+            kw["query_offset"], q.shape[-1] ** -0.5, seed, dropout_p)
     torch.library.opcheck(fused_op.fused_attention, args)
 
 
