@@ -139,6 +139,13 @@ def test_unknown_key_in_an_extended_file_names_that_file(tmp_path):
     assert "did you mean 'trainer.max_steps'" in message
 
 
+def test_a_removed_key_says_why_and_what_replaces_it(tmp_path):
+    path = write(tmp_path, "e.yaml", "task: {name: binary_addition, loss_per_example: true}\n")
+    message = error_of(path)
+    assert "e.yaml" in message and "'task.loss_per_example' was removed" in message
+    assert "task.loss_on_padding=true" in message and "did you mean" not in message
+
+
 def test_unknown_override_names_the_command_line(tmp_path):
     message = error_of(write(tmp_path, "e.yaml", "task: {name: copy}\n"), ["model.d_modle=64"])
     assert message.startswith("command line:") and "did you mean 'model.d_model'" in message

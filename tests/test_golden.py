@@ -13,7 +13,9 @@ relpos_lab, so the suite fails the day a task or a scheme drifts from its refere
 - RoPE, its linear and NTK scalings, xPos: rotary-embedding-torch; YaRN, linear and dynamic NTK
   frequencies: transformers (tests/test_rope_family.py also checks YaRN live, where transformers is
   installed); ALiBi slopes and bias, PoPE: x-transformers; T5's buckets: transformers and
-  x-transformers; sinusoidal: transformers (DistilBERT's table) and x-transformers.
+  x-transformers; sinusoidal: transformers (DistilBERT's table) and x-transformers;
+- the DeepMind reference's Transformer: its encodings (positions_deepmind.json), and its loss and
+  initial parameters (training_deepmind.json).
 
 The peers compute in float32: values agree to 1e-5 (1e-6 for frequencies and slopes).
 """
@@ -27,8 +29,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from relpos_lab.api import EncoderOnly, builtin_config
 from relpos_lab.api.registry import get_task_class
+from relpos_lab.api.testing import tiny_model_config
 from relpos_lab.core.attention.masks import offset_bias
+from relpos_lab.core.loss import label_smoothed_loss
 from relpos_lab.core.positions import (
     Alibi,
     AlibiConfig,
@@ -280,6 +285,38 @@ def check_positions_deepmind(golden):
               f"ALiBi bias less 0.5·slope behind the query, {heads} heads", atol=1e-6)
 
 
+def check_training_deepmind(golden):
+    """The reference's loss and initial parameters (Delétang et al.'s code): `task.loss_on_padding` is
+    its loss, a mean over every output slot, the 0s after the terminator included; `model.init=haiku`
+    with the paper configs' biases gives its model's parameters, one for one, drawn alike."""
+    addition = task("binary_addition")
+    for case in golden["loss"]:
+        target = torch.tensor(case["target"])
+        assert addition.output_length(case["length"]) == target.shape[1]  # its slots are ours
+        ours = label_smoothed_loss(torch.tensor(case["logits"]), target, smoothing=0.0,
+                                   counted=torch.ones_like(target, dtype=torch.bool))
+        close(ours.loss, case["loss"], golden, f"the loss at length {case['length']}", atol=1e-6)
+    init = golden["init"]
+    torch.manual_seed(0)
+    model = EncoderOnly(tiny_model_config(builtin_config("sinusoidal"), "encoder_only", vocab=init["classes"],
+                                          src_vocab_size=init["vocab"], d_model=64, d_ff=256, n_heads=4,
+                                          n_encoder_layers=2, init="haiku", attention_bias=False, output_bias=True))
+    ours = list(model.named_parameters())
+    assert len(ours) == len(init["parameters"]), [name for name, _ in ours]
+    for (name, value), theirs in zip(ours, init["parameters"]):
+        value = value.detach().double()
+        value = value[1:] if name == "encoder.embed.tokens.weight" else value  # row 0: our pad, theirs has none
+        value = value.T if value.dim() == 2 and name != "encoder.embed.tokens.weight" else value  # Haiku: (in, out)
+        what = f"{name} as {theirs['name']}"
+        assert list(value.shape) == theirs["shape"], what
+        if theirs["std"] == 0:
+            assert bool((value == theirs["mean"]).all()), what
+            continue
+        assert value.std().item() == pytest.approx(theirs["std"], rel=0.05), what
+        assert abs(value.mean().item() - theirs["mean"]) < 4 * theirs["std"] / value.numel() ** 0.5, what
+        assert value.abs().max().item() <= 1.01 * theirs["max_abs"], what
+
+
 CHECKS = {
     "rope_rotary_embedding_torch": check_rope_rotary_embedding_torch,
     "xpos_rotary_embedding_torch": check_xpos_rotary_embedding_torch,
@@ -291,6 +328,7 @@ CHECKS = {
     "sinusoidal_x_transformers": check_sinusoidal_x_transformers,
     "pope_x_transformers": check_pope_x_transformers,
     "positions_deepmind": check_positions_deepmind,
+    "training_deepmind": check_training_deepmind,
 }
 
 

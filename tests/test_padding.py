@@ -18,7 +18,7 @@ from test_train import TINY, run_dir_of
 FAMILIES = {
     "encoder_decoder": [],
     "encoder_only": ["model.architecture=encoder_only"],
-    "encoder_only_summed_loss": ["model.architecture=encoder_only", "task.loss_per_example=true"],
+    "encoder_only_loss_on_padding": ["model.architecture=encoder_only", "task.loss_on_padding=true"],
     "decoder_only": ["model.architecture=decoder_only"],
     "decoder_only_bidirectional_prefix": ["model.architecture=decoder_only", "model.bidirectional_prefix=true"],
 }

@@ -1,6 +1,6 @@
 """Options that reproduce the DeepMind reference code of Delétang et al. and Ruoss et al. (issue 56):
 what each changes in a model, and where it is refused. Their values against the reference's own
-are tests/test_golden.py's (positions_deepmind.json)."""
+are tests/test_golden.py's (positions_deepmind.json, training_deepmind.json)."""
 from __future__ import annotations
 
 import pytest
@@ -151,10 +151,11 @@ def test_an_unknown_init_is_refused_naming_the_choices():
 
 # --- the reference's loss ------------------------------------------------------------------------
 
-def test_the_per_example_loss_sums_every_slot_pad_included_and_averages_over_the_batch():
+def test_the_loss_on_padding_averages_over_every_slot_pad_included():
     """binary_addition's sums end early (EOS) in their n + 1 slots; the reference scores the filler after
-    the end too (its zeros; our pad), sums over the slots, then takes the mean over the batch."""
-    task = create("binary_addition", loss_per_example=True)
+    the end too (its zeros; our pad), with a mean over every slot of the batch (its
+    `jnp.mean(jnp.sum(pointwise_loss, axis=-1))` sums over the classes only)."""
+    task = create("binary_addition", loss_on_padding=True)
     torch.manual_seed(0)
     model = task.build_model(tiny_model_config(builtin_config("shaw"), "encoder_only", src_vocab_size=0,
                                                tgt_vocab_size=0)).double()
@@ -164,15 +165,15 @@ def test_the_per_example_loss_sums_every_slot_pad_included_and_averages_over_the
     logp = logits.log_softmax(-1)
     expected = sum(-logp[row, slot, target[row, slot]] for row in range(len(target)) for slot in range(n_slots[row]))
     out = task.loss(model, batch, label_smoothing=0.0)
-    assert out.loss.item() == pytest.approx(expected.item() / len(target), rel=1e-6)
+    assert out.loss.item() == pytest.approx(expected.item() / n_slots.sum().item(), rel=1e-6)
     assert out.n_tokens == n_slots.sum()
     mean = create("binary_addition").loss(model, batch, label_smoothing=0.0)  # our default: non-pad tokens
     assert mean.n_tokens < n_slots.sum() and mean.loss.item() != pytest.approx(out.loss.item())
 
 
-def test_the_per_example_loss_needs_the_encoder_only_model():
-    task = create("reverse_string", loss_per_example=True)
-    with pytest.raises(ConfigError, match="task.loss_per_example=true .* encoder_only"):
+def test_the_loss_on_padding_needs_the_encoder_only_model():
+    task = create("reverse_string", loss_on_padding=True)
+    with pytest.raises(ConfigError, match="task.loss_on_padding=true .* encoder_only"):
         task.build_model(tiny_model_config(builtin_config("shaw"), "encoder_decoder", src_vocab_size=0,
                                            tgt_vocab_size=0))
 

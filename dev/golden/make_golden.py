@@ -13,7 +13,8 @@ are listed by hand, so pip never installs a second torch):
         torch-einops-utils huggingface_hub tokenizers safetensors httpx2 httpcore2 truststore hf-xet \\
         typer shellingham jax jaxlib chex absl-py toolz dm-tree ml_dtypes opt_einsum scipy dm-haiku jmp
 
-(dm-haiku and jmp only for the reference's Transformer module, whose encodings positions_deepmind.json holds.)
+(dm-haiku and jmp only for the reference's Transformer module, whose encodings positions_deepmind.json holds, and
+whose loss and initial parameters training_deepmind.json holds.)
 
 The DeepMind reference of Delétang et al. (2023) is not on PyPI. Put a checkout of
 google-deepmind/neural_networks_chomsky_hierarchy in a folder of that name (its modules import
@@ -69,7 +70,7 @@ def floats(t) -> list:
 
 
 def ints(t) -> list:
-    return torch.as_tensor(np.asarray(t)).long().tolist()
+    return torch.as_tensor(np.array(t)).long().tolist()
 
 
 def dump(name: str, obj: dict) -> None:
@@ -410,6 +411,45 @@ def positions_deepmind(commit: str) -> dict:
             "sin_cos": sin_cos, "rope": rope, "alibi": alibi}
 
 
+def training_deepmind(commit: str) -> dict:
+    """The reference's loss (experiments/example.py) and its model's initial parameters (models/transformer.py)."""
+    import haiku as hk
+    import jax
+    import jax.numpy as jnp
+    from neural_networks_chomsky_hierarchy.models import transformer
+    from neural_networks_chomsky_hierarchy.tasks.cs import binary_addition
+
+    task = binary_addition.BinaryAddition()
+    losses = []
+    for length, seed in [(7, 41), (12, 42)]:
+        batch = task.sample_batch(jax.random.PRNGKey(seed), 4, length)
+        logits = randn(seed, *batch["output"].shape)
+        pointwise = task.pointwise_loss_fn(jnp.asarray(logits.numpy()), batch["output"])
+        loss = jnp.mean(jnp.sum(pointwise, axis=-1))  # example.py's loss_fn, verbatim
+        losses.append({"length": length, "target": ints(np.argmax(batch["output"], axis=-1)), "logits": floats(logits),
+                       "loss": floats(np.asarray(loss, dtype=np.float64))})
+
+    vocab, classes, seeds = 400, 12, 8
+    model = hk.transform(transformer.make_transformer_encoder(output_size=classes, embedding_dim=64, num_layers=2,
+                                                              num_heads=4, return_all_outputs=True))
+    draws = [model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 6, vocab))) for seed in range(seeds)]
+    parameters = []
+    for module, values in draws[0].items():
+        for name, value in values.items():
+            pooled = np.concatenate([np.asarray(d[module][name], dtype=np.float64).ravel() for d in draws])
+            parameters.append({"name": f"{module}/{name}", "shape": list(value.shape), "mean": floats(pooled.mean()),
+                               "std": floats(pooled.std()), "max_abs": floats(np.abs(pooled).max())})
+    return {**header("google-deepmind/neural_networks_chomsky_hierarchy", commit,
+                     "loss: experiments/example.py's loss_fn, jnp.mean(jnp.sum(task.pointwise_loss_fn(output, target), "
+                     "axis=-1)), on BinaryAddition().sample_batch(PRNGKey(seed), 4, length) (target: its one-hot "
+                     "output's classes, 2 the terminator and 0s after it) and seeded float32 logits; init: "
+                     "hk.transform(make_transformer_encoder(output_size=12, embedding_dim=64, num_layers=2, "
+                     "num_heads=4, return_all_outputs=True)).init(PRNGKey(s), zeros((1, 6, 400))) for s in 0..7, each "
+                     "parameter's mean, std and max |value| over the 8 draws pooled, in the order Haiku creates them",
+                     jax=version("jax"), haiku=version("dm-haiku"), numpy=np.__version__),
+            "loss": losses, "init": {"vocab": vocab, "classes": classes, "seeds": seeds, "parameters": parameters}}
+
+
 SCHEME_FILES = {
     "rope_rotary_embedding_torch": rope_rotary_embedding_torch,
     "xpos_rotary_embedding_torch": xpos_rotary_embedding_torch,
@@ -451,10 +491,13 @@ def main() -> None:
     for name, make in SCHEME_FILES.items():
         if wanted(name):
             dump(name, make())
-    if wanted("positions_deepmind") or any(wanted(f"chomsky_{task}") for task in REFERENCE_TASKS):
+    deepmind = ["positions_deepmind", "training_deepmind", *(f"chomsky_{task}" for task in REFERENCE_TASKS)]
+    if any(map(wanted, deepmind)):
         commit = deepmind_commit(args.deepmind_commit)
         if wanted("positions_deepmind"):
             dump("positions_deepmind", positions_deepmind(commit))
+        if wanted("training_deepmind"):
+            dump("training_deepmind", training_deepmind(commit))
         if any(wanted(f"chomsky_{task}") for task in REFERENCE_TASKS):
             for name, obj in task_files(commit).items():
                 if wanted(name):

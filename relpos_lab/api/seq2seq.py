@@ -35,7 +35,7 @@ from relpos_lab.api.vocabulary import Vocabulary
 from relpos_lab.core.decoding import beam_search, by_source_length, greedy_search
 from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.errors import ContractError
-from relpos_lab.core.loss import LossOutput, label_smoothed_loss, summed_per_example_loss
+from relpos_lab.core.loss import LossOutput, label_smoothed_loss
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
 
@@ -173,10 +173,10 @@ class Seq2SeqTask(Task):
                               f"(now architecture={cfg.architecture}, "
                               f"bidirectional_prefix={cfg.bidirectional_prefix}): "
                               "an encoder or a bidirectional prefix sees the source tokens it would predict")
-        if self.cfg.loss_per_example and cfg.architecture != "encoder_only":
-            raise ConfigError("task.loss_per_example=true sums the loss over an example's output slots, which "
+        if self.cfg.loss_on_padding and cfg.architecture != "encoder_only":
+            raise ConfigError("task.loss_on_padding=true counts the padding in an example's output slots, which "
                               f"model.architecture=encoder_only has (now {cfg.architecture}); set it to "
-                              "encoder_only or drop loss_per_example")
+                              "encoder_only or drop loss_on_padding")
         if cfg.architecture == "encoder_only" and not self.knows_output_length:
             raise ConfigError(f"model.architecture=encoder_only reads the output at as many slots as it has tokens, "
                               f"and task '{self.cfg.name}' cannot say that number from its input (it defines no "
@@ -210,9 +210,9 @@ class Seq2SeqTask(Task):
         pad = self.tgt_vocab.pad_id
         if isinstance(model, EncoderOnly):
             logits, target, n_slots = self.at_slots(model, batch)
-            if self.cfg.loss_per_example:  # every slot of a row counts, pad after its EOS too
+            if self.cfg.loss_on_padding:  # every slot of a row counts, pad after its EOS too
                 slots = torch.arange(target.shape[1], device=target.device)[None, :] < n_slots[:, None]
-                return summed_per_example_loss(logits, target, slots, smoothing=label_smoothing)
+                return label_smoothed_loss(logits, target, smoothing=label_smoothing, counted=slots)
             return label_smoothed_loss(logits, target, smoothing=label_smoothing, ignore_index=pad)
         if not self.cfg.loss_on_source:
             logits = model(batch["src"], batch["tgt_in"])

@@ -62,10 +62,10 @@ class TaskConfig:
     loss_on_source: bool = False
     """model.architecture=decoder_only: also train to predict the source (a language model over the
     whole sequence); false: the loss covers the target only"""
-    loss_per_example: bool = False
-    """model.architecture=encoder_only: the loss summed over each example's output slots, the padding after its
-    end included, then averaged over the batch, as DeepMind's reference code takes it; false: a mean over the
-    target's tokens"""
+    loss_on_padding: bool = False
+    """model.architecture=encoder_only: the padding in each example's output slots after its end counts as a
+    target, the loss a mean over every slot, as DeepMind's reference code takes it (its zeros after the
+    terminator); false: a mean over the target's tokens"""
 
     def for_debug(self) -> TaskConfig:
         """This config for the `debug` overlay: its evaluation cut to a few lengths and examples, its

@@ -30,7 +30,7 @@ from relpos_lab.api import registry
 from relpos_lab.api.errors import ConfigError, UserError, did_you_mean, shown_path
 from relpos_lab.config.find import find_config, find_extended, find_in_group, is_name, names_in, not_in_group
 from relpos_lab.config.help import field_help, join_key
-from relpos_lab.config.schema import CHOICES, ExperimentConfig
+from relpos_lab.config.schema import CHOICES, REMOVED_KEYS, ExperimentConfig
 from relpos_lab.core.positions import BUILTIN
 from relpos_lab.core.transformer import ModelConfig
 
@@ -362,6 +362,8 @@ def _merge_error(label: str, err: OmegaConfBaseException, schema: DictConfig) ->
     key = getattr(err, "full_key", None) or ""
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(schema, parent) if parent else schema
+    if key in REMOVED_KEYS:
+        return f"{label}: '{key}' was removed: {REMOVED_KEYS[key]}"
     if "not in" in str(err) and isinstance(node, DictConfig):  # unknown key
         valid = [str(k) for k in node.keys()]
         close = did_you_mean(leaf, valid)

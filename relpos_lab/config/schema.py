@@ -264,6 +264,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "logging.wandb.resume": WANDB_RESUMES,
 }
 
+# Keys taken out of the schema because their meaning was wrong, with what replaces them: a config
+# that still sets one is told why, rather than offered a look-alike.
+REMOVED_KEYS: dict[str, str] = {
+    "task.loss_per_example": "it summed the loss over each example's output slots, where DeepMind's reference "
+                             "takes the mean over them; set task.loss_on_padding=true for the reference's loss",
+}
+
 def _at_least(obj: Any, section: str, **minimums: int) -> None:
     for name, low in minimums.items():
         if getattr(obj, name) < low:

@@ -20,18 +20,12 @@ def _per_token(logits: Tensor, target: Tensor, smoothing: float) -> tuple[Tensor
     return (1.0 - smoothing) * nll - smoothing * logp.mean(dim=-1), nll
 
 
-def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float = 0.1, ignore_index: int = 0) -> LossOutput:
-    """Cross-entropy with uniform label smoothing, ignoring padding (computed in float32)."""
+def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float = 0.1, ignore_index: int = 0,
+                        counted: Tensor | None = None) -> LossOutput:
+    """Cross-entropy with uniform label smoothing (computed in float32), a mean over the positions
+    `counted` (B, N) marks: by default those whose target is not padding (`ignore_index`)."""
     per_token, nll = _per_token(logits, target, smoothing)
-    keep = target != ignore_index
+    keep = target != ignore_index if counted is None else counted
     n_tokens = keep.sum()
     loss = (per_token * keep).sum() / n_tokens.clamp_min(1)
     return LossOutput(loss, (nll * keep).sum(), n_tokens)
-
-
-def summed_per_example_loss(logits: Tensor, target: Tensor, counted: Tensor, smoothing: float = 0.0) -> LossOutput:
-    """The loss of DeepMind's reference code for Delétang et al. and Ruoss et al.: summed over each row's
-    `counted` positions (B, N) — its padding after the end of the output counted as a target — then
-    averaged over the rows. A batch of longer outputs weighs more, and gradients grow with the length."""
-    per_token, nll = _per_token(logits, target, smoothing)
-    return LossOutput((per_token * counted).sum() / target.shape[0], (nll * counted).sum(), counted.sum())

@@ -78,7 +78,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.architecture": "encoder_decoder",
     "model.bidirectional_prefix": False,
     "task.loss_on_source": False,
-    "task.loss_per_example": False,
+    "task.loss_on_padding": False,
     "trainer.evaluate": "best",
     "model.positions.rope_fraction": 1.0,
     "model.positions.rope_scaling": "none",
