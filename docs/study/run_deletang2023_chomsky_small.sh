@@ -2,7 +2,7 @@
 # Regenerates docs/study/deletang2023_chomsky_small/ (docs/study/deletang2023_chomsky_small.md), or
 # with SWEEP=deletang2023_paper_small the encoder-only study beside it (docs/study/deletang2023_paper_small.md):
 # the sweep's points of the seeds in SEEDS and the schemes in SCHEMES (labels of its scheme axis),
-# seed by seed, two runs at a time with one thread each (~50 s per run), then the reports. Finished
+# seed by seed, PARALLEL (default 2) runs at a time with one thread each (~50 s per run), then the reports. Finished
 # points are skipped, so the study grows by reruns with other SEEDS/SCHEMES (REPORT=0: no reports).
 #   SEEDS="1 2" SCHEMES="none shaw_k4 alibi" bash docs/study/run_deletang2023_chomsky_small.sh
 set -euo pipefail
@@ -24,7 +24,7 @@ for seed in seeds:
         if p["labels"]["seed"] == seed and (not schemes or p["labels"]["scheme"] in schemes) and not finished:
             print(p["index"])
 PY
-xargs -P 2 -I{} sh -c "relpos-lab sweep $sweep --point {} > logs/$sweep-point-{}.log 2>&1 || echo \"point {} failed: logs/$sweep-point-{}.log\"" < "logs/${sweep}_points.txt"
+xargs -P ${PARALLEL:-2} -I{} sh -c "relpos-lab sweep $sweep --point {} > logs/$sweep-point-{}.log 2>&1 || echo \"point {} failed: logs/$sweep-point-{}.log\"" < "logs/${sweep}_points.txt"
 [ "${REPORT:-1}" = 0 ] && exit 0
 relpos-lab report "runs/$sweep" --metric accuracy --out "$out"
 relpos-lab report "runs/$sweep" --metric accuracy --split valid --out "$out/valid"
