@@ -28,9 +28,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from relpos_lab.api import EncoderOnly, builtin_config
-from relpos_lab.api.registry import get_task_class
+from relpos_lab.api.registry import create_task, get_task_class
 from relpos_lab.api.testing import tiny_model_config
 from relpos_lab.core.attention.masks import offset_bias
 from relpos_lab.core.loss import label_smoothed_loss
@@ -50,6 +51,7 @@ from relpos_lab.core.positions import (
     XposPositions,
     alibi_slopes,
 )
+from relpos_lab.launch.sweep import load_sweep
 
 GOLDEN = Path(__file__).parent / "golden"
 TASK_FILES = sorted(GOLDEN.glob("chomsky_*.json"))
@@ -288,7 +290,8 @@ def check_positions_deepmind(golden):
 def check_training_deepmind(golden):
     """The reference's loss and initial parameters (Delétang et al.'s code): `task.loss_on_padding` is
     its loss, a mean over every output slot, the 0s after the terminator included; `model.init=haiku`
-    with the paper configs' biases gives its model's parameters, one for one, drawn alike."""
+    with the paper configs' biases gives its model's parameters, one for one, drawn alike; the paper
+    sweep's cells drop where its encoder does (the embeddings only under sin/cos)."""
     addition = task("binary_addition")
     for case in golden["loss"]:
         target = torch.tensor(case["target"])
@@ -315,6 +318,17 @@ def check_training_deepmind(golden):
         assert value.std().item() == pytest.approx(theirs["std"], rel=0.05), what
         assert abs(value.mean().item() - theirs["mean"]) < 4 * theirs["std"] / value.numel() ** 0.5, what
         assert value.abs().max().item() <= 1.01 * theirs["max_abs"], what
+    sweep = load_sweep("deletang2023_paper_small", only=0)
+    cells = {point.labels["scheme"]: point.index for point in reversed(sweep.points)}
+    for label, theirs in [("sin_cos", golden["dropout"]["sin_cos"]), ("none", golden["dropout"]["none"])]:
+        cfg = sweep.config(cells[label])
+        model = create_task(OmegaConf.to_object(cfg.task), seed=0).build_model(OmegaConf.to_object(cfg.model))
+        calls = []
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.register_forward_hook(lambda m, args, out: calls.append([m.p, out.shape[-1]]) if m.p else None)
+        model.train()(torch.tensor([[3, 4, 5]]), torch.tensor([2]))
+        assert cfg.model.attention_dropout == 0 and calls == theirs, (label, calls)  # only modules drop
 
 
 CHECKS = {

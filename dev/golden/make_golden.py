@@ -439,15 +439,39 @@ def training_deepmind(commit: str) -> dict:
             pooled = np.concatenate([np.asarray(d[module][name], dtype=np.float64).ravel() for d in draws])
             parameters.append({"name": f"{module}/{name}", "shape": list(value.shape), "mean": floats(pooled.mean()),
                                "std": floats(pooled.std()), "max_abs": floats(np.abs(pooled).max())})
+    dropout = {}
+    for encodings in ("SIN_COS", "NONE"):
+        calls, original = [], hk.dropout
+
+        def recorded(rng, rate, x, calls=calls, original=original):
+            calls.append([float(rate), int(x.shape[-1])])
+            return original(rng, rate, x)
+
+        positional = getattr(transformer.pos_encs_lib.PositionalEncodings, encodings)
+        model = hk.transform(transformer.make_transformer_encoder(
+            output_size=classes, embedding_dim=64, num_layers=2, num_heads=4, dropout_prob=0.1,
+            return_all_outputs=True, positional_encodings=positional,
+            positional_encodings_params=transformer.pos_encs_lib.SinCosParams()))  # unread under NONE
+        x = jnp.zeros((2, 6, vocab))
+        weights = model.init(jax.random.PRNGKey(0), x)
+        transformer.hk.dropout = recorded
+        try:
+            model.apply(weights, jax.random.PRNGKey(1), x)
+        finally:
+            transformer.hk.dropout = original
+        dropout[encodings.lower()] = calls
     return {**header("google-deepmind/neural_networks_chomsky_hierarchy", commit,
                      "loss: experiments/example.py's loss_fn, jnp.mean(jnp.sum(task.pointwise_loss_fn(output, target), "
                      "axis=-1)), on BinaryAddition().sample_batch(PRNGKey(seed), 4, length) (target: its one-hot "
                      "output's classes, 2 the terminator and 0s after it) and seeded float32 logits; init: "
                      "hk.transform(make_transformer_encoder(output_size=12, embedding_dim=64, num_layers=2, "
                      "num_heads=4, return_all_outputs=True)).init(PRNGKey(s), zeros((1, 6, 400))) for s in 0..7, each "
-                     "parameter's mean, std and max |value| over the 8 draws pooled, in the order Haiku creates them",
+                     "parameter's mean, std and max |value| over the 8 draws pooled, in the order Haiku creates them; dropout: "
+                     "the (rate, width) of each hk.dropout call of one training forward of that encoder with "
+                     "dropout_prob=0.1, in call order, with sin/cos (SIN_COS) and without positions (NONE)",
                      jax=version("jax"), haiku=version("dm-haiku"), numpy=np.__version__),
-            "loss": losses, "init": {"vocab": vocab, "classes": classes, "seeds": seeds, "parameters": parameters}}
+            "loss": losses, "init": {"vocab": vocab, "classes": classes, "seeds": seeds, "parameters": parameters},
+            "dropout": dropout}
 
 
 SCHEME_FILES = {
