@@ -466,7 +466,8 @@ def training_deepmind(commit: str) -> dict:
                      "output's classes, 2 the terminator and 0s after it) and seeded float32 logits; init: "
                      "hk.transform(make_transformer_encoder(output_size=12, embedding_dim=64, num_layers=2, "
                      "num_heads=4, return_all_outputs=True)).init(PRNGKey(s), zeros((1, 6, 400))) for s in 0..7, each "
-                     "parameter's mean, std and max |value| over the 8 draws pooled, in the order Haiku creates them; dropout: "
+                     "parameter's mean, std and max |value| over the 8 draws pooled, in the order Haiku creates "
+                     "them; dropout: "
                      "the (rate, width) of each hk.dropout call of one training forward of that encoder with "
                      "dropout_prob=0.1, in call order, with sin/cos (SIN_COS) and without positions (NONE)",
                      jax=version("jax"), haiku=version("dm-haiku"), numpy=np.__version__),
