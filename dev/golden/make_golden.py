@@ -422,6 +422,8 @@ def training_deepmind(commit: str) -> dict:
     task = binary_addition.BinaryAddition()
     losses = []
     for length, seed in [(7, 41), (12, 42)]:
+        random.seed(seed)  # the task draws with Python's and numpy's generators, not the key
+        np.random.seed(seed)
         batch = task.sample_batch(jax.random.PRNGKey(seed), 4, length)
         logits = randn(seed, *batch["output"].shape)
         pointwise = task.pointwise_loss_fn(jnp.asarray(logits.numpy()), batch["output"])
@@ -462,7 +464,8 @@ def training_deepmind(commit: str) -> dict:
         dropout[encodings.lower()] = calls
     return {**header("google-deepmind/neural_networks_chomsky_hierarchy", commit,
                      "loss: experiments/example.py's loss_fn, jnp.mean(jnp.sum(task.pointwise_loss_fn(output, target), "
-                     "axis=-1)), on BinaryAddition().sample_batch(PRNGKey(seed), 4, length) (target: its one-hot "
+                     "axis=-1)), on BinaryAddition().sample_batch(PRNGKey(seed), 4, length) after "
+                     "random.seed(seed) and numpy.random.seed(seed) (target: its one-hot "
                      "output's classes, 2 the terminator and 0s after it) and seeded float32 logits; init: "
                      "hk.transform(make_transformer_encoder(output_size=12, embedding_dim=64, num_layers=2, "
                      "num_heads=4, return_all_outputs=True)).init(PRNGKey(s), zeros((1, 6, 400))) for s in 0..7, each "
