@@ -4,7 +4,8 @@
 
 prints a Markdown table, a row per task and a column pair per scheme present in both (groups
 are "<task> <scheme>", as `relpos-lab report` names them over the sweep's task and scheme axes),
-then the mean over the tasks both hold. Values are the reports' means over seeds.
+then the mean over the tasks both hold; with --by-scheme, a row per scheme with that mean before
+and after, best after first. Values are the reports' means over seeds.
 """
 from __future__ import annotations
 
@@ -37,13 +38,27 @@ def table(before: dict, after: dict) -> list[str]:
     return lines
 
 
+def by_scheme(before: dict, after: dict) -> list[str]:
+    """A row per scheme: its mean over the tasks both reports hold, before and after, best after first."""
+    shared = set(before) & set(after)
+    rows = []
+    for scheme in sorted({s for _, s in shared}):
+        held = [t for t, s in shared if s == scheme]
+        old, new = mean(before[(t, scheme)] for t in held), mean(after[(t, scheme)] for t in held)
+        rows.append((new, f"| {scheme} | {old:.3f} | {new:.3f} | {new - old:+.3f} | {len(held)} |"))
+    header = ["| scheme | before | after | change | tasks |", "|---|---:|---:|---:|---:|"]
+    return header + [line for _, line in sorted(rows, key=lambda row: -row[0])]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("before")
     parser.add_argument("after")
     parser.add_argument("--metric", default="accuracy_ood", help="a summary.csv metric (default: accuracy_ood)")
+    parser.add_argument("--by-scheme", action="store_true", help="a row per scheme (its mean over tasks) instead")
     args = parser.parse_args()
-    print("\n".join(table(read(args.before, args.metric), read(args.after, args.metric))))
+    before, after = read(args.before, args.metric), read(args.after, args.metric)
+    print("\n".join(by_scheme(before, after) if args.by_scheme else table(before, after)))
 
 
 if __name__ == "__main__":
