@@ -15,7 +15,7 @@ relpos_lab, so the suite fails the day a task or a scheme drifts from its refere
   installed); ALiBi slopes and bias, PoPE: x-transformers; T5's buckets: transformers and
   x-transformers; sinusoidal: transformers (DistilBERT's table) and x-transformers;
 - the DeepMind reference's Transformer: its encodings (positions_deepmind.json), and its loss and
-  initial parameters (training_deepmind.json).
+  initial parameters (training_deepmind.json); Ruoss et al.'s noisy ALiBi (positions_rpe.json).
 
 The peers compute in float32: values agree to 1e-5 (1e-6 for frequencies and slopes).
 """
@@ -287,6 +287,25 @@ def check_positions_deepmind(golden):
               f"ALiBi bias less 0.5·slope behind the query, {heads} heads", atol=1e-6)
 
 
+def check_positions_rpe(golden):
+    """Ruoss et al.'s noisy ALiBi: offset j − i stands for a distance drawn from [1, M), sorted, the
+    left side the right's mirror. Ours at their draw (`attention_kwargs_at_distances`, left_offset
+    0.5 as the Ruoss sweeps set it) is their bias; the draw is read off their first row."""
+    for case in golden["noisy_alibi"]:
+        heads, n = case["heads"], case["length"]
+        theirs = torch.tensor(case["bias"], dtype=torch.float64)
+        right = -theirs[0, 0, 1:] / case["slopes"][0]  # query 0's keys j > 0: the draw, increasing
+        drawn = right.round()
+        close(right, drawn, golden, "their distances, integers", atol=1e-4)
+        assert bool((drawn.diff() > 0).all()) and drawn.min() >= 1 and drawn.max() < case["noise_max_length"]
+        distances = torch.cat([-drawn.flip(0), torch.zeros(1), drawn])
+        q = torch.zeros(1, heads, n, 1)
+        kwargs = Alibi(AlibiConfig(left_offset=0.5)).attention(1, heads, causal=False).attention_kwargs_at_distances(
+            q, q, distances)
+        close(offset_bias(kwargs["rel_bias"], n, n, kwargs["max_distance"])[0], theirs, golden,
+              f"noisy ALiBi, {heads} heads, {n} tokens, distances {drawn.int().tolist()}", atol=1e-5)
+
+
 def check_training_deepmind(golden):
     """The reference's loss and initial parameters (Delétang et al.'s code): `task.loss_on_padding` is
     its loss, a mean over every output slot, the 0s after the terminator included; `model.init=haiku`
@@ -343,6 +362,7 @@ CHECKS = {
     "pope_x_transformers": check_pope_x_transformers,
     "positions_deepmind": check_positions_deepmind,
     "training_deepmind": check_training_deepmind,
+    "positions_rpe": check_positions_rpe,
 }
 
 

@@ -25,16 +25,19 @@ themselves as `neural_networks_chomsky_hierarchy.tasks...`); from a bare copy of
     git --git-dir=<bare copy>/repo rev-parse HEAD     # the commit, for --deepmind-commit
 
 (a `git clone` into /tmp/nnch_root/neural_networks_chomsky_hierarchy does as well; the commit is
-then read from it). Then, from the repository root:
+then read from it). Ruoss et al.'s (2023), google-deepmind/randomized_positional_encodings, goes the
+same way into /tmp/rpe_root/randomized_positional_encodings (positions_rpe.json, --rpe-commit).
+Then, from the repository root:
 
-    OMP_NUM_THREADS=1 JAX_PLATFORMS=cpu PYTHONPATH=/tmp/peers_site:/tmp/nnch_root \\
-        .venv/bin/python dev/golden/make_golden.py --deepmind-commit <commit>
+    OMP_NUM_THREADS=1 JAX_PLATFORMS=cpu PYTHONPATH=/tmp/peers_site:/tmp/nnch_root:/tmp/rpe_root \\
+        .venv/bin/python dev/golden/make_golden.py --deepmind-commit <commit> --rpe-commit <commit>
 
 `--only NAME...` regenerates some files: names without .json, or their beginnings (chomsky_even_pairs,
 chomsky_ for the 15 tasks, alibi_x_transformers, ...). The script is deterministic: a rerun with the
 same peers rewrites the same bytes. The files were last made with rotary-embedding-torch 0.9.1,
-x-transformers 2.31.10, transformers 5.24.0, jax 0.10.2 and the reference at
-2b8eb4bee872acf5b637fcc672f01c06939dc4ef (2024-04-12), on torch 2.13.0+cpu.
+x-transformers 2.31.10, transformers 5.24.0, jax 0.10.2, dm-haiku 0.0.17, the reference at
+2b8eb4bee872acf5b637fcc672f01c06939dc4ef (2024-04-12) and Ruoss et al.'s at
+e8c64749d8cad7772dc7ade75b32ef9b2b29b466 (2023-06-21), on torch 2.13.0+cpu.
 """
 from __future__ import annotations
 
@@ -478,6 +481,27 @@ def training_deepmind(commit: str) -> dict:
             "dropout": dropout}
 
 
+def positions_rpe(commit: str) -> dict:
+    """Ruoss et al.'s noisy ALiBi (models/positional_encodings.py of randomized_positional_encodings)."""
+    import haiku as hk
+    import jax
+    from randomized_positional_encodings.models import positional_encodings as encodings
+
+    cases = []
+    for heads, length, max_length, seed in [(4, 6, 20, 51), (8, 9, 64, 52)]:
+        shape = (heads, length, length)
+        draw = hk.transform(lambda shape=shape, m=max_length: encodings.compute_noisy_alibi_encodings_biases(shape, m))
+        bias = np.asarray(draw.apply({}, jax.random.PRNGKey(seed)), dtype=np.float64)
+        cases.append({"heads": heads, "length": length, "noise_max_length": max_length, "seed": seed,
+                      "slopes": floats(encodings._get_alibi_slopes(heads)), "bias": floats(bias)})
+    return {**header("google-deepmind/randomized_positional_encodings", commit,
+                     "hk.transform(lambda: compute_noisy_alibi_encodings_biases((h, L, L), M)).apply({}, "
+                     "PRNGKey(seed)): the encoder's noisy ALiBi (randomize_both_sides=False), h heads, L tokens, "
+                     "distances drawn from [1, M)", jax=version("jax"), haiku=version("dm-haiku"),
+                     numpy=np.__version__),
+            "noisy_alibi": cases}
+
+
 SCHEME_FILES = {
     "rope_rotary_embedding_torch": rope_rotary_embedding_torch,
     "xpos_rotary_embedding_torch": xpos_rotary_embedding_torch,
@@ -491,17 +515,18 @@ SCHEME_FILES = {
 }
 
 
-def deepmind_commit(given: str | None) -> str:
+def reference_commit(given: str | None, package: str, option: str) -> str:
+    """The commit of a DeepMind reference on the path: `given`, or read from its git checkout."""
     if given:
         return given
-    import neural_networks_chomsky_hierarchy as nnch
+    import importlib
 
-    folder = Path(nnch.__path__[0])
+    folder = Path(importlib.import_module(package).__path__[0])
     try:
         return subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], check=True, capture_output=True,
                               text=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        sys.exit(f"{folder} is no git checkout: give the reference's commit with --deepmind-commit")
+        sys.exit(f"{folder} is no git checkout: give the reference's commit with {option}")
 
 
 def main() -> None:
@@ -509,6 +534,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="file names without .json, or their beginnings (chomsky_: the "
                         "tasks); default: all")
     parser.add_argument("--deepmind-commit", help="the commit of neural_networks_chomsky_hierarchy on the path")
+    parser.add_argument("--rpe-commit", help="the commit of randomized_positional_encodings on the path")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -521,7 +547,7 @@ def main() -> None:
             dump(name, make())
     deepmind = ["positions_deepmind", "training_deepmind", *(f"chomsky_{task}" for task in REFERENCE_TASKS)]
     if any(map(wanted, deepmind)):
-        commit = deepmind_commit(args.deepmind_commit)
+        commit = reference_commit(args.deepmind_commit, "neural_networks_chomsky_hierarchy", "--deepmind-commit")
         if wanted("positions_deepmind"):
             dump("positions_deepmind", positions_deepmind(commit))
         if wanted("training_deepmind"):
@@ -530,6 +556,9 @@ def main() -> None:
             for name, obj in task_files(commit).items():
                 if wanted(name):
                     dump(name, obj)
+    if wanted("positions_rpe"):
+        dump("positions_rpe", positions_rpe(reference_commit(args.rpe_commit, "randomized_positional_encodings",
+                                                             "--rpe-commit")))
 
 
 if __name__ == "__main__":
