@@ -191,6 +191,8 @@ class RunWandbLogger(WandbLogger):
             return
         if run_file.is_file():  # offline: the run directory is complete when the command returns
             wait_until_complete(run_file)
+        if preempted:  # SLURM stops this job step, W&B's service with it: let go of the service now
+            _drop_wandb_service()
 
     def _finish_other_run(self) -> None:
         """Finish a different W&B run left open in this process (an earlier run of a sweep).
@@ -223,9 +225,10 @@ class RunWandbLogger(WandbLogger):
 
 
 def _drop_wandb_service() -> None:
-    """Let go of W&B's service process after a failure, so that wandb's own exit hook does not
-    try to reach it again and print a traceback at exit (its usual end when SLURM's SIGTERM has
-    already stopped the service: scancel, requeue, preemption)."""
+    """Let go of W&B's service process after a failure or before SLURM's requeue, so that wandb's
+    own exit hook does not try to reach it again and print a traceback at exit (its usual end when
+    SLURM's SIGTERM has already stopped the service: scancel, requeue, preemption). A later run in
+    the same process starts a new service."""
     import wandb
 
     try:
