@@ -184,15 +184,20 @@ def test_positions_drawn_at_evaluation_are_sorted_unique_and_in_range():
 
 
 @pytest.mark.parametrize("scheme", SCHEMES_WITH_POSITIONS)
-def test_evaluation_draws_positions_and_repeats_from_the_same_seed(scheme):
+def test_evaluation_draws_positions_per_seed_and_length_and_repeats(scheme):
+    """At evaluation a sequence's draw depends on the run's seed and its own length alone: every pass
+    repeats it (and batch invariance holds: tests/test_batch_invariance.py), another seed moves it,
+    and it is not 0..L-1."""
     torch.manual_seed(0)
     model = EncoderDecoder(config(scheme, positions=RUOSS)).eval()
     src, tgt = torch.randint(1, 11, (2, 9)), torch.randint(1, 11, (2, 7))
     seed_eval_positions(model, 3)
-    first, second = model(src, tgt), model(src, tgt)
-    assert not torch.allclose(first, second), "two evaluation passes drew the same positions"
-    seed_eval_positions(model, 3)
+    first = model(src, tgt)
     torch.testing.assert_close(model(src, tgt), first, rtol=0, atol=0)
+    seed_eval_positions(model, 4)
+    assert not torch.allclose(model(src, tgt), first), "another seed drew the same positions"
+    with positions_in_order(model):
+        assert not torch.allclose(model(src, tgt), first), "the draw placed the tokens at 0..L-1"
 
 
 def test_positions_in_order_evaluate_at_0_to_L_minus_1_within_the_block():

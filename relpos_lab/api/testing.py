@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from relpos_lab.api import registry
+from relpos_lab.api import batch_invariance, registry
 from relpos_lab.api.contract import check as check_verb
 from relpos_lab.api.decoding_checks import (
     CACHE_TOLERANCE,
@@ -69,6 +69,8 @@ DECODING_CHECKS = {"encoder_decoder": (f"encoder_decoder: {PADDED}", f"encoder_d
                    BIDIRECTIONAL: (f"{BIDIRECTIONAL}: {BY_LENGTH}", f"{BIDIRECTIONAL}: prefix LM, {REORDERED}")}
 """The decoding checks after the plain one, by family: padding, then beam search's reorder."""
 NOT_CHECKED = "not checked: the scheme declares supports_cache=False"
+ALONE = ("each example scores as if alone beside longer and shorter ones: logits, greedy and beam output "
+         "(batch invariance, evaluation)")
 
 
 class Advice(Exception):
@@ -179,6 +181,7 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
         names = (f"{arch}: output shape, finite gradients reaching the scheme's parameters",
                  *((f"{arch}: cached decoding and multi-token prefill equal the full pass (float64)",
                     *DECODING_CHECKS[arch]) if arch in DECODED else SLOTS),
+                 f"{arch}: {ALONE}",
                  f"{arch}: 40 training steps lower the loss on one batch")
         if arch in unsupported:
             for name in names:
@@ -194,6 +197,7 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
             _decoding_checks(report, arch, positions, model if arch == "encoder_decoder" else None, src, tgt, decodes)
         else:
             report.run(names[1], lambda model=model: padded_slots(model, src, tgt))
+        report.run(names[-2], lambda model=model: batch_invariance.check(model))
         report.run(names[-1], lambda model=model, arch=arch: _trains(model, arch, src, tgt))
     if BIDIRECTIONAL in unsupported:
         for name in DECODING_CHECKS[BIDIRECTIONAL]:

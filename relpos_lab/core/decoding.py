@@ -14,12 +14,17 @@ continued from its padding.
 Both searches return generated tokens (no BOS, EOS included, pad_id after it) as (B, T).
 A decoder-only model reads the source as its prefix, where padding would shift positions:
 `by_source_length` runs a search once per source length, on unpadded rows, which is exactly what
-decoding each example alone gives.
+decoding each example alone gives. A model that draws a generation's positions up front
+(randomize_at_eval) draws them for a row's own budget, so the searches then run per source length
+themselves: a row's budget is a function of its source's length.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from relpos_lab.core.embedding import draws_when_decoding
+from relpos_lab.core.length_groups import length_groups, row_lengths
 
 
 def max_lengths(src: Tensor | None, pad_id: int, max_len_a: float, max_len_b: int, batch: int, device) -> Tensor:
@@ -33,13 +38,18 @@ def max_lengths(src: Tensor | None, pad_id: int, max_len_a: float, max_len_b: in
 def by_source_length(search, src: Tensor, pad_id: int) -> Tensor:
     """`search(rows)` on each group of equal-length (right-padded) sources, padding cut off; the
     outputs back in batch order, (B, T) padded with pad_id. Calls: one per distinct length."""
-    lengths = (src != pad_id).sum(-1)
-    groups = [(lengths == n).nonzero().squeeze(1) for n in lengths.unique().tolist()]
-    outs = [search(src[rows, : int(lengths[rows[0]])]) for rows in groups]
+    groups = length_groups(row_lengths(src, pad_id))
+    outs = [search(src[rows, :n]) for n, rows in groups]
     result = src.new_full((src.shape[0], max(out.shape[1] for out in outs)), pad_id)
-    for rows, out in zip(groups, outs):
+    for (_, rows), out in zip(groups, outs):
         result[rows, : out.shape[1]] = out
     return result
+
+
+def _budgets_differ(model, src: Tensor | None, limit: Tensor) -> bool:
+    """Whether a search must run per source length: the model draws positions for a budget, and
+    the rows' budgets are not all one."""
+    return src is not None and bool((limit != limit[0]).any()) and draws_when_decoding(model)
 
 
 def _prefix(src, prompt, bos_id, device):
@@ -55,6 +65,9 @@ def greedy_search(model, src: Tensor | None, *, bos_id: int, eos_id: int, pad_id
     tokens = _prefix(src, prompt, bos_id, device)
     batch = tokens.shape[0]
     limit = max_lengths(src, pad_id, max_len_a, max_len_b, batch, device).clamp_min(1)
+    if _budgets_differ(model, src, limit):
+        return by_source_length(lambda rows: greedy_search(model, rows, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                                                           max_len_a=max_len_a, max_len_b=max_len_b), src, pad_id)
     cache = model.start_decoding(src, max_tokens=tokens.shape[1] + int(limit.max()) - 1)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     out = []
@@ -88,6 +101,10 @@ def beam_search(model, src: Tensor | None, *, beam_size: int = 4, length_penalty
     prefix = _prefix(src, prompt, bos_id, device)
     batch = prefix.shape[0]
     limit = max_lengths(src, pad_id, max_len_a, max_len_b, batch, device).clamp_min(1)
+    if _budgets_differ(model, src, limit):
+        return by_source_length(lambda rows: beam_search(model, rows, beam_size=k, length_penalty=length_penalty,
+                                                         bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                                                         max_len_a=max_len_a, max_len_b=max_len_b), src, pad_id)
     max_steps = int(limit.max())
 
     rows = torch.arange(batch, device=device).repeat_interleave(k)

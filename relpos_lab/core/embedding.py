@@ -2,8 +2,10 @@
 
 `Embedding` scales the token vectors by sqrt(d_model) and adds the scheme's absolute positions, if
 it has any; with randomized positions (positions/randomized.py) it also draws each forward pass's
-positions, which `seed_eval_positions` makes repeat across evaluations and `positions_in_order`
-turns off for `relpos-lab inspect`.
+positions. At evaluation a sequence of L tokens draws from a generator seeded by (the run's seed,
+the stack, L): an example gets the same positions alone or beside any neighbours, and in every
+evaluation (`seed_eval_positions` sets the seed); `positions_in_order` turns the draws off for
+`relpos-lab inspect`.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from relpos_lab.core.init import HAIKU_EMBEDDING_STD, truncated_normal_
+from relpos_lab.core.length_groups import row_lengths
 from relpos_lab.core.positions import PositionConfig, contract, position_scheme_of
 from relpos_lab.core.positions.randomized import sample_distances, sample_positions
 from relpos_lab.core.renamed import renamed_attribute, renamed_state_dict_keys
@@ -38,6 +41,7 @@ class Embedding(nn.Module):
                  dropout: float = 0.0, init: str = "pytorch", tokens: nn.Embedding | None = None):
         super().__init__()
         self.tokens = tokens or nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.pad_id = pad_id
         if tokens is None:
             if init == "haiku":
                 truncated_normal_(self.tokens.weight.data, HAIKU_EMBEDDING_STD)
@@ -55,24 +59,34 @@ class Embedding(nn.Module):
         self.max_random_len = positions.max_random_len
         self.randomize_at_eval = positions.randomize_at_eval
         self.random_distances = positions.random_distances  # the layers draw distances; tokens stay at 0..L-1
-        # evaluation's draws; the model's embeddings share one (seed_eval_positions)
-        self.eval_draws = torch.Generator().manual_seed(0) if self.randomize_at_eval else None
+        self.eval_seed = (0, 0) if self.randomize_at_eval else None  # (run seed, stack): seed_eval_positions
+        # at evaluation, a stack runs each length of a padded batch on its own (core/length_groups.py)
+        self.per_length_at_eval = position_scheme.reads_width or (
+            self.max_random_len is not None and self.randomize_at_eval)
         self.register_load_state_dict_pre_hook(renamed_state_dict_keys("positions", "absolute"))
 
-    def random_positions(self, length: int) -> Tensor | None:
+    def draws(self, length: int) -> torch.Generator | None:
+        """Where one forward pass over `length` tokens draws its randomized positions: in training
+        torch's global generator (None); at evaluation a generator seeded by (run seed, stack,
+        length), so a sequence's draws depend on nothing but its own length. A pass takes every
+        draw of its stack (embedding, then each layer's) from the one generator it gets here."""
+        if self.training or self.eval_seed is None:
+            return None
+        return torch.Generator().manual_seed(hash((*self.eval_seed, length)) & (2**63 - 1))
+
+    def random_positions(self, length: int, draws: torch.Generator | None = None) -> Tensor | None:
         """This forward pass's positions for `length` tokens with randomized positions: a fresh draw
-        in training, and in evaluation with randomize_at_eval (from `eval_draws`); None: 0..L-1."""
+        in training, and in evaluation with randomize_at_eval (from `draws`, `self.draws(length)`);
+        None: 0..L-1."""
         if self.max_random_len is None or self.random_distances or not (self.training or self.randomize_at_eval):
             return None
-        draws = None if self.training else self.eval_draws
         return sample_positions(length, self.max_random_len, self.tokens.weight.device, draws)
 
-    def random_distances_of(self, length: int) -> Tensor | None:
+    def random_distances_of(self, length: int, draws: torch.Generator | None = None) -> Tensor | None:
         """With random_distances, the distances one layer's offsets stand for (`sample_distances`),
         drawn as `random_positions` draws; None: the offsets themselves."""
         if not self.random_distances or not (self.training or self.randomize_at_eval):
             return None
-        draws = None if self.training else self.eval_draws
         return sample_distances(length, self.max_random_len, self.tokens.weight.device, draws)
 
     def decoding_positions(self, max_tokens: int | None) -> Tensor | None:
@@ -84,7 +98,7 @@ class Embedding(nn.Module):
             raise ValueError("model.positions.randomize_at_eval draws a generation's positions up front: pass "
                              "start_decoding(src, max_tokens=...) the most tokens decode_step will be fed "
                              "(relpos_lab.core.decoding does)")
-        return self.random_positions(max_tokens)
+        return self.random_positions(max_tokens, self.draws(max_tokens))
 
     def forward(self, ids: Tensor, *, offset: int = 0, input_pos: Tensor | None = None,
                 seen: Tensor | None = None) -> Tensor:
@@ -95,6 +109,8 @@ class Embedding(nn.Module):
         if self.absolute is not None:
             if self.reads_tokens:
                 placed = self.absolute(x, offset, ids if seen is None else seen)
+            elif getattr(self.absolute, "reads_lengths", False):  # count_from_end: each row from its own end
+                placed = self.absolute(x, offset, lengths=row_lengths(ids, self.pad_id))
             else:
                 placed = self.absolute(x, offset) if input_pos is None else x + self._at(input_pos, x)
             if self.unchecked:
@@ -110,13 +126,19 @@ class Embedding(nn.Module):
 
 
 def seed_eval_positions(model: nn.Module, seed: int) -> None:
-    """Restart evaluation's position draws (randomize_at_eval) from `seed`, one generator for all of
-    `model`'s embeddings (an encoder's and a decoder's draws then differ). RelposModule calls it with
-    the run's seed before every validation and test, so a checkpoint's numbers repeat."""
-    draws = torch.Generator().manual_seed(seed)
-    for module in model.modules():
-        if isinstance(module, Embedding) and module.eval_draws is not None:
-            module.eval_draws = draws
+    """Seed evaluation's position draws (randomize_at_eval) with the run's `seed`, each of `model`'s
+    embeddings (stacks) with its own index beside it, so an encoder's and a decoder's draws differ.
+    RelposModule calls it with the run's seed, so a checkpoint's numbers repeat."""
+    drawing = [m for m in model.modules() if isinstance(m, Embedding) and m.eval_seed is not None]
+    for stack, module in enumerate(drawing):
+        module.eval_seed = (seed, stack)
+
+
+def draws_when_decoding(model: nn.Module) -> bool:
+    """Whether `model` draws a generation's positions up front now (randomize_at_eval, at evaluation):
+    for the most tokens a row may be fed, which a search then gives each row as it would alone."""
+    return isinstance(model, nn.Module) and any(  # decoding takes any object with start_decoding, decode_step
+        isinstance(m, Embedding) and m.randomize_at_eval and not m.training for m in model.modules())
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from relpos_lab.core.attention.masks import visibility_mask
 from relpos_lab.core.cache import DecoderCache, KVCache, LayerCache
 from relpos_lab.core.embedding import Embedding, seed_eval_positions
 from relpos_lab.core.init import INITS, linear
+from relpos_lab.core.length_groups import per_length, row_lengths
 from relpos_lab.core.positions import (
     KeyState,
     PositionConfig,
@@ -409,16 +410,26 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
 
     def forward(self, src: Tensor) -> tuple[Tensor, Tensor]:
-        """Returns the memory and its key mask (B, 1, 1, S), True at real tokens."""
+        """Returns the memory and its key mask (B, 1, 1, S), True at real tokens. At evaluation, a
+        pass that reads its width runs once per length of the right-padded batch (length_groups.py)."""
         key_mask = (src != self.pad_id)[:, None, None, :]
-        input_pos = self.embed.random_positions(src.shape[1])
+        if self.training or not self.embed.per_length_at_eval:
+            return self._encode(src), key_mask
+        return per_length(lambda rows, n: self._encode(src[rows, :n]), row_lengths(src, self.pad_id),
+                          src.shape[1]), key_mask
+
+    def _encode(self, src: Tensor) -> Tensor:
+        n = src.shape[1]
+        draws = self.embed.draws(n)  # every draw of this pass: the embedding's, then each layer's
+        input_pos = self.embed.random_positions(n, draws)
         x = self.embed(src, input_pos=input_pos)
+        key_mask = (src != self.pad_id)[:, None, None, :]
         for i, layer in enumerate(self.layers):
             if i and self.redraw_per_layer:  # the first layer keeps the embedding's draw
-                input_pos = self.embed.random_positions(src.shape[1])
+                input_pos = self.embed.random_positions(n, draws)
             x = layer(x, key_mask=key_mask, input_pos=input_pos,
-                      distances=self.embed.random_distances_of(src.shape[1]))  # each layer its own
-        return self.norm(x), key_mask
+                      distances=self.embed.random_distances_of(n, draws))  # each layer its own
+        return self.norm(x)
 
 
 class Decoder(nn.Module):
@@ -434,7 +445,7 @@ class Decoder(nn.Module):
 
     def __init__(self, cfg: ModelConfig, embed: Embedding, cross_attention: bool = True, causal: bool = True):
         super().__init__()
-        self.embed = embed
+        self.embed, self.pad_id = embed, cfg.pad_id
         self.layers = nn.ModuleList(DecoderLayer(cfg, cross_attention, causal) for _ in range(cfg.n_decoder_layers))
         self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.output = linear(cfg.d_model, embed.tokens.num_embeddings, bias=cfg.output_bias, init=cfg.init)
@@ -443,10 +454,21 @@ class Decoder(nn.Module):
 
     def forward(self, tgt: Tensor, memory=None, memory_mask=None, cache: DecoderCache | None = None,
                 self_mask: Tensor | None = None, causal: bool = True, input_pos: Tensor | None = None) -> Tensor:
+        if cache is None and input_pos is None and not self.training and self.embed.per_length_at_eval:
+            def rows_alone(rows: Tensor, n: int) -> Tensor:  # a group of rows with n real tokens, cut to n
+                return self._decode(tgt[rows, :n], None if memory is None else memory[rows],
+                                    None if memory_mask is None else memory_mask[rows], None,
+                                    None if self_mask is None else self_mask[rows, ..., :n, :n], causal, None)
+            return per_length(rows_alone, row_lengths(tgt, self.pad_id), tgt.shape[1])
+        return self._decode(tgt, memory, memory_mask, cache, self_mask, causal, input_pos)
+
+    def _decode(self, tgt, memory, memory_mask, cache, self_mask, causal, input_pos) -> Tensor:
         offset = cache.length if cache is not None else 0
         n = tgt.shape[1]
-        if input_pos is None:
-            input_pos = self.embed.random_positions(n) if cache is None else cache.positions_with(n)
+        if input_pos is None and cache is not None:
+            input_pos = cache.positions_with(n)
+        elif input_pos is None:
+            input_pos = self.embed.random_positions(n, self.embed.draws(n))
         seen = cache.remember(tgt) if cache is not None and self.embed.reads_tokens else None
         x = self.embed(tgt, offset=offset, input_pos=None if input_pos is None else input_pos[-n:], seen=seen)
         for i, layer in enumerate(self.layers):

@@ -114,15 +114,15 @@ def flex_block_mask(attn_mask, is_causal, lq, lk, query_offset, region, kmax, de
     from torch.nn.attention.flex_attention import create_block_mask
 
     keep = dense = None
-    batch = heads = None
+    batch = heads = None  # None: one mask for every row (head), which flex broadcasts
     if attn_mask is not None:
         m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
         if m.shape[1] == 1 and m.shape[2] == 1:
             keep = m[:, 0, 0, :].expand(m.shape[0], lk)
-            batch = keep.shape[0]
         else:
             dense = m.expand(m.shape[0], m.shape[1], lq, lk)
-            batch, heads = dense.shape[0], (dense.shape[1] if dense.shape[1] > 1 else None)
+            heads = dense.shape[1] if dense.shape[1] > 1 else None
+        batch = m.shape[0] if m.shape[0] > 1 else None
 
     # The allowed offsets j - i as a range [lo, hi]; device scalars, not Python constants, so the
     # compiled kernel is the same for every region, k and offset instead of one compile each.
@@ -135,10 +135,10 @@ def flex_block_mask(attn_mask, is_causal, lq, lk, query_offset, region, kmax, de
     def mask_mod(b, h, q_idx, kv_idx):
         rel = kv_idx - q_idx - offset
         ok = (rel >= lo) & (rel <= hi)
-        if keep is not None:
-            ok = ok & keep[b, kv_idx]
+        if keep is not None:  # a mask of batch 1 serves every row: flex still asks with each row's b
+            ok = ok & keep[b if batch else 0, kv_idx]
         if dense is not None:
-            ok = ok & dense[b, h if heads else 0, q_idx, kv_idx]
+            ok = ok & dense[b if batch else 0, h if heads else 0, q_idx, kv_idx]
         return ok
 
     block_mask = create_block_mask(mask_mod, batch, heads, lq, lk, device=device)

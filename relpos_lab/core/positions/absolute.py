@@ -15,26 +15,31 @@ class SinusoidalEmbedding(nn.Module):
     """The fixed sinusoids of Vaswani et al.; computed on the fly, so any length works.
 
     `count_from_end`: token t of L is at position L − t (L, L − 1, .., 1), so the last token is
-    always at 1: what Delétang et al.'s code gives its encoder. It needs the whole sequence at once."""
+    always at 1: what Delétang et al.'s code gives its encoder. It needs the whole sequence at once,
+    and L is each row's own length (`reads_lengths`: the embedding passes them), not the padded width."""
 
     def __init__(self, d_model: int, count_from_end: bool = False):
         super().__init__()
         inv_freq = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.d_model = d_model
-        self.count_from_end = count_from_end
+        self.count_from_end = self.reads_lengths = count_from_end
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int = 0, lengths: Tensor | None = None) -> Tensor:
+        """x (B, L, d) plus the sinusoids of its positions; `lengths` (B,): each row's real tokens
+        (count_from_end; default: all L)."""
+        column = torch.arange(x.shape[1], device=x.device)
         if self.count_from_end:
             if offset:
                 raise ValueError("model.positions.count_from_end counts from the sequence's end, which a decoder "
                                  "feeding one token at a time does not know; use it with model.architecture="
                                  "encoder_only")
-            pos = torch.arange(x.shape[1], 0, -1, device=x.device).float()
+            ends = torch.full((x.shape[0], 1), x.shape[1], device=x.device) if lengths is None else lengths[:, None]
+            pos = (ends - column).float()  # (B, L): a row's last real token at 1, its padding at 0, -1, ..
         else:
-            pos = torch.arange(offset, offset + x.shape[1], device=x.device).float()
-        angles = pos[:, None] * self.inv_freq[None, :]
-        pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(1)[:, : self.d_model]
+            pos = (column + offset).float()[None]  # (1, L)
+        angles = pos[..., None] * self.inv_freq
+        pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[..., : self.d_model]
         return x + pe.to(x.dtype)
 
 

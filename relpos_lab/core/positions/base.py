@@ -254,6 +254,12 @@ class PositionScheme:
     """True declares a scheme whose embedding module is called as forward(x, offset, ids), where ids
     (B, offset + L) are the token ids of every position so far (the cached ones, then the new), since
     where a token sits may depend on its neighbours (a digit's place in its number, digits.py)."""
+    reads_width: ClassVar[bool] = False
+    """True declares a scheme whose arithmetic at evaluation reads how many positions a call holds
+    (RoPE's dynamic scaling): a right-padded batch would then give a short row its longest
+    neighbour's width. A stack with such a scheme evaluates each group of equal-length rows on its
+    own, cut to that length (core/length_groups.py); the conformance kit's batch-invariance check
+    names the first example of an undeclared one."""
     contributes_nothing: ClassVar[bool] = False
     """True declares a scheme that adds no positions on purpose (NoPE). Any other scheme whose
     embedding() and attention() give nothing (a misnamed hook) is refused when a model is built

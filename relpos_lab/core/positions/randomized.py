@@ -12,14 +12,22 @@ are seen in training. Two protocols at evaluation:
   key from `hk.PRNGSequence(1)` for every batch (seeded, so repeatable), and
   `models/positional_encodings.py` (`noisy_fixed_positional_encodings`) takes
   `jrandom.choice(arange(noise_max_length), (sequence_length,), replace=False)`, sorted: one draw
-  from [0, noise_max_length) per forward pass, shared by the batch, as here. (Their noisy RoPE
-  draws anew in each layer, their noisy relative encodings draw distances; here one draw per stack
-  serves every scheme.) Their `models/transformer.py` has encoders only, read off in one pass; our
-  decoders generate token by token, so a generation's positions are drawn up front, for the most
-  tokens it may feed (`Embedding.decoding_positions`), and step t uses the t-th of them: the KV
-  cache then computes what a full pass at those positions computes. Evaluation draws come from a
-  generator that `seed_eval_positions` restarts from the run's seed at every validation and test
-  (RelposModule), so a checkpoint evaluated twice gives the same numbers.
+  from [0, noise_max_length) per forward pass, shared by the batch, whose rows all have one length
+  there (their evaluation batches hold one length each). (Their noisy RoPE draws anew in each layer,
+  their noisy relative encodings draw distances: `redraw_per_layer`, `random_distances`.) Here an
+  evaluation pass draws per length: a stack runs each length of a padded batch on its own
+  (core/length_groups.py), from a generator seeded by (run seed, stack, length)
+  (`Embedding.draws`), so an example of L tokens gets the same positions alone, in any batch, under
+  DDP and in every evaluation. Their `models/transformer.py` has encoders only, read off in one
+  pass; our decoders generate token by token, so a generation's positions are drawn up front, for
+  the most tokens its row may feed (`Embedding.decoding_positions`; the searches run per source
+  length, since the budget is a function of it), and step t uses the t-th of them: the KV cache
+  then computes what a full pass at those positions computes.
+
+In training a pass still draws once for the batch's width, shared by its rows: a row of n tokens
+in a batch padded to W gets the n smallest of W drawn slots, not a draw of its own. The papers'
+protocols train on batches of one length, where the two agree; a training set of mixed lengths
+(`train_size` > 0) learns from that skewed draw.
 
 Any scheme works unchanged, because a layer computes exactly what the scheme computes on a
 sequence whose tokens sit at those positions: the scheme's hooks see the tokens spread into a

@@ -200,6 +200,11 @@ class Rope(PositionScheme):
 
     config_class = RopeConfig
 
+    @property
+    def reads_width(self) -> bool:
+        """rope_scaling switches on, and sizes its factor, from the positions a call holds."""
+        return self.cfg.rope_scaling != "none"
+
     def attention(self, head_dim, n_heads, causal):
         return RotaryPositions(head_dim, self.cfg.rope_base, self.cfg)
 
