@@ -3,6 +3,8 @@ what each changes in a model, and where it is refused. Their values against the 
 are tests/test_golden.py's (positions_deepmind.json, training_deepmind.json)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -296,3 +298,20 @@ def test_random_distances_is_refused_where_it_cannot_apply(scheme, fields, says)
     cfg = tiny_model_config(builtin_config(scheme, random_distances=True, **fields), "encoder_only")
     with pytest.raises(ValueError, match=says):
         cfg.validate()
+
+
+def _test_loss(run_dir, tmp_path, name: str, *overrides: str) -> float:
+    from relpos_lab.training.experiment import evaluate
+
+    summary = evaluate(run_dir / "checkpoints" / "last.ckpt", overrides=list(overrides), output=tmp_path / name)
+    return json.loads(summary.results.read_text())["metrics"]["test/loss"]
+
+
+def test_eval_dropout_evaluates_with_dropout_on_and_repeats(tiny_reverse_run, tmp_path):
+    """trainer.eval_dropout: the reference's evaluation, dropout on (a loss of its own), its masks
+    seeded from the run's seed, so two evaluations of one checkpoint agree to the digit."""
+    on = ("model.dropout=0.3", "trainer.eval_dropout=true")
+    first = _test_loss(tiny_reverse_run, tmp_path, "on1", *on)
+    assert _test_loss(tiny_reverse_run, tmp_path, "on2", *on) == first
+    assert _test_loss(tiny_reverse_run, tmp_path, "off", "model.dropout=0.3") != first
+    assert _test_loss(tiny_reverse_run, tmp_path, "seed", *on, "seed=7") != first

@@ -116,6 +116,9 @@ class TrainerConfig:
     """progress on the console: a bar over the steps at a terminal, plain lines in a log file (a SLURM .out)"""
     enable_model_summary: bool = True
     """print the model's parameter count at the start (Lightning's table of its layers with -v)"""
+    eval_dropout: bool = False
+    """evaluate with every dropout of the model on, the masks seeded from `seed` (a rerun gives the same number),
+    as DeepMind's reference code evaluates; false: dropout off at evaluation, as usual"""
     compile: str = "none"
     """none | default | reduce-overhead | max-autotune: torch.compile's mode for the model's forward and backward in
     training and evaluation (decoding steps stay eager); none: eager"""

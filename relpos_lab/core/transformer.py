@@ -213,6 +213,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.n_heads, self.attention_impl = cfg.n_heads, cfg.attention_impl  # relative_attention's impl=
         self.dropout = cfg.attention_dropout
+        self.dropout_at_eval = False  # eval_dropout.py: the reference evaluates with dropout on
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
             linear(cfg.d_model, cfg.d_model, bias=cfg.attention_bias, init=cfg.init) for _ in range(4))
         self.relative = relative or RelativePositions()  # the scheme's module; was `positions` (old keys load)
@@ -306,7 +307,8 @@ class MultiHeadAttention(nn.Module):
         """The tail of every path: relative_attention with the path's `call` (its mask and offset, the
         scheme's keywords), then the heads merged back and projected. q: (B, H, L, D), or (B, H, P, D)
         with `rows` the L slots of x's tokens; k, v: (B, H, Lk, D)."""
-        y = relative_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, impl=self.attention_impl,
+        active = self.training or self.dropout_at_eval
+        y = relative_attention(q, k, v, dropout_p=self.dropout if active else 0.0, impl=self.attention_impl,
                                **call)  # (B, H, L or P, D)
         if rows is not None:
             y = y.index_select(2, rows)  # (B, H, L, D)

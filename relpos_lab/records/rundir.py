@@ -94,6 +94,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.attention_bias": True,
     "model.output_bias": False,
     "model.init": "pytorch",
+    "trainer.eval_dropout": False,
 }
 # Before position schemes were plugins, model.positions held every built-in scheme's fields at
 # once. A scheme's section is hashed as that flat form (its own fields over the old defaults), so

@@ -10,9 +10,12 @@ enough to rebuild its task and model (`relpos-lab eval CHECKPOINT`).
 """
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
 
 import lightning as L
+import torch
+from lightning.pytorch.utilities.seed import isolate_rng
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
@@ -22,6 +25,7 @@ from relpos_lab.api.samples import LATER_ROWS, SampleSpread
 from relpos_lab.api.task import Task
 from relpos_lab.core.compiling import compile_model, graphs_compiled, is_compiled
 from relpos_lab.core.embedding import seed_eval_positions
+from relpos_lab.core.eval_dropout import dropout_at_eval
 from relpos_lab.records.loggers import log_samples
 from relpos_lab.training.data import EMPTY
 from relpos_lab.training.optim import build_optimizer, build_scheduler
@@ -46,6 +50,7 @@ class RelposModule(L.LightningModule):
         self.unlogged: set[str] = set()
         self.evaluated_step: int | None = None  # the final test's checkpoint step, which its metrics are logged at
         self._samples: dict[str, SampleSpread] = {}
+        self._eval_rng = ExitStack()  # trainer.eval_dropout: the generators' state around an evaluation
         self.save_hyperparameters({"config": OmegaConf.to_container(cfg, resolve=True)}, logger=False)
 
     def forward(self, *args: Any) -> Tensor:
@@ -83,6 +88,27 @@ class RelposModule(L.LightningModule):
     def on_test_epoch_start(self) -> None:
         seed_eval_positions(self.model, self.cfg.seed)
 
+    # trainer.eval_dropout: the reference's evaluation, dropout on, its masks drawn from the run's
+    # seed and the training generators' state put back at the epoch's end (core/eval_dropout.py).
+
+    def on_validation_model_eval(self) -> None:
+        super().on_validation_model_eval()
+        self._dropout_at_eval(True)
+
+    def on_test_model_eval(self) -> None:
+        super().on_test_model_eval()
+        self._dropout_at_eval(True)
+
+    def _dropout_at_eval(self, active: bool) -> None:
+        if not OmegaConf.select(self.cfg, "trainer.eval_dropout", default=False):
+            return
+        if active:
+            self._eval_rng.enter_context(isolate_rng())
+            torch.manual_seed(self.cfg.seed)
+        else:
+            self._eval_rng.close()
+        dropout_at_eval(self.model, active)
+
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._evaluate("valid", batch, batch_idx)
 
@@ -90,9 +116,11 @@ class RelposModule(L.LightningModule):
         self._evaluate(self.test_split, batch, batch_idx)
 
     def on_validation_epoch_end(self) -> None:
+        self._dropout_at_eval(False)  # Lightning then restores each module's mode
         self._finish("valid")
 
     def on_test_epoch_end(self) -> None:
+        self._dropout_at_eval(False)
         self._finish(self.test_split)
 
     def _evaluate(self, split: str, batch: dict | None, batch_idx: int) -> None:
