@@ -107,7 +107,7 @@ def test_a_band_from_a_narrow_fringes_boundary_matches_too(name, monkeypatch):
 
 @pytest.mark.parametrize("shared", ["rel_k", "rel_v"])
 def test_a_table_per_head_beside_one_the_heads_share(shared):
-    """Both tables' gradients come from one launch of label_sums_kernel and one reduction over its
+    """Both tables' gradients come from one launch of label_sums_kernel and a reduction per table over its
     shares; a table the heads share is summed over them too, one per head is not."""
     q, k, v, kw = make(CASES["per_head_tiled"])
     g = torch.Generator().manual_seed(5)
@@ -380,20 +380,84 @@ def test_one_config_from_the_environment_replaces_the_autotuners_list(monkeypatc
     assert not any(c.maxnreg for c in fused._configs("dq") + fused._configs("dkdv")[:6])
 
 
-@pytest.mark.parametrize("name, dropout_p", [("all_terms_tiled", 0.0), ("per_head_tiled", 0.0),
-                                             ("keys_only_tiled", 0.0), ("padding_tiled", 0.0), ("padding_tiled", 0.3)])
-def test_the_fused_op_passes_torch_library_opcheck(name, dropout_p):
-    """The torch.library op a compiled model calls: schema, fake shapes, autograd registration, and
-    its traced forms (make_fx, AOTAutograd) against the real kernels; with dropout, its seed tensor."""
+OPCHECK_CASES = {name: CASES[name] for name in (
+    "all_terms_tiled", "per_head_tiled", "keys_only_tiled", "values_only_tiled", "rel_bias_only_tiled",
+    "neither_tiled", "causal_tiled", "padding_tiled", "padding_causal_tiled", "cross_lengths_tiled",
+    "per_head_causal_offset_tiled", "per_head", "mask_2d_and_causal", "padding_with_empty_row")}
+"""What a model's attention call can hand the fused ops: tables shared or per head, a^K, a^V, both,
+a rel_bias alone or neither, causality, key padding (rows that see nothing among it), a dense mask,
+lengths off the blocks, Lq ≠ Lk and a query offset (a prefill on a cache)."""
+OPCHECK_DTYPES = {"float32": (torch.float32, torch.float32), "bfloat16": (torch.bfloat16, torch.bfloat16),
+                  "bfloat16_float32_tables": (torch.bfloat16, torch.float32)}
+"""(q, k, v; rel_k, rel_v): the last as under autocast, float32 parameters beside bfloat16 activations."""
+OPCHECK_QUICK = {  # the default tier's: each term, mask, dtype and dropout among them (3-5 s each)
+    "causal_tiled": ("float32", 0.0), "per_head": ("float32", 0.0), "padding_tiled": ("float32", 0.25),
+    "keys_only_tiled": ("bfloat16", 0.0), "values_only_tiled": ("float32", 0.25),
+    "rel_bias_only_tiled": ("bfloat16", 0.0), "cross_lengths_tiled": ("bfloat16_float32_tables", 0.0),
+    "per_head_causal_offset_tiled": ("float32", 0.25), "mask_2d_and_causal": ("bfloat16", 0.0)}
+"""The first three are the cases opcheck once failed for: shared tables with causality, per-head
+tables with key padding, both tables with dropout 0.25. The rest of the product is `slow`."""
+OPCHECKS = [pytest.param(name, dtype, p, id=f"{name}-{dtype}-p{p}",
+                         marks=() if OPCHECK_QUICK.get(name) == (dtype, p) else pytest.mark.slow)
+            for name, case in OPCHECK_CASES.items() for dtype in OPCHECK_DTYPES for p in (0.0, 0.25)
+            if dtype != "bfloat16_float32_tables" or case.use_k or case.use_v]
+
+
+def op_inputs(name: str, dtype: str, dropout_p: float) -> tuple[tuple, tuple]:
+    """The forward op's arguments for a case, cut to one or two blocks, as fused_op.attend makes
+    them (fused.prepare: tables cut to the reach, the mask as bytes, the launch's scalars), and
+    the backward op's as the forward's autograd formula passes them (detached: autograd's backward
+    runs it without a graph)."""
     from relpos_lab.core.attention import fused_op
 
-    case = CASES[name]
-    q, k, v, kw = make(dataclasses.replace(case, B=1, H=2, Lq=min(case.Lq, 17), Lk=min(case.Lk, 17)))
-    mask = kw["attn_mask"].view(torch.uint8) if kw["attn_mask"] is not None else None
-    seed = torch.tensor([7], dtype=torch.int32, device=DEVICE) if dropout_p else None
-    args = (q, k, v, kw["rel_k"], kw["rel_v"], kw["rel_bias"], mask, kw["max_distance"], kw["is_causal"],
-            kw["query_offset"], q.shape[-1] ** -0.5, seed, dropout_p)
-    torch.library.opcheck(fused_op.fused_attention, args)
+    case = OPCHECK_CASES[name]
+    case = dataclasses.replace(case, B=2 if case.padding else 1, H=2, Lq=min(case.Lq, 13),
+                               Lk=min(case.Lk, 17 + case.offset))
+    inputs, tables = OPCHECK_DTYPES[dtype]
+    q, k, v, kw = build(case, dtype=inputs, device=DEVICE, requires_grad=True)
+    rel_k, rel_v = (kw[t].detach().to(tables).requires_grad_() if kw[t] is not None else None
+                    for t in ("rel_k", "rel_v"))
+    torch.manual_seed(0)
+    prepared = fused.prepare(q, k, rel_k, rel_v, kw["rel_bias"], case.max_distance, kw["attn_mask"], case.causal,
+                             case.offset, dropout_p, case.D ** -0.5)
+    *tensors, launch = prepared
+    forward = (q, k, v, *tensors, *launch)
+    with torch.no_grad():
+        o, lse, mass = fused_op.fused_attention(*forward)
+    detached = [t.detach() if t is not None else None for t in (q, k, v, *tensors)]
+    needs = (rel_k is not None, rel_v is not None, kw["rel_bias"] is not None)
+    backward = (torch.randn_like(o), *detached, o, lse, mass, *launch, *needs)
+    return forward, backward
+
+
+def skip_interpreted_bfloat16_dropout(dtype: str, dropout_p: float):
+    if dtype != "float32" and dropout_p and fused.INTERPRETED:
+        pytest.skip("Triton 3.6's interpreter has no bfloat16 constants (tl.full(..., 1.0, tl.bfloat16) in the "
+                    "dropout path: 'InterpreterBuilder' object has no attribute 'get_bf16'); -m cuda")
+
+
+@pytest.mark.parametrize("name, dtype, dropout_p", OPCHECKS)
+def test_the_fused_forward_op_passes_torch_library_opcheck(name, dtype, dropout_p):
+    """The torch.library op a compiled model calls: schema, fake outputs (shapes, strides, storage
+    offsets, dtypes) equal to the kernel's, autograd registration, and its traced forms (make_fx,
+    AOTAutograd) against the real kernels; with dropout, its seed tensor."""
+    from relpos_lab.core.attention import fused_op
+
+    skip_interpreted_bfloat16_dropout(dtype, dropout_p)
+
+    torch.library.opcheck(fused_op.fused_attention, op_inputs(name, dtype, dropout_p)[0])
+
+
+@pytest.mark.parametrize("name, dtype, dropout_p", OPCHECKS)
+def test_the_fused_backward_op_passes_torch_library_opcheck(name, dtype, dropout_p):
+    """The backward's op, which a compiled graph calls for the forward's gradient and whose fake
+    outputs inductor plans the gradients' buffers from: each gradient a fresh contiguous tensor,
+    as the fake says, whichever tables it has."""
+    from relpos_lab.core.attention import fused_op
+
+    skip_interpreted_bfloat16_dropout(dtype, dropout_p)
+
+    torch.library.opcheck(fused_op.fused_attention_backward, op_inputs(name, dtype, dropout_p)[1])
 
 
 @pytest.mark.parametrize("scheme", ["shaw", "alibi"])

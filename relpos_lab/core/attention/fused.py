@@ -475,7 +475,7 @@ def launch_backward(do, q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass, lau
     if "v" in sums:
         d_rel_v = sums["v"].to(rel_v.dtype)
     if wide_grad:  # per key block and label, summed in a fixed order
-        d_rel_bias = dbias_rows.view(b, h, rows, nl).sum((0, 2))
+        d_rel_bias = dbias_rows.view(b, h, rows, nl).sum((0, 2)).to(rel_bias.dtype)
     elif rel_bias is not None and needs.rel_bias:  # db_l = Σ_i G_il
         d_rel_bias = _by_label(grad, b, h, lq, nl).sum((0, 2)).to(rel_bias.dtype)
     return dq, dk, dv, d_rel_k, d_rel_v, d_rel_bias
@@ -509,9 +509,10 @@ def _label_sums(pairs: list[tuple[Tensor, Tensor, Tensor]], args: dict, n_labels
     """For each (label table, x, w) of one or two: float32 Σ_i table[i, l] · x_i over each head's
     B·Lq rows, x (B, H, Lq, D), as w's gradient takes it: (H, 2k+1, D), or (2k+1, D) over all heads
     for a w they share. A share per block of rows (`label_sums_kernel`, both pairs in one launch),
-    summed here in one reduction: the label tiles in x's dtype on the tensor cores, x read once,
-    where one einsum over all rows runs as narrow float32 GEMMs per head and copies
-    (docs/dev/fused-kernel.md)."""
+    summed here in one reduction per pair: the label tiles in x's dtype on the tensor cores, x read
+    once, where one einsum over all rows runs as narrow float32 GEMMs per head and copies
+    (docs/dev/fused-kernel.md). Each sum is a tensor of its own, not a view into one for both: the
+    custom op returns them, and its fake outputs (fused_op) are fresh contiguous tensors."""
     (table_a, x_a, _), (table_b, x_b, _) = pairs[0], pairs[-1]
     b, h, lq, d = x_a.shape
     meta = args["meta"]
@@ -524,10 +525,7 @@ def _label_sums(pairs: list[tuple[Tensor, Tensor, Tensor]], args: dict, n_labels
                                       h, lq, d, blocks, LABEL_TILE=meta["LABEL_TILE"], BLOCK_M=block,
                                       BLOCK_D=meta["BLOCK_D"], PRECISION=meta["PRECISION"])
     shares = shares.view(len(pairs), b, h, blocks, *shares.shape[2:])[..., :n_labels, :d]
-    per_head = [w.dim() == 3 for _, _, w in pairs]
-    if not any(per_head):
-        return list(shares.sum((1, 2, 3)))
-    return [total if own else total.sum(0) for total, own in zip(shares.sum((1, 3)), per_head)]
+    return [share.sum((0, 2) if w.dim() == 3 else (0, 1, 2)) for share, (_, _, w) in zip(shares, pairs)]
 
 
 def _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> dict:
