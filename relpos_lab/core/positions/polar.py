@@ -57,7 +57,7 @@ class PopePositions(RelativePositions):
         pos = torch.arange(offset, offset + q.shape[-2], device=q.device, dtype=torch.float64)
         angles = (pos[:, None] * self.theta.double()[None, :]).to(q.dtype)  # (L, D)
         key_angles = angles + self.delta()[:, None, :].to(q.dtype)  # (H, L, D)
-        return polar(F.softplus(q) * math.sqrt(2), angles), polar(F.softplus(k), key_angles)
+        return polar(softplus_magnitude(q) * math.sqrt(2), angles), polar(softplus_magnitude(k), key_angles)
 
     def draw(self, max_offset):
         """The logit equal unit magnitudes get by offset, mean_c cos((j − i)·θ_c + δ_hc), per head,
@@ -70,6 +70,13 @@ class PopePositions(RelativePositions):
                                  title="PoPE score of equal magnitudes by offset"),
                 "phase": Drawing("curves", delta.float(), torch.arange(delta.shape[-1]), "learned phase δ_c (radians)",
                                  xlabel="dimension c (high → low frequency)", title="PoPE key phase per head")}
+
+
+def softplus_magnitude(x: Tensor) -> Tensor:
+    """softplus(x), of x made contiguous first: q and k come in as a transposed view of the heads,
+    and for such an input torch's fake softplus backward (what a compiler traces) lays the gradient
+    out unlike the real one, so plain aot_eager's backward then views a tensor it cannot view."""
+    return F.softplus(x.contiguous())
 
 
 def polar(magnitude: Tensor, angles: Tensor) -> Tensor:
