@@ -9,6 +9,7 @@ too: PoPE's softplus once got a gradient laid out unlike its trace there, and fa
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -18,11 +19,12 @@ from torch import nn
 from relpos_lab.api import PositionConfig, PositionScheme, RelativePositions
 from relpos_lab.api.decoding_checks import random_tokens
 from relpos_lab.api.testing import check_scheme, tiny_model_config
-from relpos_lab.core.compiling import compile_model, graph_breaks, is_compiled
+from relpos_lab.core.compiling import compile_model, graph_breaks, is_compiled, unwrapped
 from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.positions import BUILTIN, builtin_config, position_scheme_of
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder
+from relpos_lab_tasks.synthetic import ReverseTask, SyntheticConfig
 
 BACKEND = "aot_eager_decomp_partition"
 FAMILIES = {
@@ -162,6 +164,79 @@ def test_compiled_in_place_keeps_class_state_dict_and_eager_decoding():
     assert isinstance(model, EncoderDecoder) and list(model.state_dict()) == keys
     with pytest.raises(ValueError, match="choose one of none, default, reduce-overhead, max-autotune"):
         compile_model(model, "fast")
+
+
+def _reverse_task(cls=ReverseTask):
+    return cls(SyntheticConfig(name="reverse", train_size=8, eval_size_per_length=2), seed=0)
+
+
+@pytest.mark.parametrize("architecture", ["encoder_decoder", "decoder_only", "encoder_only"])
+def test_a_torch_compile_wrapper_is_the_same_model_to_the_task_and_its_checkpoint(architecture):
+    """The nanoGPT habit, `model = torch.compile(model)`, gives a wrapper of another class whose
+    state_dict keys start with `_orig_mod.`: the task's loss, greedy decoding and evaluation look
+    through it (once, the encoder-only loss took the encoder-decoder's branch and failed in dynamo),
+    and the weights to save are the module's (`unwrapped`), which an eager model loads."""
+    task = _reverse_task()
+    cfg = tiny_model_config(builtin_config("shaw"), architecture, vocab=len(task.tgt_vocab))
+    torch.manual_seed(0)
+    model = task.build_model(cfg)
+    compiled = torch.compile(model, backend="aot_eager")
+    batch = task.collate(task.dataset("valid")[:4])
+    torch.testing.assert_close(task.loss(compiled, batch, 0.1).loss, task.loss(model, batch, 0.1).loss)
+    evaluations = task.build_evaluation("valid"), task.build_evaluation("valid")
+    with torch.no_grad():
+        assert torch.equal(task.evaluate(compiled.eval(), batch, evaluations[0]),
+                           task.evaluate(model, batch, evaluations[1]))  # greedy (beam_size 1) or the slots
+    assert evaluations[0].compute().metrics == evaluations[1].compute().metrics
+    assert all(key.startswith("_orig_mod.") for key in compiled.state_dict())
+    eager = task.build_model(cfg)
+    eager.load_state_dict(unwrapped(compiled).state_dict())
+    assert all(torch.equal(eager.state_dict()[k], v) for k, v in model.state_dict().items())
+    torch._dynamo.reset()
+
+
+def test_inspect_looks_through_a_torch_compile_wrapper(tmp_path, monkeypatch):
+    """The probes find attention layers by name, which the wrapper prefixes with `_orig_mod.`.
+    The numbers (inspect.json) are compared; the figures drawn from them are left out (seconds)."""
+    from relpos_lab.config import load_config
+    from relpos_lab.training import inspect as inspection
+
+    monkeypatch.setattr(inspection, "_figures", lambda *args: [])
+    task = _reverse_task()
+    cfg = load_config("reverse_shaw", ["debug"])
+    torch.manual_seed(0)
+    model = task.build_model(tiny_model_config(builtin_config("shaw"), vocab=len(task.tgt_vocab)))
+    inspection.inspect_model(torch.compile(model, backend="aot_eager"), task, cfg, tmp_path / "compiled", lengths=[3])
+    inspection.inspect_model(model, task, cfg, tmp_path / "eager", lengths=[3], run_name="compiled")
+    compiled, eager = (json.loads((tmp_path / name / "inspect.json").read_text()) for name in ("compiled", "eager"))
+    assert compiled == eager
+    torch._dynamo.reset()
+
+
+class CompilingReverseTask(ReverseTask):
+    """A task whose model comes compiled, as `model = torch.compile(model)` in build_model."""
+
+    def build_model(self, cfg):
+        return torch.compile(super().build_model(cfg), backend=self.backend)
+
+
+def test_a_training_module_holds_a_compiled_model_in_place_and_saves_its_eager_keys():
+    from relpos_lab.config import load_config
+    from relpos_lab.training.module import RelposModule
+
+    cfg = load_config("reverse_shaw", ["debug"])
+    counter = torch._dynamo.testing.CompileCounter()
+    task = _reverse_task(CompilingReverseTask)
+    task.backend = counter
+    module = RelposModule(cfg, task)
+    assert isinstance(module.model, EncoderDecoder) and is_compiled(module.model)
+    eager = RelposModule(cfg, _reverse_task())
+    assert list(module.state_dict()) == list(eager.state_dict())
+    eager.load_state_dict(module.state_dict())
+    batch = task.collate(task.dataset("train")[:4])
+    task.loss(module.model, batch, 0.1)
+    assert counter.frame_count == 1  # the wrapper's backend, called in place
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("scheme", ["shaw", "alibi", "abacus"])

@@ -29,3 +29,14 @@ def test_the_readmes_checkpoint_example_scores_with_the_cache(tiny_reverse_run, 
     assert type(scope["model"]) is (PrefixLM if decoder_only else EncoderDecoder)
     assert scope["scores"].shape == (2,) and bool((scope["scores"] < 0).all())
     assert capsys.readouterr().out.startswith(f"{type(scope['model']).__name__} shaw [")
+
+
+def test_the_guides_compiling_example_keeps_the_models_weights(tmp_path, monkeypatch):
+    """Both ways of compiling from Python (docs/models.md, "Compiling"); nothing is called, so nothing compiles."""
+    monkeypatch.chdir(tmp_path)
+    block = docs_text.block("import torch\nfrom relpos_lab.api import EncoderDecoder, ModelConfig, builtin_config\n")
+    scope: dict = {}
+    exec(compile(block.text, f"{block.page} (Compiling)", "exec"), scope)
+    reloaded = EncoderDecoder(scope["cfg"])
+    reloaded.load_state_dict(torch.load(tmp_path / "model.pt"))
+    assert all(k.startswith("_orig_mod.") for k in scope["compiled"].state_dict())

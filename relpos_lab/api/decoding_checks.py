@@ -30,6 +30,7 @@ import traceback
 import torch
 from torch import nn
 
+from relpos_lab.core.compiling import unwrapped
 from relpos_lab.core.transformer import EncoderDecoder
 
 CACHE_TOLERANCE = 1e-9
@@ -145,7 +146,7 @@ def beam_reorder(model, src, tgt) -> str:
     keeps the surviving hypotheses, some twice, some from another hypothesis of the sentence. The
     steps before and after it equal the full pass over the tokens each kept hypothesis was fed."""
     model.eval()
-    if isinstance(model, EncoderDecoder):
+    if isinstance(unwrapped(model), EncoderDecoder):
         src = pad_sources(src, model.cfg.pad_id)  # the memory's key mask is reordered too
     batch, fed, steps = src.shape[0], 3, tgt.shape[1]
     rows = torch.arange(batch).repeat_interleave(BEAM)  # beam_search: start_decoding, then reorder(rows)

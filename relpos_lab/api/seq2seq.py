@@ -32,6 +32,7 @@ from relpos_lab.api.evaluation import Evaluation
 from relpos_lab.api.samples import pick_rows
 from relpos_lab.api.task import Batch, Task
 from relpos_lab.api.vocabulary import Vocabulary
+from relpos_lab.core.compiling import unwrapped
 from relpos_lab.core.decoding import beam_search, by_source_length, greedy_search
 from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.errors import ContractError
@@ -208,7 +209,7 @@ class Seq2SeqTask(Task):
         """The training objective of one batch: label-smoothed cross-entropy under teacher forcing,
         on the target (and with `task.loss_on_source`, on the source too: a mean over both's tokens)."""
         pad = self.tgt_vocab.pad_id
-        if isinstance(model, EncoderOnly):
+        if isinstance(unwrapped(model), EncoderOnly):
             logits, target, n_slots = self.at_slots(model, batch)
             if self.cfg.loss_on_padding:  # every slot of a row counts, pad after its EOS too
                 slots = torch.arange(target.shape[1], device=target.device)[None, :] < n_slots[:, None]
@@ -265,7 +266,7 @@ class Seq2SeqTask(Task):
     def predict(self, model: nn.Module, batch: Batch) -> Tensor:
         """Predicted target ids (B, T'), EOS included and pad after it, per `cfg.decoding`
         (encoder_only: the argmax at each slot, pad past a row's slots)."""
-        if isinstance(model, EncoderOnly):
+        if isinstance(unwrapped(model), EncoderOnly):
             n_slots, target = self._slots(batch)
             width = target.shape[1] if target is not None else max(n_slots.tolist(), default=0)
             return slot_predictions(model(batch["src"], n_slots, width=width), n_slots, self.tgt_vocab.pad_id)
@@ -276,7 +277,7 @@ class Seq2SeqTask(Task):
             search = partial(beam_search, model, beam_size=d.beam_size, length_penalty=d.length_penalty, **kwargs)
         else:
             search = partial(greedy_search, model, **kwargs)
-        if isinstance(model, PrefixLM):  # the source is its prefix: no padding inside a search
+        if isinstance(unwrapped(model), PrefixLM):  # the source is its prefix: no padding inside a search
             return by_source_length(search, batch["src"], v.pad_id)
         return search(batch["src"])
 
@@ -286,7 +287,7 @@ class Seq2SeqTask(Task):
         The one evaluation of the framework: validation, test and `relpos-lab eval` all call it.
         """
         pad = self.tgt_vocab.pad_id
-        if isinstance(model, EncoderOnly):  # one pass: the slots' argmax is the prediction
+        if isinstance(unwrapped(model), EncoderOnly):  # one pass: the slots' argmax is the prediction
             logits, target, n_slots = self.at_slots(model, batch)
             forced = label_smoothed_loss(logits, target, smoothing=0.0, ignore_index=pad)
             evaluation.update_nll(forced.nll_sum, forced.n_tokens)

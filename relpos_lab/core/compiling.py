@@ -1,7 +1,9 @@
 """torch.compile for the lab's models: `trainer.compile` in training and evaluation.
 
 A model is compiled in place (`nn.Module.compile`): its class, its state_dict keys (no
-``_orig_mod.``) and its other methods stay as they are. Only a call of the model itself, the
+``_orig_mod.``) and its other methods stay as they are. A model a caller wrapped with
+`torch.compile(model)` is the same model to the lab: code that dispatches on the model's class
+looks through the wrapper (`unwrapped`). Only a call of the model itself, the
 full-sequence forward of training, teacher-forced validation and the encoder-only slots, runs
 compiled, and with it the backward. Decoding steps (`start_decoding`, `decode_step`) stay eager:
 a KV cache's Python state changes every step and would recompile the graph each time.
@@ -38,6 +40,29 @@ def compile_model(model: nn.Module, mode: str) -> nn.Module:
 
 def is_compiled(model: nn.Module) -> bool:
     return getattr(model, "_compiled_call_impl", None) is not None
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The module `torch.compile(module)` wrapped (its `_orig_mod`), or `model` itself.
+
+    The wrapper calls the module compiled and forwards every other attribute, but it is another
+    class, its state_dict keys start with ``_orig_mod.`` and its submodules' names too: code that
+    asks what a model is, names its layers or saves its weights asks this instead. Asked by the
+    attribute, not the wrapper's class, so that an eager run does not import dynamo (seconds)."""
+    while isinstance(getattr(model, "_orig_mod", None), nn.Module):
+        model = model._orig_mod
+    return model
+
+
+def compiled_in_place(model: nn.Module) -> nn.Module:
+    """`model`, or where it is a `torch.compile` wrapper, the module it wraps compiled in place
+    with the wrapper's settings (what `module.compile(...)` with the same arguments does), so a
+    task whose `build_model` returns `torch.compile(model)` trains a model whose checkpoints have
+    the eager model's keys. Lightning turns a compiled LightningModule back the same way."""
+    module = unwrapped(model)
+    if module is not model:
+        module._compiled_call_impl = model.dynamo_ctx(module._call_impl)
+    return module
 
 
 def graph_breaks(fn, *args, **kwargs) -> list[str]:

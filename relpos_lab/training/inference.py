@@ -30,6 +30,7 @@ from torch.utils.data import SequentialSampler
 
 from relpos_lab.api.errors import UserError
 from relpos_lab.api.task import Task
+from relpos_lab.core.compiling import unwrapped
 from relpos_lab.core.decoding import sample
 from relpos_lab.core.embedding import seed_eval_positions
 from relpos_lab.core.renamed import renamed
@@ -134,8 +135,9 @@ def unknown_input(task: Task, sources: Sequence[torch.Tensor | None]) -> str | N
 def generate(task: Task, model: nn.Module, prompt: str, max_new_tokens: int = 100, temperature: float = 1.0,
              top_k: int = 0, seed: int = 0) -> str:
     """The text a language-model checkpoint writes after `prompt` (the prompt not repeated)."""
-    if not isinstance(model, DecoderLM):
-        raise UserError(f"the checkpoint holds a {type(model).__name__} of task '{task.cfg.name}', a "
+    held = unwrapped(model)
+    if not isinstance(held, DecoderLM):
+        raise UserError(f"the checkpoint holds a {type(held).__name__} of task '{task.cfg.name}', a "
                         "sequence-to-sequence model: `generate` continues text with a language model (task lm); "
                         "decode its inputs with `relpos-lab translate` instead")
     if temperature < 0 or top_k < 0 or max_new_tokens < 0:

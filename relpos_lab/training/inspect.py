@@ -39,6 +39,7 @@ from relpos_lab.api.errors import UserError, shown_path
 from relpos_lab.api.files import atomic_write
 from relpos_lab.api.task import Task
 from relpos_lab.core.attention.capture import AttentionProbe, capturing
+from relpos_lab.core.compiling import unwrapped
 from relpos_lab.core.embedding import positions_in_order
 from relpos_lab.core.positions import RelativePositions
 from relpos_lab.core.transformer import Decoder, Encoder, MultiHeadAttention
@@ -123,7 +124,9 @@ def inspect_model(model: torch.nn.Module, task: Task, cfg: DictConfig, out_dir: 
                   lengths: Sequence[int] | None = None, loggers: Sequence = (), run_name: str | None = None,
                   echo: Callable[[str], None] | None = None, step: int | None = None) -> InspectSummary:
     """Measure, draw and write everything into `out_dir` (inspect.json, plots/inspect/); W&B rows
-    at training step `step` (the checkpoint's)."""
+    at training step `step` (the checkpoint's). A `torch.compile` wrapper is looked through: the
+    probes find the attention layers by their names in the module and watch its eager forward."""
+    model = unwrapped(model)
     out_dir = Path(out_dir)
     run_name = run_name or out_dir.name
     scheme = _scheme_name(cfg)

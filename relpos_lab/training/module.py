@@ -23,7 +23,7 @@ from relpos_lab.api.contract import Checked, check
 from relpos_lab.api.evaluation import EvalResult
 from relpos_lab.api.samples import LATER_ROWS, SampleSpread
 from relpos_lab.api.task import Task
-from relpos_lab.core.compiling import compile_model, graphs_compiled, is_compiled
+from relpos_lab.core.compiling import compile_model, compiled_in_place, graphs_compiled, is_compiled
 from relpos_lab.core.embedding import seed_eval_positions
 from relpos_lab.core.eval_dropout import dropout_at_eval
 from relpos_lab.records.loggers import log_samples
@@ -37,8 +37,9 @@ class RelposModule(L.LightningModule):
     def __init__(self, cfg: DictConfig, task: Task, test_split: str = "test"):
         super().__init__()
         self.cfg, self.task, self.test_split = cfg, task, test_split
-        # What the task returns is checked against its contract (api/contract.py), each verb on first use.
-        self.model = check(task, "build_model", task.build_model(OmegaConf.to_object(cfg.model)))
+        # What the task returns is checked against its contract (api/contract.py), each verb on first use;
+        # a model it returns as torch.compile(model) is held compiled in place, so checkpoints keep its keys.
+        self.model = compiled_in_place(check(task, "build_model", task.build_model(OmegaConf.to_object(cfg.model))))
         compile_model(self.model, OmegaConf.select(cfg, "trainer.compile", default="none"))
         self.evaluations = nn.ModuleDict({s: check(task, "build_evaluation", task.build_evaluation(s))
                                           for s in dict.fromkeys(("valid", test_split))})
