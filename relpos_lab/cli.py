@@ -34,6 +34,7 @@ from relpos_lab.terminal import (
     show_report,
     show_submission,
     show_summary,
+    show_table,
 )
 from relpos_lab.training.threads import quiet_openmp
 
@@ -449,7 +450,7 @@ def tables(args: argparse.Namespace) -> int:
 def bench(args: argparse.Namespace) -> None:
     from relpos_lab.analysis import bench as benchmarks
 
-    benchmarks.main(args.bench_args)
+    benchmarks.main(args.bench_args, show_table)
 
 
 # --- presentation ---------------------------------------------------------------------------

@@ -4,6 +4,7 @@ import json
 import pytest
 import torch
 
+from relpos_lab import cli, terminal
 from relpos_lab.analysis import bench, candidates
 
 TINY = ["--batch", "1", "--heads", "2", "--head-dim", "8", "--d-model", "16", "--d-ff", "32",
@@ -140,15 +141,20 @@ def test_combining_runs_takes_medians_and_ranges():
     assert combined.extra["speedup_over_opennmt_range"] == [1.0, 3.0] and combined.times_ms == [4.0, 8.0, 5.0]
 
 
-def test_model_bench_times_each_candidate_compiled_beside_eager(tmp_path):
+def test_model_bench_times_each_candidate_compiled_beside_eager(tmp_path, capsys, monkeypatch):
     """--compile: a compiled twin per candidate, its compile time apart; FLOPs counted per token
-    (Shaw's label terms add to sinusoidal's), host time per step; no MFU on a CPU."""
+    (Shaw's label terms add to sinusoidal's), host time per step; no MFU on a CPU. Piped at 80
+    columns (`relpos-lab bench model --compile | cat`), every row still names its candidate whole:
+    rich had cut them all to `model-…`, eager and compiled alike."""
+    monkeypatch.setattr(terminal.console, "width", 80)
     out = tmp_path / "bench.json"
-    bench.main(["model", *TINY, "--architecture", "encoder_only", "--impl", "gather", "--compile",
-                "--json", str(out)])
+    assert cli.main(["bench", "model", *TINY, "--architecture", "encoder_only", "--impl", "gather", "--compile",
+                     "--json", str(out)]) == 0
     results = {r["name"]: r for r in json.loads(out.read_text())["results"]}
     assert set(results) == {"model-sinusoidal", "model-sinusoidal-compiled", "model-shaw-gather",
                             "model-shaw-gather-compiled"}
+    rows = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("│ model-")]
+    assert sorted(rows) == sorted(results)
     for name, r in results.items():
         extra = r["extra"]
         assert extra["host_ms"] > 0 and extra["tokens_per_s"] > 0 and "mfu" not in extra

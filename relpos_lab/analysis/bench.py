@@ -16,8 +16,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,6 +34,9 @@ from relpos_lab.core.positions import builtin_config, position_scheme_of
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention
 from relpos_lab.training.optim import build_optimizer
 from relpos_lab.training.threads import use_cpu_threads
+
+if TYPE_CHECKING:  # a type name only: rich loads when the table is printed
+    from rich.table import Table
 
 
 @dataclass
@@ -470,7 +475,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="layer: also time OpenNMT-py's attention from an unpacked OpenNMT-py wheel in DIR")
 
 
-def run(args: argparse.Namespace) -> list[Result]:
+def run(args: argparse.Namespace, show_table: Callable[[Table], None] | None = None) -> list[Result]:
+    """Measure, print the results table through `show_table` (rich's own print by default, which
+    cuts names at 80 columns when piped; the CLI passes terminal.show_table, which prints them
+    whole), then the notes beside it, and write --json."""
     from rich.console import Console
     from rich.table import Table
 
@@ -496,7 +504,7 @@ def run(args: argparse.Namespace) -> list[Result]:
                       *((f"{low_high[0]:.2f}-{low_high[1]:.2f}" if low_high else "",) if spread else ()),
                       f"{r.peak_mb:.0f}" if r.peak_mb is not None else "",
                       *(form.format(r.extra[key]) if key in r.extra else "" for key, _, form in measured))
-    Console().print(table)
+    (show_table or Console().print)(table)
     for r in results:
         if "compile_s" in r.extra:
             Console().print(f"compile: {r.name} at length {r.shape['length']}: {r.extra['compile_s']:.1f} s "
@@ -543,14 +551,15 @@ def combine_runs(runs: list[list[Result]]) -> list[Result]:
     return combined
 
 
-def main(argv=None):
+def main(argv=None, show_table: Callable[[Table], None] | None = None):
+    """`relpos-lab bench ARGS`; `show_table` prints the results table (see `run`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["kernel"]:  # the fused kernel compiled for a GPU target: static counts, no timing
         from relpos_lab.analysis import kernel_static
         return kernel_static.main(kernel_static.parse(argv[1:]))
     parser = argparse.ArgumentParser(prog="relpos-lab bench", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    run(parser.parse_args(argv))
+    run(parser.parse_args(argv), show_table)
 
 
 if __name__ == "__main__":
