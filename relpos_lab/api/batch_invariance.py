@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from relpos_lab.core.compiling import unwrapped
 from relpos_lab.core.decoding import beam_search, by_source_length, greedy_search
 from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.prefix_lm import PrefixLM
@@ -47,6 +48,7 @@ def examples(vocab: int, seed: int = 0) -> tuple[Tensor, Tensor]:
 
 
 def family_of(model: nn.Module) -> str:
+    model = unwrapped(model)
     if isinstance(model, EncoderOnly):
         return "encoder_only"
     if isinstance(model, PrefixLM):
