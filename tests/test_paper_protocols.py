@@ -35,6 +35,7 @@ def test_the_experiments_are_the_papers_protocol(name):
                                                                       == name.startswith("ruoss"))
     # the reference: its final parameters, one process; its model's details (tests/test_reference_options.py)
     assert cfg.trainer.evaluate == "last" and cfg.trainer.devices * cfg.trainer.num_nodes == 1
+    assert cfg.trainer.eval_dropout  # the reference evaluates with a random key: dropout on
     assert cfg.trainer.precision == "32" and cfg.model.init == "haiku" and cfg.task.loss_on_padding
     assert not cfg.model.attention_bias and cfg.model.output_bias
     assert cfg.model.attention_dropout == cfg.model.ffn_dropout == cfg.model.embedding_dropout == 0.0
