@@ -315,3 +315,21 @@ def test_eval_dropout_evaluates_with_dropout_on_and_repeats(tiny_reverse_run, tm
     assert _test_loss(tiny_reverse_run, tmp_path, "on2", *on) == first
     assert _test_loss(tiny_reverse_run, tmp_path, "off", "model.dropout=0.3") != first
     assert _test_loss(tiny_reverse_run, tmp_path, "seed", *on, "seed=7") != first
+
+
+def haiku_model(positions):
+    return EncoderOnly(tiny_model_config(positions, "encoder_only", d_model=64, n_heads=4, d_ff=256, init="haiku"))
+
+
+def test_haiku_init_draws_a_schemes_layers_as_haiku_would():
+    """model.init=haiku: learned positions as hk.Embed (σ 1, cut at 2σ: spread 0.88), Transformer-XL's
+    W_R as hk.Linear (σ 1/√d); u and v keep the reference's own N(0, 0.02²)."""
+    torch.manual_seed(0)
+    learned = haiku_model(builtin_config("learned", max_len=512))
+    table = learned.encoder.embed.absolute.embedding.weight
+    assert 0.85 < table.std().item() < 0.91 and table.abs().max().item() <= 2.0
+    xl = haiku_model(builtin_config("transformer_xl"))
+    module = xl.encoder.layers[0].self_attn.inner.relative
+    w = module.r_proj.weight
+    assert 0.85 / 8 < w.std().item() < 0.91 / 8 and w.abs().max().item() <= 2 / 8
+    assert 0.015 < module.u.std().item() < 0.025

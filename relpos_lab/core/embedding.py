@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from relpos_lab.core.init import HAIKU_EMBEDDING_STD, truncated_normal_
+from relpos_lab.core.init import HAIKU_EMBEDDING_STD, haiku_layers_, truncated_normal_
 from relpos_lab.core.length_groups import row_lengths
 from relpos_lab.core.positions import PositionConfig, contract, position_scheme_of
 from relpos_lab.core.positions.randomized import sample_distances, sample_positions
@@ -51,6 +51,8 @@ class Embedding(nn.Module):
                 self.tokens.weight[pad_id].zero_()
         position_scheme = position_scheme_of(positions)
         self.absolute = position_scheme.embedding(d_model)  # its module, or None; was `positions` (old keys load)
+        if init == "haiku":
+            haiku_layers_(self.absolute)
         self.reads_tokens = position_scheme.reads_tokens  # its module is called with the ids of every position so far
         self.scheme_label = contract.scheme_label(positions)  # how contract errors name the scheme
         self.unchecked = self.absolute is not None  # its output is checked on the first call (contract.py)

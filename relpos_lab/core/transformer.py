@@ -19,7 +19,7 @@ from relpos_lab.core.attention import capture, relative_attention
 from relpos_lab.core.attention.masks import visibility_mask
 from relpos_lab.core.cache import DecoderCache, KVCache, LayerCache
 from relpos_lab.core.embedding import Embedding, seed_eval_positions
-from relpos_lab.core.init import INITS, linear
+from relpos_lab.core.init import INITS, haiku_layers_, linear
 from relpos_lab.core.length_groups import per_length, row_lengths
 from relpos_lab.core.positions import (
     KeyState,
@@ -217,6 +217,8 @@ class MultiHeadAttention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
             linear(cfg.d_model, cfg.d_model, bias=cfg.attention_bias, init=cfg.init) for _ in range(4))
         self.relative = relative or RelativePositions()  # the scheme's module; was `positions` (old keys load)
+        if relative is not None and cfg.init == "haiku":
+            haiku_layers_(relative)
         self.scheme_label = contract.scheme_label(cfg.positions)  # how contract errors name the scheme
         self.slots = cfg.positions.max_random_len  # P of a randomized-position pass (None: positions 0..L-1)
         self.unchecked = relative is not None  # the scheme's hooks are checked on their first call
