@@ -411,12 +411,15 @@ def submit_sweep(grid, dry_run: bool) -> int:
              "runs, or max: its best run per metric (lowest loss/ppl), the best-of over seeds and learning rates "
              "that Deletang et al. and Ruoss et al. report (e.g. --over seed lr --aggregate max)"),
          arg("--wandb", action="store_true", help="also log the leaderboard, one length chart per task and the "
-             "report's files to a W&B run in the sweep's group (offline without an API key: wandb sync it)"))
+             "report's files to a W&B run in the sweep's group (offline without an API key: wandb sync it)"),
+         arg("--fit-threshold", type=float, default=0.9, help="an accuracy leaderboard marks a cell whose "
+             "in-distribution score is below this 'did not fit' (default: 0.9)"))
 def report(args: argparse.Namespace) -> None:
     from relpos_lab.analysis.report import write_report
 
     path = write_report(args.sweep_dir, args.out, args.split, tuple(args.metric or ()),
-                        tuple(args.over) if args.over else None, args.aggregate, wandb=args.wandb)
+                        tuple(args.over) if args.over else None, args.aggregate, wandb=args.wandb,
+                        fit_threshold=args.fit_threshold)
     console.print(f"report: {shown_path(path)}")
     if args.wandb:
         from relpos_lab.records.wandb_run import sync_command

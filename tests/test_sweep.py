@@ -440,6 +440,27 @@ def test_a_two_axis_sweep_gets_a_leaderboard_of_tasks_by_schemes(tmp_path):
     assert "Leaderboard" not in write_report(tmp_path / "runs" / "one", tmp_path / "out1").read_text()
 
 
+def test_the_leaderboard_shows_in_distribution_beside_and_marks_a_cell_that_did_not_fit(tmp_path):
+    """The papers' suites test only longer lengths; their validation split holds the training ones.
+    A cell below the threshold there is marked and is no row's best, however it scores beyond."""
+    root = tmp_path / "runs" / "suite"
+    points = []
+    for scheme, test, valid in (("rope", 0.7, 0.62), ("shaw", 0.6, 0.98)):
+        run = _fake_run(root, f"parity-{scheme}", test, {}, 1)
+        results = json.loads((Path(run) / "results.json").read_text())
+        results["metrics"]["valid/exact_match"] = valid
+        (Path(run) / "results.json").write_text(json.dumps(results))
+        points.append(({"seed": "1", "task": "parity", "scheme": scheme}, run))
+    (root / "sweep.json").write_text(json.dumps({
+        "name": "suite", "sweep_file": "x.yaml", "points": [{"index": i, "labels": l, "overrides": [], "run_dir": d}
+                                                            for i, (l, d) in enumerate(points)]}))
+    board = write_report(root, tmp_path / "out", metrics=("exact_match",)).read_text().split("## Leaderboard")[1]
+    assert "| parity | 0.700 (id 0.620, did not fit) | **0.600** (id 0.980) |" in board
+    assert "| fitted (id ≥ 0.9) | 0/1 | 1/1 |" in board
+    lenient = write_report(root, tmp_path / "out2", metrics=("exact_match",), fit_threshold=0.5).read_text()
+    assert "| parity | **0.700** (id 0.620) | 0.600 (id 0.980) |" in lenient
+
+
 def _suite_with_reference(root: Path, reference: dict) -> Path:
     """Tasks parity × schemes rope, shaw (both run) and reverse × rope (run), shaw (never ran)."""
     points = []

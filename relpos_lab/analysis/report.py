@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from relpos_lab.analysis.fit import FIT_THRESHOLD, fit_cell, in_distribution
 from relpos_lab.api.errors import UserError
 from relpos_lab.launch.sweep import MANIFEST, group_label
 from relpos_lab.records.inspect_plots import KIND_TITLES, plot_mean_curves
@@ -204,10 +205,14 @@ def signature_lines(groups: list[Group], split: str) -> list[str]:
     return lines
 
 
-def leaderboard_lines(groups: list[Group], rows: list[dict], metric: str, reference: dict | None = None) -> list[str]:
+def leaderboard_lines(groups: list[Group], rows: list[dict], metric: str, reference: dict | None = None,
+                      fit: dict[str, float] | None = None, threshold: float = FIT_THRESHOLD) -> list[str]:
     """A grid of two axes (a suite's tasks × schemes) as one table of `metric`, rows by the first
     axis, columns by the second, mean ± std over the averaged-over axes, each row's best (the
     lowest loss or perplexity) in bold; nothing for another number of axes.
+
+    `fit` (group label -> in-distribution score, fit.py) puts that score after each cell and marks a
+    cell below `threshold` "did not fit": it is no row's best, and a last row counts the fitted cells.
 
     A `reference` (the sweep file's) of this metric puts its published number after each cell, and
     "—" where it gives none for that cell: a missing number is said, not left out."""
@@ -215,6 +220,8 @@ def leaderboard_lines(groups: list[Group], rows: list[dict], metric: str, refere
     if len(axes) != 2:
         return []
     cells = {tuple(g.labels.values()): row[metric] for g, row in zip(groups, rows) if metric in row}
+    fits = {tuple(g.labels.values()): fit[g.label] for g in groups if fit and g.label in fit}
+    fitted = {cell for cell in cells if cell not in fits or fits[cell] >= threshold}
     if not cells:
         return []
     row_labels = list(dict.fromkeys(g.labels[axes[0]] for g in groups))
@@ -225,16 +232,21 @@ def leaderboard_lines(groups: list[Group], rows: list[dict], metric: str, refere
     if published is not None:
         lines += [f"After ·: {reference['source']} (published; not computed here; "
                   "—: no number there for that cell).", ""]
+    if fits:
+        lines += [f"(id …): the same metric on the training lengths; *did not fit*: below {threshold:g} there, "
+                  "so its out-of-distribution score says nothing about length generalization (never a row's best).",
+                  ""]
     lines += [f"| {axes[0]} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for label in row_labels:
         best = (min if lower_is_better(metric) else max)(
-            (cells[label, c][0] for c in columns if (label, c) in cells), default=None)
+            (cells[label, c][0] for c in columns if (label, c) in fitted), default=None)
         shown = []
         for c in columns:
             text = ""
             if (label, c) in cells:
                 text = _cell(*cells[label, c], 3)
-                text = f"**{text}**" if cells[label, c][0] == best else text
+                text = f"**{text}**" if cells[label, c][0] == best and (label, c) in fitted else text
+                text += fit_cell(fits[label, c], threshold) if (label, c) in fits else ""
             if published is not None:
                 value = published.get(group_label({axes[0]: label, axes[1]: c}, ()))
                 text = f"{text or 'not run'} · {'—' if value is None else f'{value:g}'}"
@@ -243,6 +255,9 @@ def leaderboard_lines(groups: list[Group], rows: list[dict], metric: str, refere
     means = [statistics.fmean(cells[r, c][0] for r in row_labels) if all((r, c) in cells for r in row_labels) else None
              for c in columns]
     lines.append(f"| mean over {axes[0]}s | " + " | ".join("—" if m is None else f"{m:.3f}" for m in means) + " |")
+    if fits:
+        counts = [f"{sum((r, c) in fitted for r in row_labels)}/{len(row_labels)}" for c in columns]
+        lines.append(f"| fitted (id ≥ {threshold:g}) | " + " | ".join(counts) + " |")
     lines += ["", f"The last row averages each column's means over every {axes[0]} (as Ruoss et al. summarise a "
               f"scheme over the suite); —: some {axes[0]} has no run yet."]
     return lines
@@ -291,7 +306,7 @@ def _run_name(run_dir: str) -> str:
 
 def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: str | None = None,
                  metrics: tuple[str, ...] | None = None, over: tuple[str, ...] | None = None,
-                 how: str = "mean", wandb: bool = False) -> Path:
+                 how: str = "mean", wandb: bool = False, fit_threshold: float = FIT_THRESHOLD) -> Path:
     """Write report.md, summary.csv, by_length.csv, groups.png (every run), one by-length plot per
     metric and, for runs with inspect.json, one attention-by-offset plot per attention kind.
 
@@ -302,6 +317,8 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
     `over` defaults to the seed axis, or to none when the sweep has no seed axis. `how` (AGGREGATES)
     makes a group's runs one number: mean ± std, or max, its best run per metric. `wandb`: also log the
     leaderboard, the length curves and the report's files to a W&B run of the sweep's group (report_wandb.py).
+    A leaderboard of an accuracy shows each cell's in-distribution score too, below `fit_threshold`
+    marked "did not fit" (fit.py).
     """
     if how not in AGGREGATES:
         raise UserError(f"--aggregate {how}: expected one of {', '.join(AGGREGATES)}")
@@ -344,7 +361,9 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
     if drawn:
         lines += ["", "![every run](groups.png)"]
     for m in metrics:
-        lines += leaderboard_lines(groups, rows, f"{m}_ood" if f"{m}_ood" in names else m, reference)
+        fit = in_distribution(groups, split, m, lambda values, m=m: aggregate(values, how, m)[0])
+        lines += leaderboard_lines(groups, rows, f"{m}_ood" if f"{m}_ood" in names else m, reference, fit,
+                                   fit_threshold)
     lines += _runs_lines(groups, shown, split) + _by_length_lines(curves, panels, list(groups[0].labels), split)
     lines += _attention_section(out, manifest["name"], groups, over)
     (out / "report.md").write_text("\n".join(lines) + "\n")
