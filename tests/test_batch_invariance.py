@@ -3,6 +3,8 @@ with the default attention implementation, and every implementation a model can 
 of each kind (relpos_lab/api/batch_invariance.py says what is compared)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -96,3 +98,29 @@ def test_a_width_reading_scheme_is_caught_and_named():
             module.per_length_at_eval = False
     with pytest.raises(AssertionError, match=r"example 0 \(source 5 tokens, target 4\)"):
         batch_invariance.check(model)
+
+
+SIN_COS_FROM_THE_END = ("deletang2023_paper_small", "debug", "task.name=cycle_navigation", "trainer.max_steps=40",
+                        "trainer.val_every_n_steps=40", "model.positions.scheme=sinusoidal",
+                        "model.positions.count_from_end=true", "trainer.eval_dropout=false",
+                        "logging.wandb.mode=disabled", "logging.root=runs")
+
+
+def test_a_run_scores_the_same_under_ddp_and_at_any_evaluation_batch(tmp_path):
+    """The papers' sin/cos (counted from each example's end) on cycle navigation: trained and tested
+    by two DDP processes (gloo), then its checkpoint evaluated alone at one example a batch and at
+    256 padded to a multiple of 16: one test accuracy and loss, whatever cut the batches."""
+    from relpos_lab.training.experiment import evaluate
+
+    from installed import run_cli
+
+    out = run_cli(tmp_path, "train", *SIN_COS_FROM_THE_END, "trainer.accelerator=cpu", "trainer.devices=2",
+                  "trainer.strategy=ddp")
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir,) = [p for p in (tmp_path / "runs").glob("*/*") if p.is_dir()]
+    under_ddp = json.loads((run_dir / "results.json").read_text())["metrics"]
+    for i, batching in enumerate((["data.eval_batch_size=1"], ["data.eval_batch_size=256", "data.pad_to_multiple=16"])):
+        alone = evaluate(run_dir / "checkpoints" / "last.ckpt", overrides=batching, output=tmp_path / f"eval{i}")
+        metrics = json.loads(alone.results.read_text())["metrics"]
+        assert metrics["test/accuracy"] == under_ddp["test/accuracy"], batching
+        assert metrics["test/loss"] == pytest.approx(under_ddp["test/loss"], rel=1e-5), batching
