@@ -1,5 +1,5 @@
 """A third-party position scheme for the tests: causal-only, content-dependent, with a state
-rewritten per key (issue 39, items 1 and 2).
+rewritten per key.
 
 Selective attention's shape (Leviathan et al., 2024): each query subtracts from its logits a running
 per-key sum of selection scores, F_ij = Σ_{t ≤ i} S_tj, with S_tj = s_h · softplus(q_t·k_j/√D) over

@@ -1,5 +1,5 @@
 """relpos_lab.api is the stable surface for plugin authors, and the paths 0.2.0 moved keep working
-for a release with a DeprecationWarning naming the new import (issue 29, item 3).
+for a release with a DeprecationWarning naming the new import.
 
 pyproject's filterwarnings ignores DeprecationWarning globally, so each test here records the
 warnings itself (pytest.warns / warnings.catch_warnings).
@@ -199,7 +199,7 @@ def test_relpos_lab_shows_the_deprecation_to_plugin_authors(tmp_path):
     assert "relpos_lab.task is deprecated" not in stderr("import old_readme_tasks")
 
 
-# --- names renamed in 0.2.0 (issue 41, item 3): the old ones warn and give the new object --------
+# --- names renamed in 0.2.0: the old ones warn and give the new object ---------------------------
 
 RENAMED = {
     "relpos_lab.core.positions": {
@@ -266,7 +266,7 @@ def test_a_renamed_attribute_warns_naming_the_new_one_and_is_the_new_object(sche
     assert f"`{owner.rsplit('.', 1)[1]}.{old}`" in (REPO / "CHANGELOG.md").read_text()
 
 
-# --- Task methods renamed in 0.2.0 (issue 58, item 6): called or overridden, the old names still work -----------
+# --- Task methods renamed in 0.2.0: called or overridden, the old names still work ---------------------------
 
 TASK = "relpos_lab.api.task.Task"
 
@@ -360,7 +360,7 @@ def test_relpos_lab_shows_an_old_method_overrides_deprecation_to_plugin_authors(
 
 
 def test_the_old_name_of_an_attention_layers_impl_still_sets_it():
-    """MultiHeadAttention.impl is attention_impl (issue 58), the name of the config key that sets it; a
+    """MultiHeadAttention.impl is attention_impl, the name of the config key that sets it; a
     script that switched a layer's implementation through the old name still does, warned."""
     model = tiny_model("shaw")
     layer = model.get_submodule("encoder.layers.0.self_attn.inner")
@@ -376,7 +376,7 @@ def test_the_old_name_of_an_attention_layers_impl_still_sets_it():
 @pytest.mark.parametrize("scheme, old_key", [("shaw", "encoder.layers.0.self_attn.inner.positions.rel_k"),
                                              ("learned", "decoder.embed.positions.embedding.weight")])
 def test_a_state_dict_saved_before_the_renames_loads_strictly_with_the_same_outputs(scheme, old_key):
-    """Checkpoints from before MultiHeadAttention.relative and Embedding.absolute (issue 41) name the
+    """Checkpoints from before MultiHeadAttention.relative and Embedding.absolute (0.2.0) name the
     scheme's modules `positions`: a load_state_dict pre-hook reads their keys under the new names."""
     torch.manual_seed(0)
     saved = tiny_model(scheme)
@@ -407,7 +407,7 @@ def test_the_version_is_the_changelogs_latest_release():
     assert "CHANGELOG.md" in README.read_text()
 
 
-# --- what a script needs: a trained checkpoint's model, config and task; the decoding cache (issue 39) ---------
+# --- what a script needs: a trained checkpoint's model, config and task; the decoding cache ---------
 
 SCRIPT_NAMES = {"DecoderCache": "relpos_lab.core.cache", "PrefixLM": "relpos_lab.core.prefix_lm",
                 "LoadedModel": "relpos_lab.training.inference", "load_model": "relpos_lab.training.inference"}
@@ -420,7 +420,7 @@ def test_relpos_lab_api_exports_what_a_script_needs(name):
 
 
 def test_the_old_paths_of_load_model_warn_and_give_the_same_objects(monkeypatch):
-    """load_model and LoadedModel moved from api/checkpoint.py to training/inference.py (issue 58);
+    """load_model and LoadedModel moved from api/checkpoint.py to training/inference.py in 0.2.0;
     `relpos_lab.api` exports them as before, the old module and the loader's old name warn."""
     with pytest.warns(DeprecationWarning, match=re.escape("relpos_lab.api.checkpoint is deprecated; import "
                                                           "load_model and LoadedModel from relpos_lab.api")) as caught:
@@ -436,7 +436,7 @@ def test_the_old_paths_of_load_model_warn_and_give_the_same_objects(monkeypatch)
 
 
 def test_the_decoder_cache_is_still_importable_from_the_transformer_module():
-    """core/cache.py holds the KV cache since issue 41; scripts and plugins that import it from
+    """core/cache.py holds the KV cache since 0.2.0; scripts and plugins that import it from
     core.transformer get the very same class."""
     import relpos_lab.core.transformer
 

@@ -1,4 +1,4 @@
-"""Causal-only position schemes and per-key state rewritten as queries arrive (issue 39, items 1, 2).
+"""Causal-only position schemes and per-key state rewritten as queries arrive.
 
 The plugin is tests/running_sum_scheme.py (selective attention's running sums): it declares
 `supports_bidirectional = False` and its `attention(causal=False)` refuses. For the CLI it is a

@@ -1,5 +1,5 @@
 """An error a user (or a plugin they installed) causes is one `relpos-lab: error:` line, wherever it
-is raised, also deep inside Lightning's training step; `-v` adds the traceback (issue 38, item 4).
+is raised, also deep inside Lightning's training step; `-v` adds the traceback.
 
 The plugin here is a real distribution on the subprocess's path (a .dist-info with its entry
 point, as pip would leave it), found through the `relpos_lab.positions` entry points like any other.

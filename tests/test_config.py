@@ -603,7 +603,7 @@ def test_tables_piped_without_a_terminal_are_not_cut_at_80_columns():
 
 def test_listings_piped_from_a_narrow_terminal_cut_nothing(monkeypatch, capsys):
     """`relpos-lab configs > file` (or `| less` at an 80-column terminal) cut 42 descriptions and
-    class paths with "…" (issue 38, item 5): class paths and names stay whole, each config's
+    class paths with "…": class paths and names stay whole, each config's
     description is its comment's whole first sentence, wrapped in its cell. (Captured, stdout is
     no terminal, as in a pipe.)"""
     from relpos_lab import cli
@@ -636,5 +636,5 @@ def test_listings_piped_from_a_narrow_terminal_cut_nothing(monkeypatch, capsys):
         "Shaw et al. 2018, Table 1, base model with absolute sinusoidal positions (paper: 26.5 BLEU on newstest2014): "
         "shaw2018_base_relative.yaml with the positions of \"Attention Is All You Need\".")
     assert " ".join(descriptions["sweep/positions_copy"]) == (  # the first sentence, not the line
-        "The position-scheme study on copy (issue 5): 11 schemes × 3 seeds, trained on lengths 1–16 and tested "
+        "The position-scheme study on copy: 11 schemes × 3 seeds, trained on lengths 1–16 and tested "
         "on 1–32.")

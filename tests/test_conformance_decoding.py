@@ -1,4 +1,4 @@
-"""The conformance kit checks what decoding does (issue 39, item 3): cached decoding equals the full
+"""The conformance kit checks what decoding does: cached decoding equals the full
 pass with padded batches (key padding; a prefix LM's rows of different source lengths), across a
 beam-search reorder in the middle of decoding, and at `bidirectional_prefix=true`, in float64 to
 CACHE_TOLERANCE. It catches a scheme that keeps its per-key state where the cache's reorder cannot

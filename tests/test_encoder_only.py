@@ -1,4 +1,4 @@
-"""model.architecture=encoder_only: the source, then one blank slot per output token (issue 40, item 1).
+"""model.architecture=encoder_only: the source, then one blank slot per output token.
 
 The model of Delétang et al. (2023) and Ruoss et al. (2023). The slot counts are the reference's
 `output_length` for every task of their suite; evaluation is one forward pass; a task that cannot

@@ -1,6 +1,6 @@
 """The last training step is validated, the best checkpoint is chosen over every validated step
 including it, results.json names the checkpoint it evaluated, and metrics.csv logs each validation
-at the step of the checkpoint it validates (issue 29, item 1).
+at the step of the checkpoint it validates.
 
 Real Lightning fits on CPU, in process, from the debug overlay: a few seconds each.
 """

@@ -1,4 +1,4 @@
-"""`relpos-lab inspect` and the end-of-training inspection (issue 22): exact masses through a whole
+"""`relpos-lab inspect` and the end-of-training inspection: exact masses through a whole
 model whose attention is known, every figure and number of a trained tiny run, the images in its
 offline W&B run, identical metrics with inspection on and off, one-line errors."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`relpos-lab inspect` for every task and scheme (issue 39, item 5): an `lm` checkpoint inspected at
+"""`relpos-lab inspect` for every task and scheme: an `lm` checkpoint inspected at
 its evaluation lengths (at the end of training and by the command), a content-dependent scheme's
 bias drawn on a sample batch (mean and spread by offset, exact against each example alone, padding
 left out), and one line for a scheme that draws nothing."""

@@ -1,4 +1,4 @@
-"""The papers' protocols as configs (issue 40, item 3): deletang2023_paper, ruoss2023_paper and their
+"""The papers' protocols as configs: deletang2023_paper, ruoss2023_paper and their
 `_small` twins, as experiments and as sweeps."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Plugins that break their contract are told so in one line, where they break it (issue 29, item 2).
+"""Plugins that break their contract are told so in one line, where they break it.
 
 Position schemes: a scheme that would add no positions (a misnamed hook) is refused when the
 model is built; what a hook returns is checked on its first call. Tasks: what each verb returns is

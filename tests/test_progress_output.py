@@ -58,7 +58,7 @@ def run_cli(root, *args: str) -> subprocess.CompletedProcess:
 def test_eval_and_inspect_print_their_own_lines_only(quiet_root):
     """No Lightning warning that eval's Trainer lacks the training callbacks whose states the
     checkpoint holds (on purpose: it evaluates), no W&B banner and closing history from inspect;
-    -v shows them (issue 38, item 5)."""
+    -v shows them."""
     root, _ = quiet_root
     (checkpoint,) = root.glob("runs/*/*/checkpoints/best-step=*.ckpt")
     out = run_cli(root, "eval", str(checkpoint))

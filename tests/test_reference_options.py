@@ -1,4 +1,4 @@
-"""Options that reproduce the DeepMind reference code of Delétang et al. and Ruoss et al. (issue 56):
+"""Options that reproduce the DeepMind reference code of Delétang et al. and Ruoss et al.:
 what each changes in a model, and where it is refused. Their values against the reference's own
 are tests/test_golden.py's (positions_deepmind.json, training_deepmind.json)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Streamed training data, task.train_size=0 (issue 40, item 2): fresh examples at every step,
+"""Streamed training data, task.train_size=0: fresh examples at every step,
 reproducible, resumable at the same stream position, and the same under DDP as on one process."""
 from __future__ import annotations
 

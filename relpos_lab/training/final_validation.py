@@ -3,7 +3,7 @@ validated step, the last one included.
 
 Lightning validates every `val_check_interval` batches only: with `trainer.max_steps=600` and a
 validation every 400 steps, steps 401-600 were never validated, the best checkpoint could only be
-best-step=400.ckpt, and results.json reported it without a word (issue 29).
+best-step=400.ckpt, and results.json reported it without a word.
 
 `ValidateLastStep` asks for that validation through Lightning's public stop request: at the end of
 the last optimizer step it sets ``trainer.should_stop``, and Lightning's training loop validates

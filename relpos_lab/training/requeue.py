@@ -5,7 +5,8 @@ before the time limit): it finishes the loggers, saves ``hpc_ckpt_N.ckpt`` into 
 and calls ``scontrol requeue``. It does all of that inside the signal handler, wherever each rank
 happens to be. With DDP the ranks are rarely at the same point: one enters the checkpoint's
 barrier while another waits in the gradient all-reduce of its backward pass, and both wait
-forever (seen here on the dev cluster; Lightning issue #21406, fix proposed in PR #21407).
+forever (seen here on the dev cluster; a known Lightning bug,
+https://github.com/Lightning-AI/pytorch-lightning/issues/21406, with a fix proposed in pull request 21407).
 
 `DeferredRequeue` keeps Lightning's requeue code and only moves where it runs. The signal merely
 sets a flag; after every training step the ranks agree (one boolean all-reduce) whether any of
