@@ -14,7 +14,7 @@ PACKAGE = Path(relpos_lab.__file__).parent
 REPO = PACKAGE.parent
 # Bottom to top. A module may import its own layer and the layers below it, never one above.
 LAYERS = ("core", "api", "config", "records", "training", "face", "launch", "analysis", "cli")
-# relpos_lab/attention.py re-exports the core's attention under the path DESIGN.md promises; task.py,
+# relpos_lab/attention.py re-exports the core's attention under the path docs/design.md promises; task.py,
 # transformer.py and positions.py are the pre-0.2 paths, deprecation shims over their new layer.
 TOP_LEVEL = {"attention": "core", "cli": "cli", "terminal": "cli", "__main__": "cli", "__init__": "core",
              "task": "api", "transformer": "core", "positions": "core"}

@@ -1,4 +1,4 @@
-"""The run directory (DESIGN.md, contract 3): a deterministic function of the resolved config.
+"""The run directory (docs/design.md, "What others rely on"): a deterministic function of the resolved config.
 
 ``<logging.root>/<name>/<slug>-<hash8>``: a requeued SLURM job or a re-launched command finds its
 own checkpoint and metrics again — never a timestamp in the path. Everything a run leaves behind
