@@ -1,6 +1,7 @@
 """README is a front door: short, and every guide in docs/ is reachable from it. Every relative link in
-README.md, CONTRIBUTING.md and the guides leads to a file, and a link to a heading (`page.md#anchor`)
-to a heading that exists, so moving a section cannot leave a dead link behind."""
+README.md, CONTRIBUTING.md and every page under docs/ (the guides, docs/design.md, the developer's and
+the studies' pages) leads to a file, and a link to a heading (`page.md#anchor`) to a heading that
+exists, so moving a file or a section cannot leave a dead link behind."""
 from __future__ import annotations
 
 import re
@@ -11,7 +12,7 @@ import pytest
 import docs_text
 
 REPO = docs_text.REPO
-PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").rglob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -51,3 +52,14 @@ def test_every_relative_link_leads_to_a_file_and_heading(page):
         elif anchor and path.suffix == ".md" and anchor not in anchors(path):
             dead.append(f"{link}: no heading with that anchor")
     assert not dead, f"{page.relative_to(REPO)}: " + "; ".join(dead)
+
+
+def test_the_design_is_cited_where_it_lives():
+    """The design document is docs/design.md, in the repository: no page, module or test cites the
+    one that used to live outside it, which no reader of the repository could open."""
+    old = "DESIGN" + ".md"
+    files = [*PAGES, *sorted((REPO / "relpos_lab").rglob("*.py")), *sorted((REPO / "tests").rglob("*.py"))]
+    citing = [str(path.relative_to(REPO)) for path in files if old in path.read_text()]
+    assert not citing, f"{', '.join(citing)} cite {old}: point them to docs/design.md"
+    assert (REPO / "docs" / "design.md").resolve() in {
+        (REPO / link.partition("#")[0]).resolve() for link in links(REPO / "CONTRIBUTING.md")}
