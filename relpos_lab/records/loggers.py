@@ -57,54 +57,68 @@ def build_loggers(cfg: DictConfig, run_dir: str | Path, resume_step: int | None 
     """
     run_dir = Path(run_dir)
     loggers: list[Logger] = [RunCSVLogger(run_dir)]
-    mode = resolve_wandb_mode(OmegaConf.select(cfg, "logging.wandb.mode", default="auto"))
+    wandb_logger = _wandb_logger(cfg, run_dir, resume_step, echo, quiet)
+    return loggers + ([wandb_logger] if wandb_logger is not None else [])
+
+
+def _wandb_logger(cfg: DictConfig, run_dir: Path, resume_step: int | None, echo: Callable[[str], None] | None,
+                  quiet: bool) -> Logger | None:
+    """The run's W&B logger, in the mode it can have here; None when disabled or when W&B cannot be
+    set up at all (a warning: the run goes on with CSV)."""
+    mode = _wandb_mode(cfg, run_dir, echo)
     if mode == "disabled":
-        return loggers
-    if mode == "online" and (unreachable := server_unreachable()) is not None:
-        mode = "offline"
-        if rank_zero_only.rank == 0:
-            (echo or print)(f"W&B: {unreachable}; logging offline to {run_dir / 'wandb'} "
-                            f"(to sync later: {sync_command(run_dir)})")
-    name = OmegaConf.select(cfg, "name", default=None)
+        return None
     plan = None if resume_step is None else wandb_resume_plan(run_dir, resume_step)
     backfill = plan.backfill if plan else []
     if backfill and echo is not None and rank_zero_only.rank == 0:
         echo(f"W&B: the history lacks steps {backfill[0][0]}-{backfill[-1][0]} (an interrupted attempt's W&B file "
              f"ended early); logging its {len(backfill)} rows again from metrics.csv")
     wandb_cfg = OmegaConf.select(cfg, "logging.wandb", default=None) or {}
-    # W&B's own variables (WANDB_PROJECT, WANDB_RUN_GROUP, WANDB_TAGS) stand where the config keeps its default
-    project = _or_environment(wandb_cfg.get("project"), WandbConfig.project, "WANDB_PROJECT")
-    group = _or_environment(wandb_cfg.get("group"), None, "WANDB_RUN_GROUP") or name
-    tags = list(wandb_cfg.get("tags") or []) or [t for t in os.environ.get("WANDB_TAGS", "").split(",") if t]
-    labels = dict(wandb_cfg.get("labels") or {})
     seed = OmegaConf.select(cfg, "seed", default=None)
     try:
-        loggers.append(
-            RunWandbLogger(
-                run_config={**OmegaConf.to_container(cfg, resolve=True), **provenance(run_dir),
-                            **({"sweep": {"name": name, "group": group, **labels}} if labels else {})},
-                # absolute: a W&B service started by an earlier run of the process (in another
-                # working directory) resolves a relative one against its own
-                save_dir=os.path.abspath(run_dir),
-                id=start_wandb_lineage(run_dir) if rank_zero_only.rank == 0 else wandb_run_id(run_dir),
-                name=run_dir.name + (f"-seed{seed}" if seed is not None else ""),
-                project=project,
-                entity=wandb_cfg.get("entity"),  # None: WANDB_ENTITY, then the key's default entity
-                group=group,
-                job_type=OmegaConf.select(cfg, "task.name", default=None),
-                tags=tags,
-                mode=mode,
-                resume=plan,
-                rewind=wandb_cfg.get("resume") == "rewind",
-                log_model=LOG_CHECKPOINTS[wandb_cfg.get("log_checkpoints") or "none"],
-                settings={"init_timeout": float(OmegaConf.select(cfg, "logging.wandb.init_timeout", default=30.0)),
-                          **({"silent": True} if quiet else {})},
-            )
+        return RunWandbLogger(
+            **_wandb_identity(cfg, wandb_cfg, run_dir),
+            # absolute: a W&B service started by an earlier run of the process (in another
+            # working directory) resolves a relative one against its own
+            save_dir=os.path.abspath(run_dir),
+            id=start_wandb_lineage(run_dir) if rank_zero_only.rank == 0 else wandb_run_id(run_dir),
+            name=run_dir.name + (f"-seed{seed}" if seed is not None else ""),
+            entity=wandb_cfg.get("entity"),  # None: WANDB_ENTITY, then the key's default entity
+            job_type=OmegaConf.select(cfg, "task.name", default=None),
+            mode=mode,
+            resume=plan,
+            rewind=wandb_cfg.get("resume") == "rewind",
+            log_model=LOG_CHECKPOINTS[wandb_cfg.get("log_checkpoints") or "none"],
+            settings={"init_timeout": float(OmegaConf.select(cfg, "logging.wandb.init_timeout", default=30.0)),
+                      **({"silent": True} if quiet else {})},
         )
     except Exception as err:  # e.g. ModuleNotFoundError when wandb is not installed
         warnings.warn(f"W&B logging is off ({type(err).__name__}: {err}); the run continues with CSV only")
-    return loggers
+        return None
 
+
+def _wandb_mode(cfg: DictConfig, run_dir: Path, echo: Callable[[str], None] | None) -> str:
+    """logging.wandb.mode resolved, and online turned offline (said once) when the server is unreachable."""
+    mode = resolve_wandb_mode(OmegaConf.select(cfg, "logging.wandb.mode", default="auto"))
+    if mode == "online" and (unreachable := server_unreachable()) is not None:
+        mode = "offline"
+        if rank_zero_only.rank == 0:
+            (echo or print)(f"W&B: {unreachable}; logging offline to {run_dir / 'wandb'} "
+                            f"(to sync later: {sync_command(run_dir)})")
+    return mode
+
+
+def _wandb_identity(cfg: DictConfig, wandb_cfg, run_dir: Path) -> dict:
+    """Where the run files in W&B (project, group, tags) and the config it carries. W&B's own
+    variables (WANDB_PROJECT, WANDB_RUN_GROUP, WANDB_TAGS) stand where the config keeps its default."""
+    name = OmegaConf.select(cfg, "name", default=None)
+    group = _or_environment(wandb_cfg.get("group"), None, "WANDB_RUN_GROUP") or name
+    labels = dict(wandb_cfg.get("labels") or {})
+    return {"project": _or_environment(wandb_cfg.get("project"), WandbConfig.project, "WANDB_PROJECT"),
+            "group": group,
+            "tags": list(wandb_cfg.get("tags") or []) or [t for t in os.environ.get("WANDB_TAGS", "").split(",") if t],
+            "run_config": {**OmegaConf.to_container(cfg, resolve=True), **provenance(run_dir),
+                           **({"sweep": {"name": name, "group": group, **labels}} if labels else {})}}
 
 
 def close_loggers(loggers: Iterable[Logger]) -> None:
