@@ -404,7 +404,8 @@ def test_report_draws_each_groups_mean_attention_by_offset(tmp_path):
     (root / "sweep.json").write_text(json.dumps({
         "name": "att", "sweep_file": "x.yaml", "points": [{"index": i, "labels": l, "overrides": [], "run_dir": d}
                                                           for i, (l, d) in enumerate(points)]}))
-    from relpos_lab.analysis.report import attention_curves, load_groups
+    from relpos_lab.analysis.report import load_groups
+    from relpos_lab.analysis.report_figures import attention_curves
 
     _, groups, _, _ = load_groups(root)
     curves = attention_curves(groups)

@@ -10,7 +10,6 @@ group, and report.md says so.
 """
 from __future__ import annotations
 
-import csv
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -19,10 +18,9 @@ from pathlib import Path
 import yaml
 
 from relpos_lab.analysis.fit import FIT_THRESHOLD, fit_cell, in_distribution
+from relpos_lab.analysis.report_figures import attention_section, plot_by_length, plot_every_run, write_csvs
 from relpos_lab.api.errors import UserError
 from relpos_lab.launch.sweep import MANIFEST, group_label
-from relpos_lab.records.inspect_plots import KIND_TITLES, plot_mean_curves
-from relpos_lab.records.plots import plot_curves, plot_groups, plot_panels
 
 
 @dataclass
@@ -263,36 +261,8 @@ def leaderboard_lines(groups: list[Group], rows: list[dict], metric: str, refere
     return lines
 
 
-def attention_curves(groups: list[Group]) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
-    """{attention kind: {group: (offsets, mass)}}: each run's inspect.json curve on its inspected
-    split, averaged over layers and heads, then over the group's runs (runs without one skipped)."""
-    sums: dict[str, dict[str, dict[int, list[float]]]] = {}
-    for g in groups:
-        for run_dir in g.run_dirs:
-            path = Path(run_dir) / "inspect.json"
-            if not path.is_file():
-                continue
-            numbers = json.loads(path.read_text())
-            for kind, a in numbers["sets"][numbers["split"]]["attention"].items():
-                per_offset = sums.setdefault(kind, {}).setdefault(g.label, {})
-                heads = [row for layer in a["mass"] for row in layer]
-                for i, offset in enumerate(a["offsets"]):
-                    per_offset.setdefault(offset, []).append(statistics.fmean(row[i] for row in heads))
-    out: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
-    for kind, by_group in sums.items():
-        for label, per_offset in by_group.items():
-            runs = max(len(v) for v in per_offset.values())  # a run without an offset had no mass there
-            offsets = sorted(per_offset)
-            out.setdefault(kind, {})[label] = (offsets, [sum(per_offset[o]) / runs for o in offsets])
-    return out
-
-
 def _word(how: str) -> str:
     return "mean" if how == "mean" else "best run"
-
-
-def _number(x: float | None) -> str:
-    return "" if x is None else f"{x:.6f}"
 
 
 def _run_name(run_dir: str) -> str:
@@ -324,6 +294,48 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
         raise UserError(f"--aggregate {how}: expected one of {', '.join(AGGREGATES)}")
     sweep_dir = Path(sweep_dir)
     out = Path(out) if out else sweep_dir / "report"
+    runs = _gather(sweep_dir, split, metrics, over, how)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csvs(out, runs.names, runs.rows, runs.curves, how)
+    name = runs.manifest["name"]
+    averaged = f"{_word(how)} over {', '.join(runs.over)}" if runs.over else "one run per grid point"
+    panels = plot_by_length(out, name, runs.groups, runs.curves, runs.split, train_range(runs.groups), averaged)
+    drawn = plot_every_run(out, name, runs.groups, runs.shown, runs.split, runs.reference, runs.paper)
+    lines = _report_lines(sweep_dir, runs, how) + (["", "![every run](groups.png)"] if drawn else [])
+    lines += _tables_after_summary(runs, how, fit_threshold, panels)
+    lines += attention_section(out, name, runs.groups, runs.over)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    if wandb:
+        from relpos_lab.analysis.report_wandb import publish_report
+
+        publish_report(out, name, runs.split, how, runs.names, runs.rows, runs.curves,
+                       {g.label: g.labels for g in runs.groups})
+    return out / "report.md"
+
+
+@dataclass
+class _Runs:
+    """What a report is made of, gathered once: the sweep's groups on one split, their metrics."""
+
+    manifest: dict
+    groups: list[Group]
+    missing: list[dict]
+    over: tuple[str, ...]
+    split: str
+    reference: dict | None  # the published numbers, when they compare with this split
+    unmatched: dict | None  # the published numbers, when they compare with another split
+    names: list[str]  # every metric of the split
+    rows: list[dict]
+    metrics: tuple[str, ...]  # the ones tabulated and plotted
+    shown: list[str]  # their columns, with their _id/_ood parts
+    curves: dict
+
+    @property
+    def paper(self) -> str | None:
+        return f"paper {self.reference['metric']}" if self.reference else None
+
+
+def _gather(sweep_dir: Path, split: str | None, metrics: tuple[str, ...] | None, over, how: str) -> _Runs:
     manifest, groups, missing, over = load_groups(sweep_dir, over)
     reference = manifest.get("reference")
     split = split or (reference or {}).get("split") or "test"
@@ -332,105 +344,43 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, split: st
         reference = None  # published numbers beside another split's scores would mislead
     if not groups:
         raise UserError(f"no finished runs in {sweep_dir} yet ({len(missing)} points without results.json)")
-    out.mkdir(parents=True, exist_ok=True)
     names, rows = summarize(groups, split, how)
     if not metrics:  # a language model's main metric is its perplexity: shown then
         main = {str(r.get("main_metric", "")).rpartition("/")[2] for g in groups for r in g.results}
         metrics = tuple(m for m in names if (m not in ("loss", "ppl") or m in main) and not m.endswith(("_id", "_ood")))
     shown = [m for m in names if any(m.startswith(x) for x in metrics)]
     curves = {m: by_length(groups, split, m, how) for m in metrics}
-    _write_csvs(out, names, rows, curves, how)
-    panels = _plot_by_length(out, manifest["name"], groups, curves, split, over, how)
-    paper = f"paper {reference['metric']}" if reference else None
-    drawn = _plot_every_run(out, manifest["name"], groups, shown, split, reference, paper)
+    return _Runs(manifest, groups, missing, over, split, reference, unmatched, names, rows, metrics, shown, curves)
 
-    lines = _intro_lines(sweep_dir, manifest, groups, split, over, how) + budget_lines(groups)
-    lines += signature_lines(groups, split)
+
+def _report_lines(sweep_dir: Path, runs: _Runs, how: str) -> list[str]:
+    """report.md's head: what ran, what it is compared with, what is missing, the summary table."""
+    lines = _intro_lines(sweep_dir, runs.manifest, runs.groups, runs.split, runs.over, how)
+    lines += budget_lines(runs.groups) + signature_lines(runs.groups, runs.split)
+    reference, unmatched = runs.reference, runs.unmatched
     if reference:
-        lines += [f"Column *{paper}*: {reference['source']} (published; not computed here)."
-                  + ("" if all(r["group"] in reference["values"] for r in rows)
+        lines += [f"Column *{runs.paper}*: {reference['source']} (published; not computed here)."
+                  + ("" if all(r["group"] in reference["values"] for r in runs.rows)
                      else " —: no number there for that group."), ""]
     if unmatched:
         lines += [f"The published numbers ({unmatched['source']}) compare with split `{unmatched['split']}`, "
-                  f"not `{split}`: not shown (`--split {unmatched['split']}` shows them).", ""]
-    if missing:
-        lines += [f"**Missing ({len(missing)} points without results):** "
+                  f"not `{runs.split}`: not shown (`--split {unmatched['split']}` shows them).", ""]
+    if runs.missing:
+        lines += [f"**Missing ({len(runs.missing)} points without results):** "
                   + "; ".join(" ".join(f"{a}={v}" for a, v in p.items())
-                              for p in missing_patterns(manifest, missing)), ""]
-    lines += _summary_lines(rows, shown, reference, paper)
-    if drawn:
-        lines += ["", "![every run](groups.png)"]
-    for m in metrics:
-        fit = in_distribution(groups, split, m, lambda values, m=m: aggregate(values, how, m)[0])
-        lines += leaderboard_lines(groups, rows, f"{m}_ood" if f"{m}_ood" in names else m, reference, fit,
-                                   fit_threshold)
-    lines += _runs_lines(groups, shown, split) + _by_length_lines(curves, panels, list(groups[0].labels), split)
-    lines += _attention_section(out, manifest["name"], groups, over)
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    if wandb:
-        from relpos_lab.analysis.report_wandb import publish_report
-
-        publish_report(out, manifest["name"], split, how, names, rows, curves, {g.label: g.labels for g in groups})
-    return out / "report.md"
+                              for p in missing_patterns(runs.manifest, runs.missing)), ""]
+    return lines + _summary_lines(runs.rows, runs.shown, reference, runs.paper)
 
 
-def _write_csvs(out: Path, names: list[str], rows: list[dict], curves: dict, how: str) -> None:
-    """summary.csv (a row per group) and by_length.csv (a row per group, metric and length)."""
-    columns = ("mean", "std") if how == "mean" else ("best",)
-    with open(out / "summary.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["group", "n_runs"] + [f"{m}_{c}" for m in names for c in columns])
-        for row in rows:
-            w.writerow([row["group"], row["n"]] + [_number(row[m][i]) if m in row else ""
-                                                   for m in names for i in range(len(columns))])
-    with open(out / "by_length.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["group", "metric", "length", *columns, "n_runs"])
-        for m, table in curves.items():
-            for label, points in table.items():
-                for n, (value, spread, k) in points.items():
-                    w.writerow([label, m, n, _number(value), *((_number(spread),) if how == "mean" else ()), k])
-
-
-def _plot_by_length(out: Path, name: str, groups: list[Group], curves: dict, split: str, over: tuple[str, ...],
-                    how: str) -> dict:
-    """One by-length plot per metric, and for a grid of two axes (tasks × schemes) one panel per
-    task with a line per scheme; returns {metric: the panels' path}."""
-    train = train_range(groups)
-    for m, table in curves.items():
-        if table:
-            plot_curves({g: {n: v[0] for n, v in pts.items()} for g, pts in table.items()},
-                        out / f"{m}_by_length.png", train, ylabel=f"{split} {m.replace('_', ' ')}",
-                        title=f"{name}: " + (f"{_word(how)} over {', '.join(over)}" if over
-                                             else "one run per grid point"))
-    axes = list(groups[0].labels)
-    panels = {}
-    if len(axes) == 2:
-        for m, table in curves.items():
-            by_row: dict[str, dict] = {}
-            for g in groups:
-                if g.label in table:
-                    by_row.setdefault(g.labels[axes[0]], {})[g.labels[axes[1]]] = {
-                        n: v[0] for n, v in table[g.label].items()}
-            if by_row:
-                panels[m] = plot_panels(by_row, out / f"{m}_by_length_per_{axes[0]}.png", train,
-                                        ylabel=f"{split} {m.replace('_', ' ')}",
-                                        title=f"{name}: {split} {m} by length, one panel per {axes[0]}")
-    return panels
-
-
-def _plot_every_run(out: Path, name: str, groups: list[Group], shown: list[str], split: str, reference: dict | None,
-                    paper: str | None) -> bool:
-    """groups.png: every run beside its group's mean ± std (and the published numbers); False
-    when no run reports a shown metric."""
-    spread = {m: {g.label: [r["metrics"][f"{split}/{m}"] for r in g.results if f"{split}/{m}" in r["metrics"]]
-                  for g in groups} for m in shown}
-    if not any(v for per_group in spread.values() for v in per_group.values()):
-        return False
-    plot_groups(spread, out / "groups.png", title=f"{name}: {split}, every run and mean ± std",
-                xlabel=", ".join(groups[0].labels) or None,
-                reference=(reference["metric"], reference["values"], paper) if reference else None)
-    return True
+def _tables_after_summary(runs: _Runs, how: str, fit_threshold: float, panels: dict) -> list[str]:
+    """The leaderboards (with each cell's fit), every run, and the by-length tables."""
+    lines = []
+    for m in runs.metrics:
+        fit = in_distribution(runs.groups, runs.split, m, lambda values, m=m: aggregate(values, how, m)[0])
+        board = f"{m}_ood" if f"{m}_ood" in runs.names else m
+        lines += leaderboard_lines(runs.groups, runs.rows, board, runs.reference, fit, fit_threshold)
+    lines += _runs_lines(runs.groups, runs.shown, runs.split)
+    return lines + _by_length_lines(runs.curves, panels, list(runs.groups[0].labels), runs.split)
 
 
 def _intro_lines(sweep_dir: Path, manifest: dict, groups: list[Group], split: str, over: tuple[str, ...],
@@ -493,19 +443,4 @@ def _by_length_lines(curves: dict, panels: dict, axes: list[str], split: str) ->
                 _cell(*pts[n][:2], 2, sep="±") if n in pts else "" for n in lengths) + " |")
     return lines
 
-
-def _attention_section(out: Path, name: str, groups: list[Group], over: tuple[str, ...]) -> list[str]:
-    """For runs with inspect.json: one attention-by-offset plot per attention kind."""
-    attention = attention_curves(groups)
-    if not attention:
-        return []
-    lines = ["", "## Attention by relative offset", "",
-             "Mean attention mass per query at each offset j − i (key − query), from each run's `inspect.json` "
-             "(`relpos-lab inspect`), averaged over layers, heads and the group's runs; one line per group.", ""]
-    for kind, curves_of in attention.items():
-        file = f"attention_{kind}.png"
-        plot_mean_curves(curves_of, out / file, f"{name}: {KIND_TITLES[kind]}\none line per group: "
-                         + (f"mean of its runs (over {', '.join(over)})" if over else "its run"))
-        lines += [f"![{kind}]({file})", ""]
-    return lines
 
