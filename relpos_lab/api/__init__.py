@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # what tools see; at run time each name is imported on first 
     from relpos_lab.api.task import Batch, DecodingConfig, Task, TaskConfig
     from relpos_lab.api.vocabulary import Vocabulary
     from relpos_lab.core.attention import relative_attention
+    from relpos_lab.core.attention.masks import max_offset
     from relpos_lab.core.cache import DecoderCache
     from relpos_lab.core.decoding import beam_search, greedy_search, sample
     from relpos_lab.core.encoder_only import EncoderOnly
@@ -50,7 +51,7 @@ __all__ = [
     "PositionConfig", "PositionScheme", "PrefixLM", "RelativePositions", "Seq2SeqTask", "Task", "TaskConfig",
     "UserError", "Vocabulary",
     "atomic_write", "beam_search", "builtin_config", "greedy_search", "label_smoothed_loss", "load_model",
-    "relative_attention", "sample",
+    "max_offset", "relative_attention", "sample",
 ]
 
 HOMES = {
@@ -61,6 +62,7 @@ HOMES = {
     "relpos_lab.api.task": ("Batch", "DecodingConfig", "Task", "TaskConfig"),
     "relpos_lab.api.vocabulary": ("Vocabulary",),
     "relpos_lab.core.attention": ("relative_attention",),
+    "relpos_lab.core.attention.masks": ("max_offset",),
     "relpos_lab.core.cache": ("DecoderCache",),
     "relpos_lab.core.decoding": ("beam_search", "greedy_search", "sample"),
     "relpos_lab.core.encoder_only": ("EncoderOnly",),

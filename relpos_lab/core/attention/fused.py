@@ -295,7 +295,7 @@ def unsupported(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_
 
 def _reach(lq: int, lk: int, max_distance: int, query_offset: int) -> int:
     """The clipping distance that changes nothing here: no pair is farther apart than this."""
-    return min(max_distance, masks.reach(lq, lk, query_offset))
+    return min(max_distance, masks.max_offset(lq, lk, query_offset))
 
 
 def _label_space(reach: int) -> int:

@@ -10,10 +10,10 @@ from torch import Tensor
 from relpos_lab.core.renamed import renamed
 
 
-def reach(lq: int, lk: int, query_offset: int = 0) -> int:
+def max_offset(lq: int, lk: int, query_offset: int = 0) -> int:
     """The largest |j − i| between a query row (at query_offset + r) and a key: a clipping
-    distance at least this large changes nothing, and a table of 2·reach + 1 labels holds every
-    offset."""
+    distance at least this large changes nothing, and a table of 2·max_offset + 1 labels (a
+    `rel_bias` of an unbounded scheme) holds every offset of the call."""
     return max(query_offset + lq - 1, lk - 1 - query_offset, 0)
 
 
@@ -113,4 +113,4 @@ class _MaskLogits(torch.autograd.Function):
         return grad, None
 
 
-__getattr__ = renamed(__name__, {"relative_positions": "relative_labels"}, globals())
+__getattr__ = renamed(__name__, {"relative_positions": "relative_labels", "reach": "max_offset"}, globals())

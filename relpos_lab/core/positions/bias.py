@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from relpos_lab.core.attention.masks import offset_bias, reach as offset_reach
+from relpos_lab.core.attention.masks import max_offset, offset_bias
 from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions
 
 
@@ -42,8 +42,8 @@ class AlibiPositions(RelativePositions):
         self.left_offset = left_offset
 
     def attention_kwargs(self, q, k, query_offset):
-        reach = offset_reach(q.shape[-2], k.shape[-2], query_offset)  # no clipping
-        return self._bias(torch.arange(-reach, reach + 1, device=q.device))  # j - i, the label order
+        widest = max_offset(q.shape[-2], k.shape[-2], query_offset)  # no clipping
+        return self._bias(torch.arange(-widest, widest + 1, device=q.device))  # j - i, the label order
 
     def attention_kwargs_at_distances(self, q, k, distances):
         """Ruoss et al.'s noisy ALiBi: −m_h·|d| (+ left_offset·m_h left of the query) at the distance
@@ -51,7 +51,7 @@ class AlibiPositions(RelativePositions):
         return self._bias(distances.to(q.device))
 
     def _bias(self, distances: Tensor) -> dict:
-        """rel_bias over the labels of offsets −reach..reach whose distances are `distances` (2·reach + 1,)."""
+        """rel_bias over the labels of offsets −k..k whose distances are `distances` (2k + 1,)."""
         distances = distances.float()
         penalty = distances.abs() - self.left_offset * (distances < 0)
         return {"rel_bias": -self.slopes.to(distances.device)[:, None] * penalty, "max_distance": len(distances) // 2}
@@ -106,11 +106,11 @@ class SandwichPositions(RelativePositions):
                              persistent=False)
 
     def attention_kwargs(self, q, k, query_offset):
-        reach = offset_reach(q.shape[-2], k.shape[-2], query_offset)  # no clipping
-        d = torch.arange(-reach, reach + 1, device=q.device, dtype=torch.float64)
+        widest = max_offset(q.shape[-2], k.shape[-2], query_offset)  # no clipping
+        d = torch.arange(-widest, widest + 1, device=q.device, dtype=torch.float64)
         inner = (d[:, None] * self.omega.to(q.device)).cos().sum(-1)  # p_i·p_j by offset
         bias = (inner - self.half)[None, :] / self.divisor.to(q.device)[:, None]
-        return {"rel_bias": bias.to(torch.promote_types(q.dtype, torch.float32)), "max_distance": reach}
+        return {"rel_bias": bias.to(torch.promote_types(q.dtype, torch.float32)), "max_distance": widest}
 
     def draw(self, max_offset):
         return {"bias": bias_drawing(self, max_offset, "Sandwich bias (p_i·p_j − d'/2) / (8h/H) per head")}
