@@ -71,6 +71,8 @@ DECODING_CHECKS = {"encoder_decoder": (f"encoder_decoder: {PADDED}", f"encoder_d
 NOT_CHECKED = "not checked: the scheme declares supports_cache=False"
 ALONE = ("each example scores as if alone beside longer and shorter ones: logits, greedy and beam output "
          "(batch invariance, evaluation)")
+RANDOMIZED = ("randomized positions (max_random_len=24, randomize_at_eval): finite gradients in training, and each "
+              "example scores as if alone at evaluation")
 
 
 class Advice(Exception):
@@ -204,12 +206,33 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
             report.skip(name, unsupported[BIDIRECTIONAL])
     else:
         _decoding_checks(report, BIDIRECTIONAL, positions, None, src, tgt, decodes)
+    _randomized_check(report, cls, fields, unsupported, src, tgt)
     if models:
         arch = next(iter(models))
         report.run(f"{arch}: torch.compile traces forward and backward as one graph, gradients as eager's "
                    "(a warning where it breaks)", lambda: _compiles(models[arch], arch, src, tgt))
         report.run("inspect drawing (optional)", lambda: _drawings(models[arch], arch, src, tgt))
     return report
+
+
+def _randomized_check(report: Report, cls: type[PositionScheme], fields: dict, unsupported: dict, src, tgt) -> None:
+    """The scheme under Ruoss et al.'s randomized positions, in the first family it supports: the
+    hooks see the tokens spread over max_random_len slots, and evaluation's draws are per length."""
+    if cls.contributes_nothing or cls.positions_from_content:
+        report.skip(RANDOMIZED, "not run: the scheme declares " + ("contributes_nothing" if cls.contributes_nothing
+                                                                  else "positions_from_content")
+                    + ", so randomized positions are refused for it")
+        return
+    arch = next(a for a in ("encoder_only", "encoder_decoder", "decoder_only") if a not in unsupported)
+
+    def run() -> str:
+        positions = cls.config_class(**fields, max_random_len=24, randomize_at_eval=True)
+        torch.manual_seed(0)
+        model = MODELS[arch](tiny_model_config(positions, arch)).double()
+        _gradients(model, arch, src, tgt)
+        return batch_invariance.check(model)
+
+    report.run(f"{arch}: {RANDOMIZED}", run)
 
 
 def _unsupported_families(position_scheme: PositionScheme, positions) -> dict[str, str]:
