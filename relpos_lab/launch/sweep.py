@@ -42,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from relpos_lab.api.errors import ConfigError, shown_path
 from relpos_lab.config.find import find_config, find_extended
 from relpos_lab.config.load import command_line_sources, compose, read_with_extends
-from relpos_lab.records.rundir import config_hash, run_directory
+from relpos_lab.records.rundir import RunLookup, config_hash, run_directory
 
 SWEEP_KEYS = ("experiment", "name", "overrides", "grid", "exclude", "reference")
 REFERENCE_KEYS = ("source", "metric", "split", "values")
@@ -155,8 +155,9 @@ def load_sweep(path: str | Path, overrides: list[str] = (), only: int | None = N
         if 0 <= only < len(sweep.points):
             sweep.points[only].run_dir = str(run_directory(sweep.config(only)))
         return sweep
+    runs = RunLookup()  # the sweep's directory, listed once for all points
     for point in sweep.points:
-        point.run_dir = str(run_directory(sweep.config(point.index)))
+        point.run_dir = str(run_directory(sweep.config(point.index), runs))
     if len({p.run_dir for p in sweep.points}) != len(sweep.points):
         raise ConfigError(f"{path}: two grid points resolve to the same config; every point must differ")
     return sweep

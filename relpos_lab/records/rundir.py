@@ -105,21 +105,21 @@ FLAT_POSITIONS: dict[str, Any] = {
 }
 
 
-def config_hash(cfg: DictConfig, length: int = 8, ignore: tuple[str, ...] = ()) -> str:
-    """Hex digest of the resolved config minus VOLATILE_KEYS (and `ignore`): the identity of an experiment."""
-    container = OmegaConf.to_container(cfg, resolve=True)
+def config_hash(cfg: DictConfig | dict, length: int = 8, ignore: tuple[str, ...] = ()) -> str:
+    """Hex digest of the resolved config (or its resolved container, left as it is) minus
+    VOLATILE_KEYS (and `ignore`): the identity of an experiment."""
+    container = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
     for key in (*VOLATILE_KEYS, *ignore):
-        _drop(container, key.split("."))
+        container = _without(container, key.split("."))
     for key, default in ADDED_KEYS.items():
         parts = key.split(".")
         if _get(container, parts, default) == default:
-            _drop(container, parts)
+            container = _without(container, parts)
     positions = (container.get("model") or {}).get("positions") if isinstance(container, dict) else None
     if isinstance(positions, dict):
-        container["model"]["positions"] = {**FLAT_POSITIONS, **positions}
+        container = {**container, "model": {**container["model"], "positions": {**FLAT_POSITIONS, **positions}}}
     canonical = json.dumps(container, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:length]
-
 
 
 def _get(tree: Any, parts: list[str], missing: Any) -> Any:
@@ -130,35 +130,76 @@ def _get(tree: Any, parts: list[str], missing: Any) -> Any:
     return tree
 
 
-def _drop(tree: Any, parts: list[str]) -> None:
+def _select(container: dict, key: str) -> Any:
+    """OmegaConf.select(cfg, key, default=None) on the resolved container of cfg: a missing value is None."""
+    value = _get(container, key.split("."), None)
+    return None if value == "???" else value
+
+
+def _without(tree: Any, parts: list[str]) -> Any:
+    """`tree` less the key at `parts`, copying only the mappings on its path (`tree` stays as it is)."""
     if not isinstance(tree, dict) or parts[0] not in tree:
-        return
+        return tree
     if len(parts) == 1:
-        del tree[parts[0]]
-    else:
-        _drop(tree[parts[0]], parts[1:])
+        return {key: value for key, value in tree.items() if key != parts[0]}
+    return {**tree, parts[0]: _without(tree[parts[0]], parts[1:])}
 
 
+class RunLookup:
+    """What the run directories' parents hold, each read once: the names in it, and the runs
+    extended in place there by their configs' hashes. Resolving the thousands of points of a sweep
+    under one directory then lists it once, not once a point. A snapshot: for one resolution pass."""
 
-def run_directory(cfg: DictConfig) -> Path:
+    def __init__(self) -> None:
+        self._names: dict[Path, set[str]] = {}
+        self._extended: dict[Path, dict[str, Path]] = {}
+
+    def exists(self, path: Path) -> bool:
+        return path.name in self._listed(path.parent) and path.exists()
+
+    def is_dir(self, path: Path) -> bool:
+        return path.name in self._listed(path.parent) and path.is_dir()
+
+    def extended(self, parent: Path, digest: str) -> Path | None:
+        """The run under `parent` extended in place (EXTENDED) whose saved config hashes to `digest`."""
+        if parent not in self._extended:
+            found: dict[str, Path] = {}
+            for marker in sorted(parent.glob(f"*/{EXTENDED}")):
+                saved = _saved_hash(marker.parent)
+                if saved is not None:
+                    found.setdefault(saved, marker.parent)
+            self._extended[parent] = found
+        return self._extended[parent].get(digest)
+
+    def _listed(self, parent: Path) -> set[str]:
+        if parent not in self._names:
+            try:
+                self._names[parent] = set(os.listdir(parent))
+            except OSError:  # no such directory yet (or not one)
+                self._names[parent] = set()
+        return self._names[parent]
+
+
+def run_directory(cfg: DictConfig | dict, runs: RunLookup | None = None) -> Path:
     """``<logging.root>/<name>/<slug>-<hash8>``: the same resolved config gives the same directory.
 
     The slug makes directories readable (``<task>-<position scheme>``, with Shaw's k and the model
     family when it is not the encoder-decoder); the hash makes them unique. Missing keys fall back to
     defaults, so small configs work too. A run started before the slug named the model family
-    (relpos-lab < 0.2) keeps its directory: found under the old slug, it resumes there.
+    (relpos-lab < 0.2) keeps its directory: found under the old slug, it resumes there. `runs`: the
+    disk as read for many configs at once (a sweep's points); by default it is read now. `cfg` may
+    be a resolved container (what OmegaConf.to_container(cfg, resolve=True) gives).
     """
-    root = OmegaConf.select(cfg, "logging.root", default=None) or "runs"
-    name = slugify(str(OmegaConf.select(cfg, "name", default=None) or "default"))
-    digest = config_hash(cfg)
-    path = Path(root) / name / f"{_run_slug(cfg)}-{digest}"
-    before = Path(root) / name / f"{_run_slug(cfg, family=False)}-{digest}"
-    if before != path and before.is_dir() and not path.exists():
+    runs = runs or RunLookup()
+    container = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
+    parent = Path(_select(container, "logging.root") or "runs") / slugify(str(_select(container, "name") or "default"))
+    slug, slug_before = _run_slug(container), _run_slug(container, family=False)
+    digest = config_hash(container)
+    path, before = parent / f"{slug}-{digest}", parent / f"{slug_before}-{digest}"
+    if before != path and runs.is_dir(before) and not runs.exists(path):
         return before
-    if not path.exists():  # a run extended to this budget lives under its first budget's name
-        for extended in sorted((Path(root) / name).glob(f"*/{EXTENDED}")):
-            if _saved_hash(extended.parent) == digest:
-                return extended.parent
+    if not runs.exists(path):  # a run extended to this budget lives under its first budget's name
+        return runs.extended(parent, digest) or path
     return path
 
 
@@ -173,7 +214,8 @@ def budget_siblings(cfg: DictConfig) -> list[Path]:
     (task, scheme, ...) are read, each one's config.yaml once."""
     own = run_directory(cfg)
     parent, digest = own.parent, config_hash(cfg, ignore=BUDGET_KEYS)
-    slugs = {_run_slug(cfg), _run_slug(cfg, family=False)}
+    container = OmegaConf.to_container(cfg, resolve=True)
+    slugs = {_run_slug(container), _run_slug(container, family=False)}
     found = []
     for candidate in sorted(p for slug in slugs for p in parent.glob(f"{slug}-*")):
         if (candidate != own and candidate.is_dir() and ".old-" not in candidate.name and has_attempt(candidate)
@@ -196,18 +238,19 @@ def _saved_hash(run_dir: Path, ignore: tuple[str, ...] = ()) -> str | None:
 
 
 
-def _run_slug(cfg: DictConfig, family: bool = True) -> str:
-    parts = [OmegaConf.select(cfg, "task.name", default=None)]
-    scheme = OmegaConf.select(cfg, "model.positions.scheme", default=None)
+def _run_slug(container: dict, family: bool = True) -> str:
+    """``<task>-<scheme>[-k<k>][-rand<n>[eval]][-<architecture>]`` of a resolved config's container."""
+    parts = [_select(container, "task.name")]
+    scheme = _select(container, "model.positions.scheme")
     parts.append(scheme)
     if scheme == "shaw":
-        k = OmegaConf.select(cfg, "model.positions.max_distance", default=None)
+        k = _select(container, "model.positions.max_distance")
         parts.append(None if k is None else f"k{k}")
-    randomized = OmegaConf.select(cfg, "model.positions.max_random_len", default=None)
+    randomized = _select(container, "model.positions.max_random_len")
     if randomized is not None:
-        at_eval = OmegaConf.select(cfg, "model.positions.randomize_at_eval", default=False)
+        at_eval = _select(container, "model.positions.randomize_at_eval") or False
         parts.append(f"rand{randomized}" + ("eval" if at_eval else ""))
-    architecture = OmegaConf.select(cfg, "model.architecture", default=None)
+    architecture = _select(container, "model.architecture")
     if family and architecture not in (None, ADDED_KEYS["model.architecture"]):
         parts.append(architecture)
     slug = "-".join(slugify(str(p)) for p in parts if p is not None)
