@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from relpos_lab import cli
 from relpos_lab.analysis.report import write_report
 from relpos_lab.api.errors import ConfigError, UserError
 from relpos_lab.launch.sweep import link_identical_runs, load_sweep
+from relpos_lab.records.rundir import run_directory
 
 TINY_EXPERIMENT = """\
 extends: [reverse_shaw.yaml, overlay/debug.yaml]
@@ -563,3 +565,39 @@ def test_report_wandb_logs_the_leaderboard_a_chart_per_task_and_the_files(tmp_pa
     # the artifact's manifest, recorded in the run's file for sync: the report's files by name
     recorded = path.read_bytes()
     assert b"hand-report-test" in recorded and all(name.encode() in recorded for name in ("report.md", "summary.csv"))
+
+
+@pytest.mark.parametrize("name", ["deletang2023_paper", "ruoss2023_paper", "zhou2024_addition"])
+def test_each_point_resolves_as_its_own_composition_would(name):
+    """The fast expansion (config.load.Variations: one composition per shape) gives each point the
+    resolved config and run directory that composing it alone gives, so existing runs resume in place.
+    A spread sample of points is composed alone (all of them take minutes); repr tells 1 from 1.0."""
+    sweep = load_sweep(name)
+    resolved = dict(sweep.resolved())
+    step = max(1, len(sweep.points) // 20)
+    for point in [*sweep.points[::step], sweep.points[-1]]:
+        alone = sweep.config(point.index)
+        assert repr(resolved[point.index]) == repr(OmegaConf.to_container(alone, resolve=True)), point.shown
+        assert point.run_dir == str(run_directory(alone)), point.shown
+
+
+# Not debug: a debug config is composed in full for every point, so its points share nothing.
+VARIED_EXPERIMENT = TINY_EXPERIMENT.replace("[reverse_shaw.yaml, overlay/debug.yaml]", "reverse_shaw.yaml")
+
+
+@pytest.mark.parametrize("axis,message", [
+    ("trainer.precision: ['32', '64-bogus']", "'64-bogus' is not a valid choice"),
+    ("model.n_heads: [4, 5]", "model.n_heads=5"),
+    ("trainer.max_steps: [10, ten]", "trainer.max_steps"),
+])
+def test_a_point_that_only_sets_a_value_is_checked_as_if_composed_alone(tmp_path, axis, message):
+    """Points that differ only in a value share one composition, yet a bad value is refused with
+    the message composing that point alone gives, naming the point."""
+    path = write_sweep(tmp_path, f"experiment: tiny.yaml\ngrid: {{{axis}}}\n")
+    (tmp_path / "tiny.yaml").write_text(VARIED_EXPERIMENT + f"logging: {{root: {tmp_path / 'runs'}}}\n")
+    with pytest.raises(ConfigError, match=message) as raised:
+        load_sweep(path)
+    assert "point 1" in str(raised.value)
+    with pytest.raises(ConfigError) as alone:
+        load_sweep(path, only=1)
+    assert str(alone.value) == str(raised.value)

@@ -240,7 +240,10 @@ def sweep_job(sweep: Sweep) -> Job | None:
                 f"cluster.runs_per_gpu={cfg.cluster.runs_per_gpu}"]
 
     shape = shape_of(first)
-    for index in todo[1:]:
+    resources = _resources(OmegaConf.to_container(first, resolve=True))
+    for index, resolved in sweep.resolved(todo[1:]):
+        if _resources(resolved) == resources:
+            continue
         other = shape_of(sweep.config(index))
         if other != shape:
             differ = sorted(set(shape) ^ set(other))
@@ -254,6 +257,11 @@ def sweep_job(sweep: Sweep) -> Job | None:
         steps = packed_steps(points, logs)
     script = render(shape[:-1], setup_lines(first), steps)
     return Job(sweep.name, script, logs / "array.sbatch", output, error, directory, array, points, groups)
+
+
+def _resources(resolved: dict) -> str:
+    """What a job's shape (sbatch_options, runs_per_gpu) is made of: the trainer and cluster sections."""
+    return repr((resolved["trainer"], resolved["cluster"]))
 
 
 def first_unfinished(sweep: Sweep) -> DictConfig:

@@ -27,6 +27,7 @@ grid for `relpos-lab report`.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -35,13 +36,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from relpos_lab.api.errors import ConfigError, shown_path
 from relpos_lab.config.find import find_config, find_extended
-from relpos_lab.config.load import command_line_sources, compose, read_with_extends
+from relpos_lab.config.load import Variations, command_line_sources, compose, read_with_extends
 from relpos_lab.records.rundir import RunLookup, config_hash, run_directory
 
 SWEEP_KEYS = ("experiment", "name", "overrides", "grid", "exclude", "reference")
@@ -73,6 +75,8 @@ class Sweep:
     points: list[SweepPoint] = field(default_factory=list)
     reference: dict | None = None  # published numbers to show beside the report's (see above)
     _sources: list | None = field(default=None, repr=False)  # the experiment's files, read on first use
+    _variations: Variations | None = field(default=None, repr=False)  # what `resolved` composed so far
+    _resolved: dict[int, dict] = field(default_factory=dict, repr=False)  # what `resolved` gave, by index
 
     def overrides_of(self, index: int) -> list[str]:
         """Everything that turns the base experiment into point `index`."""
@@ -87,12 +91,34 @@ class Sweep:
 
     def config(self, index: int) -> DictConfig:
         """Point `index`'s config: `load_config` of the experiment with the point's overrides, the
-        experiment's files read once for every point (a grid of thousands is checked in minutes)."""
+        experiment's files read once for every point."""
+        with self._about(index):
+            return compose([*self._read(), *command_line_sources(self.overrides_of(index))],
+                           default_name=self.experiment.stem)
+
+    def resolved(self, indices: Iterable[int] | None = None) -> Iterator[tuple[int, dict]]:
+        """(index, resolved container) of each point (all by default): what
+        OmegaConf.to_container(self.config(index), resolve=True) gives, in a small part of its time
+        (config.load.Variations). Read-only: points share the parts where they agree."""
+        if self._variations is None:
+            self._variations = Variations(self._read(), default_name=self.experiment.stem)
+        for index in range(len(self.points)) if indices is None else indices:
+            if index not in self._resolved:
+                with self._about(index):
+                    self._resolved[index] = self._variations.resolved(self.overrides_of(index))
+            yield index, self._resolved[index]
+
+    def _read(self) -> list:
+        """The experiment's files, read on first use."""
+        if self._sources is None:
+            self._sources = read_with_extends(self.experiment)
+        return self._sources
+
+    @contextlib.contextmanager
+    def _about(self, index: int) -> Iterator[None]:
+        """A ConfigError in here names the sweep file and the point."""
         try:
-            if self._sources is None:
-                self._sources = read_with_extends(self.experiment)
-            overrides = command_line_sources(self.overrides_of(index))
-            return compose([*self._sources, *overrides], default_name=self.experiment.stem)
+            yield
         except ConfigError as err:
             raise ConfigError(f"sweep {self.path}, point {index} {self.points[index].shown}: {err}") from None
 
@@ -156,8 +182,8 @@ def load_sweep(path: str | Path, overrides: list[str] = (), only: int | None = N
             sweep.points[only].run_dir = str(run_directory(sweep.config(only)))
         return sweep
     runs = RunLookup()  # the sweep's directory, listed once for all points
-    for point in sweep.points:
-        point.run_dir = str(run_directory(sweep.config(point.index), runs))
+    for index, resolved in sweep.resolved():
+        sweep.points[index].run_dir = str(run_directory(resolved, runs))
     if len({p.run_dir for p in sweep.points}) != len(sweep.points):
         raise ConfigError(f"{path}: two grid points resolve to the same config; every point must differ")
     return sweep
