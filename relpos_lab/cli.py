@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 from relpos_lab.api.errors import PROG, UserError, own_error, shown_path
 from relpos_lab.terminal import (
     console,
     echo,
+    show_columns,
     show_configs,
     show_plugins,
     show_position_schemes,
@@ -350,11 +349,9 @@ def list_sweep(grid, manifest, step_times: str | None = None) -> int:
     """`sweep --list`: the grid and each point's status; nothing runs. With step times, its cost."""
     from relpos_lab.launch.sweep import is_finished
 
-    table = Table(*grid.axes, "point", "status", "run directory", title=f"sweep {grid.name} ({manifest})")
-    for p in grid.points:
-        table.add_row(*p.labels.values(), str(p.index), "finished" if is_finished(p) else "to run",
-                      shown_path(Path(p.run_dir)))
-    console.print(table)
+    show_columns(f"sweep {grid.name} ({manifest})", [*grid.axes, "point", "status", "run directory"],
+                 [[*p.labels.values(), str(p.index), "finished" if is_finished(p) else "to run",
+                   shown_path(Path(p.run_dir))] for p in grid.points])
     if step_times is not None:
         from relpos_lab.analysis.estimate import StepTimes, estimate
 
