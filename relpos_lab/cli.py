@@ -446,7 +446,7 @@ def tables(args: argparse.Namespace) -> int:
 
 @command("bench", "speed and memory of attention, a layer, a model or decoding, measured side by side "
          "(`relpos-lab bench attention --help`)",
-         arg("bench_args", nargs=argparse.REMAINDER, metavar="attention|layer|model|decode|kernel [options]"))
+         arg("bench_args", nargs=argparse.REMAINDER, metavar="attention|layer|model|decode|kernel|sweep [options]"))
 def bench(args: argparse.Namespace) -> None:
     from relpos_lab.analysis import bench as benchmarks
 

@@ -95,6 +95,15 @@ def test_bench_is_a_relpos_lab_verb(tmp_path):
     assert {r["name"] for r in json.loads(out.read_text())["results"]} == {"decode-recompute", "decode-cached"}
 
 
+def test_bench_sweep_prints_how_long_the_largest_shipped_sweep_takes_to_expand(capsys):
+    """The measured number is shown in the test run too (no timing assert): a slower expansion shows."""
+    assert cli.main(["bench", "sweep", "ruoss2023_paper"]) in (0, None)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("sweep ruoss2023_paper: 5,850 points expanded in ") and line.endswith(" ms a point)")
+    with capsys.disabled():
+        print(f"\n{line}")
+
+
 def test_a_missing_opennmt_peer_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="no onmt/modules/multi_headed_attn.py there; unpack an OpenNMT-py wheel"):
         bench.main(["layer", *TINY, "--opennmt", str(tmp_path)])

@@ -551,12 +551,34 @@ def combine_runs(runs: list[list[Result]]) -> list[Result]:
     return combined
 
 
+PAPER_SWEEPS = ("deletang2023_paper", "ruoss2023_paper", "zhou2024_addition")
+"""The largest shipped sweeps (ruoss2023_paper: 5,850 points), `bench sweep`'s default."""
+
+
+def bench_sweeps(names: list[str]) -> dict[str, float]:
+    """`bench sweep [NAME ...]`: the seconds each sweep takes to expand (every point's config
+    resolved and checked, its run directory found): what `sweep --list` and `--slurm --dry-run`
+    wait for before they print. The first sweep's time includes loading its tasks' plugins."""
+    from relpos_lab.launch.sweep import load_sweep
+
+    seconds = {}
+    for name in names:
+        start = time.perf_counter()
+        points = len(load_sweep(name).points)
+        seconds[name] = time.perf_counter() - start
+        print(f"sweep {name}: {points:,} points expanded in {seconds[name]:.1f} s "
+              f"({seconds[name] / points * 1e3:.2f} ms a point)")
+    return seconds
+
+
 def main(argv=None, show_table: Callable[[Table], None] | None = None):
     """`relpos-lab bench ARGS`; `show_table` prints the results table (see `run`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["kernel"]:  # the fused kernel compiled for a GPU target: static counts, no timing
         from relpos_lab.analysis import kernel_static
         return kernel_static.main(kernel_static.parse(argv[1:]))
+    if argv[:1] == ["sweep"]:  # a sweep's expansion: no model, no device
+        return bench_sweeps(argv[1:] or list(PAPER_SWEEPS))
     parser = argparse.ArgumentParser(prog="relpos-lab bench", description=__doc__.splitlines()[0])
     add_arguments(parser)
     run(parser.parse_args(argv), show_table)
