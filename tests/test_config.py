@@ -56,7 +56,6 @@ def test_every_config_file_validates_against_the_schema(path: Path):
         load_config(path, partial=True)
 
 
-@pytest.mark.slow  # every point of every grid (thousands at paper scale): minutes
 @pytest.mark.parametrize("path", sorted((CONFIGS / "sweep").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_point_of_every_sweep_validates_and_has_its_own_run_directory(path: Path):
     from relpos_lab.launch.sweep import load_sweep
