@@ -569,7 +569,7 @@ def test_report_wandb_logs_the_leaderboard_a_chart_per_task_and_the_files(tmp_pa
 
 @pytest.mark.parametrize("name", ["deletang2023_paper", "ruoss2023_paper", "zhou2024_addition"])
 def test_each_point_resolves_as_its_own_composition_would(name):
-    """The fast expansion (config.load.Variations: one composition per shape) gives each point the
+    """The fast expansion (config/variations.py: one composition per shape) gives each point the
     resolved config and run directory that composing it alone gives, so existing runs resume in place.
     A spread sample of points is composed alone (all of them take minutes); repr tells 1 from 1.0."""
     sweep = load_sweep(name)

@@ -43,7 +43,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from relpos_lab.api.errors import ConfigError, shown_path
 from relpos_lab.config.find import find_config, find_extended
-from relpos_lab.config.load import Variations, command_line_sources, compose, read_with_extends
+from relpos_lab.config.load import command_line_sources, compose, read_with_extends
+from relpos_lab.config.variations import Variations
 from relpos_lab.records.rundir import RunLookup, config_hash, run_directory
 
 SWEEP_KEYS = ("experiment", "name", "overrides", "grid", "exclude", "reference")
@@ -99,7 +100,7 @@ class Sweep:
     def resolved(self, indices: Iterable[int] | None = None) -> Iterator[tuple[int, dict]]:
         """(index, resolved container) of each point (all by default): what
         OmegaConf.to_container(self.config(index), resolve=True) gives, in a small part of its time
-        (config.load.Variations). Read-only: points share the parts where they agree."""
+        (config/variations.py). Read-only: points share the parts where they agree."""
         if self._variations is None:
             self._variations = Variations(self._read(), default_name=self.experiment.stem)
         for index in range(len(self.points)) if indices is None else indices:
