@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from relpos_lab.core.attention import capture
 from relpos_lab.core.init import HAIKU_EMBEDDING_STD, haiku_layers_, truncated_normal_
 from relpos_lab.core.length_groups import row_lengths
 from relpos_lab.core.positions import PositionConfig, contract, position_scheme_of
@@ -62,10 +63,16 @@ class Embedding(nn.Module):
         self.randomize_at_eval = positions.randomize_at_eval
         self.random_distances = positions.random_distances  # the layers draw distances; tokens stay at 0..L-1
         self.eval_seed = (0, 0) if self.randomize_at_eval else None  # (run seed, stack): seed_eval_positions
-        # at evaluation, a stack runs each length of a padded batch on its own (core/length_groups.py)
-        self.per_length_at_eval = position_scheme.reads_width or (
-            self.max_random_len is not None and self.randomize_at_eval)
+        self.reads_width = position_scheme.reads_width
         self.register_load_state_dict_pre_hook(renamed_state_dict_keys("positions", "absolute"))
+
+    @property
+    def per_length_at_eval(self) -> bool:
+        """Whether, at evaluation, a stack runs each length of a padded batch on its own
+        (core/length_groups.py): its scheme reads the width, or it draws positions for a length. Not
+        while an inspect probe measures whole batches (capture.py; positions_in_order turns the draws off)."""
+        return capture.ACTIVE is None and (self.reads_width or (
+            self.max_random_len is not None and self.randomize_at_eval))
 
     def draws(self, length: int) -> torch.Generator | None:
         """Where one forward pass over `length` tokens draws its randomized positions: in training
