@@ -254,16 +254,15 @@ class Encoder(nn.Module):
         pass that reads its width runs once per length of the right-padded batch (length_groups.py)."""
         key_mask = (src != self.pad_id)[:, None, None, :]
         if self.training or not self.embed.per_length_at_eval:
-            return self._encode(src), key_mask
-        return per_length(lambda rows, n: self._encode(src[rows, :n]), row_lengths(src, self.pad_id),
-                          src.shape[1]), key_mask
+            return self._encode(src, key_mask), key_mask
+        return per_length(lambda rows, n: self._encode(src[rows, :n], key_mask[rows, ..., :n]),
+                          row_lengths(src, self.pad_id), src.shape[1]), key_mask
 
-    def _encode(self, src: Tensor) -> Tensor:
+    def _encode(self, src: Tensor, key_mask: Tensor) -> Tensor:
         n = src.shape[1]
         draws = self.embed.draws(n)  # every draw of this pass: the embedding's, then each layer's
         input_pos = self.embed.random_positions(n, draws)
         x = self.embed(src, input_pos=input_pos)
-        key_mask = (src != self.pad_id)[:, None, None, :]
         for i, layer in enumerate(self.layers):
             if i and self.redraw_per_layer:  # the first layer keeps the embedding's draw
                 input_pos = self.embed.random_positions(n, draws)
