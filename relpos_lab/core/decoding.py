@@ -49,7 +49,7 @@ def by_source_length(search, src: Tensor, pad_id: int) -> Tensor:
 def _budgets_differ(model, src: Tensor | None, limit: Tensor) -> bool:
     """Whether a search must run per source length: the model draws positions for a budget, and
     the rows' budgets are not all one."""
-    return src is not None and bool((limit != limit[0]).any()) and draws_when_decoding(model)
+    return src is not None and draws_when_decoding(model) and bool((limit != limit[0]).any())  # no sync otherwise
 
 
 def _prefix(src, prompt, bos_id, device):
