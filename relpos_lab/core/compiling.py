@@ -38,6 +38,21 @@ def compile_model(model: nn.Module, mode: str) -> nn.Module:
     return model
 
 
+def in_transform() -> bool:
+    """True inside a torch.func transform: `vmap` running a stack of runs as one model
+    (training/stacking.py), or `grad`. Like a dynamo trace, it needs plain tensor ops (no in-place
+    autograd Function, no branch on a tensor's value)."""
+    if torch.compiler.is_compiling():  # dynamo traces the model (and any vmap in it) itself
+        return False
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def traced() -> bool:
+    """True while dynamo traces the model or a torch.func transform runs it: the forward's plain-op
+    paths, which never branch on a tensor's value, instead of eager's in-place shortcuts."""
+    return torch.compiler.is_compiling() or in_transform()
+
+
 def is_compiled(model: nn.Module) -> bool:
     return getattr(model, "_compiled_call_impl", None) is not None
 

@@ -62,10 +62,9 @@ class PrefixLM(nn.Module):
         """
         (batch, s), t = src.shape, tgt_in.shape[1]
         n = (src != self.pad_id).sum(-1)
-        seq = torch.full((batch, s + t), self.pad_id, dtype=src.dtype, device=src.device)
-        seq[:, :s] = src
         where = n[:, None] + torch.arange(t, device=src.device)  # target column c sits at n + c
-        seq.scatter_(1, where, self.joint(tgt_in))
+        # Out of place, so that a stack of runs can vmap it (training/stacking.py)
+        seq = torch.cat([src, src.new_full((batch, t), self.pad_id)], dim=1).scatter(1, where, self.joint(tgt_in))
         mask = self._prefix_mask(n, s + t) if self.bidirectional else None
         logits = self.decoder(seq, self_mask=mask, causal=not self.bidirectional)
         target = self._target_slice(logits.gather(1, where[:, :, None].expand(-1, -1, logits.shape[-1])))

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from relpos_lab.core.attention import banded, capture, flex, fused, gather, reference
 from relpos_lab.core.attention.masks import dense_terms, relative_labels, visibility_mask
+from relpos_lab.core.compiling import in_transform
 
 
 def _sdpa_unsupported(q, k, v, *, rel_k, rel_v, rel_bias, attn_bias, **call) -> str | None:
@@ -52,10 +53,14 @@ def _sdpa(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal
           scale):
     """torch's SDPA, for calls with nothing relative to add."""
     lq, lk = q.shape[-2], k.shape[-2]
-    if attn_mask is None and is_causal and lq == lk and query_offset == 0:  # lets CUDA pick flash
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale)
-    allowed = visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale)
+    causal_only = attn_mask is None and is_causal and lq == lk and query_offset == 0  # lets CUDA pick flash
+    allowed = None if causal_only else visibility_mask(attn_mask, is_causal, lq, lk, query_offset, q.device)
+    if in_transform():  # runs stacked by vmap: one SDPA over the runs' rows (core/stacked_ops.py)
+        from relpos_lab.core.stacked_ops import stacked_sdpa
+
+        return stacked_sdpa(q, k, v, allowed, dropout_p, causal_only, scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=causal_only,
+                                          scale=scale)
 
 
 def _fused(q, k, v, **call) -> Tensor:
@@ -196,6 +201,8 @@ def _pick_impl(q, k, v, call: dict) -> str:
 
     if runs("sdpa"):
         return "sdpa"
+    if in_transform():  # runs stacked by vmap (training/stacking.py): the fused kernels have no batching rule
+        return "gather"
     if q.is_cuda and q.shape[-2] > 1 and runs("triton"):
         return "triton"
     if (q.is_cuda and torch.is_grad_enabled()

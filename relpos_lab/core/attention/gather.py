@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from relpos_lab.core.attention.masks import attention_probs, dense_terms, relative_labels
+from relpos_lab.core.compiling import traced
 
 _LABEL_BLOCK = 64  # query rows per block: the window is _LABEL_BLOCK + 2k - 1 keys wide
 
@@ -111,7 +112,7 @@ def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causa
     """Both label maps sit inside autograd Functions so their backwards are label maps too: no
     (Lq, Lk, D) or (Lq, Lk) index tensor is saved for the backward either."""
     allowed, attn_bias = dense_terms(q, k, rel_bias, max_distance, attn_mask, is_causal, query_offset, attn_bias)
-    if torch.compiler.is_compiling():  # inductor fuses the labels' arithmetic into one gather and its scatter
+    if traced():  # compiled, inductor fuses the labels' arithmetic into one gather and its scatter
         labels = relative_labels(q.shape[-2], k.shape[-2], max_distance, query_offset, q.device)
         return attend_at(q, k, v, rel_k, rel_v, labels, allowed, attn_bias, dropout_p, scale)
     p = probabilities(q, k, rel_k, max_distance, allowed, attn_bias, query_offset, scale, dropout_p, v.dtype)

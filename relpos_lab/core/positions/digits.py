@@ -54,6 +54,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
+from relpos_lab.core.compiling import in_transform
 from relpos_lab.core.positions.base import PositionConfig, PositionScheme
 from relpos_lab.core.renamed import renamed
 
@@ -68,7 +69,7 @@ def digit_places(ids: Tensor, digits: Tensor, separator: int) -> tuple[Tensor, T
     """For token ids (B, L): whether each is a digit (bool), its index from the start of its run of
     digits (0 first), and its significance by the direction rule of the module docstring (both
     long, meaningless at non-digits); all (B, L)."""
-    is_digit = torch.isin(ids, digits)
+    is_digit = (ids[..., None] == digits).any(-1)  # not torch.isin: vmap (a stack of runs) has no rule for it
     n = ids.shape[1]
     i = torch.arange(n, device=ids.device).expand_as(ids)
     before = torch.nn.functional.pad(is_digit[:, :-1], (1, 0))
@@ -144,7 +145,9 @@ class DigitEmbedding(nn.Module):
                              f"ids for {offset} cached and {x.shape[1]} new positions")
         index = self.index(ids)[:, offset:]
         rows, advice = self.embedding.num_embeddings, "raise it (numbers longer than in training need it)"
-        if index.numel() and (torch.compiler.is_compiling() or index.device.type != "cpu"):
+        if in_transform():  # a stack of runs (vmap): no assert has a batching rule; embedding checks on CPU
+            pass
+        elif index.numel() and (torch.compiler.is_compiling() or index.device.type != "cpu"):
             # No host sync: an accelerator's queue (or a compiled graph) checks it asynchronously.
             torch._assert_async(index.max() < rows, f"a digit's place id reaches beyond "
                                 f"model.positions.{self.size_field}={rows}; {advice}")

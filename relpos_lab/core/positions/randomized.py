@@ -94,6 +94,10 @@ def spread_mask(attn_mask: Tensor | None, is_causal: bool, positions: Tensor, sl
     if attn_mask is not None:
         inner = inner & attn_mask.to(torch.bool)
     inner = inner.expand(*lead, length, length)
-    full = torch.zeros(*lead, n, n, dtype=torch.bool, device=positions.device)
-    full[..., positions[:, None], positions[None, :]] = inner
-    return full
+    # Read, not written: slot s holds token token_at[s] where occupied (a gather, which vmap batches
+    # for a stack of runs, where writing inner into a fresh mask would not)
+    token_at = torch.full((n,), -1, dtype=torch.long, device=positions.device).scatter(
+        0, positions, torch.arange(length, device=positions.device))
+    occupied = token_at >= 0
+    token_at = token_at.clamp(min=0)
+    return inner[..., token_at[:, None], token_at[None, :]] & occupied[:, None] & occupied[None, :]
