@@ -101,10 +101,11 @@ class Variations:
 
     def _check(self, shape: _Shape, section: str, content: Any, values: dict[str, Any]) -> None:
         """The section's own validate(), once for each content: on the composed config, set to it."""
-        node = shape.cfg[section]
-        config_class = OmegaConf.get_type(node)
+        config_class = OmegaConf.get_type(shape.cfg[section])
+        if not callable(getattr(config_class, "validate", None)):  # logging: every point's own W&B labels
+            return
         checked = (config_class, repr(content))
-        if checked in self._valid or not callable(getattr(config_class, "validate", None)):
+        if checked in self._valid:
             return
         self._set(shape, {key: value for key, value in values.items() if key.split(".")[0] == section})
         OmegaConf.to_object(shape.cfg[section]).validate()
@@ -169,7 +170,7 @@ def _shape(overrides: list[str], read=None) -> tuple[tuple, dict[str, Any]]:
     later file may set again; the shape is the overrides with those values left out. A task's or a
     scheme's name is a value too: the shape holds what it picks, its config class. `read`: `_read`,
     cached."""
-    keys = [item.partition("=")[0] for item in overrides]
+    keys = tuple(item.partition("=")[0] for item in overrides)
     overlapping = _overlapping(keys)
     shape: list = []
     values: dict[str, Any] = {}
@@ -205,12 +206,14 @@ def _picked(leaves: dict[str, Any]) -> tuple | None:
     return None if None in classes else classes
 
 
-def _overlapping(keys: list[str]) -> set[str]:
-    """The keys set twice, or beside a key within them or around them (optim and optim.lr)."""
+@functools.lru_cache(maxsize=256)
+def _overlapping(keys: tuple[str, ...]) -> frozenset[str]:
+    """The keys set twice, or beside a key within them or around them (optim and optim.lr); a
+    sweep's points share a few lists of keys, each looked at once."""
     counts = collections.Counter(keys)
     inner = {".".join(parts[:depth]) for parts in (key.split(".") for key in keys) for depth in range(1, len(parts))}
-    return {key for key in keys if counts[key] > 1 or key in inner
-            or any(".".join(key.split(".")[:depth]) in counts for depth in range(1, key.count(".") + 1))}
+    return frozenset(key for key in keys if counts[key] > 1 or key in inner
+                     or any(".".join(key.split(".")[:depth]) in counts for depth in range(1, key.count(".") + 1)))
 
 
 @functools.lru_cache(maxsize=4096)

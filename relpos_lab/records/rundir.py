@@ -8,6 +8,7 @@ a resumed run continues the same W&B run).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -109,12 +110,8 @@ def config_hash(cfg: DictConfig | dict, length: int = 8, ignore: tuple[str, ...]
     """Hex digest of the resolved config (or its resolved container, left as it is) minus
     VOLATILE_KEYS (and `ignore`): the identity of an experiment."""
     container = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
-    for key in (*VOLATILE_KEYS, *ignore):
-        container = _without(container, key.split("."))
-    for key, default in ADDED_KEYS.items():
-        parts = key.split(".")
-        if _get(container, parts, default) == default:
-            container = _without(container, parts)
+    at_default = tuple(key for key, default in ADDED_KEYS.items() if _get(container, _parts(key), default) == default)
+    container = _pruned(container, _key_tree((*VOLATILE_KEYS, *ignore, *at_default)))
     positions = (container.get("model") or {}).get("positions") if isinstance(container, dict) else None
     if isinstance(positions, dict):
         container = {**container, "model": {**container["model"], "positions": {**FLAT_POSITIONS, **positions}}}
@@ -122,7 +119,7 @@ def config_hash(cfg: DictConfig | dict, length: int = 8, ignore: tuple[str, ...]
     return hashlib.sha256(canonical.encode()).hexdigest()[:length]
 
 
-def _get(tree: Any, parts: list[str], missing: Any) -> Any:
+def _get(tree: Any, parts: tuple[str, ...] | list[str], missing: Any) -> Any:
     for part in parts:
         if not isinstance(tree, dict) or part not in tree:
             return missing
@@ -136,13 +133,41 @@ def _select(container: dict, key: str) -> Any:
     return None if value == "???" else value
 
 
-def _without(tree: Any, parts: list[str]) -> Any:
-    """`tree` less the key at `parts`, copying only the mappings on its path (`tree` stays as it is)."""
-    if not isinstance(tree, dict) or parts[0] not in tree:
+@functools.lru_cache(maxsize=1024)
+def _parts(key: str) -> tuple[str, ...]:
+    return tuple(key.split("."))
+
+
+@functools.lru_cache(maxsize=256)
+def _key_tree(keys: tuple[str, ...]) -> dict:
+    """Dotted `keys` as a tree, part -> subtree, None where a whole key goes (config_hash's, built
+    once for a sweep's thousands of points, not once a point)."""
+    tree: dict = {}
+    for key in keys:
+        node = tree
+        *inner, last = _parts(key)
+        for part in inner:
+            if part in node and node[part] is None:  # a key around this one goes whole
+                break
+            node = node.setdefault(part, {})
+        else:
+            node[last] = None
+    return tree
+
+
+def _pruned(tree: Any, keys: dict) -> Any:
+    """`tree` less the keys of `keys` (a _key_tree), copying only the mappings on their paths
+    (`tree` stays as it is)."""
+    if not isinstance(tree, dict) or not any(part in tree for part in keys):
         return tree
-    if len(parts) == 1:
-        return {key: value for key, value in tree.items() if key != parts[0]}
-    return {**tree, parts[0]: _without(tree[parts[0]], parts[1:])}
+    out = {}
+    for part, value in tree.items():
+        if part in keys:
+            if keys[part] is None:
+                continue
+            value = _pruned(value, keys[part])
+        out[part] = value
+    return out
 
 
 class RunLookup:
