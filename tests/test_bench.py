@@ -95,13 +95,17 @@ def test_bench_is_a_relpos_lab_verb(tmp_path):
     assert {r["name"] for r in json.loads(out.read_text())["results"]} == {"decode-recompute", "decode-cached"}
 
 
-def test_bench_sweep_prints_how_long_the_largest_shipped_sweep_takes_to_expand(capsys):
-    """The measured number is shown in the test run too (no timing assert): a slower expansion shows."""
+def test_bench_sweep_prints_how_long_the_largest_shipped_sweep_takes_to_expand(capsys, tmp_path, monkeypatch):
+    """The measured numbers, of the expansion and of `sweep --slurm --dry-run` with docs/slurm.md's
+    packed array, are shown in the test run too (no timing assert): a slower expansion shows."""
+    monkeypatch.chdir(tmp_path)
     assert cli.main(["bench", "sweep", "ruoss2023_paper"]) in (0, None)
-    (line,) = capsys.readouterr().out.splitlines()
-    assert line.startswith("sweep ruoss2023_paper: 5,850 points expanded in ") and line.endswith(" ms a point)")
+    expanded, dry_run = capsys.readouterr().out.splitlines()
+    assert expanded.startswith("sweep ruoss2023_paper: 5,850 points expanded in ") and expanded.endswith(" ms a point)")
+    assert dry_run.startswith("sweep ruoss2023_paper --slurm --dry-run trainer=gpu1 cluster=example "
+                              "cluster.runs_per_gpu=8 cluster.cpus_per_task=2: ") and dry_run.endswith(" s CPU)")
     with capsys.disabled():
-        print(f"\n{line}")
+        print(f"\n{expanded}\n{dry_run}")
 
 
 def test_a_missing_opennmt_peer_is_a_clear_error(tmp_path):

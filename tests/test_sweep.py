@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from relpos_lab import cli
 from relpos_lab.analysis.report import write_report
 from relpos_lab.api.errors import ConfigError, UserError
+from relpos_lab.config import load
 from relpos_lab.launch.sweep import link_identical_runs, load_sweep
 from relpos_lab.records.rundir import run_directory
 
@@ -579,6 +580,29 @@ def test_each_point_resolves_as_its_own_composition_would(name):
         alone = sweep.config(point.index)
         assert repr(resolved[point.index]) == repr(OmegaConf.to_container(alone, resolve=True)), point.shown
         assert point.run_dir == str(run_directory(alone)), point.shown
+
+
+def test_a_slurm_dry_run_of_the_largest_sweep_composes_once_a_shape_of_point_not_once_a_point(
+        tmp_path, monkeypatch, capsys):
+    """`sweep --slurm --dry-run` of ruoss2023_paper (5,850 points, docs/slurm.md's packed array)
+    composes a config once for each shape of point (config/variations.py: 10 here) and once for the
+    array's first point, not once a point, which took minutes. Counted, not timed (`bench sweep`
+    prints the time)."""
+    monkeypatch.chdir(tmp_path)
+    composed = []
+    original = load.compose
+
+    def counting(*args, **kwargs):
+        composed.append(1)
+        return original(*args, **kwargs)
+
+    for module in [m for name, m in sys.modules.items() if name.startswith("relpos_lab")]:
+        if getattr(module, "compose", None) is original:  # load.compose and each module that imported it
+            monkeypatch.setattr(module, "compose", counting)
+    assert cli.main(["sweep", "ruoss2023_paper", "--slurm", "--dry-run", "trainer=gpu1", "cluster=example",
+                     "cluster.runs_per_gpu=8", "cluster.cpus_per_task=2"]) in (0, None)
+    assert "#SBATCH --array=0-731%8\n" in capsys.readouterr().out  # ceil(5,850 / 8) tasks
+    assert 1 < len(composed) <= 20, f"{len(composed)} compositions for 5,850 points"
 
 
 # Not debug: a debug config is composed in full for every point, so its points share nothing.

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -554,20 +554,35 @@ def combine_runs(runs: list[list[Result]]) -> list[Result]:
 PAPER_SWEEPS = ("deletang2023_paper", "ruoss2023_paper", "zhou2024_addition")
 """The largest shipped sweeps (ruoss2023_paper: 5,850 points), `bench sweep`'s default."""
 
+SLURM_DRY_RUN = ("trainer=gpu1", "cluster=example", "cluster.runs_per_gpu=8", "cluster.cpus_per_task=2")
+"""docs/slurm.md's packed job array (with the shipped cluster piece): what `bench sweep` times
+`sweep NAME --slurm --dry-run` with."""
 
-def bench_sweeps(names: list[str]) -> dict[str, float]:
-    """`bench sweep [NAME ...]`: the seconds each sweep takes to expand (every point's config
-    resolved and checked, its run directory found): what `sweep --list` and `--slurm --dry-run`
-    wait for before they print. The first sweep's time includes loading its tasks' plugins."""
+
+def bench_sweeps(names: list[str]) -> dict[str, tuple[float, float]]:
+    """`bench sweep [NAME ...]`: for each sweep, the seconds it takes to expand (every point's
+    config resolved and checked, its run directory found), what `sweep --list` waits for before it
+    prints, then those of `sweep NAME --slurm --dry-run` with SLURM_DRY_RUN's pieces (the expansion
+    again, with them, and the job array's script); wall and CPU seconds, as a loaded machine
+    stretches the one and not the other. The first sweep's time includes loading its tasks' plugins."""
+    from relpos_lab.launch.slurm import sweep_job
     from relpos_lab.launch.sweep import load_sweep
+
+    def timed(work: Callable[[], Any]) -> tuple[Any, float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = work()
+        return out, time.perf_counter() - wall, time.process_time() - cpu
 
     seconds = {}
     for name in names:
-        start = time.perf_counter()
-        points = len(load_sweep(name).points)
-        seconds[name] = time.perf_counter() - start
-        print(f"sweep {name}: {points:,} points expanded in {seconds[name]:.1f} s "
-              f"({seconds[name] / points * 1e3:.2f} ms a point)")
+        sweep, wall, cpu = timed(lambda: load_sweep(name))
+        points = len(sweep.points)
+        print(f"sweep {name}: {points:,} points expanded in {wall:.1f} s ({cpu:.1f} s CPU, "
+              f"{wall / points * 1e3:.2f} ms a point)")
+        _, slurm_wall, slurm_cpu = timed(lambda: sweep_job(load_sweep(name, list(SLURM_DRY_RUN))))
+        print(f"sweep {name} --slurm --dry-run {' '.join(SLURM_DRY_RUN)}: {slurm_wall:.1f} s "
+              f"({slurm_cpu:.1f} s CPU)")
+        seconds[name] = (wall, slurm_wall)
     return seconds
 
 
