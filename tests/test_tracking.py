@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -454,7 +455,7 @@ def _online_with_a_key(monkeypatch, base_url: str):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     monkeypatch.setenv("WANDB_BASE_URL", base_url)
-    wandb_run.server_unreachable.cache_clear()
+    wandb_run._unreachable.cache_clear()
 
 
 def _closed_port() -> int:
@@ -484,6 +485,89 @@ def test_a_key_without_a_reachable_server_logs_offline_at_once(tmp_path, monkeyp
     logged = {(int(r["step"]), float(r["train/loss"])) for r in _csv_rows(run_dir) if r["train/loss"]}
     assert {(r["trainer/global_step"], r["train/loss"]) for r in read_run(path).history if "train/loss" in r} \
         == logged and len(logged) == 8
+
+
+class _AnyAnswer:
+    """A real HTTP server on 127.0.0.1 that answers every request (200): a W&B server as far as
+    the reachability probe can tell."""
+
+    def __enter__(self) -> str:
+        import http.server
+        import threading
+
+        class Answers(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answers)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _login_host(url: str) -> Path:
+    """Write `url` as `wandb login --host URL` does, with wandb's own settings writer: the global
+    settings file, $WANDB_CONFIG_DIR/settings (tests/conftest.py points it into tmp_path)."""
+    from wandb.sdk.lib.settings_file import SettingsFiles
+
+    path = Path(os.environ["WANDB_CONFIG_DIR"]) / "settings"
+    files = SettingsFiles(global_settings=path, local_settings=Path("wandb", "settings"))
+    files.set("base_url", url, globally=True)
+    files.save()
+    return path
+
+
+def test_the_server_is_the_one_wandb_login_host_chose_and_an_unreachable_one_is_named(tmp_path, monkeypatch):
+    """Without WANDB_BASE_URL, a run goes where `wandb login --host` pointed wandb: online when that
+    server answers, else offline at once, the line naming that server and the file that chose it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    cfg = _cfg(tmp_path)
+    run_dir = run_directory(cfg)
+    said = []
+    with _AnyAnswer() as url:
+        settings = _login_host(url)
+        assert wandb_run.wandb_server() == (url, f"base_url in {settings}")
+        assert run_loggers._wandb_mode(cfg, run_dir, said.append) == "online" and said == []
+    closed = f"http://127.0.0.1:{_closed_port()}"
+    _login_host(closed)
+    assert run_loggers._wandb_mode(cfg, run_dir, said.append) == "offline"
+    (line,) = said
+    assert line.startswith(f"W&B: {closed} (base_url in {settings}) is not reachable from ")
+    assert f"logging offline to {run_dir / 'wandb'}" in line
+
+
+def test_wandb_base_url_wins_over_the_settings_file_and_wandbs_default_comes_last(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    assert wandb_run.wandb_server() == (wandb.Settings().base_url, f"wandb {wandb.__version__}'s default")
+    _login_host("http://127.0.0.1:1")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:2/")
+    assert wandb_run.wandb_server() == ("http://127.0.0.1:2", "WANDB_BASE_URL")  # as wandb normalizes it
+
+
+def test_a_netrc_key_for_the_settings_files_server_means_online(tmp_path, monkeypatch):
+    """`wandb login --host` keeps the key in ~/.netrc under that server's host: auto mode finds it there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    _login_host("http://127.0.0.1:8080")
+    netrc = Path(os.environ["HOME"], ".netrc")
+    netrc.parent.mkdir(parents=True, exist_ok=True)
+    netrc.write_text(f"machine api.wandb.ai\n  login user\n  password {'y' * 40}\n")
+    netrc.chmod(0o600)
+    assert resolve_wandb_mode("auto") == "offline"  # a key, but for another server
+    netrc.write_text(f"machine 127.0.0.1:8080\n  login user\n  password {'y' * 40}\n")
+    assert resolve_wandb_mode("auto") == "online"
 
 
 def test_an_online_start_that_fails_continues_the_same_run_offline(tmp_path, monkeypatch):

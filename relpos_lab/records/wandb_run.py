@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import netrc
 import numbers
 import os
 import socket
@@ -265,30 +264,77 @@ def sync_command(run_dir: str | Path) -> str:
     return f"wandb sync {Path(run_dir) / 'wandb'}/offline-run-*"
 
 
-@functools.cache
-def server_unreachable(timeout: float = 5.0) -> str | None:
-    """Why W&B's server cannot be reached from this process (None: it answered), asked once per
-    process: a compute node without internet then logs offline at once, instead of waiting in
-    ``wandb.init`` (about 90 s) for each run. Any HTTP answer counts as reachable."""
-    base = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+class WandbServer(NamedTuple):
+    """The W&B server this process's runs would talk to (`wandb_server`)."""
+
+    url: str
+    source: str  # where that comes from, as a message names it
+
+
+def wandb_server() -> WandbServer:
+    """The server ``wandb.init`` would use, found as wandb itself finds it: ``WANDB_BASE_URL``,
+    else the ``base_url`` of wandb's settings files (``./wandb/settings`` over the global one that
+    ``wandb login --host`` writes, ``$WANDB_CONFIG_DIR/settings``, by default
+    ``~/.config/wandb/settings``), else the installed wandb's default. Read with a fresh
+    ``wandb.Settings`` and its own readers and URL validation, not wandb's process-wide settings:
+    loading those now would make a later ``wandb.init`` ignore changes to the environment."""
     try:
-        urllib.request.urlopen(base, timeout=timeout).close()  # noqa: S310 - W&B's own server
+        import wandb
+        from wandb.sdk.lib.settings_file import SettingsFiles
+    except ImportError:  # no wandb: nothing will log to a server
+        return WandbServer(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai", "no wandb installed")
+    config_dir = Path(os.environ.get("WANDB_CONFIG_DIR") or Path("~", ".config", "wandb")).expanduser()
+    settings = wandb.Settings(settings_system=str(config_dir / "settings"))
+    chosen = None
+    if os.environ.get("WANDB_BASE_URL"):
+        chosen = WandbServer(os.environ["WANDB_BASE_URL"], "WANDB_BASE_URL")
+    else:
+        for path in (Path(settings.settings_workspace), Path(settings.settings_system)):
+            base_url = SettingsFiles(global_settings=None, local_settings=path).all().get("base_url")
+            if base_url:
+                chosen = WandbServer(base_url, f"base_url in {path}")
+                break
+    if chosen is None:
+        return WandbServer(settings.base_url, f"wandb {wandb.__version__}'s default")
+    try:  # as wandb normalizes it (a Forge proxy URL to its API, no trailing slash)
+        return chosen._replace(url=wandb.Settings(base_url=chosen.url).base_url)
+    except (ValueError, TypeError):  # one wandb refuses: its own start will say why
+        return chosen
+
+
+def server_unreachable(timeout: float = 5.0) -> str | None:
+    """Why the W&B server (`wandb_server`) cannot be reached from this process (None: it
+    answered), asked once per process and server: a compute node without internet then logs
+    offline at once, instead of waiting in ``wandb.init`` (about 90 s) for each run. Any HTTP
+    answer counts as reachable."""
+    return _unreachable(wandb_server(), timeout)
+
+
+@functools.cache
+def _unreachable(server: WandbServer, timeout: float) -> str | None:
+    try:
+        urllib.request.urlopen(server.url, timeout=timeout).close()  # noqa: S310 - W&B's own server
     except urllib.error.HTTPError:
         return None  # it answered
     except (OSError, ValueError) as err:
-        return f"{base} is not reachable from {socket.gethostname()} ({getattr(err, 'reason', err)})"
+        return (f"{server.url} ({server.source}) is not reachable from {socket.gethostname()} "
+                f"({getattr(err, 'reason', err)})")
     return None
 
 
 def _has_api_key() -> bool:
+    """An API key for the server wandb would use: WANDB_API_KEY, or its entry in ~/.netrc (where
+    ``wandb login`` writes it), read by wandb's own reader (a Forge host also by its W&B API host)."""
     if os.environ.get("WANDB_API_KEY"):
         return True
     try:
-        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
-        return netrc.netrc().authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):
+        from wandb.sdk.lib.wbauth import read_netrc_auth
+    except ImportError:
         return False
-
+    try:
+        return read_netrc_auth(host=wandb_server().url) is not None
+    except Exception:  # a malformed entry (wandb warns about it): no key to go online with
+        return False
 
 
 def wandb_run_id(run_dir: str | Path) -> str:
