@@ -46,6 +46,27 @@ def test_history_config_and_metadata_read_back(tmp_path):
     assert run.exit_code == 0
 
 
+def test_an_offline_run_is_read_back_from_its_directory_as_from_its_file(tmp_path):
+    """docs/wandb.md's path: the offline-run-* directory that `wandb sync` takes reads as its
+    run-<id>.wandb file; a directory without one, or with two, is a clear error."""
+    _log_run(tmp_path, "dir1", [{"loss": 2.0}, {"loss": 1.0}], config={"lr": 0.5})
+    [path] = find_run_files(tmp_path)
+    directory = path.parent
+    assert directory.name.startswith("offline-run-") and directory.parent.name == "wandb"
+    run = read_run(directory)
+    assert (run.run_id, run.path, run.config, run.metric("loss"), run.exit_code) == (
+        "dir1", path, {"lr": 0.5}, [2.0, 1.0], 0)
+    assert read_run(str(directory)).history == read_run(path).history
+    assert list(read_records(directory)) == list(read_records(path))
+    empty = tmp_path / "wandb" / "offline-run-empty"
+    empty.mkdir()
+    with pytest.raises(RunFileError, match="offline-run-empty: no .wandb file; give an offline-run-"):
+        read_run(empty)
+    (directory / "run-other.wandb").write_bytes(path.read_bytes())
+    with pytest.raises(RunFileError, match=r"2 \.wandb files \(run-dir1\.wandb, run-other\.wandb\)"):
+        read_run(directory)
+
+
 def test_records_spanning_several_blocks_are_reassembled(tmp_path):
     big = "x" * 100_000  # a history record ~3 blocks of 32 KiB long: first, middle, last chunks
     _log_run(tmp_path, "big1", [{"text": big, "n": 1}, {"n": 2}])

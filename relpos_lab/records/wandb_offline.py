@@ -22,6 +22,8 @@ earlier attempts' rows up to ``_step`` k and continues with the new attempt's.
     for path in find_run_files("runs"):
         run = read_run(path)
         print(run.run_id, run.summary.get("val/acc"))
+
+`read_run` also takes the ``offline-run-*`` directory itself, as ``wandb sync`` does.
 """
 
 from __future__ import annotations
@@ -83,14 +85,14 @@ def find_run_files(root: str | Path, online: bool = False) -> list[Path]:
 
 
 def read_records(path: str | Path) -> Iterator[Any]:
-    """Yield each `wandb_internal_pb2.Record` in the file, in write order.
+    """Yield each `wandb_internal_pb2.Record` in the run file (or its directory, `run_file`), in write order.
 
     A file cut short (the process was killed mid-write) yields every complete record and warns;
     a checksum mismatch inside the file is corruption and raises RunFileError.
     """
     from wandb.proto import wandb_internal_pb2
 
-    for data in _record_bytes(Path(path)):
+    for data in _record_bytes(run_file(path)):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(data)
         yield record
@@ -137,9 +139,24 @@ def _record_bytes(path: Path) -> Iterator[bytes]:
         warnings.warn(f"{path}: file ends inside a record (run killed mid-write?); read what was complete")
 
 
-def read_run(path: str | Path) -> OfflineRun:
-    """Replay one run file into its config, history rows and final summary."""
+def run_file(path: str | Path) -> Path:
+    """The run file at `path`: the ``run-<id>.wandb`` file itself, or the ``offline-run-*``
+    directory holding it (what ``wandb sync`` takes), which must hold exactly one."""
     path = Path(path)
+    if not path.is_dir():
+        return path
+    files = sorted(path.glob("*.wandb"))
+    if len(files) == 1:
+        return files[0]
+    found = "no .wandb file" if not files else f"{len(files)} .wandb files ({', '.join(f.name for f in files)})"
+    raise RunFileError(f"{path}: {found}; give an offline-run-* directory or the run-<id>.wandb file in it "
+                       "(find_run_files and read_runs look for them under a run directory)")
+
+
+def read_run(path: str | Path) -> OfflineRun:
+    """Replay one run into its config, history rows and final summary: its ``offline-run-*``
+    directory or the ``run-<id>.wandb`` file in it (`run_file`)."""
+    path = run_file(path)
     run: OfflineRun | None = None
     config: dict[str, Any] = {}
     summary: dict[str, Any] = {}
