@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,9 @@ def test_tiny_sweep_runs_end_to_end_and_the_report_aggregates_it(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     sweep = load_sweep(path)
     results = [json.loads((Path(p.run_dir) / "results.json").read_text()) for p in sweep.points]
+    # the time a point took, as the sweep says it and as the report averages it: its process's, to its results
+    said = {int(i): s for i, s in re.findall(r"point (\d+) .*: done in (\d+)s", res.stdout)}
+    assert said == {i: f"{r['wall_seconds']:.0f}" for i, r in enumerate(results)}, res.stdout
 
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert "4 already finished; running 0" in again.stdout
@@ -131,7 +135,20 @@ def test_tiny_sweep_runs_end_to_end_and_the_report_aggregates_it(tmp_path):
     assert float(five[0]["mean"]) == pytest.approx(want, abs=1e-6)
     text = report.read_text()
     assert "training lengths 1–3" in text and "| shaw_k2 | 2 |" in text
+    minutes = [r["wall_seconds"] / 60 for r in results]
+    assert (f"wall time {sum(minutes) / 4:.1f} min per run ({min(minutes):.1f}–{max(minutes):.1f}, "
+            "4 runs not resumed)") in text
     assert (tmp_path / "report" / "exact_match_by_length.png").stat().st_size > 5000
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="a process's start is read from /proc")
+def test_a_runs_wall_time_counts_from_its_process_start():
+    """A point's wall_seconds count from its process's start (interpreter and imports included), so
+    the report's wall time per run is the time the sweep waited for it."""
+    code = ("import time; time.sleep(1.5); from relpos_lab.cli import process_started; "
+            "print(time.time() - process_started())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert 1.5 <= float(out.stdout) < 60
 
 
 def _fake_run(root: Path, name: str, exact: float, by_len: dict, seed: int, **extra) -> str:

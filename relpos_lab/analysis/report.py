@@ -165,7 +165,9 @@ def train_range(groups: list[Group]) -> tuple[int, int] | None:
 
 
 def budget_lines(groups: list[Group]) -> list[str]:
-    """What one run cost: steps, parameters and wall time, where the runs recorded them."""
+    """What one run cost: steps, parameters and wall time, where the runs recorded them. A run's wall
+    time (results.json's wall_seconds) runs from its process's start to its results, the time
+    `relpos-lab sweep` prints for a point; a resumed run's is its last attempt's alone, left out."""
     results = [r for g in groups for r in g.results]
     parts = []
     for key, unit, scale, digits in (("global_step", "steps", 1, 0), ("parameters", "M parameters", 1e6, 2)):

@@ -330,6 +330,21 @@ def run_locally(sweep: Sweep, max_parallel: int = 1, echo=print) -> list[int]:
             status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
             if proc.returncode:
                 failed.append(index)
-            echo(f"  point {index} {sweep.points[index].shown}: {status} in {time.time() - started:.0f}s")
+            seconds = _attempt_seconds(sweep.points[index], started)
+            echo(f"  point {index} {sweep.points[index].shown}: {status} in {seconds:.0f}s")
     return failed
+
+
+def _attempt_seconds(point: SweepPoint, started: float) -> float:
+    """How long a point's process took: the wall_seconds of the results.json it wrote (from the
+    process's start to its results, what `report` averages), else as the driver saw it."""
+    path = Path(point.run_dir) / "results.json"
+    try:
+        if path.stat().st_mtime >= started:
+            seconds = json.loads(path.read_text()).get("wall_seconds")
+            if isinstance(seconds, (int, float)):
+                return float(seconds)
+    except (OSError, ValueError):
+        pass
+    return time.time() - started
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -72,7 +73,8 @@ warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 
 
-def train(cfg: DictConfig, echo: Callable[[str], None] = print, force: bool = False) -> RunSummary:
+def train(cfg: DictConfig, echo: Callable[[str], None] = print, force: bool = False,
+          started: float | None = None) -> RunSummary:
     """Fit `cfg` in its run directory, evaluate the best checkpoint, write results and plots.
 
     The one rule for a run directory that already holds an attempt (README, "Time limits, preemption
@@ -81,8 +83,11 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print, force: bool = Fa
     checkpoint, unless ``resume=false`` (then nothing is touched and the error names ``--force``);
     an attempt interrupted before its first checkpoint is moved aside and the run starts over.
     `force` starts over in any case, moving the old directory aside to ``<run dir>.old-<time>``.
+    `started`: when this attempt began (time.time()), by default now; `relpos-lab train` and a sweep's
+    point give their process's start, so results.json's `wall_seconds` is the attempt's process time
+    up to its results, the time `relpos-lab sweep` says a point took.
     """
-    started = time.time()
+    started = time.time() if started is None else started
     check_hardware(cfg)
     use_cpu_threads(cfg.trainer.threads, cfg.trainer.devices)
     run_dir, extending = training_directory(cfg, force)
@@ -184,8 +189,8 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
                  "main_metric": f"valid/{task.main_metric}", "seed": cfg.seed,
                  "train_lengths": list(task.train_length_range() or []) or None,
                  "parameters": sum(p.numel() for p in module.model.parameters()),
-                 "wall_seconds": round(time.time() - started, 1)}  # this attempt, data to results
-        summary = _finish(cfg, trainer, module, task, loggers, watch.requeue, run_dir, extra, echo)
+                 "wall_seconds": None}  # this attempt's, from `started` to its results: set as they are written
+        summary = _finish(cfg, trainer, module, task, loggers, watch.requeue, run_dir, extra, echo, started)
     finally:
         close_loggers(loggers)
     summary.checkpoint, summary.resumed_from, summary.seconds = checkpoint, resume_from, time.time() - started
@@ -291,9 +296,11 @@ def _final_evaluation(cfg: DictConfig, trainer: L.Trainer, module: RelposModule,
 
 
 def _finish(cfg: DictConfig, trainer: L.Trainer, module: RelposModule, task: Task, loggers: list,
-            requeue: DeferredRequeue, run_dir: Path, extra: dict, echo: Callable[[str], None]) -> RunSummary:
+            requeue: DeferredRequeue, run_dir: Path, extra: dict, echo: Callable[[str], None],
+            started: float) -> RunSummary:
     """Write what a finished run holds, results.json last: a signal before it leaves the run
-    unfinished and resumable, and the next attempt completes it (finishing.py)."""
+    unfinished and resumable, and the next attempt completes it (finishing.py). Its wall_seconds
+    run from `started` to then, the plots, inspect's figures and closing W&B included."""
     splits = {"valid": module.results["valid"], "test": module.results["test"]}
     checkpoint = run_dir / extra["checkpoint"]
     with Finishing(requeue.signum, requeue_now, requeue.requested, echo=echo) as finishing:
@@ -313,8 +320,15 @@ def _finish(cfg: DictConfig, trainer: L.Trainer, module: RelposModule, task: Tas
         finishing.step("results")
         for requeue_checkpoint in run_dir.glob("hpc_ckpt_*.ckpt"):  # a finished run is carried by last/best
             requeue_checkpoint.unlink(missing_ok=True)
-        atomic_write(summary.results, results)
+        atomic_write(summary.results, _timed(results, started))
     return summary
+
+
+def _timed(results: str, started: float) -> str:
+    """results.json's text with its wall_seconds up to now."""
+    payload = json.loads(results)
+    payload["wall_seconds"] = round(time.time() - started, 1)
+    return json.dumps(payload, indent=2, allow_nan=False) + "\n"
 
 
 def evaluated_summary(metrics: dict, choice: str, step: int | None) -> dict:
