@@ -89,26 +89,52 @@ def test_a_terminal_gets_a_bar_over_the_steps():
 class _Fit:
     """What LongRunNotice reads of a Trainer: the step, the budget, rank 0."""
 
-    def __init__(self, max_steps):
-        self.global_step, self.max_steps, self.is_global_zero = 0, max_steps, True
+    def __init__(self, max_steps, step=0):
+        self.global_step, self.max_steps, self.is_global_zero = step, max_steps, True
 
 
-@pytest.mark.parametrize(("max_steps", "said"), [(100_000, True), (2_000, False)])
-def test_a_long_run_says_how_long_and_how_to_shorten_it_early_once(max_steps, said):
-    """0.05 s a step: 100,000 steps are 1 h 23 min (one line after the warm-up and ten timed
-    steps); 2,000 steps are under 10 minutes (nothing)."""
+def _notice_lines(max_steps, paces, start_step=0, steps=40):
+    """LongRunNotice's lines over `steps` steps of a fit from `start_step`, on a fake clock: the
+    first three steps take 20 s (they compile and warm up), step i after them paces(i) seconds."""
     from relpos_lab.training.progress import LongRunNotice
 
     now, lines = [0.0], []
     notice = LongRunNotice(write=lines.append, clock=lambda: now[0])
-    fit = _Fit(max_steps)
-    for _ in range(40):
+    fit = _Fit(max_steps, start_step)
+    notice.on_train_start(fit, None)
+    for i in range(1, steps + 1):
         fit.global_step += 1
-        now[0] += 0.05 if fit.global_step > 3 else 20.0  # the first steps compile and warm up
-        notice.on_train_batch_end(fit, None, None, None, fit.global_step - 1)
+        now[0] += paces(i) if i > 3 else 20.0
+        notice.on_train_batch_end(fit, None, None, None, i - 1)
+    return lines
+
+
+@pytest.mark.parametrize(("max_steps", "said"), [(100_000, True), (2_000, False)])
+def test_a_long_run_says_how_long_and_how_to_shorten_it_early_once(max_steps, said):
+    """0.05 s a step: a fresh run of 100,000 steps says so, 1 h 23 min to go (one line after the
+    warm-up and ten timed steps, none after: the pace held); 2,000 steps are under 10 minutes (nothing)."""
+    lines = _notice_lines(max_steps, lambda i: 0.05, steps=200)
     if said:
         (line,) = lines
-        assert line.startswith(f"this run trains {max_steps - 13:,} more steps, about 1:23:")
-        assert "at 0.05 s a step here; `debug` makes it a smoke test" in line and "trainer.max_steps=N" in line
+        assert line.startswith("this run trains 100,000 steps, about 1:23:19 to go at 0.05 s a step here; ")
+        assert "`debug` makes it a smoke test" in line and "trainer.max_steps=N" in line
     else:
         assert lines == []
+
+
+def test_a_resumed_run_says_how_many_more_steps_it_trains():
+    (line,) = _notice_lines(100_000, lambda i: 0.05, start_step=40_000)
+    assert line.startswith("this run trains 60,000 more steps (from step 40,000 to 100,000), about 0:49:59 to go at ")
+
+
+def test_the_estimate_is_said_again_once_the_real_step_time_is_known():
+    """Ten steps at 0.05 s said 1 h 23 min; a hundred more at 0.02 s are the real pace: 33 min, said once."""
+    first, again = _notice_lines(100_000, lambda i: 0.05 if i <= 13 else 0.02, steps=300)
+    assert first.startswith("this run trains 100,000 steps, about 1:23:19 to go at 0.05 s a step")
+    assert again == ("this run: about 0:33:18 to go at 0.02 s a step here, timed over 100 steps "
+                     "(the first 10 timed said 0.05 s a step)")
+
+
+def test_a_run_that_only_turns_out_long_says_so_once_its_step_time_is_known():
+    (line,) = _notice_lines(2_000, lambda i: 0.05 if i <= 13 else 1.0, steps=300)
+    assert line.startswith("this run trains 2,000 steps, about 0:31:27 to go at 1 s a step here; ")

@@ -148,38 +148,71 @@ class ProgressLines(ProgressBar):
 
 
 class LongRunNotice(L.Callback):
-    """One line, early in a fit that will take long: its estimated length here and how to shorten
-    it. Printed once, after `after_steps` steps timed past the first few (which compile, warm up
-    caches, or load data), whether or not progress is shown (`debug` turns it off)."""
+    """One line, early in a fit that will take long: how many steps it trains, its estimated time
+    here and how to shorten it; a fresh run says its steps, a resumed or extended one the steps it
+    has left ("more"). Printed after `after_steps` steps timed past the first few (which compile,
+    warm up caches, or load data), whether or not progress is shown (`debug` turns it off). That
+    first pace is a short sample: once `settle_steps` more steps are timed (the real step time),
+    the estimate is said again if it moved by over a quarter, or first said if the run only now
+    looks long."""
 
     def __init__(self, threshold_seconds: float = 600.0, after_steps: int = 10, warmup_steps: int = 3,
-                 write: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 settle_steps: int = 100, write: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.threshold, self.after, self.warmup = threshold_seconds, after_steps, warmup_steps
+        self.settle = settle_steps
         self._write, self._clock = write or (lambda line: print(line, flush=True)), clock
-        self._start: tuple[float, int] | None = None
+        self._first_step: int | None = None  # the fit's first step: above 0 when it resumes or extends a run
+        self._start: tuple[float, int] | None = None  # (time, step) where timing starts, after the warm-up
+        self._estimate: tuple[float, int, float] | None = None  # (time, step, seconds a step) of the first estimate
+        self._said: float | None = None  # the seconds a step of the line printed, if one was
         self._seen = 0  # batches this fit has run
         self._done = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._first_step = trainer.global_step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self._done or not trainer.is_global_zero:
             return
         step = trainer.global_step
+        if self._first_step is None:  # no on_train_start seen: the batch that just ended was the fit's first
+            self._first_step = max(step - 1, 0)
         self._seen += 1
         if self._start is None:
             if self._seen >= self.warmup:
                 self._start = (self._clock(), step)
             return
-        timed = step - self._start[1]
-        if timed < self.after:
+        if self._estimate is None:
+            timed = step - self._start[1]
+            if timed >= self.after:
+                per_step = (self._clock() - self._start[0]) / timed
+                self._estimate = (self._clock(), step, per_step)
+                self._tell(trainer, step, per_step)
             return
-        self._done = True
-        per_step = (self._clock() - self._start[0]) / timed
+        since, at, first = self._estimate
+        if step - at < self.settle:
+            return
+        self._done = True  # the real step time is known: this is the last word
+        per_step = (self._clock() - since) / (step - at)
+        if self._said is None or not 0.8 <= per_step / self._said <= 1.25:
+            self._tell(trainer, step, per_step, was=first if self._said is not None else None)
+
+    def _tell(self, trainer: L.Trainer, step: int, per_step: float, was: float | None = None) -> None:
         left = (trainer.max_steps - step) * per_step
-        if left > self.threshold:
-            self._write(f"this run trains {trainer.max_steps - step:,} more steps, about {_duration(left)} at "
-                        f"{per_step:.3g} s a step here; `debug` makes it a smoke test of a few seconds, "
-                        "trainer.max_steps=N shortens it")
+        if left <= self.threshold and was is None:
+            return
+        self._said = per_step
+        if was is not None:
+            self._write(f"this run: about {_duration(left)} to go at {per_step:.3g} s a step here, timed over "
+                        f"{self.settle:,} steps (the first {self.after} timed said {was:.3g} s a step)")
+            return
+        first = self._first_step or 0
+        steps = (f"{trainer.max_steps - first:,} more steps (from step {first:,} to {trainer.max_steps:,})" if first
+                 else f"{trainer.max_steps:,} steps")
+        self._write(f"this run trains {steps}, about {_duration(left)} to go at {per_step:.3g} s a step here; "
+                    "`debug` makes it a smoke test of a few seconds, trainer.max_steps=N shortens it")
 
 
 def _duration(seconds: float) -> str:
