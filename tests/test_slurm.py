@@ -19,9 +19,12 @@ import pytest
 
 from relpos_lab import cli
 from relpos_lab.config import load_config
+from relpos_lab.config.find import find_in_group
 from relpos_lab.launch import slurm
 from relpos_lab.launch.slurm import _index_ranges, pin_points, sweep_job
 from relpos_lab.launch.sweep import load_sweep
+
+import docs_text
 
 TINY = """
 extends: [reverse_shaw.yaml, overlay/debug.yaml]
@@ -170,6 +173,22 @@ def unconfigured(workdir, monkeypatch) -> Path:
         (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     return workdir
+
+
+def test_the_guides_own_experiment_is_the_command_line_it_stands_for(tmp_path, monkeypatch, capsys):
+    """docs/slurm.md's reverse_shaw_gpu.yaml says it equals `submit reverse_shaw trainer=gpu
+    cluster=mysite`: both print the same sbatch script (job name, run directory, everything)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs" / "cluster").mkdir(parents=True)  # the guide's `cp configs/cluster/example.yaml ...`
+    (tmp_path / "configs" / "cluster" / "mysite.yaml").write_text(find_in_group("cluster", "example").read_text())
+    block = docs_text.block("# reverse_shaw_gpu.yaml: ")
+    (tmp_path / "reverse_shaw_gpu.yaml").write_text(block.text)
+    claimed = re.search(r"\(= relpos-lab (submit [^)]+)\)", block.text).group(1).split()
+    scripts = []
+    for argv in (["submit", "reverse_shaw_gpu.yaml", "--dry-run"], [*claimed, "--dry-run"]):
+        assert cli.main(argv) in (0, None)
+        scripts.append(capsys.readouterr().out)
+    assert "#SBATCH --job-name=reverse_shaw\n" in scripts[0] and scripts[0] == scripts[1]
 
 
 def test_dry_runs_print_the_script_where_sbatch_has_no_cluster(unconfigured, capsys):
