@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from relpos_lab import cli, terminal
-from relpos_lab.analysis import bench, candidates
+from relpos_lab.analysis import bench, bench_decode, bench_timing, candidates
 
 TINY = ["--batch", "1", "--heads", "2", "--head-dim", "8", "--d-model", "16", "--d-ff", "32",
         "--layers", "1", "--length", "16", "--max-distance", "2", "--repeats", "2", "--warmup", "1"]
@@ -84,7 +84,7 @@ def test_recompute_baseline_agrees_with_cached_greedy():
     src = torch.randint(4, 20, (3, 5))
     cached = greedy_search(model, src, bos_id=1, eos_id=-1, pad_id=0, max_len_a=0.0, max_len_b=12)
     # The budget forces EOS (-1, never predicted) as the 12th token; the 11 before must agree.
-    assert torch.equal(bench.greedy_recompute(model, src, 12)[:, :11], cached[:, :11])
+    assert torch.equal(bench_decode.greedy_recompute(model, src, 12)[:, :11], cached[:, :11])
 
 
 def test_bench_is_a_relpos_lab_verb(tmp_path):
@@ -148,8 +148,8 @@ def test_several_runs_report_the_spread_of_the_per_run_ratios(tmp_path):
 
 def test_combining_runs_takes_medians_and_ranges():
     def result(ratio, ms):
-        return bench.Result("x", {"length": 8}, ms, [ms], None, ratio, {"speedup_over_opennmt": ratio})
-    (combined,) = bench.combine_runs([[result(1.0, 4.0)], [result(3.0, 8.0)], [result(2.0, 5.0)]])
+        return bench_timing.Result("x", {"length": 8}, ms, [ms], None, ratio, {"speedup_over_opennmt": ratio})
+    (combined,) = bench_timing.combine_runs([[result(1.0, 4.0)], [result(3.0, 8.0)], [result(2.0, 5.0)]])
     assert combined.ratio == 2.0 and combined.median_ms == 5.0 and combined.extra["ratio_range"] == [1.0, 3.0]
     assert combined.extra["speedup_over_opennmt_range"] == [1.0, 3.0] and combined.times_ms == [4.0, 8.0, 5.0]
 

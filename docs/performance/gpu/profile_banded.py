@@ -11,7 +11,7 @@ import statistics
 
 import torch
 
-from relpos_lab.analysis.bench import interleaved
+from relpos_lab.analysis.bench_timing import interleaved
 from relpos_lab.analysis.candidates import attention_candidate
 from relpos_lab.core.attention import banded, relative_attention
 
