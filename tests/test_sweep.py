@@ -145,7 +145,7 @@ def test_tiny_sweep_runs_end_to_end_and_the_report_aggregates_it(tmp_path):
 def test_a_runs_wall_time_counts_from_its_process_start():
     """A point's wall_seconds count from its process's start (interpreter and imports included), so
     the report's wall time per run is the time the sweep waited for it."""
-    code = ("import time; time.sleep(1.5); from relpos_lab.cli import process_started; "
+    code = ("import time; time.sleep(1.5); from relpos_lab.cli.runs import process_started; "
             "print(time.time() - process_started())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert 1.5 <= float(out.stdout) < 60

@@ -1,4 +1,4 @@
-"""What each config key means, for people: `relpos-lab config --help-keys SECTION` (cli.keys_help)
+"""What each config key means, for people: `relpos-lab config --help-keys SECTION` (cli/configs.py's keys_help)
 and the "did you mean" of an unknown key both read the fields' own documentation from here.
 It reads the schema and the registry, never a config: config/load.py imports it, not the reverse."""
 from __future__ import annotations
