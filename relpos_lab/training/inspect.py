@@ -43,7 +43,6 @@ from relpos_lab.core.compiling import unwrapped
 from relpos_lab.core.embedding import positions_in_order
 from relpos_lab.core.positions import RelativePositions
 from relpos_lab.core.transformer import Decoder, Encoder, MultiHeadAttention
-from relpos_lab.records import inspect_plots as plots
 from relpos_lab.records.loggers import RunCSVLogger, build_loggers, close_loggers, log_images, log_samples
 from relpos_lab.records.rundir import writable_directory
 from relpos_lab.training.batching import TokenBatchSampler
@@ -55,6 +54,7 @@ from relpos_lab.training.checkpoints import (
     load_checkpoint,
     task_from_checkpoint,
 )
+from relpos_lab.training.inspect_figures import KINDS, attention_figures, attention_table, content_figures
 from relpos_lab.training.module import RelposModule
 from relpos_lab.training.progress import is_quiet
 from relpos_lab.training.threads import use_cpu_threads
@@ -65,7 +65,6 @@ MAX_EXAMPLES = 256
 """Examples per measured set at most (every n-th of the split): a smooth mean, seconds on CPU."""
 MAX_DRAWN_OFFSET = 64
 """Scheme drawings span offsets up to the longest measured, at most this."""
-KINDS = ("encoder_self", "decoder_self", "cross")
 
 
 @dataclass
@@ -169,10 +168,11 @@ def inspect_model(model: torch.nn.Module, task: Task, cfg: DictConfig, out_dir: 
         numbers["not_drawn"] = note
     path = out_dir / INSPECT_JSON
     atomic_write(path, json.dumps(numbers, indent=1) + "\n")
-    figures = _figures(numbers, example, _tokens(task, ids), drawings, out_dir / PLOTS, f"{run_name} ({scheme})", clip)
-    figures += _content_figures(numbers, drawn_content, out_dir / PLOTS, f"{run_name} ({scheme})")
+    figures = attention_figures(numbers, example, _tokens(task, ids), drawings, out_dir / PLOTS,
+                                f"{run_name} ({scheme})", clip)
+    figures += content_figures(numbers, drawn_content, out_dir / PLOTS, f"{run_name} ({scheme})")
     log_images(loggers, {f"inspect/{p.stem}": p for p in figures}, step=step)
-    log_samples(loggers, "inspect/attention_by_offset", *_table(numbers), step=step)
+    log_samples(loggers, "inspect/attention_by_offset", *attention_table(numbers), step=step)
     if echo:
         if note:
             echo(note)
@@ -394,7 +394,7 @@ def _drawing_json(d) -> dict:
     return out
 
 
-# --- figures and the W&B table ----------------------------------------------------------------
+# --- the names a figure shows --------------------------------------------------------------------
 
 def _tokens(task: Task, ids: dict) -> dict:
     """{side: symbols} of the example, where the task has a vocabulary for that side (else {})."""
@@ -404,90 +404,6 @@ def _tokens(task: Task, ids: dict) -> dict:
         if symbols is not None:
             out[side] = [symbols[i] if 0 <= i < len(symbols) else "?" for i in values]
     return out
-
-
-def _figures(numbers: dict, example: AttentionProbe, tokens: dict, drawings: dict, folder: Path, who: str,
-             clip: int | None) -> list[Path]:
-    sets = numbers["sets"]
-    main = numbers["split"]
-    figures = []
-    for kind in KINDS:
-        if kind not in sets[main]["attention"]:
-            continue
-        a = sets[main]["attention"][kind]
-        mass, offsets = np.asarray(a["mass"]), a["offsets"]
-        kind_clip = clip if kind != "cross" else None  # cross-attention has no Shaw tables
-        title = f"{who}\n{plots.KIND_TITLES[kind]}, {main} split ({sets[main]['examples']} examples)"
-        if kind == "cross":
-            title += f"\n{plots.CROSS_NOTE}"
-        figures.append(plots.plot_offset_heatmaps({"rows: layer L, head H": (offsets, mass)},
-                                                  folder / f"attention_{kind}.png", title, kind_clip))
-        for layer in range(mass.shape[0]):
-            figures.append(plots.plot_offset_lines(offsets, mass[layer], folder / f"lines_{kind}_layer{layer}.png",
-                                                   f"{title}, layer {layer}", kind_clip))
-        by_length = {}
-        for name, entry in sets.items():
-            if name.startswith("length ") and kind in entry["attention"]:
-                inside = {True: "within training lengths", False: "beyond training lengths"}.get(
-                    entry.get("in_training_range"), "")
-                e = entry["attention"][kind]
-                by_length[f"{name} ({inside})\n{entry['split']} split, {entry['examples']} examples"] = (
-                    e["offsets"], np.asarray(e["mass"]))
-        if by_length:
-            figures.append(plots.plot_offset_heatmaps(by_length, folder / f"by_length_{kind}.png",
-                                                      f"{who}\n{plots.KIND_TITLES[kind]} by input length"
-                                                      + (f"\n{plots.CROSS_NOTE}" if kind == "cross" else ""),
-                                                      kind_clip))
-        layers = sorted(layer for k, layer in example.example if k == kind)
-        sides = {"encoder_self": ("src", "src"), "decoder_self": ("tgt", "tgt"), "cross": ("tgt", "src")}[kind]
-        names = {"src": "source", "tgt": "target"}
-        for layer in dict.fromkeys((layers[0], layers[-1])):
-            maps = example.example[(kind, layer)]
-            figures.append(plots.plot_example_maps(
-                maps.numpy(), folder / f"example_{kind}_layer{layer}.png",
-                f"{who}\n{plots.KIND_TITLES[kind]}, layer {layer}, the longest {main} example ({_shape(maps)})",
-                f"query: {names[sides[0]]} position i", f"key: {names[sides[1]]} position j",
-                tokens.get(sides[0]), tokens.get(sides[1])))
-    for kind, layers in drawings.items():
-        for layer, found in layers.items():
-            causal = "\ncausal: offsets j − i > 0 are never attended" if kind == "decoder_self" else ""
-            figures.append(plots.plot_drawings(found, folder / f"scheme_{kind}_layer{layer}.png",
-                                               f"{who}\nwhat the scheme learned: {plots.KIND_TITLES[kind]}, "
-                                               f"layer {layer}{causal}"))
-    return figures
-
-
-def _content_figures(numbers: dict, drawn: dict, folder: Path, who: str) -> list[Path]:
-    """One figure per layer of what a content-dependent scheme adds on the sample batch."""
-    if not drawn:
-        return []
-    sample = numbers["content"]
-    span = "–".join(str(n) for n in dict.fromkeys((sample["lengths"][0], sample["lengths"][-1])))
-    figures = []
-    for kind, layers in drawn.items():
-        for layer, found in layers.items():
-            causal = "\ncausal: offsets j − i > 0 are never attended" if kind == "decoder_self" else ""
-            figures.append(plots.plot_drawings(
-                found, folder / f"content_{kind}_layer{layer}.png",
-                f"{who}\nwhat the scheme adds on a sample batch ({sample['examples']} {sample['split']} examples of "
-                f"length {span}, the longest): {plots.KIND_TITLES[kind]}, layer {layer}\nlines: mean over the "
-                f"visible pairs at each offset; bands: ± one standard deviation{causal}"))
-    return figures
-
-
-def _shape(example) -> str:
-    return f"{example.shape[-2]} queries × {example.shape[-1]} keys"
-
-
-def _table(numbers: dict) -> tuple[list[str], list[list]]:
-    rows = []
-    for name, entry in numbers["sets"].items():
-        for kind, a in entry["attention"].items():
-            for layer, heads in enumerate(a["mass"]):
-                for head, values in enumerate(heads):
-                    rows.extend([name, kind, layer, head, offset, v]
-                                for offset, v in zip(a["offsets"], values) if v > 1e-4)
-    return ["set", "attention", "layer", "head", "offset", "mass"], rows
 
 
 def _scheme_name(cfg: DictConfig) -> str:
