@@ -180,27 +180,7 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
     src, tgt = random_tokens(3, 7, seed=1), random_tokens(3, 6, seed=2)
     decodes = position_scheme_of(positions).supports_cache
     for arch in ARCHITECTURES:
-        names = (f"{arch}: output shape, finite gradients reaching the scheme's parameters",
-                 *((f"{arch}: cached decoding and multi-token prefill equal the full pass (float64)",
-                    *DECODING_CHECKS[arch]) if arch in DECODED else SLOTS),
-                 f"{arch}: {ALONE}",
-                 f"{arch}: 40 training steps lower the loss on one batch")
-        if arch in unsupported:
-            for name in names:
-                report.skip(name, unsupported[arch])
-            continue
-        if arch not in models:
-            continue
-        model = models[arch]
-        report.run(names[0], lambda model=model, arch=arch: _gradients(model, arch, src, tgt))
-        if arch in DECODED:
-            report.run(names[1], lambda model=model, arch=arch: cache_equals_full(model, arch, src, tgt)
-                       if decodes else NOT_CHECKED)
-            _decoding_checks(report, arch, positions, model if arch == "encoder_decoder" else None, src, tgt, decodes)
-        else:
-            report.run(names[1], lambda model=model: padded_slots(model, src, tgt))
-        report.run(names[-2], lambda model=model: batch_invariance.check(model))
-        report.run(names[-1], lambda model=model, arch=arch: _trains(model, arch, src, tgt))
+        _family_checks(report, arch, positions, models.get(arch), unsupported, src, tgt, decodes)
     if BIDIRECTIONAL in unsupported:
         for name in DECODING_CHECKS[BIDIRECTIONAL]:
             report.skip(name, unsupported[BIDIRECTIONAL])
@@ -213,6 +193,31 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
                    "(a warning where it breaks)", lambda: _compiles(models[arch], arch, src, tgt))
         report.run("inspect drawing (optional)", lambda: _drawings(models[arch], arch, src, tgt))
     return report
+
+
+def _family_checks(report: Report, arch: str, positions, model, unsupported: dict, src, tgt, decodes: bool) -> None:
+    """One family's checks on its `model` (None: it did not build): gradients, cached decoding
+    (the encoder-only model: its padded slots), batch invariance, and training."""
+    names = (f"{arch}: output shape, finite gradients reaching the scheme's parameters",
+             *((f"{arch}: cached decoding and multi-token prefill equal the full pass (float64)",
+                *DECODING_CHECKS[arch]) if arch in DECODED else SLOTS),
+             f"{arch}: {ALONE}",
+             f"{arch}: 40 training steps lower the loss on one batch")
+    if arch in unsupported:
+        for name in names:
+            report.skip(name, unsupported[arch])
+        return
+    if model is None:
+        return
+    report.run(names[0], lambda: _gradients(model, arch, src, tgt))
+    if arch in DECODED:
+        report.run(names[1], lambda: cache_equals_full(model, arch, src, tgt)
+                   if decodes else NOT_CHECKED)
+        _decoding_checks(report, arch, positions, model if arch == "encoder_decoder" else None, src, tgt, decodes)
+    else:
+        report.run(names[1], lambda: padded_slots(model, src, tgt))
+    report.run(names[-2], lambda: batch_invariance.check(model))
+    report.run(names[-1], lambda: _trains(model, arch, src, tgt))
 
 
 def _randomized_check(report: Report, cls: type[PositionScheme], fields: dict, unsupported: dict, src, tgt) -> None:

@@ -140,12 +140,7 @@ def beam_search(model, src: Tensor | None, *, beam_size: int = 4, length_penalty
         if bool(done.all()):
             break
 
-        # The best non-EOS candidates continue.
-        order = (rank + is_eos.long() * top_scores.shape[1]).argsort(dim=1)[:, :k]
-        scores = top_scores.gather(1, order)
-        scores = torch.where(is_eos.gather(1, order), torch.full_like(scores, float("-inf")), scores)
-        history = seqs.gather(1, order[:, :, None].expand(-1, -1, step + 1))
-        parent = (src_beam.gather(1, order) + torch.arange(batch, device=device)[:, None] * k).view(-1)
+        scores, history, parent = _continuing(top_scores, is_eos, seqs, src_beam, k)
         cache.reorder(parent)
         tokens = history[:, :, -1].reshape(-1, 1)
 
@@ -153,6 +148,20 @@ def beam_search(model, src: Tensor | None, *, beam_size: int = 4, length_penalty
     out = fin_tokens[torch.arange(batch, device=device), best]
     length = int((out == eos_id).long().argmax(-1).max()) + 1  # every finished hypothesis ends in EOS
     return out[:, :length]
+
+
+def _continuing(top_scores: Tensor, is_eos: Tensor, seqs: Tensor, src_beam: Tensor, k: int
+                ) -> tuple[Tensor, Tensor, Tensor]:
+    """The `k` best non-EOS candidates of each sentence, which continue (batch, 2k ranked
+    candidates): their scores (-inf where fewer than k are not EOS), their tokens so far, and the
+    beam rows (batch·k) of the cache each one extends."""
+    rank = torch.arange(top_scores.shape[1], device=top_scores.device)[None, :]
+    order = (rank + is_eos.long() * top_scores.shape[1]).argsort(dim=1)[:, :k]
+    scores = top_scores.gather(1, order)
+    scores = torch.where(is_eos.gather(1, order), torch.full_like(scores, float("-inf")), scores)
+    history = seqs.gather(1, order[:, :, None].expand(-1, -1, seqs.shape[2]))
+    rows = torch.arange(top_scores.shape[0], device=top_scores.device)[:, None] * k
+    return scores, history, (src_beam.gather(1, order) + rows).view(-1)
 
 
 def _only_eos_where(logp: Tensor, rows: Tensor, eos_id: int) -> Tensor:
