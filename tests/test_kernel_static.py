@@ -90,11 +90,12 @@ def compiled_subprocess(code: str) -> dict:
 @pytest.fixture(scope="module")
 def shaw_wide_keys():
     """The forward and dq in 64/128 (4 warps), the config the plain stages are cheapest in, where
-    the band is cut in 64-key tiles in the forward, 32-key ones in dq (fused.band_block);
+    the band is cut in 64-key tiles in the forward, 32-key ones in dq (fused_tuning.band_block);
     compiled as above."""
-    from relpos_lab.core.attention import fused
+    from relpos_lab.core.attention import fused_tuning
 
-    index = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps) for c in fused._configs("dq")].index((64, 128, 4))
+    configs = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps) for c in fused_tuning.configs("dq")]
+    index = configs.index((64, 128, 4))
     return compiled_records(f"90, config_index={index}, kernels=('forward', 'dq')")
 
 
@@ -108,16 +109,16 @@ def test_a_band_cut_in_narrow_tiles_lets_128_key_tiles_run_without_spills(shaw_w
 
 @pytest.mark.parametrize("index, name, cap, blocks", [(0, "forward", 128, 4), (2, "dkdv", 168, 3)])
 def test_a_register_cap_fits_the_controls_blocks_per_sm_without_spilling(index, name, cap, blocks):
-    """The forward's and dk/dv's capped configs (fused.REGISTER_CAPS, maxnreg) compile for sm_90
+    """The forward's and dk/dv's capped configs (fused_tuning.REGISTER_CAPS, maxnreg) compile for sm_90
     without a stack (the forward's band in 32-key tiles, dk/dv's in half-height ones): 4 and 3
     blocks of 4 warps share an SM, as the control's forward and dk/dv do in that config."""
     code = f"""if True:
         import json
         from relpos_lab.analysis import kernel_static as ks
-        from relpos_lab.core.attention import fused
+        from relpos_lab.core.attention import fused_tuning
         case = ks.Case("shaw k=16")
         kernel, args, kwargs = ks.fused_launches(case, 2048)[{index}]
-        (capped,) = [c for c in fused._configs("{name}") if c.maxnreg]
+        (capped,) = [c for c in fused_tuning.configs("{name}") if c.maxnreg]
         record = ks._measure_fused_kernel(kernel, "{name}", case, args, kwargs, capped, 90)
         print(json.dumps([record.config, record.registers, record.stack_bytes, record.blocks_per_sm]))
     """
@@ -153,7 +154,7 @@ def test_blocks_per_sm_follows_cudas_occupancy_rules():
     from relpos_lab.analysis.kernel_static import blocks_per_sm
 
     assert blocks_per_sm(186, 4, 57344, 90) == 2  # 192 x 32 = 6,144 registers a warp: 10 warps of 65,536
-    assert blocks_per_sm(168, 4, 57344, 90) == 3  # fused.REGISTER_CAPS["dkdv"]
+    assert blocks_per_sm(168, 4, 57344, 90) == 3  # fused_tuning.REGISTER_CAPS["dkdv"]
     assert blocks_per_sm(107, 4, 57344, 90) == 4  # 4 x (56 + 1) KiB: Hopper's 228 KiB exactly
     assert blocks_per_sm(107, 4, 57345, 90) == 3
     assert blocks_per_sm(107, 4, 57344, 80) == 2  # Ampere's 164 KiB
@@ -162,16 +163,16 @@ def test_blocks_per_sm_follows_cudas_occupancy_rules():
 
 
 def test_the_autotuner_times_only_configs_that_do_not_spill():
-    """fused._spill_free, the autotuner's early_config_prune, on dq of the Shaw default for sm_80
+    """fused_tuning.spill_free, the autotuner's early_config_prune, on dq of the Shaw default for sm_80
     (where some configs spill): it keeps exactly those that `bench kernel --static` finds spill-free."""
     code = """if True:
         import json
         from relpos_lab.analysis import kernel_static as ks
-        from relpos_lab.core.attention import fused
+        from relpos_lab.core.attention import fused_tuning
         case = ks.Case("shaw k=16")
         kernel, args, kwargs = ks.fused_launches(case, 2048)[1]
-        configs = fused._configs("dq")
-        kept = fused._spill_free(kernel, capability=(8, 0))(configs, dict(zip(kernel.arg_names, args)), **kwargs)
+        configs = fused_tuning.configs("dq")
+        kept = fused_tuning.spill_free(kernel, capability=(8, 0))(configs, dict(zip(kernel.arg_names, args)), **kwargs)
         stacks = [ks._measure_fused_kernel(kernel, "dq", case, args, kwargs, c, 80).stack_bytes for c in configs]
         print(json.dumps({"kept": [configs.index(c) for c in kept], "stacks": stacks}))
     """
@@ -189,11 +190,11 @@ def test_a_forward_config_that_spills_is_offered_with_the_bands_addresses_recomp
     code = """if True:
         import json
         from relpos_lab.analysis import kernel_static as ks
-        from relpos_lab.core.attention import fused
+        from relpos_lab.core.attention import fused_tuning
         case = ks.Case("shaw k=16 causal dropout 0.1", causal=True, dropout_p=0.1)
         kernel, args, kwargs = ks.fused_launches(case, 2048)[0]
-        configs = [c for c in fused._configs("forward") if c.kwargs["BLOCK_N"] == 128 or c.maxnreg]
-        kept = fused._spill_free(kernel, capability=(8, 0))(configs, dict(zip(kernel.arg_names, args)), **kwargs)
+        configs = [c for c in fused_tuning.configs("forward") if c.kwargs["BLOCK_N"] == 128 or c.maxnreg]
+        kept = fused_tuning.spill_free(kernel, capability=(8, 0))(configs, dict(zip(kernel.arg_names, args)), **kwargs)
         stacks = [ks._measure_fused_kernel(kernel, "forward", case, args, kwargs, c, 80).stack_bytes
                   for c in configs + kept]
         print(json.dumps({"kept": [[c.kwargs, c.maxnreg] for c in kept], "stacks": stacks}))
@@ -205,14 +206,14 @@ def test_a_forward_config_that_spills_is_offered_with_the_bands_addresses_recomp
 
 
 def test_a_low_register_variant_keeps_the_blocks_and_a_capped_config_needs_none():
-    from relpos_lab.core.attention import fused
+    from relpos_lab.core.attention import fused_tuning
 
-    plain, capped = fused._configs("forward")[0], [c for c in fused._configs("forward") if c.maxnreg][0]
-    variant = fused.low_register_variant(plain)
+    plain, capped = fused_tuning.configs("forward")[0], [c for c in fused_tuning.configs("forward") if c.maxnreg][0]
+    variant = fused_tuning.low_register_variant(plain)
     assert variant.kwargs == {**plain.kwargs, "LOW_REGISTERS": True}
     assert (variant.num_warps, variant.num_stages, variant.maxnreg) == (plain.num_warps, plain.num_stages, None)
-    assert fused.low_registers(variant.all_kwargs()) and fused.low_registers(capped.all_kwargs())
-    assert not fused.low_registers(plain.all_kwargs()) and fused.low_register_variant(capped) is None
+    assert fused_tuning.low_registers(variant.all_kwargs()) and fused_tuning.low_registers(capped.all_kwargs())
+    assert not fused_tuning.low_registers(plain.all_kwargs()) and fused_tuning.low_register_variant(capped) is None
 
 
 @pytest.mark.slow  # one compile, ~1 min
@@ -222,10 +223,10 @@ def test_dkdv_has_a_config_that_does_not_spill_on_ampere_with_causality_and_drop
     code = """if True:
         import json
         from relpos_lab.analysis import kernel_static as ks
-        from relpos_lab.core.attention import fused
+        from relpos_lab.core.attention import fused_tuning
         case = ks.Case("shaw k=16 causal dropout 0.1", causal=True, dropout_p=0.1)
         kernel, args, kwargs = ks.fused_launches(case, 2048)[2]
-        (config,) = [c for c in fused._configs("dkdv") if c.num_stages == 2 and c.kwargs["BLOCK_N"] == 64]
+        (config,) = [c for c in fused_tuning.configs("dkdv") if c.num_stages == 2 and c.kwargs["BLOCK_N"] == 64]
         record = ks._measure_fused_kernel(kernel, "dkdv", case, args, kwargs, config, 80)
         print(json.dumps([record.config, record.stack_bytes]))
     """

@@ -178,9 +178,10 @@ def test_importing_the_api_loads_no_layer_above_it_nor_lightning():
 
 
 TRITON_MODULES = ("relpos_lab.core.attention.fused", "relpos_lab.core.attention.fused_kernels",
-                  "relpos_lab.core.attention.compiled")
-"""The fused kernel: fused.py imports its kernels module only where triton is installed, and
-compiled.py (its autotuner's spill check) imports triton only inside its functions."""
+                  "relpos_lab.core.attention.fused_tuning", "relpos_lab.core.attention.compiled")
+"""The fused kernel: fused.py and fused_tuning.py import triton and the kernels module only where
+triton is installed, and compiled.py (the autotuner's spill check) imports triton only inside its
+functions."""
 
 
 def test_the_core_imports_only_torch_and_the_standard_library():

@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-from relpos_lab.core.attention import fused, relative_attention
+from relpos_lab.core.attention import fused, fused_tuning, relative_attention
 from relpos_lab.core.attention.masks import offset_bias
 from relpos_lab.core.positions import builtin_config
 from relpos_lab.core.transformer import EncoderDecoder, ModelConfig
@@ -81,7 +81,7 @@ def test_a_band_in_whole_blocks_matches_too(name, monkeypatch):
     """The interpreter cuts the band's 16-blocks in two, with plain fringe tiles beside it (as
     128-key blocks are cut on a GPU); configs whose BN is the cap keep them whole, and compile no
     fringe: that path, here with the band uncut."""
-    monkeypatch.setattr(fused, "BAND_CAP", {"forward": 16, "dq": 16})
+    monkeypatch.setattr(fused_tuning, "BAND_CAP", {"forward": 16, "dq": 16})
     check_case(CASES[name])
 
 
@@ -101,7 +101,7 @@ def test_a_band_from_a_narrow_fringes_boundary_matches_too(name, monkeypatch):
     Lk, as compiled. The forward runs both narrow fringes as one tile, or LEFT's alone beside
     −inf where RIGHT's is none (`fringe_pair`): both occur here."""
     monkeypatch.setattr(fused, "_INTERPRETER_BLOCKS", {"BLOCK_M": 16, "BLOCK_N": 32})
-    monkeypatch.setattr(fused, "BAND_CAP", {"forward": 16, "dq": 16})
+    monkeypatch.setattr(fused_tuning, "BAND_CAP", {"forward": 16, "dq": 16})
     check_case(NARROW_FRINGE_CASES[name])
 
 
@@ -118,9 +118,9 @@ def test_a_table_per_head_beside_one_the_heads_share(shared):
 @pytest.mark.parametrize("name", ["all_terms_tiled", "padding_causal_tiled"])
 def test_a_register_capped_forward_writes_the_same_tables(name, monkeypatch):
     """With w^K and w^V the forward writes each interior logit over the logit term it has read;
-    under a register cap at the address it computes again (fused.low_registers), else at the
+    under a register cap at the address it computes again (fused_tuning.low_registers), else at the
     load's: that other path, here."""
-    monkeypatch.setattr(fused, "low_registers", lambda meta: True)
+    monkeypatch.setattr(fused_tuning, "low_registers", lambda meta: True)
     check_case(CASES[name])
 
 
@@ -128,8 +128,8 @@ def test_a_register_capped_forward_writes_the_same_tables(name, monkeypatch):
                                   "per_head_causal_offset_tiled", "wide_causal_padding"])
 def test_dkdv_in_half_height_band_tiles_matches(name, monkeypatch):
     """Under a register cap dk/dv runs its band in tiles of half the block's rows
-    (fused.band_rows): that path, here, a wide rel_bias's diagonals included."""
-    monkeypatch.setattr(fused, "band_rows", lambda meta: meta["BLOCK_M"] // 2)
+    (fused_tuning.band_rows): that path, here, a wide rel_bias's diagonals included."""
+    monkeypatch.setattr(fused_tuning, "band_rows", lambda meta: meta["BLOCK_M"] // 2)
     if name in WIDE_CASES:
         monkeypatch.setattr(fused, "MAX_LABELS", 16)
     check_case({**CASES, **WIDE_CASES}[name])
@@ -310,10 +310,10 @@ def test_dropout_matches_the_definition_with_the_kernels_own_mask(causal, length
     boundary (see test_a_band_from_a_narrow_fringes_boundary_matches_too), and with dk/dv's band
     in half-height tiles (test_dkdv_in_half_height_band_tiles_matches)."""
     if half_band:
-        monkeypatch.setattr(fused, "band_rows", lambda meta: meta["BLOCK_M"] // 2)
+        monkeypatch.setattr(fused_tuning, "band_rows", lambda meta: meta["BLOCK_M"] // 2)
     if narrow_fringes:
         monkeypatch.setattr(fused, "_INTERPRETER_BLOCKS", {"BLOCK_M": 16, "BLOCK_N": 32})
-        monkeypatch.setattr(fused, "BAND_CAP", {"forward": 16, "dq": 16})
+        monkeypatch.setattr(fused_tuning, "BAND_CAP", {"forward": 16, "dq": 16})
     q, k, v, kw = make(tiled("dropout", L=length, padding=WHOLE_LAST, causal=causal))
     torch.manual_seed(3)
     seed = int(torch.randint(0, 2**30, (1,)).item())  # the draw fused.attend makes after the same seed
@@ -355,29 +355,30 @@ def test_dropout_averages_to_the_dropout_free_output():
 def test_one_config_from_the_environment_replaces_the_autotuners_list(monkeypatch):
     """RELPOS_LAB_TRITON_CONFIG pins every kernel to one config (tests and profiles on a GPU);
     a malformed value names the expected form."""
-    monkeypatch.setenv(fused.CONFIG_VARIABLE, "64,32,4,2")
-    (config,) = fused._configs("dkdv")
+    monkeypatch.setenv(fused_tuning.CONFIG_VARIABLE, "64,32,4,2")
+    (config,) = fused_tuning.configs("dkdv")
     assert (config.kwargs, config.num_warps, config.num_stages, config.maxnreg) == (
         {"BLOCK_M": 64, "BLOCK_N": 32, "WINDOW": 128}, 4, 2, None)
-    assert fused._spill_free(None)([config], {}) == [config]  # nothing to choose: no static compile
-    assert fused._configs("forward")[0].kwargs == {"BLOCK_M": 64, "BLOCK_N": 32}
-    monkeypatch.setenv(fused.CONFIG_VARIABLE, "64,64,4,3,168")
-    assert [(c.kwargs, c.maxnreg) for c in fused._configs("dq")] == [({"BLOCK_M": 64, "BLOCK_N": 64}, 168)]
-    monkeypatch.setenv(fused.CONFIG_VARIABLE, "64,64,4,3,capped")  # each kernel's own cap, or none
-    assert [fused._configs(name)[0].maxnreg for name in ("forward", "dq", "dkdv")] == [
-        fused.REGISTER_CAPS["forward"], None, fused.REGISTER_CAPS["dkdv"]]
+    assert fused_tuning.spill_free(None)([config], {}) == [config]  # nothing to choose: no static compile
+    assert fused_tuning.configs("forward")[0].kwargs == {"BLOCK_M": 64, "BLOCK_N": 32}
+    monkeypatch.setenv(fused_tuning.CONFIG_VARIABLE, "64,64,4,3,168")
+    assert [(c.kwargs, c.maxnreg) for c in fused_tuning.configs("dq")] == [({"BLOCK_M": 64, "BLOCK_N": 64}, 168)]
+    monkeypatch.setenv(fused_tuning.CONFIG_VARIABLE, "64,64,4,3,capped")  # each kernel's own cap, or none
+    assert [fused_tuning.configs(name)[0].maxnreg for name in ("forward", "dq", "dkdv")] == [
+        fused_tuning.REGISTER_CAPS["forward"], None, fused_tuning.REGISTER_CAPS["dkdv"]]
     for bad in ("64x64", "64,64,4", "64,64,4,3,most"):
-        monkeypatch.setenv(fused.CONFIG_VARIABLE, bad)
+        monkeypatch.setenv(fused_tuning.CONFIG_VARIABLE, bad)
         with pytest.raises(ValueError, match=f"RELPOS_LAB_TRITON_CONFIG='{bad}': expected BM,BN,WARPS,STAGES"):
-            fused._configs("dq")
-    monkeypatch.delenv(fused.CONFIG_VARIABLE)
+            fused_tuning.configs("dq")
+    monkeypatch.delenv(fused_tuning.CONFIG_VARIABLE)
     # The autotuner's list: the forward and dk/dv also time 64/64 with their registers capped, dk/dv
     # 64/64 in two stages (its one spill-free config on sm_80 with causality and dropout); dq neither.
-    assert [c.maxnreg for c in fused._configs("forward")] == [None] * 5 + [fused.REGISTER_CAPS["forward"]]
-    assert len(fused._configs("dq")) == 5
+    assert [c.maxnreg for c in fused_tuning.configs("forward")] == [None] * 5 + [fused_tuning.REGISTER_CAPS["forward"]]
+    assert len(fused_tuning.configs("dq")) == 5
     assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages, c.maxnreg)
-            for c in fused._configs("dkdv")][5:] == [(64, 64, 4, 2, None), (64, 64, 4, 3, fused.REGISTER_CAPS["dkdv"])]
-    assert not any(c.maxnreg for c in fused._configs("dq") + fused._configs("dkdv")[:6])
+            for c in fused_tuning.configs("dkdv")][5:] == [
+        (64, 64, 4, 2, None), (64, 64, 4, 3, fused_tuning.REGISTER_CAPS["dkdv"])]
+    assert not any(c.maxnreg for c in fused_tuning.configs("dq") + fused_tuning.configs("dkdv")[:6])
 
 
 OPCHECK_CASES = {name: CASES[name] for name in (

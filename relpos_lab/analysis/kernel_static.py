@@ -134,11 +134,11 @@ def fused_launches(case: Case, length: int) -> list:
     """[(kernel, args, constexprs)] of the fused kernel's forward, dq and dk/dv for one call,
     made by the real launch code (fused.attend) on meta tensors, with the launches recorded (the
     tables' gradient sums after them, a reduction over rows, are left out)."""
-    from relpos_lab.core.attention import fused, fused_kernels as kernels
+    from relpos_lab.core.attention import fused, fused_kernels as kernels, fused_tuning
 
     calls: list = []
-    saved = fused._kernels
-    fused._kernels = tuple(_Recorder(k, calls) for k in
+    saved = fused_tuning._kernels
+    fused_tuning._kernels = tuple(_Recorder(k, calls) for k in
                            (kernels.forward_kernel, kernels.backward_dq_kernel, kernels.backward_dkdv_kernel,
                             kernels.label_sums_kernel))
     try:
@@ -151,16 +151,16 @@ def fused_launches(case: Case, length: int) -> list:
                            attn_bias=None, scale=case.head_dim ** -0.5)
         out.backward(torch.empty_like(out))
     finally:
-        fused._kernels = saved
+        fused_tuning._kernels = saved
     return calls[:3]
 
 
 def _derived(kernel, args: tuple, constexprs: dict, config) -> dict:
     """The launch's constexprs with what the kernel's heuristics derive from them and the config."""
-    from relpos_lab.core.attention import fused
+    from relpos_lab.core.attention import fused_tuning
 
     known = {**dict(zip(kernel.arg_names, args)), **constexprs, **config.all_kwargs()}
-    return {**constexprs, **{name: rule(known) for name, rule in fused._heuristics(kernel).items()}}
+    return {**constexprs, **{name: rule(known) for name, rule in fused_tuning.heuristics(kernel).items()}}
 
 
 KEY_LOOPS = [  # (stage, its first key, past its last, tile width): KeyStages fields and constexpr names
@@ -196,14 +196,15 @@ CONTROL_STAGES = ["full", "diagonal"]
 
 def measure_fused(case: Case, sm: int, length: int = 2048) -> list[Record]:
     """Every kernel of the fused path in every config the autotuner may try."""
-    from relpos_lab.core.attention import fused
+    from relpos_lab.core.attention import fused_tuning
 
     records = []
     for (kernel, args, kwargs), name in zip(fused_launches(case, length), ("forward", "dq", "dkdv")):
-        for config in fused._configs(name):
+        for config in fused_tuning.configs(name):
             records.append(_measure_fused_kernel(kernel, name, case, args, kwargs, config, sm))
-            variant = fused.low_register_variant(config) if name == "forward" and records[-1].stack_bytes else None
-            if variant is not None:  # what the autotuner is offered instead (fused._spill_free)
+            spilled = name == "forward" and records[-1].stack_bytes
+            variant = fused_tuning.low_register_variant(config) if spilled else None
+            if variant is not None:  # what the autotuner is offered instead (fused_tuning.spill_free)
                 records.append(_measure_fused_kernel(kernel, name, case, args, kwargs, variant, sm))
     return records
 
@@ -221,14 +222,14 @@ def measure_control(case: Case, sm: int, length: int = 2048) -> list[Record]:
     """The plain FlashAttention-2 control, same shapes, in each kernel's configs (the lists both
     sides share)."""
     from relpos_lab.analysis import flash_control
-    from relpos_lab.core.attention import fused
+    from relpos_lab.core.attention import fused_tuning
 
     dtype = getattr(torch, case.dtype)
     q, k, v = (torch.empty(16, length, case.head_dim, device="meta", dtype=dtype) for _ in range(3))
     mask = torch.empty(16, length, device="meta", dtype=torch.uint8) if case.padding else None
     records = []
     for index, name in enumerate(("forward", "dq", "dkdv")):
-        for config in fused._configs(name):
+        for config in fused_tuning.configs(name):
             if config.maxnreg:  # our register cap: the control is far below it
                 continue
             blocks = {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_N": config.kwargs["BLOCK_N"]}
@@ -244,7 +245,7 @@ def _tiles(name: str, stage_fn, length: int, max_distance: int, causal: bool, bl
            control: bool, maxnreg: int = 0) -> list[dict]:
     """Per program of one (batch, head): how many tiles each stage runs, from the kernels' own bounds."""
     from relpos_lab.core.attention import fused_kernels as kernels
-    from relpos_lab.core.attention.fused import band_block, band_rows, fringe_block
+    from relpos_lab.core.attention.fused_tuning import band_block, band_rows, fringe_block
 
     out = []
     if name in ("forward", "dq"):
@@ -404,18 +405,18 @@ def parse(argv: list[str]):
 
 def default_config_records(sm: int = 90, length: int = 2048, config_index: int = 0,
                            kernels=("forward", "dq", "dkdv")) -> dict:
-    """The Shaw default's `kernels` and the flash control's, each in one config of `_configs`
+    """The Shaw default's `kernels` and the flash control's, each in one config of `fused_tuning.configs`
     (by default the first, the one the kernels use most), with estimates: the CI test's measurement."""
     from relpos_lab.analysis import flash_control
-    from relpos_lab.core.attention import fused
+    from relpos_lab.core.attention import fused_tuning
 
     case = Case("shaw k=16")
     out = {}
     for (kernel, args, kwargs), name in zip(fused_launches(case, length), ("forward", "dq", "dkdv")):
         if name in kernels:
-            config = fused._configs(name)[config_index]
+            config = fused_tuning.configs(name)[config_index]
             out[name] = _measure_fused_kernel(kernel, name, case, args, kwargs, config, sm)
-    config = fused._configs("dq")[config_index]
+    config = fused_tuning.configs("dq")[config_index]
     blocks = {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_N": config.kwargs["BLOCK_N"]}
     q = torch.empty(16, length, case.head_dim, device="meta", dtype=torch.bfloat16)
     for (kernel, _, args, meta), name in zip(flash_control.launches(q, q, q, False, 0.0, blocks),

@@ -5,7 +5,7 @@
 One config for every kernel (no autotuning, so that a lease spends its minutes timing, not
 compiling; 64/64, 4 warps, 3 stages is what the autotuner picked on an H200 at L = 2048; a fifth
 value caps the registers a thread holds, maxnreg: a number, or `capped` for the forward's and dk/dv's
-own caps, fused.REGISTER_CAPS, as their capped configs have them). Prints:
+own caps, fused_tuning.REGISTER_CAPS, as their capped configs have them). Prints:
 the largest gradient errors of impl="triton" in bf16 against gather in float32; per length, forward
 and forward + backward times (triton.testing.do_bench, Shaw a^K + a^V, k = 16, H = 8, D = 64, bf16)
 beside SDPA's, the host time per call, the CUDA time per call of every kernel (torch.profiler), and
@@ -26,20 +26,20 @@ from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 from relpos_lab.analysis import flash_control
-from relpos_lab.core.attention import fused, relative_attention
+from relpos_lab.core.attention import fused_tuning, relative_attention
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
 parser.add_argument("--tokens", type=int, default=32768)
 parser.add_argument("--no-variants", action="store_true", help="skip the forward's variants (each compiles anew)")
 parser.add_argument("--config", nargs="+", default=["64", "64", "4", "3"],
-                    help="BM BN WARPS STAGES [MAXNREG, or capped: each kernel's fused.REGISTER_CAPS]")
+                    help="BM BN WARPS STAGES [MAXNREG, or capped: each kernel's fused_tuning.REGISTER_CAPS]")
 args = parser.parse_args()
 if len(args.config) not in (4, 5):
     parser.error("--config takes BM BN WARPS STAGES [MAXNREG or capped]")
 BM, BN, WARPS, STAGES = (int(x) for x in args.config[:4])
 H, D, K = 8, 64, 16
-os.environ[fused.CONFIG_VARIABLE] = ",".join(map(str, args.config))
+os.environ[fused_tuning.CONFIG_VARIABLE] = ",".join(map(str, args.config))
 
 
 def tensors(batch, length, k, dtype, with_k=True, with_v=True):
@@ -183,7 +183,7 @@ def causal(length, dropout_p):
 
 
 cap = args.config[4] if args.config[4:] else None
-capped = "" if cap is None else f", registers capped at {fused.REGISTER_CAPS if cap == 'capped' else cap}"
+capped = "" if cap is None else f", registers capped at {fused_tuning.REGISTER_CAPS if cap == 'capped' else cap}"
 print(f"config {BM}/{BN}, {WARPS} warps, {STAGES} stages{capped}; "
       f"torch {torch.__version__}, triton {triton.__version__}, "
       f"{torch.cuda.get_device_name()}", flush=True)

@@ -54,7 +54,7 @@ for step in "${parts[@]}"; do
         | tee "$out/kernel_tests.txt" | tail -5
       one_config python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark -m cuda tests/test_cuda.py -k triton 2>&1 \
         | tee -a "$out/kernel_tests.txt" | tail -5; pack ;;
-    kernel_capped)  # the forward and dk/dv capped (fused.REGISTER_CAPS: 4 and 3 blocks per SM, as the control's)
+    kernel_capped)  # the forward and dk/dv capped (fused_tuning.REGISTER_CAPS: 4 and 3 blocks per SM, as the control's)
       one_config python3 docs/performance/gpu/profile_fused.py --config 64 64 4 3 capped --no-variants 2>&1 \
         | tee "$out/profile_fused_capped.txt"; pack ;;
     kernel_model)

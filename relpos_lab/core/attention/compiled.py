@@ -1,7 +1,7 @@
 """What ptxas makes of a Triton kernel, without a GPU: compile for any CUDA target on the CPU
 and read the cubin back with the cuobjdump that the triton wheel ships. `bench kernel --static`
 measures the fused kernel this way, and the fused path's autotuner uses it to offer only configs
-that do not spill (`fused._spill_free`)."""
+that do not spill (`fused_tuning.spill_free`)."""
 from __future__ import annotations
 
 import os

@@ -14,7 +14,7 @@ plain FlashAttention-2 tile costs. The band runs first; the causal mask, which o
 can need, is applied there alone. The band's loop is not software-pipelined: it is a few tiles
 long, a pipeline's prologue would cost more than it hides, and its label loads would be copied
 through shared memory (`bench kernel --static` measures both). In the forward and dq the band's
-tiles are BAND_BLOCK keys (`fused.band_block`: 64 and 32), narrower than BN: a 128-key band tile
+tiles are BAND_BLOCK keys (`fused_tuning.band_block`: 64 and 32), narrower than BN: a 128-key band tile
 spills, and a narrow band holds fewer pairs that need no label. It starts at a multiple of
 FRINGE_BLOCK (32), and fringes of plain BAND_BLOCK and FRINGE_BLOCK tiles join it to the
 BN-aligned plain stages (`key_stages`); the forward runs LEFT's FRINGE_BLOCK fringe and RIGHT's
@@ -825,7 +825,7 @@ def forward_kernel(
     """One program: query block start_m of one (batch, head). Writes its rows of O, of the
     log-sum-exp (base 2) and of the mass table; the logit table is its scratch (with w^K and
     w^V the same rows: the launch passes one buffer as LOGITS and MASS). LOW_REGISTERS
-    (`fused.low_registers`): the band computes its stores' addresses again rather than keep its
+    (`fused_tuning.low_registers`): the band computes its stores' addresses again rather than keep its
     loads'."""
     start_m = tl.program_id(0)
     b, h, bh = head_of_program(H)
