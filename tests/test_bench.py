@@ -190,3 +190,15 @@ def test_mfu_is_counted_flops_per_second_over_the_gpus_peak():
     weight = torch.randn(32, 64)
     assert step_flops(lambda: torch.randn(8, 32) @ weight) == 2 * 8 * 32 * 64
     assert mfu(989e12 * 0.5, 1000.0, PEAK_BF16["H200"]) == pytest.approx(0.5)
+
+
+def test_model_bench_prints_a_stacks_ops_per_run_step_beside_the_solo_step(tmp_path):
+    """`bench model --stack K`: each candidate also as K runs stacked into one model; both rows carry
+    the aten ops dispatched per run-step, the stack's a fraction of the solo step's."""
+    out = tmp_path / "r.json"
+    bench.main(["model", *TINY, "--architecture", "encoder_only", "--impl", "gather", "--stack", "4",
+                "--json", str(out)])
+    rows = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"model-sinusoidal", "model-sinusoidal-stack4", "model-shaw-gather", "model-shaw-gather-stack4"}
+    for solo in ("model-sinusoidal", "model-shaw-gather"):
+        assert rows[solo + "-stack4"]["extra"]["ops_per_run_step"] < rows[solo]["extra"]["ops_per_run_step"] / 2

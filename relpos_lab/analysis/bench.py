@@ -37,7 +37,8 @@ if TYPE_CHECKING:  # a type name only: rich loads when the table is printed
 
 
 THROUGHPUT = (("tokens_per_s", "tokens/s", "{:,.0f}"), ("host_ms", "host ms", "{:.3g}"),
-              ("gflop_per_token", "GFLOP/token", "{:.3g}"), ("mfu", "MFU", "{:.1%}"))
+              ("gflop_per_token", "GFLOP/token", "{:.3g}"), ("mfu", "MFU", "{:.1%}"),
+              ("ops_per_run_step", "ops/run-step", "{:,.1f}"))
 """bench model's extra columns: (key in Result.extra, column, format)."""
 BENCHES = {"attention": bench_attention, "layer": bench_layer, "model": bench_model, "decode": bench_decode}
 RATIO_MEANING = {
@@ -98,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--forward-only", action="store_true")
     parser.add_argument("--mask", default="none", choices=MASKS,
                         help="attention: key padding as in a batch of unequal lengths, or padding + causal")
+    parser.add_argument("--stack", type=int, default=None, metavar="K",
+                        help="model: each candidate also as K runs stacked into one model (sweep --stack), "
+                             "with the aten ops each dispatches per run-step; tokens/s and ratio count all K runs")
     parser.add_argument("--memory", action="store_true",
                         help="attention, model: also measure peak memory (model: one training step's, beyond the "
                              "weights and optimizer state)")

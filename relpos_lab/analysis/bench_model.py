@@ -12,6 +12,7 @@ from functools import partial
 
 import torch
 
+from relpos_lab.analysis import ops
 from relpos_lab.analysis.bench_timing import Result, first_call_s, interleaved
 from relpos_lab.analysis.candidates import peak_in_subprocess
 from relpos_lab.analysis.throughput import mfu, peak_flops, step_flops
@@ -88,24 +89,56 @@ def _bench_model(args, device, dtype) -> list[Result]:
                 extra[name + "-compiled"] = dict(extra[name], compile_s=first_call_s(step, device))
                 name += "-compiled"
             fns[name] = step
+            if mode == "none" and getattr(args, "stack", None):
+                fns[name + f"-stack{args.stack}"] = _add_stacked(args, extra, name, step, (scheme, impl, random_len),
+                                                                 architecture, batch, length, device)
         host: dict[str, list[float]] = {}
         times = interleaved(fns, args.repeats, args.warmup, device, host)
         base = statistics.median(times["model-sinusoidal"])
         for n, t in times.items():
             med = statistics.median(t)
-            measured = dict(extra[n], tokens_per_s=n_tokens / (med / 1e3), host_ms=statistics.median(host[n]))
+            runs = args.stack if "-stack" in n else 1  # a stacked step trains `runs` runs at once
+            med_per_run = med / runs
+            measured = dict(extra[n], tokens_per_s=n_tokens / (med_per_run / 1e3), host_ms=statistics.median(host[n]))
             if peak is not None:
                 measured.update(mfu=mfu(measured["gflop_per_token"] * 1e9 * n_tokens, med, peak[1]), peak_of=peak[0])
             memory = (_model_peak_mb(args, *specs[n], architecture, batch, length, device)
-                      if getattr(args, "memory", False) and not n.endswith("-compiled") else None)
-            # ratio here is throughput relative to sinusoidal (higher is better)
-            out.append(Result(n, shape, med, t, memory, base / med, measured))
+                      if getattr(args, "memory", False) and n in specs else None)
+            # ratio here is throughput relative to sinusoidal (higher is better), a stack's over all its runs
+            out.append(Result(n, shape, med, t, memory, base / med_per_run, measured))
         del fns
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if architecture == "decoder_only":
         out += bench_generation(args, device, dtype)
     return out
+
+
+def _add_stacked(args, extra: dict, name: str, solo, spec, architecture: str, batch: int, length: int, device):
+    """--stack K: `name`'s step for K runs stacked into one model (training/stacking.py), beside the
+    solo step; both get the aten ops they dispatch per run-step (analysis/ops.py), the stack's the
+    ops of its step over K."""
+    scheme, impl, random_len = spec
+    models = []
+    for seed in range(args.stack):
+        torch.manual_seed(seed)
+        models.append(build_model(args, scheme, impl, random_len=random_len).to(device).train())
+    src = torch.randint(4, 8000, (args.stack, batch, length), device=device)
+    tgt = torch.randint(4, 8000, (args.stack, batch, length + 1), device=device)
+    step = ops.stacked_step(models, partial(_family_loss, architecture), (src, tgt), max_grad_norm=0.0)
+    extra[name]["ops_per_run_step"] = ops.count_ops(solo).total
+    extra[name + f"-stack{args.stack}"] = {"ops_per_run_step": ops.count_ops(step).total / args.stack,
+                                             "gflop_per_token": extra[name]["gflop_per_token"]}
+    return step
+
+
+def _family_loss(architecture: str, model, src, tgt):
+    """The label-smoothed loss of `model` on (src, tgt) as its family trains (tgt starts with BOS)."""
+    if architecture == "encoder_only":
+        logits = model(src, torch.full_like(src[:, 0], src.shape[1]), width=src.shape[1])
+        return label_smoothed_loss(logits, tgt[:, 1:]).loss
+    logits = model(tgt[:, :-1]) if architecture == "decoder_only" else model(src, tgt[:, :-1])
+    return label_smoothed_loss(logits, tgt[:, 1:]).loss
 
 
 def training_step(args, model, architecture: str, batch: int, length: int, device):
