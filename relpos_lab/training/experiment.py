@@ -65,6 +65,8 @@ from relpos_lab.training.requeue import DeferredRequeue, requeue_now
 from relpos_lab.training.threads import use_cpu_threads
 from relpos_lab.training.trainer import build_trainer, check_hardware
 
+ModuleBuilder = Callable[[DictConfig, Task], RelposModule]
+
 OUTPUTS = "outputs"  # <run dir>/outputs/<split>.<name>: an evaluation's text, one line per example
 
 # Synthetic data lives in memory, so loading in the main process is the fast choice.
@@ -74,7 +76,7 @@ warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*
 
 
 def train(cfg: DictConfig, echo: Callable[[str], None] = print, force: bool = False,
-          started: float | None = None) -> RunSummary:
+          started: float | None = None, build_module: ModuleBuilder = RelposModule) -> RunSummary:
     """Fit `cfg` in its run directory, evaluate the best checkpoint, write results and plots.
 
     The one rule for a run directory that already holds an attempt (README, "Time limits, preemption
@@ -85,7 +87,8 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print, force: bool = Fa
     `force` starts over in any case, moving the old directory aside to ``<run dir>.old-<time>``.
     `started`: when this attempt began (time.time()), by default now; `relpos-lab train` and a sweep's
     point give their process's start, so results.json's `wall_seconds` is the attempt's process time
-    up to its results, the time `relpos-lab sweep` says a point took.
+    up to its results, the time `relpos-lab sweep` says a point took. `build_module(cfg, task)`: the
+    LightningModule, RelposModule by default (a stacked run's member replays the stack's weights in one).
     """
     started = time.time() if started is None else started
     check_hardware(cfg)
@@ -100,10 +103,10 @@ def train(cfg: DictConfig, echo: Callable[[str], None] = print, force: bool = Fa
                 return plan
             if plan != "start over":
                 fresh = plan is None
-                return _train(cfg, run_dir, started, echo, plan)
+                return _train(cfg, run_dir, started, echo, plan, build_module)
         new, fresh = [run_dir], True
         with run_lock(run_dir):  # the new, empty directory: a W&B run of its own (start_wandb_lineage)
-            return _train(cfg, run_dir, started, echo, None)
+            return _train(cfg, run_dir, started, echo, None, build_module)
     except BaseException as err:
         if rank_zero_only.rank == 0:
             if fresh:  # failed before its first logged step: the next attempt starts here, not beside it
@@ -164,10 +167,10 @@ def _remove_unused(directories: list[Path]) -> None:
 
 
 def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str], None],
-           resume_from: Path | None) -> RunSummary:
+           resume_from: Path | None, build_module: ModuleBuilder = RelposModule) -> RunSummary:
     """Fit, evaluate the chosen checkpoint, then write what a finished run holds (results.json last)."""
     resume_step = global_step_of(resume_from) if resume_from is not None else None
-    task, module = _task_and_module(cfg, run_dir, resume_from)  # may refuse the config: nothing said before
+    task, module = task_and_module(cfg, run_dir, resume_from, build_module)  # may refuse the config first
     _echo(echo, f"Run directory: {run_dir}" + (f" (resuming from {resume_from.name})" if resume_from else ""))
     if resume_step is not None and rank_zero_only.rank == 0:
         cut = cut_metrics(run_dir, resume_step)
@@ -198,15 +201,17 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
     return summary
 
 
-def _task_and_module(cfg: DictConfig, run_dir: Path, resume_from: Path | None) -> tuple[Task, RelposModule]:
-    """The task (with the vocabulary a checkpoint was trained with) and the module; a resumed run's
-    checkpoint is checked against the module before anything in the run directory changes."""
+def task_and_module(cfg: DictConfig, run_dir: Path, resume_from: Path | None,
+                    build_module: ModuleBuilder = RelposModule) -> tuple[Task, RelposModule]:
+    """The task (with the vocabulary a checkpoint was trained with) and the module, its model
+    initialised from the run's seed; a resumed run's checkpoint is checked against the module before
+    anything in the run directory changes."""
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     task = registry.create_task(OmegaConf.to_object(cfg.task), seed=cfg.seed)
     if resume_from is not None:
         state = load_checkpoint(resume_from)
         task.load_state_dict(state.get(TASK_STATE) or {})
-    module = RelposModule(cfg, task)
+    module = build_module(cfg, task)
     if resume_from is not None:  # before metrics.csv is cut back and W&B logs rows again
         check_weights_fit(resume_from, state, module, cfg, RESUME_FIX.format(old=f"{run_dir.name}.old-<time>"))
     return task, module

@@ -1,0 +1,191 @@
+"""A sweep's runs of one model shape trained as one stack, each then written as the ordinary run it is.
+
+`train_stacked(configs)` runs in two parts:
+
+1. **The stack trains.** Each member's task and model are built exactly as its solo run builds them
+   (`experiment.task_and_module`: the run's seed, then its task, then its model), and its batches
+   come from its own `TaskDataModule` train loader, epoch after epoch as Lightning's fit serves them
+   (the sampler's epoch set at each pass). One step pads the members' batches to a common shape
+   with the task's pad id (the batch-invariance contract makes that exact), runs `task.loss` for
+   every member at once (`Stack.apply`) and updates them with `StackedAdamW`: each member's own
+   peak rate, schedule (`optim.lr_factor`), betas, eps, weight decay and clipping norm
+   (`trainer.gradient_clip_val`). It keeps each member's losses and, at the steps its run
+   validates or saves a checkpoint, its weights.
+2. **Each member's run is written by the solo pipeline.** `experiment.train` runs the member's own
+   config with a `ReplayModule`: Lightning's fit goes through the member's steps with its own data
+   loader, callbacks and loggers, but takes no optimizer step; it logs the stack's losses and loads
+   the stack's weights at the steps where they are read (validation, checkpoints). So the run
+   directory, config.yaml, metrics.csv, best and last checkpoints, the final evaluation on
+   `Task.evaluate` and results.json are made by the code that makes a solo run's, and `eval`,
+   `load_model` and `report` cannot tell them apart.
+
+Exact up to float32 rounding without dropout or randomized positions (stacking.py): the stack's
+batched matmuls add in another order than a solo run's. What is not carried over yet: the Adam
+moments into the members' checkpoints (a member's checkpoint resumes with fresh moments), resuming
+a stack, and torch.compile of the stack.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from torch import Tensor
+from torch.nn.functional import pad
+
+from relpos_lab.api.task import Task
+from relpos_lab.training.data import TaskDataModule
+from relpos_lab.training.experiment import task_and_module, train
+from relpos_lab.training.module import RelposModule
+from relpos_lab.training.optim import lr_factor
+from relpos_lab.training.planning import RunSummary
+from relpos_lab.training.stacking import Stack, StackedAdamW
+from relpos_lab.training.threads import use_cpu_threads
+
+
+@dataclass
+class MemberRecord:
+    """What the stack leaves of one member: its (loss, nll) at each step, its weights where read."""
+
+    losses: list[tuple[float, float]] = field(default_factory=list)  # index: the step taken (0 first)
+    weights: dict[int, dict[str, Tensor]] = field(default_factory=dict)  # global step after it -> state_dict
+
+
+def train_stacked(cfgs: list[DictConfig], echo: Callable[[str], None] = print) -> list[RunSummary]:
+    """Train `cfgs` (configs that differ only in what a stack varies) as one stack, then write each
+    member's run directory with the solo pipeline; returns each member's summary."""
+    started = time.time()
+    use_cpu_threads(cfgs[0].trainer.threads, 1)
+    records = fit_stack(cfgs)
+    return [train(cfg, echo, started=started, build_module=partial(ReplayModule, record=record))
+            for cfg, record in zip(cfgs, records)]
+
+
+def fit_stack(cfgs: list[DictConfig]) -> list[MemberRecord]:
+    """Train the members together for their common trainer.max_steps; returns what each run reads."""
+    steps = {int(cfg.trainer.max_steps) for cfg in cfgs}
+    if len(steps) != 1:
+        raise ValueError(f"stacked runs train for one number of steps, not {sorted(steps)}")
+    total = steps.pop()
+    members = [task_and_module(cfg, Path(), None) for cfg in cfgs]
+    device = _device(cfgs[0])
+    stack = Stack([module.model.to(device) for _, module in members])
+    optim = [cfg.optim for cfg in cfgs]
+    optimizer = StackedAdamW(stack, lr=[o.lr for o in optim], betas=([o.betas[0] for o in optim],
+                                                                      [o.betas[1] for o in optim]),
+                             eps=[o.eps for o in optim], weight_decay=[o.weight_decay for o in optim],
+                             max_grad_norm=[cfg.trainer.gradient_clip_val or 0.0 for cfg in cfgs])
+    task = members[0][0]
+    loss = partial(_member_loss, task.loss, float(cfgs[0].optim.label_smoothing))
+    batches = [_endless(TaskDataModule(t, cfg.data), cfg) for (t, _), cfg in zip(members, cfgs)]
+    kept = [_read_steps(cfg) for cfg in cfgs]
+    records, logged = [MemberRecord() for _ in cfgs], []
+    for step in range(total):
+        batched, shared = _stacked_batch([next(b) for b in batches], _pad_id(task), device)
+        losses, nlls = stack.apply(loss, batched, shared=(shared,))
+        factors = [lr_factor(step, scheduler=o.scheduler, warmup_steps=o.warmup_steps, total_steps=total,
+                             min_lr_ratio=o.min_lr_ratio) for o in optim]
+        optimizer.step(stack.flat_grad(losses), torch.tensor(factors, device=device), losses.detach())
+        logged.append(torch.stack([losses, nlls]).detach())  # read back once, at the end: no wait per step
+        for k, record in enumerate(records):
+            if step + 1 in kept[k]:
+                record.weights[step + 1] = {n: t.cpu() for n, t in stack.member_state_dict(k).items()}
+    values = torch.stack(logged).tolist() if logged else []  # (steps, 2, K)
+    for k, record in enumerate(records):
+        record.losses = [(loss[k], nll[k]) for loss, nll in values]
+    return records
+
+
+def _member_loss(task_loss, smoothing: float, model, batch: dict, shared: dict) -> tuple[Tensor, Tensor]:
+    out = task_loss(model, batch | shared, smoothing)
+    return out.loss, out.nll_sum / out.n_tokens.clamp_min(1)
+
+
+def _read_steps(cfg: DictConfig) -> set[int]:
+    """The global steps at which a run reads its weights: each validation, each periodic checkpoint,
+    the last step."""
+    t = cfg.trainer
+    every = {t.val_every_n_steps, t.checkpoint_every_n_steps or t.val_every_n_steps}
+    return {s for s in range(1, t.max_steps + 1) if any(s % n == 0 for n in every if n)} | {t.max_steps}
+
+
+def _device(cfg: DictConfig) -> torch.device:
+    """Where the stack trains: the GPU where the member's Trainer would take one."""
+    wants = cfg.trainer.accelerator in ("auto", "gpu", "cuda")
+    return torch.device("cuda" if wants and torch.cuda.is_available() else "cpu")
+
+
+def _endless(data: TaskDataModule, cfg: DictConfig) -> Iterator[dict]:
+    """A member's training batches, epoch after epoch, as Lightning's fit serves them: the loader's
+    sampler told each epoch before its pass (what Lightning's set_epoch does)."""
+    data.prepare_data()
+    loader = data.train_dataloader()
+    epoch = 0
+    while True:
+        for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def _pad_id(task: Task) -> int | None:
+    vocab = getattr(task, "tgt_vocab", None)
+    return vocab.pad_id if vocab is not None else getattr(task, "pad_id", None)
+
+
+def _stacked_batch(batches: list[dict], pad_id: int | None, device: torch.device) -> tuple[dict, dict]:
+    """The members' batches as one (K, …) batch, each tensor padded at its end to the widest
+    member's with the pad id; what is no tensor must be alike and is passed to every member."""
+    batched, shared = {}, {}
+    for key, first in batches[0].items():
+        values = [b[key] for b in batches]
+        if not isinstance(first, Tensor):
+            if any(v != first for v in values):
+                raise ValueError(f"stacked members' batches differ in '{key}', which is no tensor")
+            shared[key] = first
+            continue
+        if len({v.shape[0] for v in values}) > 1:
+            raise ValueError("stacked members' batches hold different numbers of examples; stack runs "
+                             "whose batches are counted in examples (data.batch_size), not tokens")
+        if len({v.shape for v in values}) > 1:
+            if pad_id is None:
+                raise ValueError(f"stacked members' '{key}' differ in shape and the task names no pad id")
+            width = [max(v.shape[d] for v in values) for d in range(first.dim())]
+            values = [pad(v, [p for d in reversed(range(1, v.dim())) for p in (0, width[d] - v.shape[d])],
+                          value=pad_id) for v in values]
+        batched[key] = torch.stack(values).to(device)
+    return batched, shared
+
+
+class ReplayModule(RelposModule):
+    """A stacked member's run through the solo pipeline: the fit steps through the run's batches but
+    updates nothing; it logs the stack's losses for the step and loads the stack's weights after the
+    steps where the run reads them (before the callbacks and the validation of that step)."""
+
+    def __init__(self, cfg: DictConfig, task: Task, test_split: str = "test", *, record: MemberRecord):
+        super().__init__(cfg, task, test_split)
+        self.record = record
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        loss, nll = self.record.losses[self.global_step]
+        size = next(v.shape[0] for v in batch.values() if isinstance(v, Tensor))
+        self.log("train/loss", torch.tensor(loss), batch_size=size)
+        self.log("train/nll", torch.tensor(nll), batch_size=size)
+        return next(self.model.parameters()).sum() * 0.0  # a backward for Lightning; no update follows
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        optimizer_closure()  # the training step and its backward, which Lightning expects to have run
+        weights = self.record.weights.get(self.global_step + 1)
+        if weights is not None:
+            self.model.load_state_dict(weights)
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        # the schedule advances each step although the optimizer never steps: what is logged as lr-*
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
