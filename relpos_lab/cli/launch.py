@@ -23,6 +23,8 @@ from relpos_lab.terminal import console, echo, show_columns, show_submission, sh
          arg("--dry-run", action="store_true", help="with --slurm: print the sbatch script, submit nothing"),
          arg("--reuse", action="store_true", help="link points whose experiment already finished in another "
              "sweep under the same logging root instead of training them again"),
+         arg("--stack", type=int, default=0, metavar="K", help="train points that differ only in seeds, optim "
+             "and clipping as one stacked model, K at a time (local runs; docs/sweeps.md)"),
          OVERRIDES)
 def sweep(args: argparse.Namespace) -> int:
     from relpos_lab.launch.sweep import link_identical_runs, load_sweep, run_locally
@@ -32,6 +34,8 @@ def sweep(args: argparse.Namespace) -> int:
     if args.dry_run and not args.slurm:  # a user who asks for a dry run must never get a real one
         raise UserError("--dry-run goes with --slurm (it prints the sbatch script); to see the grid without "
                         "running it, use --list")
+    if args.stack and (args.slurm or args.point is not None or args.list):
+        raise UserError("--stack goes with a local sweep (it groups the points this command trains)")
     one_point = args.point is not None and not (args.reuse or args.slurm)
     grid = load_sweep(args.sweep_file, args.overrides, only=args.point if one_point else None)
     if args.reuse:
@@ -43,7 +47,7 @@ def sweep(args: argparse.Namespace) -> int:
     manifest = grid.write_manifest()
     if args.list:
         return list_sweep(grid, manifest, args.step_times)
-    failed = run_locally(grid, args.max_parallel, echo=echo)
+    failed = run_locally(grid, args.max_parallel, echo=echo, stack=args.stack)
     console.print(f"sweep {grid.name}: {len(grid.points) - len(failed)}/{len(grid.points)} points finished; "
                   f"report with: {PROG} report {shown_path(grid.directory)}")
     return 1 if failed else 0

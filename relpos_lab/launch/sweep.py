@@ -297,22 +297,29 @@ def link_identical_runs(sweep: Sweep, echo=print) -> int:
     return linked
 
 
-def run_locally(sweep: Sweep, max_parallel: int = 1, echo=print) -> list[int]:
+def run_locally(sweep: Sweep, max_parallel: int = 1, echo=print, stack: int = 0) -> list[int]:
     """Train every unfinished point, `max_parallel` processes at a time; returns failed indices.
 
     Each point runs as `relpos-lab sweep FILE --point i` in its own process (log in
     <sweep dir>/logs/), with resume=true so an interrupted point continues from its checkpoint.
     CPU threads are divided among the parallel processes unless OMP_NUM_THREADS is set.
+    `stack` > 1: points that can train as one stack do, up to `stack` at a time, in this process
+    first (stack_groups); the others run as above.
     """
     log_dir = sweep.directory / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     todo = [p for p in sweep.points if not is_finished(p)]
     echo(f"sweep {sweep.name}: {len(sweep.points)} points, {len(sweep.points) - len(todo)} already finished; "
          f"running {len(todo)}, {max_parallel} at a time (logs in {log_dir})")
+    failed: list[int] = []
+    if stack > 1:
+        groups = stack_groups(sweep, todo, stack, echo)
+        for group in (g for g in groups if len(g) > 1):
+            failed += run_stack(sweep, group, echo)
+        todo = [g[0] for g in groups if len(g) == 1]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max_parallel)))
     running: dict[int, tuple[subprocess.Popen, float]] = {}
-    failed: list[int] = []
     queue = list(todo)
     while queue or running:
         while queue and len(running) < max_parallel:
@@ -348,3 +355,74 @@ def _attempt_seconds(point: SweepPoint, started: float) -> float:
         pass
     return time.time() - started
 
+
+
+# What may differ between the points of one stack: what each member keeps of its own in a stack
+# (training/stacked.py): its seeds (initial weights, data order, the synthetic tasks' data), its
+# optimizer and schedule, its clipping norm. Everything else, dropout rates included (the stack runs
+# one model's modules), must be alike.
+STACK_VARIES: tuple[str, ...] = ("seed", "task.data_seed", "optim.lr", "optim.betas", "optim.eps",
+                                 "optim.weight_decay", "optim.scheduler", "optim.warmup_steps", "optim.min_lr_ratio",
+                                 "trainer.gradient_clip_val")
+
+
+def why_not_stacked(resolved: dict, run_dir: Path) -> str | None:
+    """Why a point trains alone whatever the others are (None: it can stack)."""
+    trainer, task = resolved["trainer"], resolved.get("task") or {}
+    reasons = [(run_dir.exists(), "started already: it resumes alone"),
+               (str(trainer["precision"]) != "32", f"trainer.precision={trainer['precision']}"),
+               (trainer["accumulate_grad_batches"] != 1, "trainer.accumulate_grad_batches > 1"),
+               (trainer["devices"] != 1 or trainer["num_nodes"] != 1, "more than one device"),
+               (trainer["compile"] != "none", f"trainer.compile={trainer['compile']}"),
+               (trainer.get("stop_at") is not None, "trainer.stop_at (members would stop apart)"),
+               (task.get("train_size", 1) == 0, "streamed training data (task.train_size=0)")]
+    return next((why for hit, why in reasons if hit), None)
+
+
+def stack_groups(sweep: Sweep, points: list[SweepPoint], size: int, echo=print) -> list[list[SweepPoint]]:
+    """`points` in stacks of at most `size`: those whose configs agree except in STACK_VARIES, in grid
+    order; a point that cannot stack is a group of one. Prints the grouping."""
+    by_key: dict[str, list[SweepPoint]] = {}
+    alone: dict[int, str] = {}
+    resolved = dict(sweep.resolved(p.index for p in points))
+    for point in points:
+        why = why_not_stacked(resolved[point.index], Path(point.run_dir))
+        if why is not None:
+            alone[point.index] = why
+            continue
+        by_key.setdefault(config_hash(resolved[point.index], ignore=STACK_VARIES), []).append(point)
+    groups: list[list[SweepPoint]] = []
+    for members in by_key.values():
+        groups += [members[i:i + size] for i in range(0, len(members), size)]
+    for group in groups:
+        if len(group) == 1:
+            alone.setdefault(group[0].index, "no other point differs from it only in what a stack varies")
+    groups += [[p] for p in points if p.index in alone and all(p not in g for g in groups)]
+    groups.sort(key=lambda g: g[0].index)
+    for group in groups:
+        if len(group) > 1:
+            echo(f"  stack of {len(group)}: points {' '.join(str(p.index) for p in group)}")
+        else:
+            echo(f"  alone: point {group[0].index} {group[0].shown} ({alone[group[0].index]})")
+    return groups
+
+
+def run_stack(sweep: Sweep, group: list[SweepPoint], echo=print) -> list[int]:
+    """Train `group`'s points as one stack in this process; returns the failed indices (all or none)."""
+    from relpos_lab.config import load_config
+    from relpos_lab.training.stacked import train_stacked
+
+    started = time.time()
+    cfgs = [load_config(sweep.experiment, [*sweep.overrides_of(p.index), "resume=true"]) for p in group]
+    log_path = sweep.directory / "logs" / f"stack-{group[0].index:03d}.log"
+    echo(f"  started a stack of points {' '.join(str(p.index) for p in group)} (log {shown_path(log_path)})")
+    try:
+        with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            train_stacked(cfgs, echo=lambda line: print(line, file=log, flush=True))
+    except Exception as err:  # one stack failing leaves the sweep's other points to train
+        for point in group:
+            echo(f"  point {point.index} {point.shown}: FAILED in a stack ({type(err).__name__}: {err})")
+        return [p.index for p in group]
+    for point in group:
+        echo(f"  point {point.index} {point.shown}: done in {_attempt_seconds(point, started):.0f}s (stacked)")
+    return []

@@ -1,0 +1,128 @@
+"""`relpos-lab sweep --stack K`: points that differ only in what a stack varies train as one stacked
+model, and each member is the ordinary run its solo sweep point makes: the same run directory,
+config, metrics.csv, checkpoints and results.json, opened by `eval` and `load_model` as any run's."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from relpos_lab import cli
+from relpos_lab.launch.sweep import load_sweep, stack_groups
+
+# The shipped reverse experiment made tiny (test_sweep.py's), without dropout: a member's random draws
+# are its own, not its solo run's (training/stacking.py), so only a run without them is its solo twin.
+TINY_EXPERIMENT = """\
+extends: [reverse_shaw.yaml, overlay/debug.yaml]
+task: {train_lengths: [1, 3], valid_lengths: [1, 3], test_lengths: [1, 5], train_size: 96, eval_size_per_length: 2}
+model: {dropout: 0.0, attention_dropout: 0.0, architecture: ARCH}
+trainer: {max_steps: 16, val_every_n_steps: 8, log_every_n_steps: 4}
+logging: {wandb: {mode: disabled}}
+"""
+
+# Seeds, rates, schedules and clipping apart: all a stack lets members keep of their own.
+TINY_SWEEP = """\
+experiment: tiny.yaml
+name: stacked_study
+grid:
+  run:
+    a: {seed: 1, optim.lr: 0.01}
+    b: {seed: 2, optim.lr: 0.003, optim.warmup_steps: 2}
+    c: {seed: 3, optim.lr: 0.02, trainer.gradient_clip_val: 0.5, optim.weight_decay: 0.01}
+"""
+
+FAMILIES = [pytest.param("encoder_only"),
+            pytest.param("encoder_decoder", marks=pytest.mark.slow),
+            pytest.param("decoder_only", marks=pytest.mark.slow)]
+
+
+def _write_sweep(tmp_path: Path, architecture: str, sweep: str = TINY_SWEEP) -> Path:
+    (tmp_path / "tiny.yaml").write_text(TINY_EXPERIMENT.replace("ARCH", architecture))
+    path = tmp_path / "sweep.yaml"
+    path.write_text(sweep)
+    return path
+
+
+def _metrics_csv(run_dir: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with open(run_dir / "metrics.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, float]:
+    out = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}{key}/") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def _close(a: str | float, b: str | float) -> bool:
+    if a == b:
+        return True
+    return math.isclose(float(a), float(b), rel_tol=1e-4, abs_tol=1e-5)
+
+
+@pytest.mark.parametrize("architecture", FAMILIES)
+def test_a_stacked_sweeps_members_are_their_solo_runs(tmp_path, monkeypatch, capsys, architecture):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    path = _write_sweep(tmp_path, architecture)
+    solo_root, stack_root = tmp_path / "solo", tmp_path / "stacked"
+    for index in range(3):  # each point alone, as a sweep's worker trains it
+        assert cli.main(["sweep", str(path), "--point", str(index), f"logging.root={solo_root}"]) == 0
+    assert cli.main(["sweep", str(path), "--stack", "3", f"logging.root={stack_root}"]) == 0
+    out = capsys.readouterr().out
+    assert "stack of 3: points 0 1 2" in out and out.count("(stacked)") == 3, out
+
+    solo_sweep = load_sweep(path, [f"logging.root={solo_root}"])
+    stack_sweep = load_sweep(path, [f"logging.root={stack_root}"])
+    for solo_point, stack_point in zip(solo_sweep.points, stack_sweep.points):
+        solo, stacked = Path(solo_point.run_dir), Path(stack_point.run_dir)
+        assert stacked.name == solo.name  # the run directory its solo run would get
+        configs = [yaml.safe_load((d / "config.yaml").read_text()) for d in (solo, stacked)]
+        for config in configs:
+            config["logging"].pop("root")  # the one difference: where each sweep keeps its runs
+        assert configs[0] == configs[1]
+        a, b = (json.loads((d / "results.json").read_text()) for d in (solo, stacked))
+        assert a["checkpoint"] == b["checkpoint"] and a["checkpoint_step"] == b["checkpoint_step"]
+        assert a["metrics"].keys() == b["metrics"].keys()
+        different = {k: (v, b["metrics"][k]) for k, v in a["metrics"].items() if not _close(v, b["metrics"][k])}
+        assert not different, (stack_point.shown, different)
+        assert _flat(a["by_length"]) == pytest.approx(_flat(b["by_length"]), rel=1e-4, abs=1e-5)
+        assert sorted(p.name for p in (stacked / "checkpoints").iterdir()) == \
+            sorted(p.name for p in (solo / "checkpoints").iterdir())
+        (columns, rows), (solo_columns, solo_rows) = _metrics_csv(stacked), _metrics_csv(solo)
+        assert columns == solo_columns and len(rows) == len(solo_rows)
+        for row, solo_row in zip(rows, solo_rows):
+            assert all(_close(row[c], solo_row[c]) for c in columns if row[c] or solo_row[c]), (row, solo_row)
+
+    # eval and load_model open a member's checkpoint as any run's
+    member = Path(stack_sweep.points[2].run_dir)
+    results = json.loads((member / "results.json").read_text())
+    checkpoint = member / results["checkpoint"]
+    assert cli.main(["eval", str(checkpoint), "--output", str(tmp_path / "eval")]) == 0
+    evaluated = json.loads((tmp_path / "eval" / "results.json").read_text())["metrics"]
+    assert evaluated["test/exact_match"] == pytest.approx(results["metrics"]["test/exact_match"])
+    assert evaluated["test/loss"] == pytest.approx(results["metrics"]["test/loss"], rel=1e-5)
+    from relpos_lab.api import load_model
+    loaded = load_model(checkpoint)
+    assert loaded.config.seed == 3 and loaded.config.trainer.gradient_clip_val == 0.5
+
+
+def test_points_group_by_what_a_stack_cannot_vary(tmp_path, capsys):
+    """Seeds, rates and clipping stack; another scheme or another dropout trains alone; no stack
+    holds more than K points."""
+    text = TINY_SWEEP.replace("grid:", "grid:\n  scheme:\n    shaw: {}\n    none: {model.positions.scheme: none}"
+                              "\n    drop: {model.dropout: 0.1}")
+    sweep = load_sweep(_write_sweep(tmp_path, "encoder_only", text))
+    groups = stack_groups(sweep, sweep.points, 2)
+    shown = [[p.shown for p in group] for group in groups]
+    assert shown == [["scheme=shaw run=a", "scheme=shaw run=b"], ["scheme=shaw run=c"],
+                     ["scheme=none run=a", "scheme=none run=b"], ["scheme=none run=c"],
+                     ["scheme=drop run=a", "scheme=drop run=b"], ["scheme=drop run=c"]]
+    out = capsys.readouterr().out
+    assert "stack of 2: points 0 1" in out and "alone: point 2 scheme=shaw run=c" in out
