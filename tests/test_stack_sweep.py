@@ -18,8 +18,9 @@ from relpos_lab.launch.sweep import load_sweep, stack_groups
 # are its own, not its solo run's (training/stacking.py), so only a run without them is its solo twin.
 TINY_EXPERIMENT = """\
 extends: [reverse_shaw.yaml, overlay/debug.yaml]
-task: {train_lengths: [1, 3], valid_lengths: [1, 3], test_lengths: [1, 5], train_size: 96, eval_size_per_length: 2}
+task: {train_lengths: [1, 3], valid_lengths: [1, 3], test_lengths: [1, 5], train_size: SIZE, eval_size_per_length: 2}
 model: {dropout: 0.0, attention_dropout: 0.0, architecture: ARCH}
+data: {batch_size: 4}  # a few examples a batch: members' batches often differ in width
 trainer: {max_steps: 16, val_every_n_steps: 8, log_every_n_steps: 4}
 logging: {wandb: {mode: disabled}}
 """
@@ -35,13 +36,17 @@ grid:
     c: {seed: 3, optim.lr: 0.02, trainer.gradient_clip_val: 0.5, optim.weight_decay: 0.01}
 """
 
-FAMILIES = [pytest.param("encoder_only"),
-            pytest.param("encoder_decoder", marks=pytest.mark.slow),
-            pytest.param("decoder_only", marks=pytest.mark.slow)]
+# Each family, with a fixed training set, and the papers' family with fresh examples at every step
+# (train_size=0, as Delétang et al. train), where members' batches differ in width and are padded.
+FAMILIES = [pytest.param("encoder_only", 0, id="encoder_only-streamed"),
+            pytest.param("encoder_only", 96, marks=pytest.mark.slow, id="encoder_only"),
+            pytest.param("encoder_decoder", 96, marks=pytest.mark.slow, id="encoder_decoder"),
+            pytest.param("decoder_only", 96, marks=pytest.mark.slow, id="decoder_only")]
 
 
-def _write_sweep(tmp_path: Path, architecture: str, sweep: str = TINY_SWEEP) -> Path:
-    (tmp_path / "tiny.yaml").write_text(TINY_EXPERIMENT.replace("ARCH", architecture))
+def _write_sweep(tmp_path: Path, architecture: str, sweep: str = TINY_SWEEP, train_size: int = 96) -> Path:
+    (tmp_path / "tiny.yaml").write_text(TINY_EXPERIMENT.replace("ARCH", architecture)
+                                        .replace("SIZE", str(train_size)))
     path = tmp_path / "sweep.yaml"
     path.write_text(sweep)
     return path
@@ -66,11 +71,11 @@ def _close(a: str | float, b: str | float) -> bool:
     return math.isclose(float(a), float(b), rel_tol=1e-4, abs_tol=1e-5)
 
 
-@pytest.mark.parametrize("architecture", FAMILIES)
-def test_a_stacked_sweeps_members_are_their_solo_runs(tmp_path, monkeypatch, capsys, architecture):
+@pytest.mark.parametrize(("architecture", "train_size"), FAMILIES)
+def test_a_stacked_sweeps_members_are_their_solo_runs(tmp_path, monkeypatch, capsys, architecture, train_size):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    path = _write_sweep(tmp_path, architecture)
+    path = _write_sweep(tmp_path, architecture, train_size=train_size)
     solo_root, stack_root = tmp_path / "solo", tmp_path / "stacked"
     for index in range(3):  # each point alone, as a sweep's worker trains it
         assert cli.main(["sweep", str(path), "--point", str(index), f"logging.root={solo_root}"]) == 0

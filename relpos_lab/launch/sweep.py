@@ -368,14 +368,13 @@ STACK_VARIES: tuple[str, ...] = ("seed", "task.data_seed", "optim.lr", "optim.be
 
 def why_not_stacked(resolved: dict, run_dir: Path) -> str | None:
     """Why a point trains alone whatever the others are (None: it can stack)."""
-    trainer, task = resolved["trainer"], resolved.get("task") or {}
+    trainer = resolved["trainer"]
     reasons = [(run_dir.exists(), "started already: it resumes alone"),
                (str(trainer["precision"]) != "32", f"trainer.precision={trainer['precision']}"),
                (trainer["accumulate_grad_batches"] != 1, "trainer.accumulate_grad_batches > 1"),
                (trainer["devices"] != 1 or trainer["num_nodes"] != 1, "more than one device"),
                (trainer["compile"] != "none", f"trainer.compile={trainer['compile']}"),
-               (trainer.get("stop_at") is not None, "trainer.stop_at (members would stop apart)"),
-               (task.get("train_size", 1) == 0, "streamed training data (task.train_size=0)")]
+               (trainer.get("stop_at") is not None, "trainer.stop_at (members would stop apart)")]
     return next((why for hit, why in reasons if hit), None)
 
 

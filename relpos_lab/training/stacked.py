@@ -32,8 +32,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from omegaconf import DictConfig
 from torch import Tensor
 from torch.nn.functional import pad
@@ -82,7 +84,7 @@ def fit_stack(cfgs: list[DictConfig]) -> list[MemberRecord]:
                              max_grad_norm=[cfg.trainer.gradient_clip_val or 0.0 for cfg in cfgs])
     task = members[0][0]
     loss = partial(_member_loss, task.loss, float(cfgs[0].optim.label_smoothing))
-    batches = [_endless(TaskDataModule(t, cfg.data), cfg) for (t, _), cfg in zip(members, cfgs)]
+    batches = [_endless(TaskDataModule(t, cfg.data), total) for (t, _), cfg in zip(members, cfgs)]
     kept = [_read_steps(cfg) for cfg in cfgs]
     records, logged = [MemberRecord() for _ in cfgs], []
     for step in range(total):
@@ -120,10 +122,13 @@ def _device(cfg: DictConfig) -> torch.device:
     return torch.device("cuda" if wants and torch.cuda.is_available() else "cpu")
 
 
-def _endless(data: TaskDataModule, cfg: DictConfig) -> Iterator[dict]:
+def _endless(data: TaskDataModule, steps: int) -> Iterator[dict]:
     """A member's training batches, epoch after epoch, as Lightning's fit serves them: the loader's
     sampler told each epoch before its pass (what Lightning's set_epoch does)."""
     data.prepare_data()
+    # what the data module reads of the Trainer of a one-device fit of `steps` steps (a stream's length)
+    data.trainer = SimpleNamespace(world_size=1, global_rank=0, max_steps=steps,
+                                   state=SimpleNamespace(fn=TrainerFn.FITTING))
     loader = data.train_dataloader()
     epoch = 0
     while True:
