@@ -23,7 +23,9 @@ an `exclude` entry), numbered in order (the last axis varies fastest). Every poi
 is an ordinary experiment config, so its run directory is the deterministic one of records/rundir.py:
 re-running a sweep skips finished points and resumes interrupted ones, locally or as a SLURM job
 array (slurm.py), where array index i trains point i. `sweep.json` beside the runs records the
-grid for `relpos-lab report`.
+grid for `relpos-lab report`. Locally, `--stack K` trains the points that differ only in what a
+stack varies (STACK_VARIES) as one stacked model, K at a time (training/stacked.py); each is still
+its own ordinary run directory.
 """
 from __future__ import annotations
 

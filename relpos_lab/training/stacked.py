@@ -20,9 +20,9 @@
    `load_model` and `report` cannot tell them apart.
 
 Exact up to float32 rounding without dropout or randomized positions (stacking.py): the stack's
-batched matmuls add in another order than a solo run's. What is not carried over yet: the Adam
-moments into the members' checkpoints (a member's checkpoint resumes with fresh moments), resuming
-a stack, and torch.compile of the stack.
+batched matmuls add in another order than a solo run's. A member's checkpoints hold its Adam
+moments from the stack, so a member resumed alone continues as its solo run. Not supported yet:
+resuming a stack as a stack, and torch.compile of the stack.
 """
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ class MemberRecord:
 
     losses: list[tuple[float, float]] = field(default_factory=list)  # index: the step taken (0 first)
     weights: dict[int, dict[str, Tensor]] = field(default_factory=dict)  # global step after it -> state_dict
+    moments: dict[int, dict[str, tuple[Tensor, Tensor]]] = field(default_factory=dict)  # Adam's, by parameter
 
 
 def train_stacked(cfgs: list[DictConfig], echo: Callable[[str], None] = print) -> list[RunSummary]:
@@ -97,10 +98,22 @@ def fit_stack(cfgs: list[DictConfig]) -> list[MemberRecord]:
         for k, record in enumerate(records):
             if step + 1 in kept[k]:
                 record.weights[step + 1] = {n: t.cpu() for n, t in stack.member_state_dict(k).items()}
+                record.moments[step + 1] = _moments(stack, optimizer, k)
     values = torch.stack(logged).tolist() if logged else []  # (steps, 2, K)
     for k, record in enumerate(records):
         record.losses = [(loss[k], nll[k]) for loss, nll in values]
     return records
+
+
+def _moments(stack: Stack, optimizer: StackedAdamW, k: int) -> dict[str, tuple[Tensor, Tensor]]:
+    """Member k's Adam moments by parameter name (the stack's flat layout cut back into parameters)."""
+    out, start = {}, 0
+    for name, shape in stack.shapes.items():
+        end = start + shape.numel()
+        out[name] = tuple(m[k, start:end].reshape(shape).cpu().clone()
+                          for m in (optimizer.exp_avg, optimizer.exp_avg_sq))
+        start = end
+    return out
 
 
 def _member_loss(task_loss, smoothing: float, model, batch: dict, shared: dict) -> tuple[Tensor, Tensor]:
@@ -186,11 +199,26 @@ class ReplayModule(RelposModule):
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         optimizer_closure()  # the training step and its backward, which Lightning expects to have run
-        weights = self.record.weights.get(self.global_step + 1)
-        if weights is not None:
-            self.model.load_state_dict(weights)
+        step = self.global_step + 1
+        if step in self.record.weights:
+            self.model.load_state_dict(self.record.weights[step])
+            _set_adam_state(optimizer.optimizer, self.model, self.record.moments[step], step)
 
     def on_train_start(self) -> None:
         super().on_train_start()
         # the schedule advances each step although the optimizer never steps: what is logged as lr-*
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+
+
+def _set_adam_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
+                    moments: dict[str, tuple[Tensor, Tensor]], step: int) -> None:
+    """Put the stack's Adam moments for `model` into the member's torch AdamW, as its own `step`
+    calls would have left them: the checkpoints then hold them, and a run resumed from one continues
+    as its solo run would."""
+    group = optimizer.param_groups[0]
+    on_device = group.get("fused") or group.get("capturable")
+    for name, p in model.named_parameters():
+        exp_avg, exp_avg_sq = moments[name]
+        optimizer.state[p] = {"step": torch.tensor(float(step), dtype=torch.float32,
+                                                   device=p.device if on_device else "cpu"),
+                              "exp_avg": exp_avg.to(p.device), "exp_avg_sq": exp_avg_sq.to(p.device)}
