@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 import yaml
 
 from relpos_lab import cli
+from relpos_lab.analysis.report import write_report
 from relpos_lab.launch.sweep import load_sweep, stack_groups
 
 # The shipped reverse experiment made tiny (test_sweep.py's), without dropout: a member's random draws
@@ -120,6 +122,13 @@ def test_a_stacked_sweeps_members_are_their_solo_runs(tmp_path, monkeypatch, cap
         assert columns == solo_columns and len(rows) == len(solo_rows)
         for row, solo_row in zip(rows, solo_rows):
             assert all(_close(row[c], solo_row[c]) for c in columns if row[c] or solo_row[c]), (row, solo_row)
+
+    # report reads both sweeps alike: the same tables, but for the wall time a run took
+    solo_sweep.write_manifest()
+    reports = [write_report(s.directory).read_text() for s in (solo_sweep, stack_sweep)]
+    reports = [re.sub(r"wall time [^\n]*", "", r).replace(str(solo_root), "ROOT").replace(str(stack_root), "ROOT")
+               for r in reports]
+    assert reports[0] == reports[1]
 
     # eval and load_model open a member's checkpoint as any run's
     member = Path(stack_sweep.points[2].run_dir)
