@@ -15,7 +15,10 @@ import yaml
 
 from relpos_lab import cli
 from relpos_lab.analysis.report import write_report
+from relpos_lab.config import load_config
 from relpos_lab.launch.sweep import load_sweep, stack_groups
+from relpos_lab.records.rundir import run_directory
+from relpos_lab.training import stacked
 
 # The shipped reverse experiment made tiny (test_sweep.py's), without dropout: a member's random draws
 # are its own, not its solo run's (training/stacking.py), so only a run without them is its solo twin.
@@ -156,3 +159,25 @@ def test_points_group_by_what_a_stack_cannot_vary(tmp_path, capsys):
                      ["scheme=drop run=a", "scheme=drop run=b"], ["scheme=drop run=c"]]
     out = capsys.readouterr().out
     assert "stack of 2: points 0 1" in out and "alone: point 2 scheme=shaw run=c" in out
+
+
+def test_an_interrupted_stack_leaves_its_unfinished_members_to_train_again(tmp_path, monkeypatch):
+    """A member stopped while its run is written holds checkpoints of the weights last loaded, not
+    of its step: its directory goes, and the members finished before it stay."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    sweep = load_sweep(_write_sweep(tmp_path, "encoder_only", train_size=0),
+                       ["trainer.max_steps=4", "trainer.val_every_n_steps=2", f"logging.root={tmp_path / 'runs'}"])
+    cfgs = [load_config(sweep.experiment, sweep.overrides_of(i)) for i in (0, 1)]
+    replay = stacked.ReplayModule.optimizer_step
+
+    def stopped_in_the_second(module, *args, **kwargs):
+        if module.cfg.seed == 2 and module.global_step == 3:  # after its checkpoint of step 2
+            raise KeyboardInterrupt
+        return replay(module, *args, **kwargs)
+
+    monkeypatch.setattr(stacked.ReplayModule, "optimizer_step", stopped_in_the_second)
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        stacked.train_stacked(cfgs)
+    assert (run_directory(cfgs[0]) / "results.json").is_file()
+    assert not run_directory(cfgs[1]).exists()

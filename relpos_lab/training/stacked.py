@@ -26,6 +26,7 @@ resuming a stack as a stack, and torch.compile of the stack.
 """
 from __future__ import annotations
 
+import shutil
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -41,6 +42,7 @@ from torch import Tensor
 from torch.nn.functional import pad
 
 from relpos_lab.api.task import Task
+from relpos_lab.records.rundir import run_directory
 from relpos_lab.training.data import TaskDataModule
 from relpos_lab.training.experiment import task_and_module, train
 from relpos_lab.training.module import RelposModule
@@ -64,9 +66,18 @@ def train_stacked(cfgs: list[DictConfig], echo: Callable[[str], None] = print) -
     member's run directory with the solo pipeline; returns each member's summary."""
     started = time.time()
     use_cpu_threads(cfgs[0].trainer.threads, 1)
+    new = [run_directory(cfg) for cfg in cfgs if not run_directory(cfg).exists()]
     records = fit_stack(cfgs)
-    return [train(cfg, echo, started=started, build_module=partial(ReplayModule, record=record))
-            for cfg, record in zip(cfgs, records)]
+    try:
+        return [train(cfg, echo, started=started, build_module=partial(ReplayModule, record=record))
+                for cfg, record in zip(cfgs, records)]
+    except BaseException:
+        # A member stopped while its run was written (Ctrl-C, SIGTERM) holds checkpoints of the
+        # weights last loaded, not of its step: this stack's unfinished members start over.
+        for run_dir in new:
+            if run_dir.is_dir() and not (run_dir / "results.json").exists():
+                shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
 
 def fit_stack(cfgs: list[DictConfig]) -> list[MemberRecord]:
