@@ -89,14 +89,16 @@ def fit_stack(cfgs: list[DictConfig]) -> list[MemberRecord]:
     members = [task_and_module(cfg, Path(), None) for cfg in cfgs]
     device = _device(cfgs[0])
     stack = Stack([module.model.to(device) for _, module in members])
+    tasks = [task for task, _ in members]
+    del members  # the stack holds the weights now: the members' own copies go
     optim = [cfg.optim for cfg in cfgs]
     optimizer = StackedAdamW(stack, lr=[o.lr for o in optim], betas=([o.betas[0] for o in optim],
                                                                       [o.betas[1] for o in optim]),
                              eps=[o.eps for o in optim], weight_decay=[o.weight_decay for o in optim],
                              max_grad_norm=[cfg.trainer.gradient_clip_val or 0.0 for cfg in cfgs])
-    task = members[0][0]
+    task = tasks[0]
     loss = partial(_member_loss, task.loss, float(cfgs[0].optim.label_smoothing))
-    batches = [_endless(TaskDataModule(t, cfg.data), total) for (t, _), cfg in zip(members, cfgs)]
+    batches = [_endless(TaskDataModule(t, cfg.data), total) for t, cfg in zip(tasks, cfgs)]
     kept = [_read_steps(cfg) for cfg in cfgs]
     records, logged = [MemberRecord() for _ in cfgs], []
     for step in range(total):
