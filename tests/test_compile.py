@@ -201,7 +201,7 @@ def test_inspect_looks_through_a_torch_compile_wrapper(tmp_path, monkeypatch):
     from relpos_lab.config import load_config
     from relpos_lab.training import inspect as inspection
 
-    monkeypatch.setattr(inspection, "_figures", lambda *args: [])
+    monkeypatch.setattr(inspection, "attention_figures", lambda *args: [])
     task = _reverse_task()
     cfg = load_config("reverse_shaw", ["debug"])
     torch.manual_seed(0)
