@@ -94,17 +94,17 @@ def test_fully_masked_rows_are_zero_not_nan():
 
 
 @pytest.mark.parametrize("block", [1, 3])
-@pytest.mark.parametrize("lq,lk,kmax,offset", [(37, 37, 3, 0), (13, 50, 2, 37), (1, 40, 4, 39), (20, 20, 25, 0),
+@pytest.mark.parametrize("lq,lk,max_distance,offset", [(37, 37, 3, 0), (13, 50, 2, 37), (1, 40, 4, 39), (20, 20, 25, 0),
                                                (9, 30, 0, 5)])
-def test_label_maps_over_row_blocks_equal_gather_and_scatter_add(monkeypatch, block, lq, lk, kmax, offset):
+def test_label_maps_over_row_blocks_equal_gather_and_scatter_add(monkeypatch, block, lq, lk, max_distance, offset):
     # Small blocks put every row block's left tail, window and right tail to work.
     monkeypatch.setattr(gather, "_LABEL_BLOCK", block)
-    g = torch.Generator().manual_seed(lq * lk + kmax)
-    labels = relative_labels(lq, lk, kmax, offset).expand(2, 3, lq, lk)
+    g = torch.Generator().manual_seed(lq * lk + max_distance)
+    labels = relative_labels(lq, lk, max_distance, offset).expand(2, 3, lq, lk)
     x = torch.randn(2, 3, lq, lk, generator=g, dtype=torch.float64)
-    w = torch.randn(2, 3, lq, 2 * kmax + 1, generator=g, dtype=torch.float64)
-    torch.testing.assert_close(gather.add_by_label(x.clone(), w, kmax, offset), x + w.gather(-1, labels))
-    torch.testing.assert_close(gather.sum_by_label(x, kmax, offset),
+    w = torch.randn(2, 3, lq, 2 * max_distance + 1, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(gather.add_by_label(x.clone(), w, max_distance, offset), x + w.gather(-1, labels))
+    torch.testing.assert_close(gather.sum_by_label(x, max_distance, offset),
                                torch.zeros_like(w).scatter_add(-1, labels, x))
 
 
@@ -365,10 +365,10 @@ def test_banded_with_flex_tails_matches_the_definition(case):
     checked here with eager flex on CPU (forward; flex's backward needs CUDA, tests/test_cuda.py)."""
     q, k, v, kw = build(BANDED_CASES[case])
     want = definition(q, k, v, **kw)
-    n, kmax, mask = q.shape[-2], kw["max_distance"], kw["attn_mask"]
+    n, max_distance, mask = q.shape[-2], kw["max_distance"], kw["attn_mask"]
     keep = mask.reshape(mask.shape[0], n).expand(q.shape[0], n) if mask is not None else None
-    masks = tuple(flex.flex_block_mask(mask, False, n, n, 0, side, kmax, "cpu") for side in ("left", "right"))
-    got = banded._banded_core(q, k, v, kw["rel_k"], kw["rel_v"], kmax, keep, kw["is_causal"],
+    masks = tuple(flex.flex_block_mask(mask, False, n, n, 0, side, max_distance, "cpu") for side in ("left", "right"))
+    got = banded._banded_core(q, k, v, kw["rel_k"], kw["rel_v"], max_distance, keep, kw["is_causal"],
                               q.shape[-1] ** -0.5, masks, False)
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
 

@@ -406,7 +406,7 @@ OPCHECKS = [pytest.param(name, dtype, p, id=f"{name}-{dtype}-p{p}",
 
 def op_inputs(name: str, dtype: str, dropout_p: float) -> tuple[tuple, tuple]:
     """The forward op's arguments for a case, cut to one or two blocks, as fused_op.attend makes
-    them (fused.prepare: tables cut to the reach, the mask as bytes, the launch's scalars), and
+    them (fused.prepare: tables cut to the band, the mask as bytes, the launch's scalars), and
     the backward op's as the forward's autograd formula passes them (detached: autograd's backward
     runs it without a graph)."""
     from relpos_lab.core.attention import fused_op

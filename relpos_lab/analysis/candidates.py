@@ -67,10 +67,10 @@ def attention_candidate(name: str, b, h, length, d, k, dtype, device, backward=T
     elif name == "flex-bias":
         bias = leaf(h, 2 * k + 1).detach().mul_(0.1).requires_grad_(backward)
         block_mask = flex_block_mask(keys, causal, length, length, 0, None, k, device)
-        kmax = torch.full((), k, device=device)
+        clip = torch.full((), k, device=device)
 
         def score_mod(score, bi, hi, q_idx, kv_idx):  # a learned bias per head and clipped distance
-            return score + bias[hi, torch.clamp(kv_idx - q_idx, -kmax, kmax) + kmax]
+            return score + bias[hi, torch.clamp(kv_idx - q_idx, -clip, clip) + clip]
 
         def forward():
             return flex_attention_lse(q, kk, v, d ** -0.5, score_mod, block_mask)[0]

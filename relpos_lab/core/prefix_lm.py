@@ -78,8 +78,8 @@ class PrefixLM(nn.Module):
     def _prefix_mask(n: Tensor, length: int) -> Tensor:
         """(B, 1, L, L), True = may attend: key j to query i iff j <= max(i, n - 1)."""
         i = torch.arange(length, device=n.device)
-        reach = torch.maximum(i[None, :], n[:, None] - 1)  # (B, L): the last key query i sees
-        return (i[None, None, :] <= reach[:, :, None])[:, None]
+        last_visible = torch.maximum(i[None, :], n[:, None] - 1)  # (B, L): the last key query i sees
+        return (i[None, None, :] <= last_visible[:, :, None])[:, None]
 
     def start_decoding(self, src: Tensor, max_tokens: int | None = None) -> DecoderCache:
         """Prefill the source in one call (under the prefix mask); steps continue from <sep>.

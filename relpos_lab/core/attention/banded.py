@@ -68,43 +68,42 @@ def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causa
            attn_bias, scale):
     """CUDA builds the tails' BlockMasks here, outside the core, where their cache (one padding
     mask per batch, shared by the layers) works even when the core is compiled."""
-    kmax = max_distance
     n = q.shape[-2]
     keep = attn_mask.reshape(attn_mask.shape[0], n).expand(q.shape[0], n) if attn_mask is not None else None
     if q.device.type == "cpu":
-        return _banded_core(q, k, v, rel_k, rel_v, kmax, keep, is_causal, scale, None, False)
-    masks = tuple(flex_block_mask(attn_mask, False, n, n, 0, side, kmax, q.device)
+        return _banded_core(q, k, v, rel_k, rel_v, max_distance, keep, is_causal, scale, None, False)
+    masks = tuple(flex_block_mask(attn_mask, False, n, n, 0, side, max_distance, q.device)
                   for side in (("left",) if is_causal else ("left", "right")))
     if not BANDED_COMPILE:
-        return _banded_core(q, k, v, rel_k, rel_v, kmax, keep, is_causal, scale, masks, True)
+        return _banded_core(q, k, v, rel_k, rel_v, max_distance, keep, is_causal, scale, masks, True)
     global _compiled_banded
     if _compiled_banded is None:
         _compiled_banded = torch.compile(_banded_core)
-    return _compiled_banded(q, k, v, rel_k, rel_v, kmax, keep, is_causal, scale, masks, False)
+    return _compiled_banded(q, k, v, rel_k, rel_v, max_distance, keep, is_causal, scale, masks, False)
 
 
-def _banded_core(q, k, v, rel_k, rel_v, kmax, keep, is_causal, scale, masks, compile_flex):
+def _banded_core(q, k, v, rel_k, rel_v, max_distance, keep, is_causal, scale, masks, compile_flex):
     """The band exactly, the tails as attention (CPU flash kernel, or FlexAttention with `masks`),
     combined by log-sum-exp. Query block b meets the keys of blocks b−1..b+1 in one small matmul;
     row r's band is a diagonal of that block, read and written as a strided view."""
     b, h, n, d = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
-    labels = 2 * kmax + 1
+    labels = 2 * max_distance + 1
     qw = (q @ rel_k.to(q.dtype).transpose(-2, -1)).to(acc) * scale if rel_k is not None else \
         q.new_zeros(b, h, n, labels, dtype=acc)
 
     # Band: offsets −k+1 … k−1 (… 0 when causal), labels 1 … 2k−1 (1 … k).
-    block = max(kmax, BAND_BLOCK)
-    hi = 0 if is_causal else kmax - 1
-    width = hi + kmax
+    block = max(max_distance, BAND_BLOCK)
+    hi = 0 if is_causal else max_distance - 1
+    width = hi + max_distance
     k_win, nb = _band_windows(k, block)
     v_win, _ = _band_windows(v, block)
     q_blk = F.pad(q, (0, 0, 0, nb * block - n)).view(b, h, nb, block, d)
     scores = (q_blk @ k_win.transpose(-1, -2)).to(acc) * scale  # (B, H, nb, block, 3·block)
-    first = block - kmax + 1  # row r's offset −k+1 sits at column block + r − k + 1
+    first = block - max_distance + 1  # row r's offset −k+1 sits at column block + r − k + 1
     e_band = _Diagonals.apply(scores, first, width).reshape(b, h, nb * block, width)[:, :, :n]
     e_band = e_band + qw[..., 1:1 + width]
-    j = torch.arange(n, device=q.device)[:, None] + torch.arange(-kmax + 1, hi + 1, device=q.device)[None, :]
+    j = torch.arange(n, device=q.device)[:, None] + torch.arange(-max_distance + 1, hi + 1, device=q.device)[None, :]
     valid = (j >= 0) & (j < n)
     if keep is not None:
         valid = valid & keep[:, j.clamp(0, n - 1)][:, None]
@@ -112,9 +111,9 @@ def _banded_core(q, k, v, rel_k, rel_v, kmax, keep, is_causal, scale, masks, com
 
     # Tails: keys j <= i - k (left) and j >= i + k (right): plain attention and its log-sum-exp.
     if masks is None:
-        o_left, lse_left, o_right, lse_right = _cpu_tails(q, k, v, keep, kmax, is_causal, scale)
+        o_left, lse_left, o_right, lse_right = _cpu_tails(q, k, v, keep, max_distance, is_causal, scale)
     else:
-        o_left, lse_left, o_right, lse_right = _flex_tails(q, k, v, masks, kmax, is_causal, scale, compile_flex)
+        o_left, lse_left, o_right, lse_right = _flex_tails(q, k, v, masks, max_distance, is_causal, scale, compile_flex)
 
     a_left = lse_left + qw[..., 0]
     logits = [a_left[..., None], e_band]
@@ -139,21 +138,22 @@ def _banded_core(q, k, v, rel_k, rel_v, kmax, keep, is_causal, scale, masks, com
     return out.to(q.dtype)
 
 
-def _cpu_tails(q, k, v, keep, kmax, is_causal, scale):
+def _cpu_tails(q, k, v, keep, max_distance, is_causal, scale):
     """The tails as causal flash attention on shifted slices: row i's left tail is keys 0..i−k."""
     b, h, n, d = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
     empty_lse = q.new_full((b, h, n), float("-inf"), dtype=acc)
     empty_out = q.new_zeros(b, h, n, d, dtype=acc)
-    o_left, lse_left = _causal_tail(q[:, :, kmax:], k[:, :, : n - kmax], v[:, :, : n - kmax],
-                                    keep[:, : n - kmax] if keep is not None else None, scale)
-    o_left = torch.cat((empty_out[:, :, :kmax], o_left.to(acc)), dim=2)
-    lse_left = torch.cat((empty_lse[:, :, :kmax], lse_left.to(acc)), dim=2)
+    near, far = slice(None, n - max_distance), slice(max_distance, None)  # the first and last n − k positions
+    o_left, lse_left = _causal_tail(q[:, :, far], k[:, :, near], v[:, :, near],
+                                    keep[:, near] if keep is not None else None, scale)
+    o_left = torch.cat((empty_out[:, :, :max_distance], o_left.to(acc)), dim=2)
+    lse_left = torch.cat((empty_lse[:, :, :max_distance], lse_left.to(acc)), dim=2)
     if not is_causal:
-        o_right, lse_right = _causal_tail(q[:, :, : n - kmax].flip(2), k[:, :, kmax:].flip(2), v[:, :, kmax:].flip(2),
-                                          keep[:, kmax:].flip(1) if keep is not None else None, scale)
-        o_right = torch.cat((o_right.flip(2).to(acc), empty_out[:, :, :kmax]), dim=2)
-        lse_right = torch.cat((lse_right.flip(2).to(acc), empty_lse[:, :, :kmax]), dim=2)
+        o_right, lse_right = _causal_tail(q[:, :, near].flip(2), k[:, :, far].flip(2), v[:, :, far].flip(2),
+                                          keep[:, far].flip(1) if keep is not None else None, scale)
+        o_right = torch.cat((o_right.flip(2).to(acc), empty_out[:, :, :max_distance]), dim=2)
+        lse_right = torch.cat((lse_right.flip(2).to(acc), empty_lse[:, :, :max_distance]), dim=2)
 
     return (o_left, lse_left) + ((None, None) if is_causal else (o_right, lse_right))
 
@@ -211,7 +211,7 @@ class _FlashWithLse(torch.autograd.Function):
         return dq[..., :d], dk[..., :d], dv[..., :d], None, None
 
 
-def _flex_tails(q, k, v, masks, kmax, is_causal, scale, compiled):
+def _flex_tails(q, k, v, masks, max_distance, is_causal, scale, compiled):
     """The tails as FlexAttention over the whole sequence, each restricted by its BlockMask: the
     blocks wholly outside a tail are skipped, so the two tails together cost about one attention."""
     o_left, lse_left = flex_attention_lse(q, k, v, scale, block_mask=masks[0], compiled=compiled)

@@ -39,10 +39,10 @@ def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causa
     qw = (q @ rel_k.to(q.dtype).transpose(-2, -1)).to(acc) * scale if rel_k is not None else None
     bias = attn_bias.to(acc).expand(b, h, lq, lk) if attn_bias is not None else None
 
-    kmax, offset = (torch.full((), x, dtype=torch.long, device=q.device) for x in (max_distance, query_offset))
+    clip, offset = (torch.full((), x, dtype=torch.long, device=q.device) for x in (max_distance, query_offset))
 
     def label(q_idx, kv_idx):  # device scalars: one compiled kernel for every k and offset
-        return torch.clamp(kv_idx - q_idx - offset, -kmax, kmax) + kmax
+        return torch.clamp(kv_idx - q_idx - offset, -clip, clip) + clip
 
     def score_mod(score, bi, hi, q_idx, kv_idx):
         if qw is not None:
@@ -94,7 +94,7 @@ _BLOCK_MASKS: dict = {}
 _BLOCK_MASK_CACHE = 32
 
 
-def flex_block_mask(attn_mask, is_causal, lq, lk, query_offset, region, kmax, device):
+def flex_block_mask(attn_mask, is_causal, lq, lk, query_offset, region, max_distance, device):
     """FlexAttention's BlockMask for a call: key padding or a dense boolean mask, causality and
     an optional region of relative offsets ("left": j − i ≤ −k, "right": j − i ≥ k), all as
     mask_mod, so fully masked blocks are skipped rather than scored.
@@ -107,7 +107,7 @@ def flex_block_mask(attn_mask, is_causal, lq, lk, query_offset, region, kmax, de
         return None
     anchor = attn_mask
     key = (id(anchor), anchor._version if anchor is not None else 0, is_causal, lq, lk, query_offset, region,
-           kmax, str(device))
+           max_distance, str(device))
     hit = _BLOCK_MASKS.get(key)
     if hit is not None and hit[0] is anchor:
         return hit[1]
@@ -127,7 +127,7 @@ def flex_block_mask(attn_mask, is_causal, lq, lk, query_offset, region, kmax, de
     # The allowed offsets j - i as a range [lo, hi]; device scalars, not Python constants, so the
     # compiled kernel is the same for every region, k and offset instead of one compile each.
     big = lq + lk + abs(query_offset)
-    lo, hi = {None: (-big, big), "left": (-big, -kmax), "right": (kmax, big)}[region]
+    lo, hi = {None: (-big, big), "left": (-big, -max_distance), "right": (max_distance, big)}[region]
     if is_causal:
         hi = min(hi, 0)
     lo, hi, offset = (torch.full((), x, dtype=torch.long, device=device) for x in (lo, hi, query_offset))
@@ -157,19 +157,18 @@ def _bucket_masses(q, k, qw, bias, allowed, lse, max_distance, query_offset, sca
     """
     b, h, lq, _ = q.shape
     lk = k.shape[-2]
-    kmax = max_distance
     acc = lse.dtype
     live = torch.isfinite(lse)
-    masses = q.new_zeros(b, h, lq, 2 * kmax + 1, dtype=acc)
+    masses = q.new_zeros(b, h, lq, 2 * max_distance + 1, dtype=acc)
     pos = torch.arange(lq, device=q.device) + query_offset
-    for offset in range(-kmax + 1, kmax):
+    for offset in range(-max_distance + 1, max_distance):
         j = pos + offset
         ok = (j >= 0) & (j < lk)
         jj = j.clamp(0, lk - 1)
         k_j = k[:, :, jj, :]  # (B, H, Lq, D)
         e = (q.to(acc) * k_j.to(acc)).sum(-1) * scale
         if qw is not None:
-            e = e + qw[..., offset + kmax]
+            e = e + qw[..., offset + max_distance]
         if bias is not None:
             e = e + bias.gather(-1, jj.view(1, 1, lq, 1).expand(b, h, lq, 1)).squeeze(-1)
         vis = ok.view(1, 1, lq).expand(b, h, lq)
@@ -177,8 +176,8 @@ def _bucket_masses(q, k, qw, bias, allowed, lse, max_distance, query_offset, sca
             a = allowed.expand(b, h, lq, lk).gather(-1, jj.view(1, 1, lq, 1).expand(b, h, lq, 1))
             vis = vis & a.squeeze(-1)
         m = torch.exp(torch.where(live, e - lse, torch.full_like(e, -float("inf"))))
-        masses[..., offset + kmax] = torch.where(vis, m, torch.zeros_like(m))
-    if kmax == 0:
+        masses[..., offset + max_distance] = torch.where(vis, m, torch.zeros_like(m))
+    if max_distance == 0:
         masses[..., 0] = live.to(acc)
         return masses
 

@@ -71,31 +71,32 @@ def unsupported(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_
     if attn_bias is not None:
         return "a dense attn_bias (express an offset bias as rel_bias)"
     if (rel_k is not None or rel_v is not None) and _label_space(
-            _reach(q.shape[-2], k.shape[-2], max_distance, query_offset)) > MAX_LABELS:
+            _band(q.shape[-2], k.shape[-2], max_distance, query_offset)) > MAX_LABELS:
         return (f"rel_k/rel_v with max_distance {max_distance} at these lengths (label space wider than "
                 f"{MAX_LABELS}; a rel_bias alone may be wider)")
     return None
 
 
-def _reach(lq: int, lk: int, max_distance: int, query_offset: int) -> int:
-    """The clipping distance that changes nothing here: no pair is farther apart than this."""
+def _band(lq: int, lk: int, max_distance: int, query_offset: int) -> int:
+    """The band |j − i| < band where each pair has a label of its own: max_distance cut to the
+    farthest pair of these lengths, so clipping at it changes nothing (the kernels' k)."""
     return min(max_distance, masks.max_offset(lq, lk, query_offset))
 
 
-def _label_space(reach: int) -> int:
+def _label_space(band: int) -> int:
     """Columns of the kernels' label tiles: labels 1..2k (label 0 is a row vector of its own)."""
-    return max(16, power_of_2_at_least(2 * reach))
+    return max(16, power_of_2_at_least(2 * band))
 
 
-def label_tile(rel_k, rel_v, rel_bias, reach: int) -> int:
+def label_tile(rel_k, rel_v, rel_bias, band: int) -> int:
     """LABEL_TILE, the kernels' label tile width: a wide bias is read from memory, its tiles the narrowest."""
-    return 16 if _bias_is_wide(rel_k, rel_v, rel_bias, reach) else _label_space(reach)
+    return 16 if _bias_is_wide(rel_k, rel_v, rel_bias, band) else _label_space(band)
 
 
-def _bias_is_wide(rel_k, rel_v, rel_bias, reach: int) -> bool:
+def _bias_is_wide(rel_k, rel_v, rel_bias, band: int) -> bool:
     """A rel_bias alone whose label space does not fit the registers: read per tile from memory
     instead, its gradient summed along tile diagonals (`_add_diagonals`)."""
-    return rel_bias is not None and rel_k is None and rel_v is None and _label_space(reach) > MAX_LABELS
+    return rel_bias is not None and rel_k is None and rel_v is None and _label_space(band) > MAX_LABELS
 
 
 def attend(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, query_offset, dropout_p,
@@ -115,9 +116,9 @@ def prepare(q, k, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, qu
     device (no host sync; a compiled graph draws it anew at each run), so torch.manual_seed
     reproduces it."""
     lq, lk = q.shape[-2], k.shape[-2]
-    reach = _reach(lq, lk, max_distance, query_offset)
-    if reach < max_distance:  # sliced only then: a slice's gradient is a zeroed copy
-        cut = slice(max_distance - reach, max_distance + reach + 1)
+    band = _band(lq, lk, max_distance, query_offset)
+    if band < max_distance:  # sliced only then: a slice's gradient is a zeroed copy
+        cut = slice(max_distance - band, max_distance + band + 1)
         rel_k = rel_k[..., cut, :] if rel_k is not None else None
         rel_v = rel_v[..., cut, :] if rel_v is not None else None
         rel_bias = rel_bias[..., cut] if rel_bias is not None else None
@@ -126,12 +127,12 @@ def prepare(q, k, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal, qu
     if attn_mask is not None:
         mask = attn_mask.view(torch.uint8).expand(q.shape[0], q.shape[1], lq, lk)
     seed = torch.randint(0, 2**30, (1,), dtype=torch.int32, device=q.device) if dropout_p > 0 else None
-    return rel_k, rel_v, rel_bias, mask, _Launch(reach, bool(is_causal), query_offset, scale, seed, float(dropout_p))
+    return rel_k, rel_v, rel_bias, mask, _Launch(band, bool(is_causal), query_offset, scale, seed, float(dropout_p))
 
 
 class _Launch(NamedTuple):
     """The scalars of one call, shared by its forward and backward launches."""
-    reach: int
+    band: int
     causal: bool
     offset: int
     scale: float
@@ -218,8 +219,8 @@ def launch_backward(do, q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass, lau
     do = _last_dim_contiguous(do)
     b, h, lq, d = q.shape
     lk = k.shape[-2]
-    nl = 2 * launch.reach + 1
-    wide = _bias_is_wide(rel_k, rel_v, rel_bias, launch.reach)
+    nl = 2 * launch.band + 1
+    wide = _bias_is_wide(rel_k, rel_v, rel_bias, launch.band)
     needs_g = (rel_k is not None and needs.rel_k) or (rel_bias is not None and not wide and needs.rel_bias)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
@@ -319,7 +320,7 @@ def _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> dict
     wv, swvh, swvl = _table(rel_v, q)
     bias = (rel_bias.float() * kernels.LOG2E.value).contiguous() if rel_bias is not None else q
     sbh = bias.stride(0) if rel_bias is not None else 0
-    meta = dict(LABEL_TILE=label_tile(rel_k, rel_v, rel_bias, launch.reach),
+    meta = dict(LABEL_TILE=label_tile(rel_k, rel_v, rel_bias, launch.band),
                 HAS_RK=rel_k is not None, HAS_RV=rel_v is not None, HAS_BIAS=rel_bias is not None,
                 MASK=_mask_kind(mask), CAUSAL=launch.causal, HAS_DROPOUT=launch.dropout_p > 0,
                 BLOCK_D=max(16, power_of_2_at_least(q.shape[-1])),
@@ -330,7 +331,7 @@ def _common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch: _Launch) -> dict
     return {"tables": (wk, wv, bias), "mask": mask if mask is not None else q,
             "table_strides": TableStrides(swkh, swkl, swvh, swvl, sbh),
             "mask_strides": MaskStrides(*(mask.stride() if mask is not None else (0, 0, 0, 0))),
-            "scalars": (q.shape[1], lq, lk, q.shape[-1], launch.offset, launch.reach, launch.scale,
+            "scalars": (q.shape[1], lq, lk, q.shape[-1], launch.offset, launch.band, launch.scale,
                         launch.seed if launch.seed is not None else q, launch.dropout_p, _bucket(lq, lk)),
             "meta": meta}
 

@@ -1,8 +1,9 @@
 """The fused kernel's Triton programs: forward, backward dq, backward dk/dv (imported only with triton).
 
 One query block's key tiles fall in three stages, by the labels l(i, j) = clip(j − i, k) + k of
-their pairs (a0, a1: the block's first and last absolute row). Here k is `reach`: the call's
-max_distance cut to the distances its lengths reach (`fused._reach`), so 2k + 1 = n_labels:
+their pairs (a0, a1: the block's first and last absolute row). Here k is `band`: the band
+|j − i| < k where each pair has a label of its own, the call's max_distance cut to the distances
+its lengths reach (`fused._band`), so 2k + 1 = n_labels:
 
     BAND   [band_lo, band_hi)  some pair has |j − i| < k: labels read pair by pair
     LEFT   [0, band_lo)        every pair has j − i ≤ −k: label 0, one logit term per row
@@ -123,7 +124,7 @@ class ForwardTiles(NamedTuple):
     LQ: object
     LK: object
     D: object
-    reach: object
+    band: object
     qk_scale: object
     seed: object
     dropout_p: object
@@ -166,7 +167,7 @@ class DqTiles(NamedTuple):
     LQ: object
     LK: object
     D: object
-    reach: object
+    band: object
     qk_scale: object
     seed: object
     dropout_p: object
@@ -212,7 +213,7 @@ class DkdvTiles(NamedTuple):
     LK: object
     D: object
     OFFSET: object
-    reach: object
+    band: object
     qk_scale: object
     seed: object
     dropout_p: object
@@ -252,7 +253,7 @@ def head_of_program(H):
 
 
 @triton.jit
-def key_stages(m0, OFFSET, LK, reach, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+def key_stages(m0, OFFSET, LK, band, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr, FRINGE_BLOCK: tl.constexpr):
     """The `KeyStages` of query block [m0, m0 + BM). The band [band_lo, band_hi) is the fewest BAND_BLOCK tiles, from
     a FRINGE_BLOCK boundary, that hold every key with an interior label (with k = 16, BM = 64:
@@ -271,11 +272,11 @@ def key_stages(m0, OFFSET, LK, reach, CAUSAL: tl.constexpr, BLOCK_M: tl.constexp
     hi = LK
     if CAUSAL:  # the diagonal's tiles need the causal mask: they are band tiles, whatever k
         hi = max(min(LK, a1 + 1), 0)
-        band_lo = min(max(a0 - reach + 1, 0) // BAND_BLOCK * BAND_BLOCK, hi)
+        band_lo = min(max(a0 - band + 1, 0) // BAND_BLOCK * BAND_BLOCK, hi)
         band_hi = hi
     else:
-        band_lo = min(max(a0 - reach + 1, 0) // FRINGE_BLOCK * FRINGE_BLOCK, hi)
-        tiles = (max(min(a1 + reach, hi) - band_lo, 0) + BAND_BLOCK - 1) // BAND_BLOCK
+        band_lo = min(max(a0 - band + 1, 0) // FRINGE_BLOCK * FRINGE_BLOCK, hi)
+        tiles = (max(min(a1 + band, hi) - band_lo, 0) + BAND_BLOCK - 1) // BAND_BLOCK
         band_lo = max(band_lo - max(band_lo + tiles * BAND_BLOCK - hi, 0) // FRINGE_BLOCK * FRINGE_BLOCK, 0)
         band_hi = band_lo + tiles * BAND_BLOCK
     left_hi = band_lo // BLOCK_N * BLOCK_N
@@ -299,7 +300,7 @@ def fringe_pair(left_narrow, band_lo, band_hi, right_wide, r_lo, r_hi, BAND_BLOC
 
 
 @triton.jit
-def query_stages(n0, OFFSET, LQ, reach, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+def query_stages(n0, OFFSET, LQ, band, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr):
     """(lo, band_lo, band_hi): the query-block bounds of key block [n0, n0 + BN), from the keys'
     side: [lo, band_lo) every label 2k (queries before the keys), [band_lo, band_hi) the band,
@@ -307,10 +308,10 @@ def query_stages(n0, OFFSET, LQ, reach, CAUSAL: tl.constexpr, BLOCK_M: tl.conste
     lo = 0
     if CAUSAL:  # query blocks that end before the first key see none of it
         lo = min(max(n0 - OFFSET, 0) // BLOCK_M * BLOCK_M, LQ)
-    band_lo = min(max(max(n0 - reach - OFFSET + 1, 0) // BLOCK_M * BLOCK_M, lo), LQ)
+    band_lo = min(max(max(n0 - band - OFFSET + 1, 0) // BLOCK_M * BLOCK_M, lo), LQ)
     if CAUSAL:
         band_lo = lo
-    above = (max(n0 + BLOCK_N - 1 + reach - OFFSET, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    above = (max(n0 + BLOCK_N - 1 + band - OFFSET, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     band_hi = max(min(above, LQ), band_lo)
     return lo, band_lo, band_hi
 
@@ -322,16 +323,16 @@ def pair_offsets(rows_abs, cols):
 
 
 @triton.jit
-def label_of(offset, reach):
+def label_of(offset, band):
     """clip(j − i, k) + k."""
-    return clipped(offset, reach) + reach
+    return clipped(offset, band) + band
 
 
 @triton.jit
-def clipped(offset, reach):
+def clipped(offset, band):
     """clip(j − i, k): a label less k, to index table rows whose pointers already point at label k
     (one add per row, not one per pair)."""
-    return tl.minimum(tl.maximum(offset, -reach), reach)
+    return tl.minimum(tl.maximum(offset, -band), band)
 
 
 @triton.jit
@@ -388,14 +389,14 @@ def store_where(ptrs, x, mask):
 
 
 @triton.jit
-def interior_index(rows_abs, cols, reach):
+def interior_index(rows_abs, cols, band):
     """(BM, BN) j − i + k − 1 per pair of a band tile: the interior labels 1..2k−1 are 0..2k−2
     in it (one unsigned compare), label l at column 1 + index."""
-    return cols[None, :] - (rows_abs - reach + 1)[:, None]
+    return cols[None, :] - (rows_abs - band + 1)[:, None]
 
 
 @triton.jit
-def store_interior(table_rows, x, index, reach, rows, LQ, EVEN_M: tl.constexpr):
+def store_interior(table_rows, x, index, band, rows, LQ, EVEN_M: tl.constexpr):
     """A band tile's interior pairs into a label table, the only ones read back (its edge
     entries are written whole later). Most pairs of a band tile are edges; masked off, they cost
     no memory access (docs/dev/fused-kernel.md). Compiled, the address is one wide multiply-add
@@ -404,31 +405,31 @@ def store_interior(table_rows, x, index, reach, rows, LQ, EVEN_M: tl.constexpr):
         tl.inline_asm_elementwise("{ .reg .pred p; .reg .b64 a; setp.lt.u32 p, $2, $3; mad.wide.s32 a, $2, 4, $1;"
                                   " @p st.global.f32 [a], $4; } mov.u32 $0, 0;", "=r,l,r,r,f",
                                   [(table_rows + 1).to(tl.int64)[:, None], index,
-                                   tl.maximum(2 * reach - 1, 0), x], dtype=tl.int32, is_pure=False, pack=1)
+                                   tl.maximum(2 * band - 1, 0), x], dtype=tl.int32, is_pure=False, pack=1)
     else:
-        tl.store((table_rows + 1)[:, None] + index, x, mask=interior_pairs(index, reach, rows, LQ, EVEN_M))
+        tl.store((table_rows + 1)[:, None] + index, x, mask=interior_pairs(index, band, rows, LQ, EVEN_M))
 
 
 @triton.jit
-def interior_pairs(index, reach, rows, LQ, EVEN_M: tl.constexpr):
+def interior_pairs(index, band, rows, LQ, EVEN_M: tl.constexpr):
     """The pairs of a band tile with an interior label (`interior_index` in 0..2k−2), in rows below Lq."""
-    interior = (index >= 0) & (index < 2 * reach - 1)
+    interior = (index >= 0) & (index < 2 * band - 1)
     if not EVEN_M:
         interior = interior & (rows < LQ)[:, None]
     return interior
 
 
 @triton.jit
-def store_interior_over(ptrs, x, index, reach, rows, LQ, EVEN_M: tl.constexpr):
+def store_interior_over(ptrs, x, index, band, rows, LQ, EVEN_M: tl.constexpr):
     """store_interior at the addresses the tile's logits were just loaded from, when the logit
     table becomes the mass table: an interior entry is read by its one pair only, so that pair's
     logit s takes its place, at the load's own address (no address arithmetic per pair)."""
     if EVEN_M and INLINE_PTX:
         tl.inline_asm_elementwise("{ .reg .pred p; setp.lt.u32 p, $2, $3; @p st.global.f32 [$1], $4; } mov.u32 $0, 0;",
-                                  "=r,l,r,r,f", [ptrs.to(tl.int64), index, tl.maximum(2 * reach - 1, 0), x],
+                                  "=r,l,r,r,f", [ptrs.to(tl.int64), index, tl.maximum(2 * band - 1, 0), x],
                                   dtype=tl.int32, is_pure=False, pack=1)
     else:
-        tl.store(ptrs, x, mask=interior_pairs(index, reach, rows, LQ, EVEN_M))
+        tl.store(ptrs, x, mask=interior_pairs(index, band, rows, LQ, EVEN_M))
 
 
 @triton.jit
@@ -575,14 +576,14 @@ def store_label_rows(table_rows, tile, column0, rows, labels, LQ, EVEN_M: tl.con
 
 
 @triton.jit
-def interior_of(table_rows, rows, rows_abs, labels, reach, LQ, LK, other, CAUSAL: tl.constexpr,
+def interior_of(table_rows, rows, rows_abs, labels, band, LQ, LK, other, CAUSAL: tl.constexpr,
                 EVEN_M: tl.constexpr):
     """(BM, LABEL_TILE) the values the band stored by label, for interior labels that name a key the
     band visited (j = i + l − k); `other` for the rest, whose entries may be stale. Every
     address stays in the (padded) row."""
     label = labels[None, :] + 1
-    first = reach - rows_abs  # the label of key 0
-    end = tl.minimum(reach + 1 if CAUSAL else 2 * reach, first + LK)  # past the last one
+    first = band - rows_abs  # the label of key 0
+    end = tl.minimum(band + 1 if CAUSAL else 2 * band, first + LK)  # past the last one
     ok = (label - first[:, None]).to(tl.uint32) < tl.maximum(end - first, 0).to(tl.uint32)[:, None]
     if not EVEN_M:
         ok = ok & (rows < LQ)[:, None]
@@ -590,11 +591,11 @@ def interior_of(table_rows, rows, rows_abs, labels, reach, LQ, LK, other, CAUSAL
 
 
 @triton.jit
-def with_edges(tile, lo, hi, labels, reach):
+def with_edges(tile, lo, hi, labels, band):
     """(tile, label-0 column) with the edges set: label 2k (column 2k − 1) to hi, label 0 to lo
     (k = 0 has one label: lo + hi)."""
-    tile = tl.where(labels[None, :] + 1 == 2 * reach, hi[:, None], tile)
-    return tile, lo + tl.where(reach == 0, hi, 0.0)
+    tile = tl.where(labels[None, :] + 1 == 2 * band, hi[:, None], tile)
+    return tile, lo + tl.where(band == 0, hi, 0.0)
 
 
 @triton.jit
@@ -625,12 +626,12 @@ def table_to_qk_units(qk_scale, HAS_RK: tl.constexpr):
 
 
 @triton.jit
-def edge_logits(logit_rows, rows, LQ, reach, qk_scale, HAS_RK: tl.constexpr, HAS_LOGITS: tl.constexpr):
+def edge_logits(logit_rows, rows, LQ, band, qk_scale, HAS_RK: tl.constexpr, HAS_LOGITS: tl.constexpr):
     """(BM,) × 2: each row's logit terms of labels 0 and 2k in the units of exp2, the row offsets
     of the stages off the band."""
     to_exp2 = table_to_qk_units(qk_scale, HAS_RK) * qk_scale
     return (edge_column(logit_rows, rows, LQ, 0, HAS_LOGITS) * to_exp2,
-            edge_column(logit_rows, rows, LQ, 2 * reach, HAS_LOGITS) * to_exp2)
+            edge_column(logit_rows, rows, LQ, 2 * band, HAS_LOGITS) * to_exp2)
 
 
 @triton.jit
@@ -709,7 +710,7 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_edge, r_right, lo, hi, ri
     the band, the kept mass is summed by the tensor cores with P·V: p times a column of ones, in
     `kept`, rescaled like acc."""
     (q, logit_rows, table_to_qk, mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows,
-     rows_abs, dims, LQ, LK, D, reach, qk_scale, seed, dropout_p) = tiles
+     rows_abs, dims, LQ, LK, D, band, qk_scale, seed, dropout_p) = tiles
     (IN_STAGE_UNITS, HAS_LOGITS, HAS_RV, IN_PLACE, LOW_REGISTERS, MASK, CAUSAL, HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D,
      PRECISION) = flags
     kept = tl.zeros((rows.shape[0], MIN_DOT), dtype=tl.float32)  # the stage's kept mass, MIN_DOT times over
@@ -730,9 +731,9 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_edge, r_right, lo, hi, ri
         elif STAGE == BAND:
             # Pair by pair: the logit term by label, then every mask.
             offset = pair_offsets(rows_abs, cols)
-            distance = clipped(offset, reach)
+            distance = clipped(offset, band)
             s = qk  # in the units of q·k: scaled once, with the row maximum
-            logit_ptrs = (logit_rows + reach)[:, None] + distance
+            logit_ptrs = (logit_rows + band)[:, None] + distance
             if HAS_LOGITS:
                 s += load_by_row(logit_ptrs, rows, LQ, EVEN_M) * table_to_qk
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
@@ -744,12 +745,12 @@ def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_edge, r_right, lo, hi, ri
                 else:
                     stored = s
                 if IN_PLACE and not LOW_REGISTERS:
-                    store_interior_over(logit_ptrs, stored, interior_index(rows_abs, cols, reach), reach,
+                    store_interior_over(logit_ptrs, stored, interior_index(rows_abs, cols, band), band,
                                         rows, LQ, EVEN_M)
                 else:
-                    store_interior(mass_rows, stored, interior_index(rows_abs, cols, reach), reach,
+                    store_interior(mass_rows, stored, interior_index(rows_abs, cols, band), band,
                                    rows, LQ, EVEN_M)
-                at_hi = offset >= reach
+                at_hi = offset >= band
         else:
             # One label per side: its logit term r_edge is a row offset.
             row_max = tl.max(qk, 1) * qk_scale
@@ -815,7 +816,7 @@ def forward_kernel(
         stride_bh,
         stride_mb, stride_mh, stride_mq, stride_mk,
         stride_ob, stride_oh, stride_om,
-        H, LQ, LK, D, OFFSET, reach, sm_scale, SEED, dropout_p, L_BUCKET,
+        H, LQ, LK, D, OFFSET, band, sm_scale, SEED, dropout_p, L_BUCKET,
         LABEL_TILE: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
         MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
@@ -830,7 +831,7 @@ def forward_kernel(
     start_m = tl.program_id(0)
     b, h, bh = head_of_program(H)
     seed = seed_of(SEED, HAS_DROPOUT)
-    n_labels = 2 * reach + 1
+    n_labels = 2 * band + 1
     qk_scale = sm_scale * LOG2E
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_abs = rows + OFFSET
@@ -851,14 +852,14 @@ def forward_kernel(
     IN_PLACE: tl.constexpr = HAS_RK and HAS_RV
     mass_rows = logit_rows if IN_PLACE else MASS + table_offset + rows * (LABEL_TILE + 1)  # (one pointer fewer)
     table_to_qk = table_to_qk_units(qk_scale, HAS_RK)
-    r_lo, r_hi = edge_logits(logit_rows, rows, LQ, reach, qk_scale, HAS_RK, HAS_LOGITS)
+    r_lo, r_hi = edge_logits(logit_rows, rows, LQ, band, qk_scale, HAS_RK, HAS_LOGITS)
 
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     m_lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    keys = key_stages(start_m * BLOCK_M, OFFSET, LK, reach, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK)
+    keys = key_stages(start_m * BLOCK_M, OFFSET, LK, band, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK)
     K_ptr = K + b * stride_kb + h * stride_kh
     V_ptr = V + b * stride_vb + h * stride_vh
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
@@ -873,7 +874,7 @@ def forward_kernel(
         r_lo = tl.maximum(r_lo, LOGIT_FLOOR)
         r_hi = tl.maximum(r_hi, LOGIT_FLOOR)
     tiles = ForwardTiles(q, logit_rows, table_to_qk, mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn,
-                         stride_mq, stride_mk, rows, rows_abs, dims, LQ, LK, D, reach, qk_scale, seed + bh,
+                         stride_mq, stride_mk, rows, rows_abs, dims, LQ, LK, D, band, qk_scale, seed + bh,
                          dropout_p)
     flags: tl.constexpr = ForwardFlags(IN_STAGE_UNITS, HAS_LOGITS, HAS_RV, IN_PLACE, LOW_REGISTERS, MASK, CAUSAL,
                                        HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D, PRECISION)
@@ -922,7 +923,7 @@ def forward_kernel(
     if HAS_RV:
         # The masses, normalised: interior ones from the logits the band stored, edges from row sums.
         tl.debug_barrier()
-        mass = tl.exp2(interior_of(mass_rows, rows, rows_abs, labels, reach, LQ, LK, float("-inf"), CAUSAL,
+        mass = tl.exp2(interior_of(mass_rows, rows, rows_abs, labels, band, LQ, LK, float("-inf"), CAUSAL,
                                    EVEN_M) * qk_scale - lse[:, None])
         if HAS_DROPOUT:  # (the band stored −inf for the pairs it dropped)
             mass = mass / (1.0 - dropout_p)
@@ -930,7 +931,7 @@ def forward_kernel(
             m_hi = m_hi * rescale(m_ref, m_i) + (0.0 if CAUSAL else l_i)
             m_lo = l_i - m_hi
         # m_lo summed the band's interior too
-        mass, mass0 = with_edges(mass, m_lo / l_safe - tl.sum(mass, 1), m_hi / l_safe, labels, reach)
+        mass, mass0 = with_edges(mass, m_lo / l_safe - tl.sum(mass, 1), m_hi / l_safe, labels, band)
         mass = stored_by_row(mass_rows[:, None] + 1 + labels[None, :], mass, rows, LQ, EVEN_M)
         tl.store(mass_rows, mass0, mask=rows < LQ)
         out = table_combination(out, mass, mass0, WV + h * stride_wvh, stride_wvl, labels, dims, n_labels, D,
@@ -951,7 +952,7 @@ def _dq_tiles(dq, g_hi, tiles, r_edge, dw_edge, lo, hi, flags: tl.constexpr, STA
     label 2k, the band's interior values go to the grad table. Label 0 needs no sum: a row of dS
     sums to zero (Σ_j p_ij dP_ij = delta_i), so G_i0 = −(G_i,2k + the interior)."""
     (q, do, lse, delta, logit_rows, table_to_qk, value_rows, grad_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn,
-     stride_mq, stride_mk, rows, rows_abs, dims, LQ, LK, D, reach, qk_scale, seed, dropout_p) = tiles
+     stride_mq, stride_mk, rows, rows_abs, dims, LQ, LK, D, band, qk_scale, seed, dropout_p) = tiles
     HAS_LOGITS, HAS_RV, NEEDS_G, MASK, CAUSAL, HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D, PRECISION = flags
     g_right = tl.zeros((rows.shape[0], MIN_DOT), dtype=tl.float32)  # RIGHT's row sums of dS, MIN_DOT times over
     for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
@@ -962,9 +963,9 @@ def _dq_tiles(dq, g_hi, tiles, r_edge, dw_edge, lo, hi, flags: tl.constexpr, STA
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if STAGE == BAND:
             offset = pair_offsets(rows_abs, cols)
-            distance = clipped(offset, reach)
+            distance = clipped(offset, band)
             if HAS_LOGITS:
-                s += load_by_row((logit_rows + reach)[:, None] + distance, rows, LQ, EVEN_M) * table_to_qk
+                s += load_by_row((logit_rows + band)[:, None] + distance, rows, LQ, EVEN_M) * table_to_qk
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
             p = tl.exp2(s * qk_scale - lse[:, None])
         else:
@@ -976,7 +977,7 @@ def _dq_tiles(dq, g_hi, tiles, r_edge, dw_edge, lo, hi, flags: tl.constexpr, STA
         row_delta = delta
         if HAS_RV:
             if STAGE == BAND:
-                dp += load_by_row((value_rows + reach)[:, None] + distance, rows, LQ, EVEN_M)
+                dp += load_by_row((value_rows + band)[:, None] + distance, rows, LQ, EVEN_M)
             elif HAS_DROPOUT:
                 dp += dw_edge[:, None]
             else:
@@ -987,8 +988,8 @@ def _dq_tiles(dq, g_hi, tiles, r_edge, dw_edge, lo, hi, flags: tl.constexpr, STA
         # G: label 2k by row sums, interior values stored in the grad table (label 0: at the end).
         if NEEDS_G:
             if STAGE == BAND:  # (the edges' entries are overwritten at the end)
-                g_hi += tl.sum(tl.where(offset >= reach, ds, 0.0), 1)
-                store_by_row((grad_rows + reach)[:, None] + distance, ds, rows, LQ, EVEN_M)
+                g_hi += tl.sum(tl.where(offset >= band, ds, 0.0), 1)
+                store_by_row((grad_rows + band)[:, None] + distance, ds, rows, LQ, EVEN_M)
             elif STAGE == RIGHT:  # by the tensor cores, in the precision dq takes dS in
                 g_right = tl.dot(ds.to(k.dtype), tl.full((BLOCK_N, MIN_DOT), 1.0, k.dtype), g_right,
                                  input_precision=PRECISION)
@@ -1010,7 +1011,7 @@ def backward_dq_kernel(
         stride_ob, stride_oh, stride_om,
         stride_dob, stride_doh, stride_dom,
         stride_dqb, stride_dqh, stride_dqm,
-        H, LQ, LK, D, OFFSET, reach, sm_scale, SEED, dropout_p, L_BUCKET,
+        H, LQ, LK, D, OFFSET, band, sm_scale, SEED, dropout_p, L_BUCKET,
         LABEL_TILE: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
         NEEDS_G: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
@@ -1023,7 +1024,7 @@ def backward_dq_kernel(
     start_m = tl.program_id(0)
     b, h, bh = head_of_program(H)
     seed = seed_of(SEED, HAS_DROPOUT)
-    n_labels = 2 * reach + 1
+    n_labels = 2 * band + 1
     qk_scale = sm_scale * LOG2E
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_abs = rows + OFFSET
@@ -1049,20 +1050,20 @@ def backward_dq_kernel(
     tl.debug_barrier()
     grad_rows = GRAD + table_offset + rows * (LABEL_TILE + 1)
     # Each edge label's terms, per row: off the band the dk/dv kernel reads them like lse and delta.
-    r_lo, r_hi = edge_logits(logit_rows, rows, LQ, reach, qk_scale, HAS_RK, HAS_LOGITS)
+    r_lo, r_hi = edge_logits(logit_rows, rows, LQ, band, qk_scale, HAS_RK, HAS_LOGITS)
     dw_lo = edge_column(value_rows, rows, LQ, 0, HAS_RV)
-    dw_hi = edge_column(value_rows, rows, LQ, 2 * reach, HAS_RV)
+    dw_hi = edge_column(value_rows, rows, LQ, 2 * band, HAS_RV)
     store_edge_stats(EDGES + bh * EDGE_STATS * LQ, rows, LQ, lse - r_lo, lse - r_hi, delta - dw_lo, delta - dw_hi,
                      dw_lo, dw_hi)
 
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     g_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    keys = key_stages(start_m * BLOCK_M, OFFSET, LK, reach, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK)
+    keys = key_stages(start_m * BLOCK_M, OFFSET, LK, band, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK)
     K_ptr = K + b * stride_kb + h * stride_kh
     V_ptr = V + b * stride_vb + h * stride_vh
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
     tiles = DqTiles(q, do, lse, delta, logit_rows, table_to_qk, value_rows, grad_rows, K_ptr, V_ptr, mask_ptr,
-                    stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, LQ, LK, D, reach, qk_scale,
+                    stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, LQ, LK, D, band, qk_scale,
                     seed + bh, dropout_p)
     flags: tl.constexpr = DqFlags(HAS_LOGITS, HAS_RV, NEEDS_G, MASK, CAUSAL, HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D,
                                   PRECISION)
@@ -1090,8 +1091,8 @@ def backward_dq_kernel(
         # The grad table's rows, whole: interior values the band stored, label 2k from row sums,
         # label 0 what makes the row sum zero.
         tl.debug_barrier()
-        g = interior_of(grad_rows, rows, rows_abs, labels, reach, LQ, LK, 0.0, CAUSAL, EVEN_M)
-        g, g0 = with_edges(g, -(g_hi + tl.sum(g, 1)), g_hi, labels, reach)
+        g = interior_of(grad_rows, rows, rows_abs, labels, band, LQ, LK, 0.0, CAUSAL, EVEN_M)
+        g, g0 = with_edges(g, -(g_hi + tl.sum(g, 1)), g_hi, labels, band)
         store_label_rows(grad_rows, g, g0, rows, labels, LQ, EVEN_M)
         if HAS_RK:  # Σ_l G_il w^K_l, the key term's share of dq
             dq = table_combination(dq, g, g0, WK + h * stride_wkh, stride_wkl, labels, dims, n_labels, D,
@@ -1101,7 +1102,7 @@ def backward_dq_kernel(
 
 
 @triton.jit
-def add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, reach, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, band, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   WINDOW: tl.constexpr):
     """A wide rel_bias's gradient: the tile's dS summed along its BM + BN − 1 diagonals (one
     offset j − i each), added into this key block's own row of per-label sums. Diagonals
@@ -1113,14 +1114,14 @@ def add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, reach, BLOCK_M: tl.constexpr,
     on_tile = (key >= 0) & (key < BLOCK_N)
     diag = tl.sum(tl.where(on_tile, tl.gather(ds, tl.minimum(tl.maximum(key, 0), BLOCK_N - 1), 1), 0.0), 0)
     offset = tl.min(cols, 0) - (m0 + OFFSET) - (BLOCK_M - 1) + w  # j − i of diagonal w, absolute positions
-    label = label_of(offset, reach)
+    label = label_of(offset, band)
     real = w < BLOCK_M + BLOCK_N - 1
-    inside = real & (label > 0) & (label < 2 * reach)
+    inside = real & (label > 0) & (label < 2 * band)
     lo = tl.sum(tl.where(real & (label == 0), diag, 0.0), 0)
-    hi = tl.where(reach > 0, tl.sum(tl.where(real & (label == 2 * reach), diag, 0.0), 0), 0.0)
+    hi = tl.where(band > 0, tl.sum(tl.where(real & (label == 2 * band), diag, 0.0), 0), 0.0)
     tl.store(dbias_ptr + label, tl.load(dbias_ptr + label, mask=inside, other=0.0) + diag, mask=inside)
     tl.store(dbias_ptr, tl.load(dbias_ptr) + lo)
-    tl.store(dbias_ptr + 2 * reach, tl.load(dbias_ptr + 2 * reach) + hi)
+    tl.store(dbias_ptr + 2 * band, tl.load(dbias_ptr + 2 * band) + hi)
     tl.debug_barrier()
 
 
@@ -1131,10 +1132,10 @@ def _dkdv_tiles(dk, dv, tiles, lse_ptr, delta_ptr, dw_ptr, lo, hi, flags: tl.con
     delta_ptr point at the stage's edge statistics: its logit term and dO·w^V are already in them
     (with dropout, dw_ptr holds dO·w^V, added to dP before it is dropped)."""
     (k, v, logit_base, logit_stride, table_to_qk, value_base, dbias_ptr, Q_ptr, DO_ptr, stride_qm, stride_dom, cols,
-     mask_ptr, stride_mq, stride_mk, dims, LQ, LK, D, OFFSET, reach, qk_scale, seed, dropout_p) = tiles
+     mask_ptr, stride_mq, stride_mk, dims, LQ, LK, D, OFFSET, band, qk_scale, seed, dropout_p) = tiles
     (TABLE_ROW, HAS_LOGITS, HAS_RV, BIAS_GRAD, MASK, CAUSAL, HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D, BLOCK_N, WINDOW,
      PRECISION) = flags
-    edge = 0 if STAGE == LEFT else 2 * reach
+    edge = 0 if STAGE == LEFT else 2 * band
     for m0 in tl.range(lo, hi, BLOCK_M, num_stages=1 if STAGE == BAND else None):
         rows = m0 + tl.arange(0, BLOCK_M)
         rows_abs = rows + OFFSET
@@ -1147,9 +1148,9 @@ def _dkdv_tiles(dk, dv, tiles, lse_ptr, delta_ptr, dw_ptr, lo, hi, flags: tl.con
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if STAGE == BAND:
             offset = pair_offsets(rows_abs, cols)
-            distance = clipped(offset, reach)
+            distance = clipped(offset, band)
             if HAS_LOGITS:
-                s += load_by_row((logit_rows + reach)[:, None] + distance, rows, LQ, EVEN_M) * table_to_qk
+                s += load_by_row((logit_rows + band)[:, None] + distance, rows, LQ, EVEN_M) * table_to_qk
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
         elif MASK != NO_MASK or not EVEN_N:
             s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
@@ -1159,7 +1160,7 @@ def _dkdv_tiles(dk, dv, tiles, lse_ptr, delta_ptr, dw_ptr, lo, hi, flags: tl.con
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if HAS_RV:
             if STAGE == BAND:
-                dp += load_by_row((value_rows + reach)[:, None] + distance, rows, LQ, EVEN_M)
+                dp += load_by_row((value_rows + band)[:, None] + distance, rows, LQ, EVEN_M)
             elif HAS_DROPOUT:
                 dp += tl.load(dw_ptr + rows, mask=rows < LQ, other=0.0)[:, None]
         dp = dropped(dp, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
@@ -1167,7 +1168,7 @@ def _dkdv_tiles(dk, dv, tiles, lse_ptr, delta_ptr, dw_ptr, lo, hi, flags: tl.con
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
         if BIAS_GRAD:  # a wide rel_bias's gradient, into this key block's own row
             if STAGE == BAND:
-                add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, reach, BLOCK_M, BLOCK_N, WINDOW)
+                add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, band, BLOCK_M, BLOCK_N, WINDOW)
             else:
                 tl.store(dbias_ptr + edge, tl.load(dbias_ptr + edge) + tl.sum(tl.sum(ds, 1), 0))
                 tl.debug_barrier()
@@ -1185,7 +1186,7 @@ def backward_dkdv_kernel(
         stride_dob, stride_doh, stride_dom,
         stride_dkb, stride_dkh, stride_dkn,
         stride_dvb, stride_dvh, stride_dvn,
-        H, LQ, LK, D, OFFSET, reach, sm_scale, SEED, dropout_p, L_BUCKET,
+        H, LQ, LK, D, OFFSET, band, sm_scale, SEED, dropout_p, L_BUCKET,
         LABEL_TILE: tl.constexpr, HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_BIAS: tl.constexpr,
         BIAS_GRAD: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
@@ -1197,7 +1198,7 @@ def backward_dkdv_kernel(
     start_n = tl.program_id(0)
     b, h, bh = head_of_program(H)
     seed = seed_of(SEED, HAS_DROPOUT)
-    n_labels = 2 * reach + 1
+    n_labels = 2 * band + 1
     qk_scale = sm_scale * LOG2E
     n0 = start_n * BLOCK_N
     cols = n0 + tl.arange(0, BLOCK_N)
@@ -1214,14 +1215,14 @@ def backward_dkdv_kernel(
     table_to_qk = table_to_qk_units(qk_scale, HAS_RK)
     dbias_ptr = DBIAS + (bh * DBIAS_ROWS + start_n) * n_labels  # this program's own row
 
-    lo, band_lo, band_hi = query_stages(n0, OFFSET, LQ, reach, CAUSAL, BLOCK_M, BLOCK_N)
+    lo, band_lo, band_hi = query_stages(n0, OFFSET, LQ, band, CAUSAL, BLOCK_M, BLOCK_N)
     dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     edges = EDGES + bh * EDGE_STATS * LQ
     tiles = DkdvTiles(k, v, logit_base, logit_stride, table_to_qk, VALUES + table_offset, dbias_ptr,
                       Q + b * stride_qb + h * stride_qh, DO + b * stride_dob + h * stride_doh, stride_qm, stride_dom,
                       cols, MASK_PTR + b * stride_mb + h * stride_mh, stride_mq, stride_mk, dims, LQ, LK, D, OFFSET,
-                      reach, qk_scale, seed + bh, dropout_p)
+                      band, qk_scale, seed + bh, dropout_p)
     flags: tl.constexpr = DkdvFlags(LABEL_TILE + 1, HAS_LOGITS, HAS_RV, BIAS_GRAD, MASK, CAUSAL, HAS_DROPOUT, EVEN_M,
                                     EVEN_N, EVEN_D, BLOCK_N, WINDOW, PRECISION)
     # The band, then the queries after the keys (LEFT: label 0), then those before them (RIGHT: 2k).

@@ -21,20 +21,20 @@ from relpos_lab.core.attention import fused
 
 @torch.library.custom_op("relpos_lab::fused_attention", mutates_args=())
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None,
-                    rel_bias: Tensor | None, mask: Tensor | None, reach: int, causal: bool, offset: int, scale: float,
+                    rel_bias: Tensor | None, mask: Tensor | None, band: int, causal: bool, offset: int, scale: float,
                     seed: Tensor | None, dropout_p: float) -> tuple[Tensor, Tensor, Tensor]:
     """(output, log-sum-exp, mass table) of `fused.launch_forward`. `mask`: uint8, broadcastable to
     (B, H, Lq, Lk); expanded here, whatever strides the graph gave it (the kernels read it by them)."""
-    launch = fused._Launch(reach, causal, offset, scale, seed, dropout_p)
+    launch = fused._Launch(band, causal, offset, scale, seed, dropout_p)
     mask = _expanded(mask, q, k)
     o, lse, mass, _ = fused.launch_forward(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
     return o, lse, mass if rel_v is not None else mass.zero_()  # (a placeholder without a^V: defined, not read)
 
 
 @fused_attention.register_fake
-def _(q, k, v, rel_k, rel_v, rel_bias, mask, reach, causal, offset, scale, seed, dropout_p):
+def _(q, k, v, rel_k, rel_v, rel_bias, mask, band, causal, offset, scale, seed, dropout_p):
     b, h, lq, _ = q.shape
-    width = fused.label_tile(rel_k, rel_v, rel_bias, reach) + 1
+    width = fused.label_tile(rel_k, rel_v, rel_bias, band) + 1
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty(b * h * lq, dtype=torch.float32),
             q.new_empty((b * h * lq, width) if rel_v is not None else (1,), dtype=torch.float32))
@@ -43,11 +43,11 @@ def _(q, k, v, rel_k, rel_v, rel_bias, mask, reach, causal, offset, scale, seed,
 @torch.library.custom_op("relpos_lab::fused_attention_backward", mutates_args=())
 def fused_attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None,
                              rel_bias: Tensor | None, mask: Tensor | None, o: Tensor, lse: Tensor, mass: Tensor,
-                             reach: int, causal: bool, offset: int, scale: float, seed: Tensor | None, dropout_p: float,
+                             band: int, causal: bool, offset: int, scale: float, seed: Tensor | None, dropout_p: float,
                              needs_rel_k: bool, needs_rel_v: bool, needs_rel_bias: bool,
                              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv, d rel_k, d rel_v, d rel_bias of `fused.launch_backward` (empty where not needed)."""
-    launch = fused._Launch(reach, causal, offset, scale, seed, dropout_p)
+    launch = fused._Launch(band, causal, offset, scale, seed, dropout_p)
     mask = _expanded(mask, q, k)
     args = fused._common_args(q, k, v, rel_k, rel_v, rel_bias, mask, launch)
     grads = fused.launch_backward(do, q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass, launch, args,
@@ -56,7 +56,7 @@ def fused_attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_k:
 
 
 @fused_attention_backward.register_fake
-def _(do, q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass, reach, causal, offset, scale, seed, dropout_p,
+def _(do, q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass, band, causal, offset, scale, seed, dropout_p,
       needs_rel_k, needs_rel_v, needs_rel_bias):
     def table(t, needed):
         return torch.empty_like(t, memory_format=torch.contiguous_format) if t is not None and needed \
@@ -71,18 +71,18 @@ def _expanded(mask: Tensor | None, q: Tensor, k: Tensor) -> Tensor | None:
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, rel_k, rel_v, rel_bias, mask, reach, causal, offset, scale, seed, dropout_p = inputs
+    q, k, v, rel_k, rel_v, rel_bias, mask, band, causal, offset, scale, seed, dropout_p = inputs
     o, lse, mass = output
     ctx.mark_non_differentiable(lse, mass)
     ctx.save_for_backward(q, k, v, rel_k, rel_v, rel_bias, mask, o, lse, mass, seed)
-    ctx.scalars = reach, causal, offset, scale, dropout_p
+    ctx.scalars = band, causal, offset, scale, dropout_p
 
 
 def _backward(ctx, do, _lse, _mass):
     needs = fused.Needs.of(ctx.needs_input_grad)
     *saved, seed = ctx.saved_tensors
-    reach, causal, offset, scale, dropout_p = ctx.scalars
-    grads = fused_attention_backward(do, *saved, reach, causal, offset, scale, seed, dropout_p, *needs)
+    band, causal, offset, scale, dropout_p = ctx.scalars
+    grads = fused_attention_backward(do, *saved, band, causal, offset, scale, seed, dropout_p, *needs)
     return (*grads[:3], *(g if need else None for g, need in zip(grads[3:], needs)), None, *(None,) * 6)
 
 

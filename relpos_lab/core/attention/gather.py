@@ -24,20 +24,20 @@ from relpos_lab.core.compiling import traced
 _LABEL_BLOCK = 64  # query rows per block: the window is _LABEL_BLOCK + 2k - 1 keys wide
 
 
-def _label_blocks(lq, lk, kmax, query_offset, device):
+def _label_blocks(lq, lk, max_distance, query_offset, device):
     """Per block of query rows: (rows slice, window start c0, window end c1, window labels)."""
-    block = max(_LABEL_BLOCK, 2 * kmax)
+    block = max(_LABEL_BLOCK, 2 * max_distance)
     for r0 in range(0, lq, block):
         r1 = min(r0 + block, lq)
-        c0 = min(max(r0 + query_offset - kmax + 1, 0), lk)  # keys left of c0: label 0 for all rows
-        c1 = max(min(r1 - 1 + query_offset + kmax, lk), c0)  # keys from c1 on: label 2k for all rows
-        labels = relative_labels(r1 - r0, c1 - c0, kmax, r0 + query_offset - c0, device)
+        c0 = min(max(r0 + query_offset - max_distance + 1, 0), lk)  # keys left of c0: label 0 for all rows
+        c1 = max(min(r1 - 1 + query_offset + max_distance, lk), c0)  # keys from c1 on: label 2k for all rows
+        labels = relative_labels(r1 - r0, c1 - c0, max_distance, r0 + query_offset - c0, device)
         yield slice(r0, r1), c0, c1, labels
 
 
-def add_by_label(x: Tensor, w: Tensor, kmax: int, query_offset: int) -> Tensor:
+def add_by_label(x: Tensor, w: Tensor, max_distance: int, query_offset: int) -> Tensor:
     """x[..., i, j] += w[..., i, clip(j - i) + k], in place; x is (B, H, Lq, Lk), w (B, H, Lq, 2k+1)."""
-    for rows, c0, c1, labels in _label_blocks(x.shape[-2], x.shape[-1], kmax, query_offset, x.device):
+    for rows, c0, c1, labels in _label_blocks(x.shape[-2], x.shape[-1], max_distance, query_offset, x.device):
         wr = w[..., rows, :]
         x[..., rows, :c0] += wr[..., :1]
         x[..., rows, c1:] += wr[..., -1:]
@@ -46,10 +46,10 @@ def add_by_label(x: Tensor, w: Tensor, kmax: int, query_offset: int) -> Tensor:
     return x
 
 
-def sum_by_label(x: Tensor, kmax: int, query_offset: int) -> Tensor:
+def sum_by_label(x: Tensor, max_distance: int, query_offset: int) -> Tensor:
     """(B, H, Lq, 2k+1): out[..., i, l] = Σ_j x[..., i, j] over the keys j with clip(j - i) + k = l."""
-    out = x.new_zeros(*x.shape[:-1], 2 * kmax + 1)
-    for rows, c0, c1, labels in _label_blocks(x.shape[-2], x.shape[-1], kmax, query_offset, x.device):
+    out = x.new_zeros(*x.shape[:-1], 2 * max_distance + 1)
+    for rows, c0, c1, labels in _label_blocks(x.shape[-2], x.shape[-1], max_distance, query_offset, x.device):
         xr, o = x[..., rows, :], out[..., rows, :]
         o[..., 0] = xr[..., :c0].sum(-1)
         o[..., -1] += xr[..., c1:].sum(-1)
@@ -62,43 +62,44 @@ class _AddByLabel(torch.autograd.Function):
     """scores + w[label]: in place on the fresh logits, which no other backward needs."""
 
     @staticmethod
-    def forward(ctx, scores, w, kmax, query_offset):
+    def forward(ctx, scores, w, max_distance, query_offset):
         ctx.mark_dirty(scores)
-        ctx.kmax, ctx.query_offset = kmax, query_offset
-        return add_by_label(scores, w, kmax, query_offset)
+        ctx.max_distance, ctx.query_offset = max_distance, query_offset
+        return add_by_label(scores, w, max_distance, query_offset)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, sum_by_label(grad, ctx.kmax, ctx.query_offset), None, None
+        return grad, sum_by_label(grad, ctx.max_distance, ctx.query_offset), None, None
 
 
 class _ValuesWithEdges(torch.autograd.Function):
     """p @ v + masses(p) @ rel_v, with dP built in one (Lq, Lk) tensor in the backward."""
 
     @staticmethod
-    def forward(ctx, p, v, rel_v, kmax, query_offset):
-        masses = sum_by_label(p, kmax, query_offset)
+    def forward(ctx, p, v, rel_v, max_distance, query_offset):
+        masses = sum_by_label(p, max_distance, query_offset)
         ctx.save_for_backward(p, v, rel_v, masses)
-        ctx.kmax, ctx.query_offset = kmax, query_offset
+        ctx.max_distance, ctx.query_offset = max_distance, query_offset
         return p @ v + masses @ rel_v
 
     @staticmethod
     def backward(ctx, grad):
         p, v, rel_v, masses = ctx.saved_tensors
-        grad_p = add_by_label(grad @ v.transpose(-2, -1), grad @ rel_v.transpose(-2, -1), ctx.kmax, ctx.query_offset)
+        grad_p = add_by_label(grad @ v.transpose(-2, -1), grad @ rel_v.transpose(-2, -1), ctx.max_distance,
+                              ctx.query_offset)
         grad_rel_v = masses.transpose(-2, -1) @ grad  # (B, H, 2k+1, D)
         grad_rel_v = grad_rel_v.sum(0) if rel_v.dim() == 3 else grad_rel_v.sum((0, 1))
         return grad_p, p.transpose(-2, -1) @ grad, grad_rel_v, None, None
 
 
-def probabilities(q, k, rel_k, kmax, allowed, attn_bias, query_offset, scale, dropout_p=0.0, dtype=None):
+def probabilities(q, k, rel_k, max_distance, allowed, attn_bias, query_offset, scale, dropout_p=0.0, dtype=None):
     """softmax_j(e_ij) (B, H, Lq, Lk), then dropout: gather's first half, which `relative_attention`
     also calls alone to show an inspect probe (core/attention/capture.py) the probabilities."""
     q = q * scale  # scaling q costs Lq·D, scaling the logits Lq·Lk
     scores = q @ k.transpose(-2, -1)
     if rel_k is not None:
         qw = q @ rel_k.to(q.dtype).transpose(-2, -1)  # (B, H, Lq, 2k+1)
-        scores = _AddByLabel.apply(scores, qw, kmax, query_offset)
+        scores = _AddByLabel.apply(scores, qw, max_distance, query_offset)
     return attention_probs(scores, 1.0, allowed, attn_bias, dropout_p, dtype or q.dtype)
 
 

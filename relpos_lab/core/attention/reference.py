@@ -24,8 +24,7 @@ def naive(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_causal
           scale):
     """The definition, every a_ij built: what the other implementations are tested against."""
     allowed, attn_bias = dense_terms(q, k, rel_bias, max_distance, attn_mask, is_causal, query_offset, attn_bias)
-    kmax = max_distance
-    idx = relative_labels(q.shape[-2], k.shape[-2], kmax, query_offset, q.device)  # (Lq, Lk): clip(j − i) + k
+    idx = relative_labels(q.shape[-2], k.shape[-2], max_distance, query_offset, q.device)  # (Lq, Lk): clip(j − i) + k
     e = q @ k.transpose(-2, -1)  # (B, H, Lq, Lk): q_i k_jᵀ
     if rel_k is not None:
         a_k = rel_k[..., idx, :].to(q.dtype)  # a^K: (Lq, Lk, D), or (H, Lq, Lk, D) per head
@@ -43,8 +42,7 @@ def batched(q, k, v, *, rel_k, rel_v, rel_bias, max_distance, attn_mask, is_caus
     """§3.3: the edge terms as batched matmuls over the query position, which the paper found
     efficient on accelerators: q reshaped to (Lq, B·H, D) against a^K as (Lq, D, Lk)."""
     allowed, attn_bias = dense_terms(q, k, rel_bias, max_distance, attn_mask, is_causal, query_offset, attn_bias)
-    kmax = max_distance
-    idx = relative_labels(q.shape[-2], k.shape[-2], kmax, query_offset, q.device)
+    idx = relative_labels(q.shape[-2], k.shape[-2], max_distance, query_offset, q.device)
     e = q @ k.transpose(-2, -1)
     if rel_k is not None:
         e = e + _batched_logits(q, rel_k[..., idx, :].to(q.dtype))

@@ -66,17 +66,18 @@ class Drawing:
         counted = torch.ones((), dtype=torch.bool, device=values.device) if visible is None else visible.bool()
         shape = torch.broadcast_shapes(values.shape, counted.shape, (1, 1, 1, 1))  # (B, H, Lq, Lk)
         lq, lk = shape[-2:]
-        reach = query_offset + lq + lk  # no pair is further apart: every offset keeps its own label
-        labels = relative_labels(lq, lk, reach, query_offset, values.device).expand(shape).reshape(*shape[:-2], -1)
+        max_distance = query_offset + lq + lk  # no pair is further apart: every offset keeps its own label
+        labels = relative_labels(lq, lk, max_distance, query_offset, values.device)
+        labels = labels.expand(shape).reshape(*shape[:-2], -1)
         weight = counted.expand(shape).reshape(labels.shape).to(torch.float64)
         values = values.expand(shape).reshape(labels.shape) * weight
 
-        def per_offset(t: Tensor) -> Tensor:  # (…, H, Lq·Lk) -> (H, 2·reach+1), summed over the batch
-            sums = t.new_zeros(*t.shape[:-1], 2 * reach + 1).scatter_add_(-1, labels, t)
+        def per_offset(t: Tensor) -> Tensor:  # (…, H, Lq·Lk) -> (H, 2·max_distance+1), summed over the batch
+            sums = t.new_zeros(*t.shape[:-1], 2 * max_distance + 1).scatter_add_(-1, labels, t)
             return sums.reshape(-1, *sums.shape[-2:]).sum(0)
 
         n, total, squares = per_offset(weight), per_offset(values), per_offset(values * values)
-        offsets = torch.arange(-reach, reach + 1, device=values.device)
+        offsets = torch.arange(-max_distance, max_distance + 1, device=values.device)
         keep = (n > 0).all(0) & (offsets.abs() <= max_offset)
         n = n[:, keep]
         mean = total[:, keep] / n
