@@ -3,12 +3,31 @@
 renamed attribute of a class is a property that does the same (`renamed_attribute`), a renamed
 method of a class meant to be subclassed answers to both names, in the class and in subclasses
 that still override the old one (`renamed_methods`), and a renamed submodule's old state-dict keys
-load into the new one (`renamed_state_dict_keys`)."""
+load into the new one (`renamed_state_dict_keys`).
+
+The renamed module-level names are written down once, in RENAMED_NAMES; a module answers its own
+and a package those of its modules whose new name it exports."""
 from __future__ import annotations
 
 import functools
 import sys
 import warnings
+
+RENAMED_NAMES: dict[str, dict[str, str]] = {
+    "relpos_lab.core.attention.masks": {"relative_positions": "relative_labels", "reach": "max_offset"},
+    "relpos_lab.core.positions.absolute": {
+        "SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding", "NoPositions": "NoPE",
+        "NoPositionsConfig": "NoPEConfig"},
+    "relpos_lab.core.positions.base": {"scheme_of": "position_scheme_of"},
+    "relpos_lab.core.positions.digits": {
+        "AbacusPositions": "AbacusEmbedding", "CouplingPositions": "PositionCouplingEmbedding",
+        "CouplingEmbedding": "PositionCouplingEmbedding"},
+    "relpos_lab.core.positions.polar": {"PolarPositions": "PopePositions"},
+    "relpos_lab.core.positions.rotary": {"rotate_half": "apply_rotation"},
+    "relpos_lab.training.inference": {"load_for_inference": "load_model"},
+}
+"""Every renamed module-level name that still works, by the module that defines the new one:
+{module: {old: new}}. The package relpos_lab.core.positions answers its schemes' old names too."""
 
 
 def _warn(owner: str, old: str, new: str) -> None:
@@ -16,15 +35,26 @@ def _warn(owner: str, old: str, new: str) -> None:
                   stacklevel=3)
 
 
-def renamed(module: str, old_to_new: dict[str, str], namespace: dict):
-    """The `__getattr__` of `module`, whose globals are `namespace`."""
+def renamed(module: str, namespace: dict):
+    """The `__getattr__` of `module`, whose globals are `namespace`: its old names (RENAMED_NAMES),
+    and for a package its modules' old names whose new name it exports."""
     def __getattr__(name: str):
-        if name not in old_to_new:
+        new = renamed_in(module, namespace).get(name)
+        if new is None:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        _warn(module, name, old_to_new[name])
-        return namespace[old_to_new[name]]
+        _warn(module, name, new)
+        return namespace[new]
 
     return __getattr__
+
+
+def renamed_in(module: str, namespace: dict) -> dict[str, str]:
+    """{old: new} of the names `module` answers (see `renamed`)."""
+    found = dict(RENAMED_NAMES.get(module, {}))
+    for owner, names in RENAMED_NAMES.items():
+        if owner.startswith(module + "."):
+            found.update({old: new for old, new in names.items() if new in namespace and old not in found})
+    return found
 
 
 def renamed_attribute(owner: str, old: str, new: str, *, settable: bool = False) -> property:

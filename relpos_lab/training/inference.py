@@ -84,7 +84,7 @@ def load_model(checkpoint: str | Path, overrides: Sequence[str] = (),
     return LoadedModel(module.model.to(device).eval(), cfg, task)
 
 
-__getattr__ = renamed(__name__, {"load_for_inference": "load_model"}, globals())
+__getattr__ = renamed(__name__, globals())
 
 
 @torch.no_grad()

@@ -114,4 +114,4 @@ class _MaskLogits(torch.autograd.Function):
         return grad, None
 
 
-__getattr__ = renamed(__name__, {"relative_positions": "relative_labels", "reach": "max_offset"}, globals())
+__getattr__ = renamed(__name__, globals())

@@ -133,9 +133,4 @@ __all__ = [
     "position_scheme_of",
 ]
 
-__getattr__ = renamed(__name__, {"SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding",
-                                 "NoPositions": "NoPE", "NoPositionsConfig": "NoPEConfig",
-                                 "AbacusPositions": "AbacusEmbedding", "CouplingPositions": "PositionCouplingEmbedding",
-                                 "CouplingEmbedding": "PositionCouplingEmbedding", "PolarPositions": "PopePositions",
-                                 "scheme_of": "position_scheme_of"},
-                      globals())
+__getattr__ = renamed(__name__, globals())

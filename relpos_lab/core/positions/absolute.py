@@ -119,5 +119,4 @@ class Learned(PositionScheme):
         return LearnedEmbedding(d_model, self.cfg.max_len)
 
 
-__getattr__ = renamed(__name__, {"SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding",
-                  "NoPositions": "NoPE", "NoPositionsConfig": "NoPEConfig"}, globals())
+__getattr__ = renamed(__name__, globals())

@@ -312,4 +312,4 @@ def position_scheme_of(cfg: PositionConfig) -> PositionScheme:
     return cls(cfg)
 
 
-__getattr__ = renamed(__name__, {"scheme_of": "position_scheme_of"}, globals())
+__getattr__ = renamed(__name__, globals())

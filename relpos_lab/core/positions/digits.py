@@ -264,5 +264,4 @@ class PositionCoupling(DigitRunsScheme):
         return PositionCouplingEmbedding(d_model, self.cfg, self.digits())
 
 
-__getattr__ = renamed(__name__, {"AbacusPositions": "AbacusEmbedding", "CouplingPositions": "PositionCouplingEmbedding",
-                                 "CouplingEmbedding": "PositionCouplingEmbedding"}, globals())
+__getattr__ = renamed(__name__, globals())

@@ -93,4 +93,4 @@ class Pope(PositionScheme):
         return PopePositions(head_dim, n_heads, self.cfg.rope_base)
 
 
-__getattr__ = renamed(__name__, {"PolarPositions": "PopePositions"}, globals())
+__getattr__ = renamed(__name__, globals())

@@ -284,4 +284,4 @@ class Xpos(PositionScheme):
             raise ValueError(f"xpos needs an even head dimension; d_model/n_heads = {d_model // n_heads}")
 
 
-__getattr__ = renamed(__name__, {"rotate_half": "apply_rotation"}, globals())
+__getattr__ = renamed(__name__, globals())
