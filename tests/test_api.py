@@ -266,6 +266,25 @@ def test_a_renamed_attribute_warns_naming_the_new_one_and_is_the_new_object(sche
     assert f"`{owner.rsplit('.', 1)[1]}.{old}`" in (REPO / "CHANGELOG.md").read_text()
 
 
+
+def test_a_decoder_caches_old_positions_keyword_and_attribute_warn_and_reach_positions():
+    """DecoderCache's drawn positions are `positions`, as relative_attention's keyword says; the
+    old name, `input_pos`, still works for a release, as a keyword and as an attribute."""
+    import torch
+
+    from relpos_lab.api import DecoderCache
+
+    drawn = torch.arange(4)
+    owner = "relpos_lab.core.cache.DecoderCache"
+    with pytest.warns(DeprecationWarning, match=rf"^{re.escape(owner)}\.input_pos is deprecated: it is "
+                                                rf"{re.escape(owner)}\.positions now"):
+        cache = DecoderCache(1, input_pos=drawn)
+    assert cache.positions is drawn
+    with pytest.warns(DeprecationWarning, match=r"input_pos is deprecated"):
+        assert cache.input_pos is drawn
+    assert DecoderCache(1, None, None, drawn).positions is drawn
+    assert "`DecoderCache.input_pos`" in (REPO / "CHANGELOG.md").read_text()
+
 # --- Task methods renamed in 0.2.0: called or overridden, the old names still work ---------------------------
 
 TASK = "relpos_lab.api.task.Task"

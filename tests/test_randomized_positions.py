@@ -55,7 +55,7 @@ def test_positions_0_to_L_minus_1_are_the_plain_layer(scheme, causal):
     x = torch.randn(3, 6, 16, dtype=torch.float64)
     mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 2 + [0] * 4], dtype=torch.bool)[:, None, None, :]
     want = layer(x, attn_mask=mask, is_causal=causal)
-    got = layer(x, attn_mask=mask, is_causal=causal, input_pos=torch.arange(6))
+    got = layer(x, attn_mask=mask, is_causal=causal, positions=torch.arange(6))
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
@@ -73,7 +73,7 @@ def test_attention_at_positions_is_the_layer_on_the_spread_sequence(scheme, caus
     mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 2 + [0] * 4], dtype=torch.bool)[:, None, None, :]
     spread_x = torch.zeros(3, 21, 16, dtype=torch.float64).index_copy(1, p, x)
     want = layer(spread_x, attn_mask=spread_mask(mask, causal, p))[:, p]
-    got = layer(x, attn_mask=mask, is_causal=causal, input_pos=p)
+    got = layer(x, attn_mask=mask, is_causal=causal, positions=p)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     grad = torch.randn_like(got)
     torch.testing.assert_close(torch.autograd.grad(got, x, grad)[0], torch.autograd.grad(want, x, grad)[0],
@@ -105,7 +105,7 @@ def test_shaw_at_random_positions_clips_their_differences(causal):
     for proj in (layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj):  # identity projections: q, k, v as given
         torch.nn.init.eye_(proj.weight), torch.nn.init.zeros_(proj.bias)
     merge = lambda t: t.transpose(1, 2).flatten(2)  # noqa: E731
-    got = layer(merge(q), is_causal=causal, input_pos=p)
+    got = layer(merge(q), is_causal=causal, positions=p)
     torch.testing.assert_close(got, merge(want), rtol=1e-10, atol=1e-10)
 
 
@@ -124,7 +124,7 @@ def test_rope_at_random_positions_rotates_each_token_by_its_drawn_position():
         return 0.0
 
     want = attend_with_loop(rotated, rotated, q, bias_free, causal=True, offset=0)
-    got = layer(q.transpose(1, 2).flatten(2), is_causal=True, input_pos=p)
+    got = layer(q.transpose(1, 2).flatten(2), is_causal=True, positions=p)
     torch.testing.assert_close(got, want.transpose(1, 2).flatten(2), rtol=1e-10, atol=1e-10)
 
 
@@ -137,7 +137,7 @@ def test_absolute_encodings_are_taken_at_the_drawn_positions(scheme):
     x = torch.zeros(1, 40, 16, dtype=torch.float64)
     table = embed.absolute(x, 0)[0]
     ids = torch.tensor([[0, 0, 0]])  # padding id: zero token embedding, so only positions remain
-    torch.testing.assert_close(embed.eval()(ids, input_pos=p)[0], table[p])
+    torch.testing.assert_close(embed.eval()(ids, positions=p)[0], table[p])
 
 
 @pytest.mark.parametrize("scheme", SCHEMES_WITH_POSITIONS)
@@ -179,7 +179,7 @@ def test_positions_drawn_at_evaluation_are_sorted_unique_and_in_range():
         for _ in range(20):
             p = embed.random_positions(9)
             assert p.numel() == 9 and (p.diff() > 0).all() and 0 <= p.min() and p.max() < 40
-    drawn = model.start_decoding(torch.randint(1, 11, (2, 5)), max_tokens=12).input_pos
+    drawn = model.start_decoding(torch.randint(1, 11, (2, 5)), max_tokens=12).positions
     assert drawn.numel() == 12 and (drawn.diff() > 0).all() and 0 <= drawn.min() and drawn.max() < 40
 
 
@@ -233,9 +233,9 @@ def steps_and_full_pass(model, src, tgt_in, split, budget):
     if isinstance(model, PrefixLM):
         seq, n = torch.cat([src, model.joint(tgt_in)], dim=1), src.shape[1]
         mask = model._prefix_mask(torch.full((len(src),), n), seq.shape[1]) if model.bidirectional else None
-        full = model.decoder(seq, self_mask=mask, causal=not model.bidirectional, input_pos=cache.input_pos)[:, n:]
+        full = model.decoder(seq, self_mask=mask, causal=not model.bidirectional, positions=cache.positions)[:, n:]
     else:
-        full = model.decoder(tgt_in, cache.memory, cache.memory_mask, input_pos=cache.input_pos)
+        full = model.decoder(tgt_in, cache.memory, cache.memory_mask, positions=cache.positions)
     return steps, full
 
 
@@ -293,8 +293,8 @@ def test_cached_sampling_of_a_language_model_at_drawn_positions_equals_a_full_pa
     seed_eval_positions(model, 5)
     new, logits = sample(model, prompt, n, temperature=0)
     seed_eval_positions(model, 5)
-    drawn = model.start_decoding(None, max_tokens=4 + n - 1).input_pos
-    full = model.decoder(torch.cat([prompt, new[:, :-1]], dim=1), input_pos=drawn)
+    drawn = model.start_decoding(None, max_tokens=4 + n - 1).positions
+    full = model.decoder(torch.cat([prompt, new[:, :-1]], dim=1), positions=drawn)
     torch.testing.assert_close(logits, full[:, 3:], rtol=1e-10, atol=1e-10)
 
 

@@ -187,7 +187,7 @@ def layer_positions(redraw: bool) -> list[torch.Tensor]:
     model = EncoderOnly(tiny_model_config(positions, "encoder_only", n_encoder_layers=3)).train()
     seen = []
     for layer in model.encoder.layers:
-        layer.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_pos"]),
+        layer.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["positions"]),
                                         with_kwargs=True)
     torch.manual_seed(0)
     model(torch.tensor([[3, 4, 5, 6]]), torch.tensor([4]))

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from relpos_lab.core.positions import KeyState
+from relpos_lab.core.renamed import renamed_attribute, warn_renamed
 
 
 @dataclass
@@ -60,23 +61,29 @@ class LayerCache:
 class DecoderCache:
     """What decoding carries from step to step: a LayerCache per decoder layer, the encoder's
     output, which the cross-attention of a layer's first step projects, and the positions drawn for
-    the whole generation (`input_pos`: randomize_at_eval; None: 0, 1, ...), the same for every row."""
+    the whole generation (`positions`: randomize_at_eval; None: 0, 1, ...), the same for every row."""
 
-    def __init__(self, n_layers: int, memory=None, memory_mask=None, input_pos: Tensor | None = None):
+    input_pos = renamed_attribute(f"{__name__}.DecoderCache", "input_pos", "positions", settable=True)
+
+    def __init__(self, n_layers: int, memory=None, memory_mask=None, positions: Tensor | None = None, *,
+                 input_pos: Tensor | None = None):
         self.layers = [LayerCache() for _ in range(n_layers)]
         self.memory, self.memory_mask = memory, memory_mask
-        self.input_pos = input_pos
+        if input_pos is not None:  # the keyword's old name
+            warn_renamed(f"{__name__}.DecoderCache", "input_pos", "positions")
+            positions = input_pos
+        self.positions = positions
         self.tokens: Tensor | None = None  # every position's token id, kept for a scheme that reads them
 
     def positions_with(self, n: int) -> Tensor | None:
         """The drawn positions of every token so far and of `n` new ones (theirs last), or None."""
-        if self.input_pos is None:
+        if self.positions is None:
             return None
-        seen = int((self.input_pos < self.length).sum())  # the cache ends one slot after its last token
-        if seen + n > self.input_pos.numel():
-            raise ValueError(f"decoding feeds more than the {self.input_pos.numel()} tokens whose positions "
+        seen = int((self.positions < self.length).sum())  # the cache ends one slot after its last token
+        if seen + n > self.positions.numel():
+            raise ValueError(f"decoding feeds more than the {self.positions.numel()} tokens whose positions "
                              "were drawn: start_decoding's max_tokens must cover every token decode_step is fed")
-        return self.input_pos[:seen + n]
+        return self.positions[:seen + n]
 
     def remember(self, tokens: Tensor) -> Tensor:
         """Add the new positions' token ids (B, N); returns every position's so far."""

@@ -109,9 +109,9 @@ class Embedding(nn.Module):
                              "(relpos_lab.core.decoding does)")
         return self.random_positions(max_tokens, self.draws(max_tokens))
 
-    def forward(self, ids: Tensor, *, offset: int = 0, input_pos: Tensor | None = None,
+    def forward(self, ids: Tensor, *, offset: int = 0, positions: Tensor | None = None,
                 seen: Tensor | None = None) -> Tensor:
-        """`input_pos`: the positions of `ids` (randomized positions), else offset, offset + 1, ...
+        """`positions`: the positions of `ids` (randomized positions), else offset, offset + 1, ...
         `seen`: with a cache, the ids of every position so far (the cached, then `ids`), for a
         scheme that `reads_tokens`; without one, `ids` are all there is."""
         x = self.tokens(ids) * self.scale
@@ -121,17 +121,17 @@ class Embedding(nn.Module):
             elif getattr(self.absolute, "reads_lengths", False):  # count_from_end: each row from its own end
                 placed = self.absolute(x, offset, lengths=row_lengths(ids, self.pad_id))
             else:
-                placed = self.absolute(x, offset) if input_pos is None else x + self._at(input_pos, x)
+                placed = self.absolute(x, offset) if positions is None else x + self._at(positions, x)
             if self.unchecked:
                 contract.check_embedding(self.scheme_label, self.absolute, placed, x)
                 self.unchecked = False
             x = placed
         return self.dropout(x)
 
-    def _at(self, input_pos: Tensor, x: Tensor) -> Tensor:
-        """The scheme's absolute encodings at `input_pos`: what it adds to zeros there."""
+    def _at(self, positions: Tensor, x: Tensor) -> Tensor:
+        """The scheme's absolute encodings at `positions`: what it adds to zeros there."""
         zeros = x.new_zeros(1, self.max_random_len, x.shape[-1])  # (1, max_random_len, d): a shape known when traced
-        return self.absolute(zeros, 0).index_select(1, input_pos)  # (1, L, d): x's tokens' slots
+        return self.absolute(zeros, 0).index_select(1, positions)  # (1, L, d): x's tokens' slots
 
 
 def seed_eval_positions(model: nn.Module, seed: int) -> None:

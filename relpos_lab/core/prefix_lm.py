@@ -89,7 +89,7 @@ class PrefixLM(nn.Module):
             raise ValueError("PrefixLM decodes sources of one length per call (padding would shift positions): "
                              "decode through relpos_lab.core.decoding.by_source_length")
         total = None if max_tokens is None else src.shape[1] + max_tokens
-        cache = DecoderCache(len(self.decoder.layers), input_pos=self.decoder.embed.decoding_positions(total))
+        cache = DecoderCache(len(self.decoder.layers), positions=self.decoder.embed.decoding_positions(total))
         if src.shape[1]:
             self.decoder(src, cache=cache, causal=not self.bidirectional)
         return cache

@@ -30,7 +30,8 @@ RENAMED_NAMES: dict[str, dict[str, str]] = {
 {module: {old: new}}. The package relpos_lab.core.positions answers its schemes' old names too."""
 
 
-def _warn(owner: str, old: str, new: str) -> None:
+def warn_renamed(owner: str, old: str, new: str) -> None:
+    """The DeprecationWarning of `owner`.`old`, now `new`, attributed to the caller of the function that warns."""
     warnings.warn(f"{owner}.{old} is deprecated: it is {owner}.{new} now (CHANGELOG.md)", DeprecationWarning,
                   stacklevel=3)
 
@@ -42,7 +43,7 @@ def renamed(module: str, namespace: dict):
         new = renamed_in(module, namespace).get(name)
         if new is None:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        _warn(module, name, new)
+        warn_renamed(module, name, new)
         return namespace[new]
 
     return __getattr__
@@ -61,11 +62,11 @@ def renamed_attribute(owner: str, old: str, new: str, *, settable: bool = False)
     """A property `old` of class `owner` (dotted) that warns and returns attribute `new`; `settable`:
     assigning to it also warns and sets `new` (for a plain value a script may set, not a submodule)."""
     def get(self):
-        _warn(owner, old, new)
+        warn_renamed(owner, old, new)
         return getattr(self, new)
 
     def put(self, value):
-        _warn(owner, old, new)
+        warn_renamed(owner, old, new)
         setattr(self, new, value)
 
     return property(get, put if settable else None, doc=f"Deprecated: {owner}.{new}.")
@@ -94,7 +95,7 @@ def renamed_methods(cls: type, owner: str, old_to_new: dict[str, str]) -> None:
 def _renamed_method(owner: str, old: str, new: str, method):
     @functools.wraps(method)
     def alias(self, *args, **kwargs):
-        _warn(owner, old, new)
+        warn_renamed(owner, old, new)
         return method(self, *args, **kwargs)
 
     alias.__name__, alias.__doc__ = old, f"Deprecated: {owner}.{new}."

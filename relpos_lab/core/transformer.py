@@ -67,14 +67,14 @@ class MultiHeadAttention(nn.Module):
         return x.view(b, n, self.n_heads, d // self.n_heads).transpose(1, 2)  # (B, L, H, D) -> (B, H, L, D)
 
     def forward(self, x, *, context=None, attn_mask=None, is_causal=False, cache: KVCache | None = None,
-                input_pos: Tensor | None = None, distances: Tensor | None = None) -> Tensor:
+                positions: Tensor | None = None, distances: Tensor | None = None) -> Tensor:
         """Self-attention when context is None, else cross-attention over context. x: (B, L, d),
         context: (B, Lk, d); returns (B, L, d).
 
         With a cache, self-attention's queries start at the cache's length (their absolute
         positions, which relative schemes need) and attend to everything cached; cross-attention
         projects the context on its first step only, since the memory never changes.
-        `input_pos` (increasing, one per token) places self-attention's tokens there instead of
+        `positions` (increasing, one per token) places self-attention's tokens there instead of
         0..L-1 (randomized positions; see positions/randomized.py); with a cache, it holds the
         positions of every token so far, x's last. `distances` (2L - 1,): what the offsets of x's
         tokens stand for instead of themselves (random_distances; the scheme's attention_kwargs_at_distances).
@@ -83,11 +83,11 @@ class MultiHeadAttention(nn.Module):
             q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))  # (B, H, L, D)
             extra = self.relative.attention_kwargs_at_distances(q, k, distances)
             return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **extra)
-        if input_pos is not None and cache is not None:
-            return self._decode_at_input_pos(x, attn_mask=attn_mask, is_causal=is_causal, input_pos=input_pos,
+        if positions is not None and cache is not None:
+            return self._decode_at_positions(x, attn_mask=attn_mask, is_causal=is_causal, positions=positions,
                                              cache=cache)
-        if input_pos is not None:
-            return self._at_input_pos(x, attn_mask=attn_mask, is_causal=is_causal, input_pos=input_pos)
+        if positions is not None:
+            return self._at_positions(x, attn_mask=attn_mask, is_causal=is_causal, positions=positions)
         q = self._heads(self.q_proj(x))  # (B, H, L, D)
         offset = 0
         if context is None:
@@ -105,39 +105,39 @@ class MultiHeadAttention(nn.Module):
         extra = self._scheme_kwargs(q, k, x, offset, attn_mask, is_causal, cache)
         return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, query_offset=offset, **extra)
 
-    def _at_input_pos(self, x, *, attn_mask, is_causal, input_pos: Tensor) -> Tensor:
+    def _at_positions(self, x, *, attn_mask, is_causal, positions: Tensor) -> Tensor:
         """The scheme's hooks see the tokens spread over a sequence of max_random_len slots (gaps
-        masked), so every scheme places them at `input_pos` unchanged; attention itself runs over
+        masked), so every scheme places them at `positions` unchanged; attention itself runs over
         the real tokens only, with the labels of their positions: O(L²), not O(max_random_len²)."""
         q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))  # (B, H, L, D)
-        direct = None if self.content else self.relative.attention_kwargs_at(q, k, input_pos)
+        direct = None if self.content else self.relative.attention_kwargs_at(q, k, positions)
         if direct is not None:  # the scheme places the real tokens itself: nothing over the P slots
             if self.unchecked:
                 contract.check_attention_kwargs(self.scheme_label, self.relative, direct, q, k)
                 self.unchecked = False
-            return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, positions=input_pos, **direct)
-        q, k = self._rotate(spread(q, input_pos, 2, self.slots), spread(k, input_pos, 2, self.slots), 0)  # (B, H, P, D)
+            return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, positions=positions, **direct)
+        q, k = self._rotate(spread(q, positions, 2, self.slots), spread(k, positions, 2, self.slots), 0)  # (B, H, P, D)
         # (…, P, P); gaps: keys no query sees (content schemes skip them)
-        mask = spread_mask(attn_mask, is_causal, input_pos, self.slots)
-        extra = self._scheme_kwargs(q, k, spread(x, input_pos, 1, self.slots), 0, mask, False, None)
+        mask = spread_mask(attn_mask, is_causal, positions, self.slots)
+        extra = self._scheme_kwargs(q, k, spread(x, positions, 1, self.slots), 0, mask, False, None)
         if extra.get("attn_bias") is not None:  # a dense bias over the slots: the real tokens' rows and columns
             bias = extra["attn_bias"]
             for dim in (-2, -1):
-                bias = bias.index_select(dim, input_pos) if bias.shape[dim] > 1 else bias
+                bias = bias.index_select(dim, positions) if bias.shape[dim] > 1 else bias
             extra["attn_bias"] = bias  # (…, P, P) -> (…, L, L)
-        q, k = q.index_select(2, input_pos), k.index_select(2, input_pos)  # (B, H, L, D)
-        return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, positions=input_pos, **extra)
+        q, k = q.index_select(2, positions), k.index_select(2, positions)  # (B, H, L, D)
+        return self._attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal, positions=positions, **extra)
 
-    def _decode_at_input_pos(self, x, *, attn_mask, is_causal, input_pos: Tensor, cache: KVCache) -> Tensor:
-        """x's tokens at `input_pos`: spread over the slots from the cache's end to the last
+    def _decode_at_positions(self, x, *, attn_mask, is_causal, positions: Tensor, cache: KVCache) -> Tensor:
+        """x's tokens at `positions`: spread over the slots from the cache's end to the last
         position, gaps masked; the cache keeps the spread keys, so a step sees what a full pass sees."""
         offset = cache.length
-        new = input_pos[-x.shape[1]:] - offset  # x's slots in this segment
+        new = positions[-x.shape[1]:] - offset  # x's slots in this segment
         q, k, v = (spread(self._heads(proj(x)), new, dim=2)  # (B, H, P, D)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
         q, k = self._rotate(q, k, offset)
         k, v = cache.append(k, v)  # (B, H, Lk, D): every slot so far
-        mask = spread_mask(attn_mask, is_causal, input_pos)[..., offset:, :]  # (…, P, Lk); gaps: keys no query sees
+        mask = spread_mask(attn_mask, is_causal, positions)[..., offset:, :]  # (…, P, Lk); gaps: keys no query sees
         extra = self._scheme_kwargs(q, k, spread(x, new, dim=1), offset, mask, False, cache)
         return self._attend(q, k, v, rows=new, attn_mask=mask, query_offset=offset, **extra)
 
@@ -212,8 +212,8 @@ class EncoderLayer(nn.Module):
         self.self_attn = Sublayer(cfg, MultiHeadAttention(cfg, rel))
         self.ffn = Sublayer(cfg, FeedForward(cfg))
 
-    def forward(self, x, *, key_mask: Tensor, input_pos: Tensor | None = None, distances: Tensor | None = None):
-        return self.ffn(self.self_attn(x, attn_mask=key_mask, input_pos=input_pos, distances=distances))
+    def forward(self, x, *, key_mask: Tensor, positions: Tensor | None = None, distances: Tensor | None = None):
+        return self.ffn(self.self_attn(x, attn_mask=key_mask, positions=positions, distances=distances))
 
 
 class DecoderLayer(nn.Module):
@@ -224,10 +224,10 @@ class DecoderLayer(nn.Module):
         self.cross_attn = Sublayer(cfg, MultiHeadAttention(cfg)) if cross_attention else None
         self.ffn = Sublayer(cfg, FeedForward(cfg))
 
-    def forward(self, x, *, memory=None, memory_mask=None, cache: LayerCache | None = None, input_pos=None,
+    def forward(self, x, *, memory=None, memory_mask=None, cache: LayerCache | None = None, positions=None,
                 self_mask=None, causal: bool = True):
         x = self.self_attn(x, attn_mask=self_mask, is_causal=causal,
-                           cache=cache.self_attn if cache is not None else None, input_pos=input_pos)
+                           cache=cache.self_attn if cache is not None else None, positions=positions)
         if self.cross_attn is not None:
             x = self.cross_attn(x, context=memory, attn_mask=memory_mask,
                                 cache=cache.cross_attn if cache is not None else None)
@@ -261,12 +261,12 @@ class Encoder(nn.Module):
     def _encode(self, src: Tensor, key_mask: Tensor) -> Tensor:
         n = src.shape[1]
         draws = self.embed.draws(n)  # every draw of this pass: the embedding's, then each layer's
-        input_pos = self.embed.random_positions(n, draws)
-        x = self.embed(src, input_pos=input_pos)
+        positions = self.embed.random_positions(n, draws)
+        x = self.embed(src, positions=positions)
         for i, layer in enumerate(self.layers):
             if i and self.redraw_per_layer:  # the first layer keeps the embedding's draw
-                input_pos = self.embed.random_positions(n, draws)
-            x = layer(x, key_mask=key_mask, input_pos=input_pos,
+                positions = self.embed.random_positions(n, draws)
+            x = layer(x, key_mask=key_mask, positions=positions,
                       distances=self.embed.random_distances_of(n, draws))  # each layer its own
         return self.norm(x)
 
@@ -278,7 +278,7 @@ class Decoder(nn.Module):
     bidirectional prefix: T5's bidirectional buckets); each call still says how it attends:
     `causal` and `self_mask` (bool, True = may attend) go to every self-attention.
 
-    `input_pos` (increasing, one per token of tgt) places the tokens there; by default they are
+    `positions` (increasing, one per token of tgt) places the tokens there; by default they are
     drawn as positions/randomized.py says (while decoding, taken from the cache's draw), else 0..L-1.
     """
 
@@ -292,27 +292,27 @@ class Decoder(nn.Module):
             self.output.weight = embed.tokens.weight
 
     def forward(self, tgt: Tensor, memory=None, memory_mask=None, cache: DecoderCache | None = None,
-                self_mask: Tensor | None = None, causal: bool = True, input_pos: Tensor | None = None) -> Tensor:
-        if cache is None and input_pos is None and not self.training and self.embed.per_length_at_eval:
+                self_mask: Tensor | None = None, causal: bool = True, positions: Tensor | None = None) -> Tensor:
+        if cache is None and positions is None and not self.training and self.embed.per_length_at_eval:
             def rows_alone(rows: Tensor, n: int) -> Tensor:  # a group of rows with n real tokens, cut to n
                 return self._decode(tgt[rows, :n], None if memory is None else memory[rows],
                                     None if memory_mask is None else memory_mask[rows], None,
                                     None if self_mask is None else self_mask[rows, ..., :n, :n], causal, None)
             return per_length(rows_alone, row_lengths(tgt, self.pad_id), tgt.shape[1])
-        return self._decode(tgt, memory, memory_mask, cache, self_mask, causal, input_pos)
+        return self._decode(tgt, memory, memory_mask, cache, self_mask, causal, positions)
 
-    def _decode(self, tgt, memory, memory_mask, cache, self_mask, causal, input_pos) -> Tensor:
+    def _decode(self, tgt, memory, memory_mask, cache, self_mask, causal, positions) -> Tensor:
         offset = cache.length if cache is not None else 0
         n = tgt.shape[1]
-        if input_pos is None and cache is not None:
-            input_pos = cache.positions_with(n)
-        elif input_pos is None:
-            input_pos = self.embed.random_positions(n, self.embed.draws(n))
+        if positions is None and cache is not None:
+            positions = cache.positions_with(n)
+        elif positions is None:
+            positions = self.embed.random_positions(n, self.embed.draws(n))
         seen = cache.remember(tgt) if cache is not None and self.embed.reads_tokens else None
-        x = self.embed(tgt, offset=offset, input_pos=None if input_pos is None else input_pos[-n:], seen=seen)
+        x = self.embed(tgt, offset=offset, positions=None if positions is None else positions[-n:], seen=seen)
         for i, layer in enumerate(self.layers):
             x = layer(x, memory=memory, memory_mask=memory_mask, cache=cache.layers[i] if cache is not None else None,
-                      input_pos=input_pos, self_mask=self_mask, causal=causal)
+                      positions=positions, self_mask=self_mask, causal=causal)
         return self.output(self.norm(x))
 
 
@@ -346,8 +346,8 @@ class EncoderDecoder(nn.Module):
         decoder layer's keys and values. max_tokens: the most tokens decode_step will be fed (BOS
         included), for which randomize_at_eval draws the decoder's positions up front."""
         memory, memory_mask = self.encoder(src)
-        input_pos = self.decoder.embed.decoding_positions(max_tokens)
-        return DecoderCache(len(self.decoder.layers), memory, memory_mask, input_pos)
+        positions = self.decoder.embed.decoding_positions(max_tokens)
+        return DecoderCache(len(self.decoder.layers), memory, memory_mask, positions)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """Logits (B, N, V) for `tokens` (B, N): one or several new positions (a multi-token prefill)
@@ -374,7 +374,7 @@ class DecoderLM(nn.Module):
     def start_decoding(self, src: Tensor | None = None, max_tokens: int | None = None) -> DecoderCache:
         """An empty KV cache (`src` is unused: the signature is the encoder-decoder's, for decoding.py);
         max_tokens: the most tokens decode_step will be fed (randomize_at_eval draws their positions)."""
-        return DecoderCache(len(self.decoder.layers), input_pos=self.decoder.embed.decoding_positions(max_tokens))
+        return DecoderCache(len(self.decoder.layers), positions=self.decoder.embed.decoding_positions(max_tokens))
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """Logits (B, N, V) for `tokens` (B, N) placed after the cache's positions (the first call
