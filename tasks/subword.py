@@ -86,8 +86,14 @@ class SubwordModel:
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         return self.sp.encode(list(texts))
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.sp.decode(list(ids))
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        """The pieces of `ids` up to the first EOS, without pad and BOS: `Vocabulary.decode`'s contract."""
+        size = len(self)
+        return [self.sp.id_to_piece(i) if 0 <= i < size else Vocabulary.SPECIALS[3] for i in Vocabulary.content(ids)]
+
+    def detokenize(self, ids: Iterable[int]) -> str:
+        """The text of `ids` up to the first EOS: the pieces joined, SentencePiece's spaces restored."""
+        return self.sp.decode(Vocabulary.content(ids))
 
 
 def cache_key(cfg: SubwordConfig, src: Iterable[str], tgt: Iterable[str]) -> str:

@@ -85,7 +85,7 @@ def test_the_token_cache_is_built_lazily_and_reused(tmp_path):
     again, built = load_or_build(task.source("train"), task.subword, task.data_dir / "tokens", "train")
     assert not built and np.array_equal(np.asarray(again.ids), np.asarray(stream.ids))
     text = (tmp_path / "train.txt").read_text().splitlines()[0]
-    assert task.subword.decode(list(stream.ids[: list(stream.ids).index(2)])) == text
+    assert task.subword.detokenize(list(stream.ids[: list(stream.ids).index(2)])) == text
     windows = task.dataset("train")
     blob = pickle.dumps(windows)  # what a spawned loader worker receives: the file's name, not its tokens
     assert len(blob) < 1000 and torch.equal(pickle.loads(blob)[3].ids, windows[3].ids)

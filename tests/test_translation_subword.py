@@ -48,7 +48,11 @@ def test_piece_ids_are_the_frameworks_token_ids_and_decoding_inverts_encoding(tm
     assert model.sp.pad_id() == Vocabulary.pad_id and model.sp.eos_id() == Vocabulary.eos_id
     ids = model.encode([SRC[0], TGT[0]])
     assert all(i >= len(Vocabulary.SPECIALS) for seq in ids for i in seq)
-    assert [model.decode(seq) for seq in ids] == [SRC[0], TGT[0]]
+    assert [model.detokenize(seq) for seq in ids] == [SRC[0], TGT[0]]
+    # decode is every vocabulary's: the symbols up to EOS, without BOS, as the task's Vocabulary gives them
+    framed = [Vocabulary.bos_id, *ids[1], Vocabulary.eos_id, *ids[0]]
+    assert model.decode(framed) == vocab.decode(framed) == [vocab.symbols[i] for i in ids[1]]
+    assert model.detokenize(framed) == TGT[0]
 
 
 def test_other_ranks_wait_for_rank_zeros_model_instead_of_training(tmp_path, monkeypatch):

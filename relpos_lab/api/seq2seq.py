@@ -145,7 +145,7 @@ class Seq2SeqTask(Task):
 
     def detokenize(self, ids: Tensor) -> str:
         """The text of predicted target ids (up to EOS): symbols joined by spaces by default."""
-        return " ".join(self.tgt_vocab.decode(ids))
+        return self.tgt_vocab.detokenize(ids)
 
 
 
@@ -311,7 +311,7 @@ class Seq2SeqTask(Task):
         for i in pick_rows(lengths, n, train and train[1]):
             length = lengths[i]
             target, prediction = tgt_v.decode(batch["tgt_out"][i]), tgt_v.decode(hyps[i])
-            rows.append([length, " ".join(src_v.decode(batch["src"][i])), " ".join(target),
+            rows.append([length, src_v.detokenize(batch["src"][i]), " ".join(target),
                          " ".join(prediction), target == prediction])
         return ["length", "source", "target", "prediction", "correct"], rows
 

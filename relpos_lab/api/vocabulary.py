@@ -23,12 +23,22 @@ class Vocabulary:
         return [self.index.get(t, self.unk_id) for t in tokens]
 
     def decode(self, ids: Iterable[int]) -> list[str]:
-        """Symbols up to the first EOS, without pad and BOS."""
+        """The symbols of `ids` up to the first EOS, without pad and BOS (an unknown id: <unk>): the
+        contract of every vocabulary's `decode`. Their text is `detokenize`."""
+        return [self.symbols[i] if 0 <= i < len(self.symbols) else self.SPECIALS[3] for i in self.content(ids)]
+
+    def detokenize(self, ids: Iterable[int]) -> str:
+        """The text of `ids`: `decode`'s symbols joined by spaces."""
+        return " ".join(self.decode(ids))
+
+    @classmethod
+    def content(cls, ids: Iterable[int]) -> list[int]:
+        """`ids` up to the first EOS, without pad and BOS: the ids `decode` and `detokenize` read."""
         out = []
         for i in ids:
             i = int(i)
-            if i == self.eos_id:
+            if i == cls.eos_id:
                 break
-            if i not in (self.pad_id, self.bos_id):
-                out.append(self.symbols[i] if 0 <= i < len(self.symbols) else self.SPECIALS[3])
+            if i not in (cls.pad_id, cls.bos_id):
+                out.append(i)
         return out

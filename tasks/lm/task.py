@@ -291,7 +291,7 @@ class LMTask(Task):
             elif i != PAD:
                 current.append(i)
         lines.append(current)
-        return "\n".join(self.subword.decode(piece) for piece in lines)
+        return "\n".join(self.subword.detokenize(piece) for piece in lines)
 
 
 def _info(message: str) -> None:

@@ -252,13 +252,7 @@ class TranslationTask(Seq2SeqTask):
         return torch.tensor(self.subword.encode([line.strip()])[0], dtype=torch.long)
 
     def detokenize(self, ids: Tensor) -> str:
-        v, out = self.tgt_vocab, []
-        for i in ids.tolist():
-            if i == v.eos_id:
-                break
-            if i not in (v.pad_id, v.bos_id):
-                out.append(i)
-        return self.subword.decode(out)
+        return self.subword.detokenize(ids.tolist())
 
     # --- evaluation ---------------------------------------------------------------------------
 
