@@ -1,5 +1,5 @@
-"""relpos_lab.api is the stable surface for plugin authors, and the paths 0.2.0 moved keep working
-for a release with a DeprecationWarning naming the new import.
+"""relpos_lab.api is the stable surface for plugin authors, and a name that moves keeps working for
+a release with a DeprecationWarning naming the new one.
 
 pyproject's filterwarnings ignores DeprecationWarning globally, so each test here records the
 warnings itself (pytest.warns / warnings.catch_warnings).
@@ -7,7 +7,7 @@ warnings itself (pytest.warns / warnings.catch_warnings).
 from __future__ import annotations
 
 import ast
-import importlib
+import importlib.util
 import json
 import pickle
 import re
@@ -15,15 +15,12 @@ import subprocess
 import sys
 import tomllib
 import warnings
-from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
 import torch
 
 import relpos_lab.api
-from relpos_lab.api import Seq2SeqTask, registry
-from relpos_lab.api.contract import Checked, check
 
 import docs_text
 
@@ -59,144 +56,6 @@ def test_relpos_lab_api_exports_exactly_its_all():
     for name in relpos_lab.api.__all__:
         assert getattr(relpos_lab.api, name) is not None, name
     assert sorted(relpos_lab.api.__all__) == sorted(set(relpos_lab.api.__all__))
-
-
-# --- the moved modules: shims that warn, and re-export what they used to ------------------------
-
-# What each module defined before 0.2.0 (git show e30682f^:relpos_lab/<module>.py).
-OLD_NAMES = {
-    "relpos_lab.task": ["DecodingConfig", "Pair", "Task", "TaskConfig", "Vocabulary", "align"],
-    "relpos_lab.transformer": [
-        "MODEL_IMPLS", "Decoder", "DecoderCache", "DecoderLM", "DecoderLayer", "Embedding", "Encoder",
-        "EncoderDecoder", "EncoderLayer", "FeedForward", "LossOutput", "ModelConfig", "MultiHeadAttention",
-        "Sublayer", "label_smoothed_loss"],
-    "relpos_lab.positions": [
-        "SCHEMES", "AlibiPositions", "LearnedPositions", "PositionConfig", "RelativePositions", "RotaryPositions",
-        "ShawPositions", "SinusoidalPositions", "T5BiasPositions", "alibi_slopes", "build_absolute",
-        "build_relative"],
-}
-NEW_IMPORT = {
-    "relpos_lab.task": "relpos_lab.task is deprecated; import Seq2SeqTask (the old Task)",
-    "relpos_lab.transformer": "relpos_lab.transformer is deprecated; import the model from relpos_lab.core.transformer",
-    "relpos_lab.positions": "relpos_lab.positions is deprecated; import PositionConfig, PositionScheme and "
-                            "RelativePositions from relpos_lab.api",
-}
-
-
-def fresh_import(module: str, monkeypatch):
-    """`module` imported again, by an import statement here (as users' code imports it)."""
-    monkeypatch.delitem(sys.modules, module, raising=False)
-    __import__(module)
-    return sys.modules[module]
-
-
-@pytest.mark.parametrize("module", list(OLD_NAMES))
-def test_a_moved_module_warns_naming_the_new_import_and_exports_its_old_names(module, monkeypatch):
-    with pytest.warns(DeprecationWarning, match=re.escape(NEW_IMPORT[module])) as caught:
-        shim = fresh_import(module, monkeypatch)
-    assert caught[0].filename == __file__  # attributed to the importing line, not to importlib
-    assert [name for name in OLD_NAMES[module] if not hasattr(shim, name)] == []
-    assert sorted(shim.__all__) == sorted(OLD_NAMES[module])
-
-
-def test_the_old_task_is_seq2seq_task(monkeypatch):
-    with pytest.warns(DeprecationWarning):
-        assert fresh_import("relpos_lab.task", monkeypatch).Task is Seq2SeqTask
-
-
-def test_the_old_all_schemes_position_config_makes_that_schemes_config(monkeypatch):
-    from relpos_lab.core.positions import RopeConfig, RotaryPositions, ShawConfig
-
-    with pytest.warns(DeprecationWarning):
-        old = fresh_import("relpos_lab.positions", monkeypatch)
-    assert old.PositionConfig("rope", rope_base=500.0, max_distance=4) == RopeConfig(rope_base=500.0)
-    assert old.PositionConfig(max_distance=4) == ShawConfig(max_distance=4)
-    assert isinstance(old.build_relative(old.PositionConfig("rope"), 8, 2, True), RotaryPositions)
-    assert type(old.build_relative(old.PositionConfig("sinusoidal"), 8, 2, True)) is old.RelativePositions
-    assert old.build_absolute(old.PositionConfig("shaw"), 16) is None
-
-
-# --- the pre-0.2 README's plugin, verbatim (git show e30682f^:README.md, "Add a task") -------------
-
-OLD_README_PLUGIN = '''\
-# my_tasks.py
-from dataclasses import dataclass
-
-import torch
-
-from relpos_lab.task import Pair, Task, TaskConfig, Vocabulary
-
-
-@dataclass
-class ShiftConfig(TaskConfig):
-    alphabet_size: int = 6
-    """symbols the strings are made of"""  # shown by `relpos-lab config --help-keys task --task shift`
-    length: int = 4
-    """symbols per string"""
-    size: int = 128
-    """training examples"""
-
-
-class ShiftTask(Task):
-    """Replace every symbol by the next one in the alphabet."""
-
-    config_class = ShiftConfig
-
-    def build_vocab(self):
-        return Vocabulary(str(i) for i in range(self.cfg.alphabet_size))
-
-    def dataset(self, split):
-        self.check_split(split)
-        gen = torch.Generator().manual_seed(self.seed + self.splits.index(split))
-        n = self.cfg.size if split == "train" else 16
-        src = torch.randint(0, self.cfg.alphabet_size, (n, self.cfg.length), generator=gen)
-        first = len(Vocabulary.SPECIALS)
-        return [Pair(s + first, (s + 1) % self.cfg.alphabet_size + first) for s in src]
-'''
-
-
-def test_the_pre_0_2_readme_plugin_loads_through_its_entry_point_with_a_deprecation_warning(tmp_path, monkeypatch):
-    (tmp_path / "old_readme_tasks.py").write_text(OLD_README_PLUGIN)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "relpos_lab.task", raising=False)
-    monkeypatch.delitem(sys.modules, "old_readme_tasks", raising=False)
-    real = registry.entry_points
-    # A name of its own: test_registry pip-installs the guide's "shift" plugin into this environment,
-    # which another worker's registry then sees too.
-    entry = EntryPoint("shift_pre_0_2", "old_readme_tasks:ShiftTask", registry.TASKS.group)
-    monkeypatch.setattr(registry, "entry_points",
-                        lambda group: [*real(group=group), *([entry] if group == entry.group else [])])
-    with pytest.warns(DeprecationWarning, match="relpos_lab.task is deprecated; import Seq2SeqTask") as caught:
-        cls = registry.get_task_class("shift_pre_0_2")
-    assert any(w.filename.endswith("old_readme_tasks.py") for w in caught)  # the plugin's own import line
-    assert issubclass(cls, Seq2SeqTask)
-
-    from relpos_lab.core.positions import builtin_config
-    from relpos_lab.core.transformer import ModelConfig
-
-    task = cls(cls.config_class(name="shift"), seed=0)
-    model = check(task, "build_model", task.build_model(ModelConfig(
-        d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, positions=builtin_config("shaw"))))
-    batch = Checked(task, "collate")(task.dataset("train")[:8])
-    out = Checked(task, "loss")(model, batch, 0.1)
-    out.loss.backward()
-    evaluation = task.build_evaluation("valid")
-    Checked(task, "evaluate")(model.eval(), task.collate(task.dataset("valid")), evaluation)
-    assert set(evaluation.compute().metrics) >= {"exact_match", "token_accuracy"}
-
-
-def test_relpos_lab_shows_the_deprecation_to_plugin_authors(tmp_path):
-    """Python hides a DeprecationWarning raised in a plugin module (not __main__); relpos-lab shows its own."""
-    (tmp_path / "old_readme_tasks.py").write_text(OLD_README_PLUGIN)
-    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
-
-    def stderr(code: str) -> str:
-        return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=120).stderr
-
-    shown = stderr("from relpos_lab import cli; cli.show_deprecations(); import old_readme_tasks")
-    assert "old_readme_tasks.py:6: DeprecationWarning: relpos_lab.task is deprecated" in shown, shown[-2000:]
-    assert "relpos_lab.task is deprecated" not in stderr("import old_readme_tasks")
 
 
 # --- names renamed in 0.2.0: the old ones warn and give the new object ---------------------------
@@ -417,13 +276,21 @@ def test_a_state_dict_saved_before_the_renames_loads_strictly_with_the_same_outp
     assert old_key in old  # the caller's state dict keeps its keys
 
 
+REMOVED_MODULES = ("relpos_lab.task", "relpos_lab.transformer", "relpos_lab.positions", "relpos_lab.api.checkpoint")
+"""The pre-0.2 paths, deprecated in 0.2.0 and removed in 0.3.0."""
+
+
 def test_the_version_is_the_changelogs_latest_release():
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     changelog = (REPO / "CHANGELOG.md").read_text()
-    assert re.search(r"^## (\S+)", changelog, re.M).group(1) == version == "0.2.0"
-    for module in OLD_NAMES:
-        assert f"from {module} import" in changelog, f"CHANGELOG.md does not say how to migrate from {module}"
+    assert re.search(r"^## (\S+)", changelog, re.M).group(1) == version == "0.3.0"
     assert "CHANGELOG.md" in README.read_text()
+
+
+@pytest.mark.parametrize("module", REMOVED_MODULES)
+def test_a_removed_path_is_gone_and_the_changelog_says_how_to_migrate(module):
+    assert importlib.util.find_spec(module) is None
+    assert f"from {module} import" in (REPO / "CHANGELOG.md").read_text(), f"CHANGELOG.md: how to migrate from {module}"
 
 
 # --- what a script needs: a trained checkpoint's model, config and task; the decoding cache ---------
@@ -438,14 +305,9 @@ def test_relpos_lab_api_exports_what_a_script_needs(name):
     assert getattr(relpos_lab.api, name) is getattr(sys.modules[SCRIPT_NAMES[name]], name)
 
 
-def test_the_old_paths_of_load_model_warn_and_give_the_same_objects(monkeypatch):
-    """load_model and LoadedModel moved from api/checkpoint.py to training/inference.py in 0.2.0;
-    `relpos_lab.api` exports them as before, the old module and the loader's old name warn."""
-    with pytest.warns(DeprecationWarning, match=re.escape("relpos_lab.api.checkpoint is deprecated; import "
-                                                          "load_model and LoadedModel from relpos_lab.api")) as caught:
-        old = fresh_import("relpos_lab.api.checkpoint", monkeypatch)
-    assert caught[0].filename == __file__
-    assert (old.load_model, old.LoadedModel) == (relpos_lab.api.load_model, relpos_lab.api.LoadedModel)
+def test_the_loaders_old_name_warns_and_gives_load_model():
+    """load_model and LoadedModel live in training/inference.py, exported by `relpos_lab.api`; the
+    loader's old name there, load_for_inference, warns."""
     from relpos_lab.training import inference
 
     with pytest.warns(DeprecationWarning, match=r"inference\.load_for_inference is deprecated: it is .*load_model"):

@@ -14,17 +14,15 @@ PACKAGE = Path(relpos_lab.__file__).parent
 REPO = PACKAGE.parent
 # Bottom to top. A module may import its own layer and the layers below it, never one above.
 LAYERS = ("core", "api", "config", "records", "training", "face", "launch", "analysis", "cli")
-# relpos_lab/attention.py re-exports the core's attention under the path docs/design.md promises; task.py,
-# transformer.py and positions.py are the pre-0.2 paths, deprecation shims over their new layer.
-TOP_LEVEL = {"attention": "core", "cli": "cli", "terminal": "cli", "__main__": "cli", "__init__": "core",
-             "task": "api", "transformer": "core", "positions": "core"}
-FACE = {"relpos_lab.api", "relpos_lab.api.checkpoint"}
-"""The face of the api: `relpos_lab.api` (api/__init__.py), what plugins and scripts import, and
-checkpoint.py, its deprecated path of `load_model`. It re-exports `load_model` and `LoadedModel`
-from the training layer (training/inference.py), so it sits above training: the layers below
-import the api's modules (`relpos_lab.api.errors`, ...), never the face. Importing any api module
-runs the face's module body, which imports only core and api modules (`load_model` loads when
-asked for): test_the_api_face_imports_only_the_layers_below_it_when_imported."""
+# relpos_lab/attention.py re-exports the core's attention under the path docs/design.md promises.
+TOP_LEVEL = {"attention": "core", "cli": "cli", "terminal": "cli", "__main__": "cli", "__init__": "core"}
+FACE = {"relpos_lab.api"}
+"""The face of the api: `relpos_lab.api` (api/__init__.py), what plugins and scripts import. It
+re-exports `load_model` and `LoadedModel` from the training layer (training/inference.py), so it
+sits above training: the layers below import the api's modules (`relpos_lab.api.errors`, ...),
+never the face, and no api module but the face imports anything above the api. Importing any api
+module runs the face's module body, which imports only core and api modules (`load_model` loads
+when asked for): test_the_api_face_imports_nothing_until_a_name_is_asked_for."""
 
 
 def layer_of(module: str) -> str:
@@ -209,7 +207,8 @@ def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     # `from relpos_lab.api import registry` imports that module; `from relpos_lab.api import X`, the face
     assert {"relpos_lab.api.registry", "relpos_lab.api"} & imports(PACKAGE / "config" / "help.py") == {
         "relpos_lab.api.registry"}
-    assert {"relpos_lab.api.registry", "relpos_lab.api"} <= imports(REPO / "tests" / "test_api.py")  # Seq2SeqTask
+    face_and_module = imports(REPO / "tests" / "test_encoder_only.py")  # `import EncoderOnly, ..., registry`
+    assert {"relpos_lab.api.registry", "relpos_lab.api"} <= face_and_module
     probe = tmp_path / "relpos_lab" / "core" / "probe.py"
     probe.parent.mkdir(parents=True)
     probe.write_text("import torch\ndef f():\n    from ..training import module\n    import lightning\n")
