@@ -41,6 +41,7 @@ IMPL_OPTIONS = ("shaw", "rope yarn scaling xdynamic", "alibi", "t5_bias", "sinus
                 "shaw randomized", "rope randomized", "alibi random distances")
 """One option of each kind for the implementations: tables, a width-reading rotation, a bias, a
 bucketed bias, absolute positions from the end, randomized positions and distances."""
+IMPL_QUICK = ("shaw", "rope yarn scaling xdynamic")
 
 
 def _model(option: str, family: str, impl: str = "auto"):
@@ -64,18 +65,21 @@ def test_every_option_scores_an_example_as_if_alone(option, family):
 
 
 def _impl_cases():
-    """Every option of IMPL_OPTIONS under every impl in the families that attend differently. Greedy
-    and beam search through Triton's interpreter launch a kernel per step and layer (minutes for the
-    table): triton's logits run by default, its searches under `-m slow`."""
+    """Every option of IMPL_OPTIONS under every impl in the families that attend differently. Flex
+    and Triton's interpreter take 5-15 s a case: by default each runs Shaw's tables and RoPE's
+    width-reading rotation, the rest of their table under `-m slow`; greedy and beam search through
+    the interpreter launch a kernel per step and layer (minutes for the table): triton's logits run
+    by default, its searches under `-m slow`."""
     for option in IMPL_OPTIONS:
         for impl in IMPLS:
+            slow = () if impl not in ("flex", "triton") or option in IMPL_QUICK else (pytest.mark.slow,)
             for family in ("encoder_decoder", "prefix_lm", "encoder_only"):
                 if impl == "triton" and family != "encoder_only":
-                    yield pytest.param(option, impl, family, False, id=f"{option}-{impl}-{family}-logits")
+                    yield pytest.param(option, impl, family, False, id=f"{option}-{impl}-{family}-logits", marks=slow)
                     yield pytest.param(option, impl, family, True, id=f"{option}-{impl}-{family}-searches",
                                        marks=pytest.mark.slow)
                 else:
-                    yield pytest.param(option, impl, family, True, id=f"{option}-{impl}-{family}")
+                    yield pytest.param(option, impl, family, True, id=f"{option}-{impl}-{family}", marks=slow)
 
 
 @pytest.mark.parametrize(("option", "impl", "family", "searches"), _impl_cases())

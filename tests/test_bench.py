@@ -49,6 +49,7 @@ def test_model_bench_trains_shaw_at_randomized_positions_beside_the_plain_model(
     assert results["model-shaw-gather-random64"]["ratio"] > 0
 
 
+@pytest.mark.slow  # a subprocess per scheme for its peak memory: 40-110 s
 def test_model_bench_randomizes_every_scheme_and_measures_a_steps_memory(tmp_path):
     """--max-random-len reaches the --schemes candidates too; --memory gives each a training step's peak,
     which grows with the length (a subprocess per candidate on CPU)."""
@@ -154,6 +155,7 @@ def test_combining_runs_takes_medians_and_ranges():
     assert combined.extra["speedup_over_opennmt_range"] == [1.0, 3.0] and combined.times_ms == [4.0, 8.0, 5.0]
 
 
+@pytest.mark.slow  # inductor's C++ compiles: 20-50 s
 def test_model_bench_times_each_candidate_compiled_beside_eager(tmp_path, capsys, monkeypatch):
     """--compile: a compiled twin per candidate, its compile time apart; FLOPs counted per token
     (Shaw's label terms add to sinusoidal's), host time per step; no MFU on a CPU. Piped at 80

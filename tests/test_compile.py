@@ -90,8 +90,13 @@ def test_every_scheme_traces_as_one_graph_in_every_family(scheme, family):
 
 
 OTHER_FAMILIES = [family for family in FAMILIES if family != "encoder_decoder"]
-GRADIENT_CASES = [(scheme, "encoder_decoder", BACKEND) for scheme in BUILTIN]
-GRADIENT_CASES += [(scheme, family, BACKEND) for scheme in EVERY_FAMILY for family in OTHER_FAMILIES]
+GRADIENT_QUICK = ("shaw", "rope", "alibi", "transformer_xl", "cope")
+"""A scheme of each kind (tables, rotation, fixed bias, sinusoidal relative terms, content-based) by
+default, in every family; the other schemes (10-20 s each, AOTAutograd's decompositions) under `-m slow`."""
+GRADIENT_CASES = [pytest.param(scheme, "encoder_decoder", BACKEND,
+                               marks=() if scheme in GRADIENT_QUICK else (pytest.mark.slow,)) for scheme in BUILTIN]
+GRADIENT_CASES += [pytest.param(scheme, family, BACKEND, marks=() if scheme in GRADIENT_QUICK else (pytest.mark.slow,))
+                   for scheme in EVERY_FAMILY for family in OTHER_FAMILIES]
 GRADIENT_CASES += [("pope", family, "aot_eager") for family in FAMILIES]  # it failed there in every family
 GRADIENT_CASES += [pytest.param(scheme, "encoder_decoder", "aot_eager", marks=pytest.mark.slow)  # ~5 s each
                    for scheme in BUILTIN if scheme != "pope"]
@@ -107,8 +112,11 @@ def test_compiled_gradients_are_eagers_for_every_parameter(scheme, family, backe
     torch._dynamo.reset()
 
 
-RANDOMIZED = [(scheme, False) for scheme in BUILTIN if scheme != "none" and not BUILTIN[scheme].positions_from_content]
-RANDOMIZED += [(scheme, True) for scheme in ("shaw", "rope", "alibi", "transformer_xl")]  # per-layer draws
+RANDOMIZED = [pytest.param(scheme, False, marks=() if scheme in ("shaw", "rope") else (pytest.mark.slow,))
+              for scheme in BUILTIN if scheme != "none" and not BUILTIN[scheme].positions_from_content]
+RANDOMIZED += [pytest.param(scheme, True, marks=() if scheme == "alibi" else (pytest.mark.slow,))  # per-layer draws
+               for scheme in ("shaw", "rope", "alibi", "transformer_xl")]
+"""Slow but for Shaw's tables and a rotation at random positions and a bias drawn per layer (5-10 s each)."""
 
 
 @pytest.mark.parametrize(("scheme", "redraw"), RANDOMIZED)
@@ -239,6 +247,7 @@ def test_a_training_module_holds_a_compiled_model_in_place_and_saves_its_eager_k
     torch._dynamo.reset()
 
 
+@pytest.mark.slow  # inductor's C++ compiles: 20-80 s each on 2 cores; the graphs above are inductor's input
 @pytest.mark.parametrize("scheme", ["shaw", "alibi", "abacus"])
 def test_inductor_gradients_equal_eager(scheme):
     """Inductor's generated code, float32, dropout off: every parameter's gradient, rel_k's included."""
@@ -251,6 +260,7 @@ def test_inductor_gradients_equal_eager(scheme):
     torch._dynamo.reset()
 
 
+@pytest.mark.slow  # inductor's C++ compile
 def test_inductor_trains_shaw_with_attention_dropout():
     """Compiled Shaw once failed in its first backward with dropout on (an expand of 2k+1 labels)."""
     model = _model("shaw", "encoder_decoder", dtype=torch.float32, dropout=0.1, attention_dropout=0.1)

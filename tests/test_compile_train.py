@@ -33,6 +33,7 @@ def _results(cwd: Path) -> dict:
     return json.loads(results.read_text())["metrics"]
 
 
+@pytest.mark.slow  # two real fits, one with inductor's C++ compiles: 60-180 s on 2 cores
 def test_a_compiled_run_trains_resumes_and_ends_where_the_eager_run_does(tmp_path):
     eager, compiled = tmp_path / "eager", tmp_path / "compiled"
     for where in (eager, compiled):

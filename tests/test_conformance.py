@@ -19,8 +19,14 @@ from relpos_lab_tasks.synthetic import ReverseTask
 
 import docs_text
 
+KIT_QUICK = ("sinusoidal", "shaw", "rope", "cope", "abacus")
+"""One scheme of each kind (absolute, tables, rotation, content-based, token ids) by default: the kit
+takes 10-45 s a scheme, and its checks run on every scheme elsewhere in the default tier too
+(test_batch_invariance, test_conformance_decoding, test_compile); the rest under `-m slow`."""
 
-@pytest.mark.parametrize("scheme", tuple(BUILTIN))
+
+@pytest.mark.parametrize("scheme", [pytest.param(s, marks=() if s in KIT_QUICK else (pytest.mark.slow,))
+                                    for s in BUILTIN])
 def test_every_builtin_scheme_passes_the_kit(scheme):
     report = check_scheme(scheme)
     report.raise_on_failure()

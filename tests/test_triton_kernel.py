@@ -124,8 +124,8 @@ def test_a_register_capped_forward_writes_the_same_tables(name, monkeypatch):
     check_case(CASES[name])
 
 
-@pytest.mark.parametrize("name", ["all_terms_tiled", "padding_causal_tiled", "k16_tiled",
-                                  "per_head_causal_offset_tiled", "wide_causal_padding"])
+@pytest.mark.parametrize("name", ["all_terms_tiled", *(pytest.param(n, marks=pytest.mark.slow) for n in (
+    "padding_causal_tiled", "k16_tiled", "per_head_causal_offset_tiled", "wide_causal_padding"))])
 def test_dkdv_in_half_height_band_tiles_matches(name, monkeypatch):
     """Under a register cap dk/dv runs its band in tiles of half the block's rows
     (fused_tuning.band_rows): that path, here, a wide rel_bias's diagonals included."""
@@ -250,9 +250,10 @@ def test_refusals_name_what_is_unsupported():
 
 
 # alibi takes t5_bias's wide-bias path with a fixed bias; t5_bias's kernels are checked against
-# float64 with gradients above (bias only): both slow only (20-30 s in the interpreter)
-@pytest.mark.parametrize("scheme", ["shaw", pytest.param("alibi", marks=pytest.mark.slow),
-                                    pytest.param("t5_bias", marks=pytest.mark.slow)])
+# float64 with gradients above (bias only). Slow (20-60 s each in the interpreter): the default tier
+# has the kernel inside a model in test_batch_invariance's triton cases and the compiled model below.
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["shaw", "alibi", "t5_bias"])
 def test_a_few_training_steps_match_gather_in_loss_and_gradients(scheme, monkeypatch):
     """The kernel inside the model: encoder padding, decoder causality, cross attention without
     tables; Shaw's tables, ALiBi's fixed and T5's learned rel_bias (wide: read per tile)."""
@@ -300,8 +301,8 @@ def test_dropout_is_reproducible_from_the_seed():
 
 
 @pytest.mark.parametrize("causal, length, narrow_fringes, half_band",
-                         [(False, 26, False, False), (True, 26, False, False), (False, 64, True, False),
-                          (True, 26, False, True)])
+                         [(True, 26, False, False), *(pytest.param(*case, marks=pytest.mark.slow) for case in (
+                             (False, 26, False, False), (False, 64, True, False), (True, 26, False, True)))])
 def test_dropout_matches_the_definition_with_the_kernels_own_mask(causal, length, narrow_fringes, half_band,
                                                                   monkeypatch):
     """Outputs and every gradient, with the mask the kernels drew rebuilt by `fused.dropout_keep`:
@@ -391,13 +392,11 @@ lengths off the blocks, Lq ≠ Lk and a query offset (a prefill on a cache)."""
 OPCHECK_DTYPES = {"float32": (torch.float32, torch.float32), "bfloat16": (torch.bfloat16, torch.bfloat16),
                   "bfloat16_float32_tables": (torch.bfloat16, torch.float32)}
 """(q, k, v; rel_k, rel_v): the last as under autocast, float32 parameters beside bfloat16 activations."""
-OPCHECK_QUICK = {  # the default tier's: each term, mask, dtype and dropout among them (3-5 s each)
-    "causal_tiled": ("float32", 0.0), "per_head": ("float32", 0.0), "padding_tiled": ("float32", 0.25),
-    "keys_only_tiled": ("bfloat16", 0.0), "values_only_tiled": ("float32", 0.25),
-    "rel_bias_only_tiled": ("bfloat16", 0.0), "cross_lengths_tiled": ("bfloat16_float32_tables", 0.0),
-    "per_head_causal_offset_tiled": ("float32", 0.25), "mask_2d_and_causal": ("bfloat16", 0.0)}
-"""The first three are the cases opcheck once failed for: shared tables with causality, per-head
-tables with key padding, both tables with dropout 0.25. The rest of the product is `slow`."""
+OPCHECK_QUICK = {  # the default tier's (5-15 s each)
+    "causal_tiled": ("float32", 0.0), "per_head": ("float32", 0.0), "padding_tiled": ("float32", 0.25)}
+"""The cases opcheck once failed for: shared tables with causality, per-head tables with key
+padding, both tables with dropout 0.25. The rest of the product (each term, mask and dtype) is
+`slow`."""
 OPCHECKS = [pytest.param(name, dtype, p, id=f"{name}-{dtype}-p{p}",
                          marks=() if OPCHECK_QUICK.get(name) == (dtype, p) else pytest.mark.slow)
             for name, case in OPCHECK_CASES.items() for dtype in OPCHECK_DTYPES for p in (0.0, 0.25)
@@ -462,7 +461,7 @@ def test_the_fused_backward_op_passes_torch_library_opcheck(name, dtype, dropout
 
 
 @pytest.mark.parametrize("scheme, backend", [
-    ("shaw", "aot_eager_decomp_partition"), ("alibi", "aot_eager_decomp_partition"),
+    ("shaw", "aot_eager_decomp_partition"), pytest.param("alibi", "aot_eager_decomp_partition", marks=pytest.mark.slow),
     pytest.param("shaw", "inductor", marks=pytest.mark.slow)])  # inductor's C++: ~150 s cold on 2 cores, ~11 s cached
 def test_a_compiled_model_runs_the_fused_op_in_its_graph(scheme, backend):
     """impl=triton under torch.compile (fullgraph: the op is a node of the graph), gradients as eager's.
