@@ -40,7 +40,7 @@ def _modes(run_dir: Path) -> dict[str, int]:
             if p.is_file() and not p.is_symlink()}
 
 
-@pytest.mark.parametrize(("umask", "readable"), [(0o022, True), (0o077, False)])
+@pytest.mark.parametrize(("umask", "readable"), [pytest.param(0o022, True, marks=pytest.mark.slow), (0o077, False)])
 def test_a_runs_files_honour_the_umask(tmp_path, umask, readable):
     """Results, config, metrics, inspect, checkpoints, plots and W&B's files, as the shell's umask says."""
     (tmp_path / "tiny.yaml").write_text(TINY)

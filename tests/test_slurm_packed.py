@@ -88,6 +88,7 @@ def wait_for_checkpoints(run_dirs: list[Path]) -> None:
     pytest.fail(f"no periodic checkpoint in each of {run_dirs}")
 
 
+@pytest.mark.slow  # ~40 s; a solo job's requeue is test_slurm_cluster's, in the default tier
 def test_a_packed_task_signalled_mid_training_requeues_once_and_every_run_resumes(
     workdir, capsys  # noqa: F811 (workdir: the fixture imported above)
 ):

@@ -119,6 +119,7 @@ def test_ddp_across_two_nodes_follows_the_one_process_loss_curve(
         assert results["nodes"]["metrics"][metric] == pytest.approx(value, rel=1e-4, abs=1e-5), metric
 
 
+@pytest.mark.slow  # ~55 s; one node's requeue is test_slurm_cluster's, in the default tier
 def test_a_two_node_job_requeued_by_sigusr1_and_by_scontrol_resumes_on_both_nodes_with_one_history(
     workdir, capsys  # noqa: F811 (workdir: the fixture imported above)
 ):
@@ -164,6 +165,7 @@ def test_a_two_node_job_requeued_by_sigusr1_and_by_scontrol_resumes_on_both_node
     assert [r["trainer/global_step"] for r in history(attempts) if "train/loss" in r] == list(range(steps))
 
 
+@pytest.mark.slow  # ~27 s
 def test_a_rank_killed_on_the_second_node_fails_the_job_in_seconds_and_a_resubmission_resumes(
     workdir, capsys  # noqa: F811 (workdir: the fixture imported above)
 ):
