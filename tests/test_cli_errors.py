@@ -125,7 +125,8 @@ def snapshot(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("verb", ["inspect", *(pytest.param(v, marks=pytest.mark.slow) for v in ("translate", "generate"))])
+@pytest.mark.parametrize("verb", ["inspect", *(pytest.param(v, marks=pytest.mark.slow)
+                                  for v in ("translate", "generate"))])
 def test_a_checkpoint_that_does_not_fit_the_overrides_is_one_line_before_anything_is_written(trained, verb):
     """As `eval CKPT task.alphabet_size=4` (tests/test_rerun.py): the weights that differ, the
     config key behind them and the fix, not torch's size-mismatch traceback."""
