@@ -1,7 +1,8 @@
 """README is a front door: short, and every guide in docs/ is reachable from it. Every relative link in
 README.md, CONTRIBUTING.md and every page under docs/ (the guides, docs/design.md, the developer's and
-the studies' pages) leads to a file, and a link to a heading (`page.md#anchor`) to a heading that
-exists, so moving a file or a section cannot leave a dead link behind."""
+the studies' pages, and the reports under studies/ they link to) leads to a file, and a link to a
+heading (`page.md#anchor`) to a heading that exists, so moving a file or a section cannot leave a dead
+link behind."""
 from __future__ import annotations
 
 import re
@@ -12,7 +13,8 @@ import pytest
 import docs_text
 
 REPO = docs_text.REPO
-PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").rglob("*.md"))]
+PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").rglob("*.md")),
+         *sorted((REPO / "studies").rglob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 

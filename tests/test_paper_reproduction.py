@@ -1,7 +1,7 @@
 """The committed small reproduction of Shaw et al. (2018) is what its runs say.
 
-docs/paper-reproduction/runs/ holds the run directories (without checkpoints); the reports beside
-them are what `relpos-lab report` makes of those runs (docs/paper-reproduction/run.sh). These
+studies/paper-reproduction/runs/ holds the run directories (without checkpoints); the reports beside
+them are what `relpos-lab report` makes of those runs (studies/paper-reproduction/run.sh). These
 tests regenerate every report and compare, so neither a hand edit of a report nor a run committed
 without regenerating it can land unnoticed.
 """
@@ -19,12 +19,12 @@ from relpos_lab.analysis.report import write_report
 from relpos_lab.records.rundir import run_directory
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = Path("docs/paper-reproduction")  # relative, as run.sh names it: the reports print the path
+DOCS = Path("studies/paper-reproduction")  # relative, as run.sh names it: the reports print the path
 SWEEPS = sorted(p.parent.name for p in (ROOT / DOCS / "runs").glob("*/sweep.json"))
 
 
 def _report_dir(sweep: str) -> Path:
-    """shaw2018_<table>_small -> docs/paper-reproduction/<table>, where run.sh writes its report."""
+    """shaw2018_<table>_small -> studies/paper-reproduction/<table>, where run.sh writes its report."""
     return DOCS / sweep.removeprefix("shaw2018_").removesuffix("_small")
 
 
@@ -42,7 +42,7 @@ def test_committed_report_is_what_the_runs_regenerate(sweep, tmp_path, monkeypat
     write_report(DOCS / "runs" / sweep, tmp_path, metrics=("bleu", "chrf"))
     for name in ("report.md", "summary.csv", "by_length.csv"):
         assert (tmp_path / name).read_text() == (ROOT / _report_dir(sweep) / name).read_text(), (
-            f"{_report_dir(sweep) / name} is not what its runs give: rerun docs/paper-reproduction/run.sh")
+            f"{_report_dir(sweep) / name} is not what its runs give: rerun studies/paper-reproduction/run.sh")
 
 
 def test_the_tables_in_the_doc_are_the_reports_tables():

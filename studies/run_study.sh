@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 for task in reverse copy; do
     relpos-lab sweep "configs/sweep/positions_${task}.yaml" --max-parallel 2
-    relpos-lab report "runs/positions_${task}" --out "docs/study/${task}"
+    relpos-lab report "runs/positions_${task}" --out "studies/${task}"
 done

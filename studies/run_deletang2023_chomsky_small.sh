@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Regenerates docs/study/deletang2023_chomsky_small/ (docs/study/deletang2023_chomsky_small.md), or
+# Regenerates studies/deletang2023_chomsky_small/ (docs/study/deletang2023_chomsky_small.md), or
 # with SWEEP=deletang2023_paper_small the encoder-only study beside it (docs/study/deletang2023_paper_small.md):
 # the sweep's points of the seeds in SEEDS and the schemes in SCHEMES (labels of its scheme axis),
 # seed by seed, PARALLEL (default 2) runs at a time with one thread each (~50 s per run), then the reports. Finished
 # points are skipped, so the study grows by reruns with other SEEDS/SCHEMES (REPORT=0: no reports).
-#   SEEDS="1 2" SCHEMES="none shaw_k4 alibi" bash docs/study/run_deletang2023_chomsky_small.sh
+#   SEEDS="1 2" SCHEMES="none shaw_k4 alibi" bash studies/run_deletang2023_chomsky_small.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
 seeds=${SEEDS:-1 2 3}
 schemes=${SCHEMES:-}
 sweep=${SWEEP:-deletang2023_chomsky_small}
-out=${OUT:-docs/study/$sweep}
+out=${OUT:-studies/$sweep}
 mkdir -p logs
 relpos-lab sweep "$sweep" --list > /dev/null  # writes runs/$sweep/sweep.json
 python - "$seeds" "$schemes" "$sweep" > "logs/${sweep}_points.txt" <<'PY'

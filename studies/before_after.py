@@ -1,6 +1,6 @@
 """Two reports of one sweep side by side: a group's number before and after a change of protocol.
 
-    python docs/study/before_after.py BEFORE/summary.csv AFTER/summary.csv [--metric accuracy]
+    python studies/before_after.py BEFORE/summary.csv AFTER/summary.csv [--metric accuracy]
 
 prints a Markdown table, a row per task and a column pair per scheme present in both (groups
 are "<task> <scheme>", as `relpos-lab report` names them over the sweep's task and scheme axes),

@@ -8,5 +8,5 @@ cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
 relpos-lab sweep configs/sweep/kazemnejad2023_decoder_only.yaml --max-parallel 2
 relpos-lab sweep configs/sweep/lm_train_short_test_long.yaml --max-parallel 2
-relpos-lab report runs/kazemnejad2023_decoder_only --over seed --out docs/study/kazemnejad2023
-relpos-lab report runs/lm_train_short_test_long --out docs/study/lm_train_short_test_long
+relpos-lab report runs/kazemnejad2023_decoder_only --over seed --out studies/kazemnejad2023
+relpos-lab report runs/lm_train_short_test_long --out studies/lm_train_short_test_long

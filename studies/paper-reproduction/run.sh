@@ -5,14 +5,14 @@
 # script can be stopped and restarted; a report lists the points that are still missing. Points
 # shared between sweeps (relative k=16 with a^K and a^V is in all three) train once (--reuse).
 #
-# The runs live in docs/paper-reproduction/runs/<sweep>/, committed without their checkpoints and
+# The runs live in studies/paper-reproduction/runs/<sweep>/, committed without their checkpoints and
 # W&B files (runs/.gitignore): the reports are regenerated from them, and a machine's work tree
 # is not kept from one session to the next. Commit a run directory once it has results.json; an
 # unfinished one is only worth its checkpoint, which is not committed.
-# Usage: docs/paper-reproduction/run.sh [abs_vs_rel clipping ablation]
+# Usage: studies/paper-reproduction/run.sh [abs_vs_rel clipping ablation]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=docs/paper-reproduction
+out=studies/paper-reproduction
 sweeps=("$@")
 [ ${#sweeps[@]} -eq 0 ] && sweeps=(abs_vs_rel clipping ablation)
 for sweep in "${sweeps[@]}"; do
