@@ -2,10 +2,11 @@
 README.md, CONTRIBUTING.md and every page under docs/ (the guides, docs/design.md, the developer's and
 the studies' pages, and the reports under studies/ they link to) leads to a file, and a link to a
 heading (`page.md#anchor`) to a heading that exists, so moving a file or a section cannot leave a dead
-link behind."""
+link behind. docs/ holds pages: what a study measured lives in studies/, so docs/ stays small."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import docs_text
 REPO = docs_text.REPO
 PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").rglob("*.md")),
          *sorted((REPO / "studies").rglob("*.md"))]
+DOCS_LIMIT_BYTES = 5 * 2**20
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -65,3 +67,19 @@ def test_the_design_is_cited_where_it_lives():
     assert not citing, f"{', '.join(citing)} cite {old}: point them to docs/design.md"
     assert (REPO / "docs" / "design.md").resolve() in {
         (REPO / link.partition("#")[0]).resolve() for link in links(REPO / "CONTRIBUTING.md")}
+
+
+def test_docs_holds_pages_under_5_mb():
+    """docs/ is the pages and the figures they show; runs, CSVs and reports go in studies/<name>/."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "docs"], cwd=REPO, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the tracked files of docs/ are unknown")
+    files = [REPO / name for name in listed.decode().split("\0") if name]
+    sizes = {f: f.lstat().st_size for f in files if f.is_symlink() or f.exists()}
+    total = sum(sizes.values())
+    largest = sorted(sizes, key=sizes.get, reverse=True)[:5]
+    assert total < DOCS_LIMIT_BYTES, (
+        f"docs/ holds {total / 2**20:.1f} MB of tracked files (limit 5 MB); the largest: "
+        + ", ".join(f"{f.relative_to(REPO)} ({sizes[f] / 2**20:.1f} MB)" for f in largest)
+        + ": move study outputs to studies/<name>/")
