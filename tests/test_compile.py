@@ -75,8 +75,12 @@ def _assert_same_gradients(model, eager, compiled, tolerance):
         assert err < tolerance, f"{name}: compiled gradient off by {err:.2e} of its largest entry"
 
 
-CASES = [(scheme, family) for scheme in BUILTIN for family in FAMILIES
+CASES = [pytest.param(scheme, family, marks=() if family == "encoder_decoder" or scheme in EVERY_FAMILY
+                      else (pytest.mark.slow,))
+         for scheme in BUILTIN for family in FAMILIES
          if family in ("encoder_decoder", "encoder_only", "decoder_only") or scheme in EVERY_FAMILY]
+"""Every scheme in the encoder-decoder and one of each kind in every family by default; every scheme
+in the encoder-only and decoder-only families under `-m slow`."""
 
 
 @pytest.mark.parametrize(("scheme", "family"), CASES)
@@ -145,7 +149,7 @@ def test_random_distances_trace_as_one_graph_with_eagers_gradients(scheme):
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("impl", ["naive", "batched", "gather"])
+@pytest.mark.parametrize("impl", [*(pytest.param(i, marks=pytest.mark.slow) for i in ("naive", "batched")), "gather"])
 @pytest.mark.parametrize("scheme", ["shaw", "alibi"])
 def test_each_cpu_attention_impl_compiles_as_one_graph(scheme, impl):
     model = _model(scheme, "encoder_decoder", attention_impl=impl)

@@ -82,7 +82,8 @@ WRITERS = {
 }
 
 
-@pytest.mark.parametrize("name", list(WRITERS))
+@pytest.mark.parametrize("name", [n if n in ("metrics.csv", "inspect.json") else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in WRITERS])  # an appended file and a file written whole, by default
 def test_a_full_disk_at_any_writer_is_one_line_keeps_the_good_file_and_the_run_resumes(name, tmp_path, monkeypatch,
                                                                                       capsys):
     (tmp_path / "tiny.yaml").write_text(TINY)

@@ -128,7 +128,7 @@ def test_an_installed_plugins_keys_explain_themselves(installed_plugin, tmp_path
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("architecture", ["encoder_decoder", "decoder_only"])
+@pytest.mark.parametrize("architecture", ["encoder_decoder", pytest.param("decoder_only", marks=pytest.mark.slow)])
 def test_an_installed_plugin_trains_through_the_cli_with_per_length_results(installed_plugin, tmp_path, architecture):
     """Unchanged plugin code, either model family (decoder_only: a prefix LM over its pairs)."""
     (tmp_path / "shift.yaml").write_text(readme_block("# shift.yaml"))  # extends the shipped reverse_shaw

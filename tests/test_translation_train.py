@@ -212,8 +212,8 @@ def small_splits(tmp_path_factory) -> Path:
 @pytest.mark.integration
 # 1 sentence is the edge case (a rank without any); 3 and 100 run with `-m slow` (test_distributed
 # covers 1, 3 and 100 on the synthetic task by default).
-@pytest.mark.parametrize("sentences", [1, pytest.param(3, marks=pytest.mark.slow),
-                                       pytest.param(100, marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~25 s each; DDP evaluation itself is test_distributed's, in the default tier
+@pytest.mark.parametrize("sentences", [1, 3, 100])
 def test_two_process_ddp_evaluates_splits_smaller_than_the_world_as_one_process_does(small_splits, sentences,
                                                                                       monkeypatch):
     """One token batch and two processes: rank 1 has no batch. It used to crash the final
