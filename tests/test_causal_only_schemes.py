@@ -182,6 +182,7 @@ def test_the_kit_passes_a_causal_only_scheme_skipping_the_encoder_decoder_checks
     assert report.summary() == "10 passed, 0 failed, 15 skipped"
 
 
+@pytest.mark.slow  # ~30 s; the kit's CLI is test_conformance's, in the default tier
 def test_check_scheme_on_the_command_line_prints_what_it_skipped(root):
     out = run_cli(root, "check-scheme", "running_sum")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -570,7 +570,7 @@ def test_switching_scheme_drops_the_fields_of_the_scheme_before(tmp_path):
     assert dict(none) == {"scheme": "none", **unrandomized}
 
 
-OLD_RUN_CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("docs/*/runs/*/*/config.yaml"))
+OLD_RUN_CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("studies/*/runs/*/*/config.yaml"))
 
 
 def test_resolved_configs_from_before_schemes_were_plugins_still_load_into_their_run_directories():

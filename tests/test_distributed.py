@@ -359,6 +359,7 @@ print("rank", strategy.global_rank, "passed the barrier")
 """
 
 
+@pytest.mark.slow  # ~16 s; the rendezvous' own bound runs by default
 def test_collectives_keep_lightnings_timeout_after_a_short_rendezvous(tmp_path):
     """The rendezvous's short timeout is the process group's only while the processes meet: a barrier
     that then waits longer than it for rank 0 still completes (it timed out with the rendezvous's)."""

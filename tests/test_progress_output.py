@@ -55,6 +55,7 @@ def run_cli(root, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow  # ~26 s; train's own lines are checked by default
 def test_eval_and_inspect_print_their_own_lines_only(quiet_root):
     """No Lightning warning that eval's Trainer lacks the training callbacks whose states the
     checkpoint holds (on purpose: it evaluates), no W&B banner and closing history from inspect;

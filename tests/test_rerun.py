@@ -196,6 +196,7 @@ def test_sigterm_saves_the_current_step_and_the_run_resumes_from_it_with_what_wa
     assert first in (last, last + LOG_EVERY), (first, last)
 
 
+@pytest.mark.slow  # ~24 s; test_finishing's signal while finishing runs by default
 def test_sigterm_during_the_final_evaluation_exits_143_and_the_same_command_evaluates_again(root):
     """Outside training Lightning's own SIGTERM handler stops the evaluation loop; the run still
     exits 143 with one line saying so, leaves no results.json, and the same command finishes it."""

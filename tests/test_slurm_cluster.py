@@ -314,6 +314,7 @@ def test_scancel_mid_training_checkpoints_every_rank_and_a_resubmission_continue
     assert [r["trainer/global_step"] for r in history(attempts) if "train/loss" in r] == list(range(steps))
 
 
+@pytest.mark.slow  # ~17 s; the requeue and scancel paths run by default
 def test_a_job_whose_steps_get_sigterm_without_a_requeue_fails_with_143_instead_of_completing(workdir, capsys):
     """`scancel -s TERM` signals the job's tasks without cancelling the job: every rank checkpoints
     and stops, and the job ends FAILED with exit code 143, not COMPLETED with no results."""
