@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from relpos_lab.api import PositionConfig, PositionScheme, RelativePositions
-from relpos_lab.api.testing import DECODING_CHECKS, RANDOMIZED, check_scheme, check_task
+from relpos_lab.api.testing import DECODING_CHECKS, RANDOMIZED, STACKS, check_scheme, check_task
 from relpos_lab.core.attention.masks import relative_labels
 from relpos_lab.core.positions import BUILTIN
 from relpos_lab_tasks.synthetic import ReverseTask
@@ -31,9 +31,10 @@ def test_every_builtin_scheme_passes_the_kit(scheme):
     report = check_scheme(scheme)
     report.raise_on_failure()
     refused = BUILTIN[scheme].contributes_nothing or BUILTIN[scheme].positions_from_content  # randomized positions
-    assert len(report.checks) == 25 and [c.name for c in report.skipped] == ([f"{RANDOMIZED}"] if refused else [])
-    compiled = report.checks[-2]
+    assert len(report.checks) == 26 and [c.name for c in report.skipped] == ([f"{RANDOMIZED}"] if refused else [])
+    compiled, stacked = report.checks[-3:-1]
     assert compiled.name.startswith("encoder_decoder: torch.compile") and compiled.detail == "one graph"
+    assert stacked.name == f"encoder_decoder: {STACKS}" and stacked.detail == "each member its solo run"
     drawing = report.checks[-1]
     assert drawing.name == "inspect drawing (optional)"  # a content bias is also drawn on a sample batch
     assert ("on a sample batch: " in drawing.detail) == (scheme in ("cope", "fox", "dape"))
@@ -105,7 +106,7 @@ def test_the_cli_prints_one_line_per_check_and_fails_with_the_kit(capsys):
 
     assert cli.main(["check-scheme", "shaw", "max_distance=3"]) == 0
     out = capsys.readouterr().out
-    assert "ok    decoder_only: cached decoding" in out and "25 passed, 0 failed" in out
+    assert "ok    decoder_only: cached decoding" in out and "26 passed, 0 failed" in out
     assert cli.main(["check-scheme", "shaw", "max_distance=-2"]) == 1
     assert "FAIL  config" in capsys.readouterr().out
     bad = subprocess.run([sys.executable, "-m", "relpos_lab", "check-task", "reverse", "train_size"],

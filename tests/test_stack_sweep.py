@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import re
+from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
@@ -15,13 +16,15 @@ import yaml
 
 from relpos_lab import cli
 from relpos_lab.analysis.report import write_report
+from relpos_lab.api import registry
+from relpos_lab.api.errors import UserError
 from relpos_lab.config import load_config
 from relpos_lab.launch.sweep import load_sweep, stack_groups
 from relpos_lab.records.rundir import run_directory
 from relpos_lab.training import stacked
 
 # The shipped reverse experiment made tiny (test_sweep.py's), without dropout: a member's random draws
-# are its own, not its solo run's (training/stacking.py), so only a run without them is its solo twin.
+# are its own, not its solo run's (core/stack.py), so only a run without them is its solo twin.
 # Without the projections' biases: a key bias has no gradient but rounding noise, which Adam scales
 # up to a step of the full rate either way (outputs do not depend on it; the checkpoints would).
 TINY_EXPERIMENT = """\
@@ -181,3 +184,19 @@ def test_an_interrupted_stack_leaves_its_unfinished_members_to_train_again(tmp_p
         stacked.train_stacked(cfgs)
     assert (run_directory(cfgs[0]) / "results.json").is_file()
     assert not run_directory(cfgs[1]).exists()
+
+
+def test_a_scheme_that_does_not_stack_is_refused_at_the_first_step_naming_the_fix(tmp_path, monkeypatch):
+    """A plugin that reads a tensor's value on the host (test_compile's) cannot run under vmap:
+    the stack says which scheme, how to find out why, and to sweep without --stack."""
+    extra = EntryPoint("host_read", "test_compile:HostReadScheme", registry.POSITIONS.group)
+    real = registry.entry_points
+    monkeypatch.setattr(registry, "entry_points",
+                        lambda group: [*real(group=group), *([extra] if group == extra.group else [])])
+    monkeypatch.chdir(tmp_path)
+    sweep = load_sweep(_write_sweep(tmp_path, "encoder_only", train_size=0),
+                       ["trainer.max_steps=2", "model.positions.scheme=host_read", f"logging.root={tmp_path / 'runs'}"])
+    cfgs = [load_config(sweep.experiment, sweep.overrides_of(i)) for i in (0, 1)]
+    with pytest.raises(UserError, match=r"scheme 'host_read' do not stack .*`relpos-lab check-scheme host_read` "
+                                        r"says why; run this sweep without --stack"):
+        stacked.fit_stack(cfgs)

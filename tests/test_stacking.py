@@ -1,4 +1,4 @@
-"""Runs stacked into one model (relpos_lab/training/stacking.py): every built-in scheme and option
+"""Runs stacked into one model (relpos_lab/core/stack.py, training/stacking.py): every built-in scheme and option
 in every model family stacks, and a member trains exactly as its solo run does."""
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.loss import label_smoothed_loss
 from relpos_lab.core.model_config import ModelConfig
 from relpos_lab.core.positions import BUILTIN, builtin_config
+from relpos_lab.core.stack import Stack
 from relpos_lab.training.optim import build_optimizer
-from relpos_lab.training.stacking import Stack, StackedAdamW
+from relpos_lab.training.stacking import StackedAdamW
 
 from test_batch_invariance import FAMILIES, OPTIONS, _model
 

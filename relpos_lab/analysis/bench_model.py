@@ -115,7 +115,7 @@ def _bench_model(args, device, dtype) -> list[Result]:
 
 
 def _add_stacked(args, extra: dict, name: str, solo, spec, architecture: str, batch: int, length: int, device):
-    """--stack K: `name`'s step for K runs stacked into one model (training/stacking.py), beside the
+    """--stack K: `name`'s step for K runs stacked into one model (core/stack.py), beside the
     solo step; both get the aten ops they dispatch per run-step (analysis/ops.py), the stack's the
     ops of its step over K."""
     scheme, impl, random_len = spec

@@ -3,7 +3,7 @@
 A step of a small model on a GPU is bound by the host: each aten op is a dispatch (and mostly a
 kernel launch) of microseconds, whatever its size. Counting them is a measure that does not
 depend on the machine's load: `bench model --stack K` prints a solo run's step beside a stack's
-step per member (training/stacking.py).
+step per member (core/stack.py, training/stacking.py).
 """
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from relpos_lab.config import OptimConfig
 from relpos_lab.core.loss import label_smoothed_loss
+from relpos_lab.core.stack import Stack
 from relpos_lab.training.optim import build_optimizer
-from relpos_lab.training.stacking import Stack, StackedAdamW
+from relpos_lab.training.stacking import StackedAdamW
 
 
 class OpCounter(TorchDispatchMode):

@@ -18,6 +18,7 @@ decoder-only family (causal) is checked in full.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import traceback
@@ -46,6 +47,7 @@ from relpos_lab.core.compiling import graph_breaks
 from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.positions.base import Drawing, PositionScheme, position_scheme_of
 from relpos_lab.core.prefix_lm import PrefixLM
+from relpos_lab.core.stack import Stack
 from relpos_lab.core.transformer import ARCHITECTURES, DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention
 
 DRAW_KINDS = ("curves", "matrix", "bars")
@@ -73,6 +75,9 @@ ALONE = ("each example scores as if alone beside longer and shorter ones: logits
          "(batch invariance, evaluation)")
 RANDOMIZED = ("randomized positions (max_random_len=24, randomize_at_eval): finite gradients in training, and each "
               "example scores as if alone at evaluation")
+
+STACKS = ("stacks (sweep --stack): two runs as one model under vmap give each its solo loss and gradients "
+          "(float64; a warning where it does not)")
 
 
 class Advice(Exception):
@@ -191,6 +196,7 @@ def check_scheme(scheme: str | type[PositionScheme], **fields) -> Report:
         arch = next(iter(models))
         report.run(f"{arch}: torch.compile traces forward and backward as one graph, gradients as eager's "
                    "(a warning where it breaks)", lambda: _compiles(models[arch], arch, src, tgt))
+        report.run(f"{arch}: {STACKS}", lambda: _stacks(models[arch], arch, src, tgt))
         report.run("inspect drawing (optional)", lambda: _drawings(models[arch], arch, src, tgt))
     return report
 
@@ -330,6 +336,39 @@ def _compiles(model, arch, src, tgt) -> str:
     worst = max(off, key=off.get, default=None)
     assert worst is None or off[worst] < 1e-8, f"compiled, {worst}'s gradient is off by {off[worst]:.1e} of its largest"
     return "one graph"
+
+
+def _stacks(model, arch, src, tgt) -> str:
+    """Two members apart (the model, and a copy moved off it), each on its own batch. A scheme that
+    does not stack still trains alone: advice, the reason named (`sweep --stack` fails on it)."""
+    def loss(m, s, t):
+        return model_logits(m, arch, s, t).log_softmax(-1).mean().neg()
+
+    batches = torch.stack([src, src.roll(1, 0)]), torch.stack([tgt, tgt.roll(1, 0)])
+    try:
+        other = copy.deepcopy(model)
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for p in other.parameters():
+                p.add_(torch.randn_like(p), alpha=0.1)
+        members = [model.train(), other.train()]
+        stack = Stack([copy.deepcopy(m) for m in members])
+        losses = stack.apply(loss, *batches)
+        grads = stack.flat_grad(losses)
+    except Exception as err:  # noqa: BLE001 - whatever vmap (or copying the model) refuses, named for the author
+        raise Advice(f"does not stack, sweep --stack cannot train it ({type(err).__name__}: {err}); "
+                     "README's plugin guide: what a stack needs") from err
+    for k, m in enumerate(members):
+        m.zero_grad()
+        solo = loss(m, batches[0][k], batches[1][k])
+        solo.backward()
+        solo_grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                               for p in dict(m.named_parameters()).values()])
+        assert torch.allclose(losses[k], solo, rtol=1e-9, atol=1e-12), \
+            f"stacked, member {k}'s loss is {losses[k].item():.12g}, alone {solo.item():.12g}"
+        off = float((grads[k] - solo_grad).abs().max() / solo_grad.abs().max().clamp_min(1e-3))
+        assert off < 1e-8, f"stacked, member {k}'s gradient is off by {off:.1e} of its largest"
+    return "each member its solo run"
 
 
 def _drawings(model, arch: str, src, tgt) -> str:

@@ -40,7 +40,7 @@ def compile_model(model: nn.Module, mode: str) -> nn.Module:
 
 def in_transform() -> bool:
     """True inside a torch.func transform: `vmap` running a stack of runs as one model
-    (training/stacking.py), or `grad`. Like a dynamo trace, it needs plain tensor ops (no in-place
+    (core/stack.py), or `grad`. Like a dynamo trace, it needs plain tensor ops (no in-place
     autograd Function, no branch on a tensor's value)."""
     if torch.compiler.is_compiling():  # dynamo traces the model (and any vmap in it) itself
         return False

@@ -51,7 +51,7 @@ class EncoderOnly(nn.Module):
         column = torch.arange(n, device=src.device)
         where = n_src[:, None] + column  # (B, N): slot c of a row sits right after its source
         is_slot = column[None, :] < n_slots[:, None]
-        # Out of place, so that a stack of runs can vmap it (training/stacking.py)
+        # Out of place, so that a stack of runs can vmap it (core/stack.py)
         seq = torch.cat([src, src.new_full((batch, n), self.pad_id)], dim=1)
         seq = seq.scatter(1, where, torch.where(is_slot, self.slot_id, self.pad_id).to(src.dtype))
         hidden, _ = self.encoder(seq)  # (B, S + N, d)

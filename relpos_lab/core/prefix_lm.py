@@ -63,7 +63,7 @@ class PrefixLM(nn.Module):
         (batch, s), t = src.shape, tgt_in.shape[1]
         n = (src != self.pad_id).sum(-1)
         where = n[:, None] + torch.arange(t, device=src.device)  # target column c sits at n + c
-        # Out of place, so that a stack of runs can vmap it (training/stacking.py)
+        # Out of place, so that a stack of runs can vmap it (core/stack.py)
         seq = torch.cat([src, src.new_full((batch, t), self.pad_id)], dim=1).scatter(1, where, self.joint(tgt_in))
         mask = self._prefix_mask(n, s + t) if self.bidirectional else None
         logits = self.decoder(seq, self_mask=mask, causal=not self.bidirectional)

@@ -1,4 +1,4 @@
-"""The two ops a stack of runs batches itself (training/stacking.py): linear layers and SDPA.
+"""The two ops a stack of runs batches itself (core/stack.py): linear layers and SDPA.
 
 Under `vmap`, torch batches `F.linear` with per-run weights by moving, expanding and copying its
 operands around a batched matmul, about 30 ops a layer forward and backward where a solo run

@@ -41,14 +41,16 @@ from omegaconf import DictConfig
 from torch import Tensor
 from torch.nn.functional import pad
 
+from relpos_lab.api.errors import UserError
 from relpos_lab.api.task import Task
+from relpos_lab.core.stack import Stack
 from relpos_lab.records.rundir import run_directory
 from relpos_lab.training.data import TaskDataModule
 from relpos_lab.training.experiment import task_and_module, train
 from relpos_lab.training.module import RelposModule
 from relpos_lab.training.optim import lr_factor
 from relpos_lab.training.planning import RunSummary
-from relpos_lab.training.stacking import Stack, StackedAdamW
+from relpos_lab.training.stacking import StackedAdamW
 from relpos_lab.training.threads import use_cpu_threads
 
 
@@ -103,7 +105,8 @@ def fit_stack(cfgs: list[DictConfig]) -> list[MemberRecord]:
     records, logged = [MemberRecord() for _ in cfgs], []
     for step in range(total):
         batched, shared = _stacked_batch([next(b) for b in batches], _pad_id(task), device)
-        losses, nlls = stack.apply(loss, batched, shared=(shared,))
+        losses, nlls = _apply(stack, loss, batched, shared, cfgs[0]) if step == 0 else \
+            stack.apply(loss, batched, shared=(shared,))
         factors = [lr_factor(step, scheduler=o.scheduler, warmup_steps=o.warmup_steps, total_steps=total,
                              min_lr_ratio=o.min_lr_ratio) for o in optim]
         optimizer.step(stack.flat_grad(losses), torch.tensor(factors, device=device), losses.detach())
@@ -140,6 +143,16 @@ def _read_steps(cfg: DictConfig) -> set[int]:
     t = cfg.trainer
     every = {t.val_every_n_steps, t.checkpoint_every_n_steps or t.val_every_n_steps}
     return {s for s in range(1, t.max_steps + 1) if any(s % n == 0 for n in every if n)} | {t.max_steps}
+
+
+def _apply(stack: Stack, loss: Callable, batched, shared, cfg: DictConfig):
+    """The first stacked step, where a plugin that vmap cannot batch fails: said as what to do."""
+    try:
+        return stack.apply(loss, batched, shared=(shared,))
+    except Exception as err:  # noqa: BLE001 - whatever vmap refuses
+        scheme = cfg.model.positions.scheme
+        raise UserError(f"the runs of scheme {scheme!r} do not stack ({type(err).__name__}: {err}); "
+                        f"`relpos-lab check-scheme {scheme}` says why; run this sweep without --stack") from err
 
 
 def _device(cfg: DictConfig) -> torch.device:

@@ -201,7 +201,7 @@ def _pick_impl(q, k, v, call: dict) -> str:
 
     if runs("sdpa"):
         return "sdpa"
-    if in_transform():  # runs stacked by vmap (training/stacking.py): the fused kernels have no batching rule
+    if in_transform():  # runs stacked by vmap (core/stack.py): the fused kernels have no batching rule
         return "gather"
     if q.is_cuda and q.shape[-2] > 1 and runs("triton"):
         return "triton"
