@@ -200,3 +200,33 @@ def test_a_scheme_that_does_not_stack_is_refused_at_the_first_step_naming_the_fi
     with pytest.raises(UserError, match=r"scheme 'host_read' do not stack .*`relpos-lab check-scheme host_read` "
                                         r"says why; run this sweep without --stack"):
         stacked.fit_stack(cfgs)
+
+
+def test_a_member_that_diverges_stops_alone_is_reported_and_the_others_are_written(tmp_path, monkeypatch, capsys):
+    """Member b's gradient turns NaN at its third update: it stops with the parameters of step 2 and
+    its run says so. Member c, at a rate of 1e30, goes off the floats: its run cannot be written (no
+    finite metric, as alone) and fails alone. Member a is the run it is alone."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    sweep = load_sweep(_write_sweep(tmp_path, "encoder_only", train_size=0),
+                       ["trainer.max_steps=4", "trainer.val_every_n_steps=2", f"logging.root={tmp_path / 'runs'}"])
+    cfgs = [load_config(sweep.experiment, sweep.overrides_of(i) + (["optim.lr=1e30"] if i == 2 else []))
+            for i in (0, 1, 2)]
+    step = stacked.StackedAdamW.step
+
+    def nan_for_b_at_its_third(optimizer, grad, *args, **kwargs):
+        if optimizer.steps == 2:
+            grad = grad.clone()
+            grad[1, 0] = float("nan")
+        return step(optimizer, grad, *args, **kwargs)
+
+    monkeypatch.setattr(stacked.StackedAdamW, "step", nan_for_b_at_its_third)
+    a, b, c = stacked.train_stacked(cfgs)
+    out = capsys.readouterr().out
+    a_results, b_results = (json.loads((s.run_dir / "results.json").read_text()) for s in (a, b))
+    assert "stopped" not in a_results and all(math.isfinite(v) for v in a_results["metrics"].values())
+    assert b_results["stopped"]["at_step"] == 2 and "non-finite" in b_results["stopped"]["why"]
+    assert isinstance(c, stacked.MemberFailed) and "is not finite" in str(c.error)
+    for cfg, at in ((cfgs[1], "at step 2"), (cfgs[2], "at step")):
+        assert f"stack member {run_directory(cfg).name}: its loss or gradient went non-finite {at}" in out
+    assert f"stack member {run_directory(cfgs[2]).name}: FAILED (ValueError" in out

@@ -138,6 +138,7 @@ def test_a_member_that_diverges_stops_alone():
     assert not torch.equal(stack.flat[0], before[0]) and torch.isfinite(stack.flat).all()
     optimizer.step(stack.flat_grad(stack.apply(_loss, src, tgt)), 1.0)  # it stays stopped, the others train on
     assert torch.equal(stack.flat[1], before[1]) and optimizer.active.tolist() == [True, False, True]
+    assert optimizer.stopped_at.tolist() == [-1, 0, -1]  # stopped before its first update
 
 
 def test_a_member_comes_out_as_an_ordinary_model():

@@ -409,9 +409,9 @@ def stack_groups(sweep: Sweep, points: list[SweepPoint], size: int, echo=print) 
 
 
 def run_stack(sweep: Sweep, group: list[SweepPoint], echo=print) -> list[int]:
-    """Train `group`'s points as one stack in this process; returns the failed indices (all or none)."""
+    """Train `group`'s points as one stack in this process; returns the failed indices."""
     from relpos_lab.config import load_config
-    from relpos_lab.training.stacked import train_stacked
+    from relpos_lab.training.stacked import MemberFailed, train_stacked
 
     started = time.time()
     cfgs = [load_config(sweep.experiment, [*sweep.overrides_of(p.index), "resume=true"]) for p in group]
@@ -419,11 +419,17 @@ def run_stack(sweep: Sweep, group: list[SweepPoint], echo=print) -> list[int]:
     echo(f"  started a stack of points {' '.join(str(p.index) for p in group)} (log {shown_path(log_path)})")
     try:
         with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            train_stacked(cfgs, echo=lambda line: print(line, file=log, flush=True))
+            outcomes = train_stacked(cfgs, echo=lambda line: print(line, file=log, flush=True))
     except Exception as err:  # one stack failing leaves the sweep's other points to train
         for point in group:
             echo(f"  point {point.index} {point.shown}: FAILED in a stack ({type(err).__name__}: {err})")
         return [p.index for p in group]
-    for point in group:
-        echo(f"  point {point.index} {point.shown}: done in {_attempt_seconds(point, started):.0f}s (stacked)")
-    return []
+    failed = []
+    for point, outcome in zip(group, outcomes):
+        if isinstance(outcome, MemberFailed):
+            failed.append(point.index)
+            echo(f"  point {point.index} {point.shown}: FAILED in a stack ({type(outcome.error).__name__}: "
+                 f"{outcome.error}; log {shown_path(log_path)})")
+        else:
+            echo(f"  point {point.index} {point.shown}: done in {_attempt_seconds(point, started):.0f}s (stacked)")
+    return failed

@@ -192,7 +192,8 @@ def _train(cfg: DictConfig, run_dir: Path, started: float, echo: Callable[[str],
                  "main_metric": f"valid/{task.main_metric}", "seed": cfg.seed,
                  "train_lengths": list(task.train_length_range() or []) or None,
                  "parameters": sum(p.numel() for p in module.model.parameters()),
-                 "wall_seconds": None}  # this attempt's, from `started` to its results: set as they are written
+                 "wall_seconds": None,  # this attempt's, from `started` to its results: set as they are written
+                 **module.results_notes()}
         summary = _finish(cfg, trainer, module, task, loggers, watch.requeue, run_dir, extra, echo, started)
     finally:
         close_loggers(loggers)

@@ -57,6 +57,10 @@ class RelposModule(L.LightningModule):
     def forward(self, *args: Any) -> Tensor:
         return self.model(*args)
 
+    def results_notes(self) -> dict:
+        """Keys this run's results.json adds to what every run's holds (a stacked member's `stopped`)."""
+        return {}
+
     # --- training ---------------------------------------------------------------------------
 
     def on_train_start(self) -> None:

@@ -19,7 +19,10 @@
    `Task.evaluate` and results.json are made by the code that makes a solo run's, and `eval`,
    `load_model` and `report` cannot tell them apart.
 
-Exact up to float32 rounding without dropout or randomized positions (stacking.py): the stack's
+A member whose loss or gradient goes non-finite stops alone (StackedAdamW.active): its run says
+so (results.json's `stopped`), and one that cannot be written fails alone (`MemberFailed`).
+
+Exact up to float32 rounding without dropout or randomized positions (core/stack.py): the stack's
 batched matmuls add in another order than a solo run's. A member's checkpoints hold its Adam
 moments from the stack, so a member resumed alone continues as its solo run. Not supported yet:
 resuming a stack as a stack, and torch.compile of the stack.
@@ -61,18 +64,45 @@ class MemberRecord:
     losses: list[tuple[float, float]] = field(default_factory=list)  # index: the step taken (0 first)
     weights: dict[int, dict[str, Tensor]] = field(default_factory=dict)  # global step after it -> state_dict
     moments: dict[int, dict[str, tuple[Tensor, Tensor]]] = field(default_factory=dict)  # Adam's, by parameter
+    stopped_at: int | None = None  # the step where its loss or gradient went non-finite and it stopped
+
+    def notes(self) -> dict:
+        """What results.json says of a member that stopped (nothing of one that trained through)."""
+        if self.stopped_at is None:
+            return {}
+        return {"stopped": {"at_step": self.stopped_at,
+                            "why": "its loss or gradient went non-finite in the stack; it took no update from "
+                                   "there, so its parameters are those of that step (the other members trained on)"}}
 
 
-def train_stacked(cfgs: list[DictConfig], echo: Callable[[str], None] = print) -> list[RunSummary]:
+@dataclass
+class MemberFailed:
+    """A member whose run could not be written (its metrics not finite, say): the others were."""
+
+    run_dir: Path
+    error: Exception
+
+
+def train_stacked(cfgs: list[DictConfig], echo: Callable[[str], None] = print) -> list[RunSummary | MemberFailed]:
     """Train `cfgs` (configs that differ only in what a stack varies) as one stack, then write each
-    member's run directory with the solo pipeline; returns each member's summary."""
+    member's run directory with the solo pipeline; returns each member's summary, or why it failed
+    (as a solo run would have: a member that stopped on a non-finite loss may have no finite metric)."""
     started = time.time()
     use_cpu_threads(cfgs[0].trainer.threads, 1)
     new = [run_directory(cfg) for cfg in cfgs if not run_directory(cfg).exists()]
     records = fit_stack(cfgs)
+    for cfg, record in zip(cfgs, records):
+        if record.stopped_at is not None:
+            echo(f"stack member {run_directory(cfg).name}: its loss or gradient went non-finite at step "
+                 f"{record.stopped_at}; it stopped there, the others trained on (results.json: 'stopped')")
+    outcomes: list[RunSummary | MemberFailed] = []
     try:
-        return [train(cfg, echo, started=started, build_module=partial(ReplayModule, record=record))
-                for cfg, record in zip(cfgs, records)]
+        for cfg, record in zip(cfgs, records):
+            try:
+                outcomes.append(train(cfg, echo, started=started, build_module=partial(ReplayModule, record=record)))
+            except Exception as err:  # noqa: BLE001 - one member's failure leaves the others to be written
+                echo(f"stack member {run_directory(cfg).name}: FAILED ({type(err).__name__}: {err})")
+                outcomes.append(MemberFailed(run_directory(cfg), err))
     except BaseException:
         # A member stopped while its run was written (Ctrl-C, SIGTERM) holds checkpoints of the
         # weights last loaded, not of its step: this stack's unfinished members start over.
@@ -80,6 +110,7 @@ def train_stacked(cfgs: list[DictConfig], echo: Callable[[str], None] = print) -
             if run_dir.is_dir() and not (run_dir / "results.json").exists():
                 shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    return outcomes
 
 
 def fit_stack(cfgs: list[DictConfig]) -> list[MemberRecord]:
@@ -116,8 +147,9 @@ def fit_stack(cfgs: list[DictConfig]) -> list[MemberRecord]:
                 record.weights[step + 1] = {n: t.cpu() for n, t in stack.member_state_dict(k).items()}
                 record.moments[step + 1] = _moments(stack, optimizer, k)
     values = torch.stack(logged).tolist() if logged else []  # (steps, 2, K)
-    for k, record in enumerate(records):
+    for k, (record, stopped) in enumerate(zip(records, optimizer.stopped_at.tolist())):
         record.losses = [(loss[k], nll[k]) for loss, nll in values]
+        record.stopped_at = stopped if stopped >= 0 else None
     return records
 
 
@@ -215,6 +247,9 @@ class ReplayModule(RelposModule):
     def __init__(self, cfg: DictConfig, task: Task, test_split: str = "test", *, record: MemberRecord):
         super().__init__(cfg, task, test_split)
         self.record = record
+
+    def results_notes(self) -> dict:
+        return self.record.notes()
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss, nll = self.record.losses[self.global_step]

@@ -31,6 +31,9 @@ class StackedAdamW:
         self.active = torch.ones(k, dtype=torch.bool, device=stack.flat.device)
         """members still training: one whose loss or gradient went non-finite stops alone (its
         parameters and moments stay as they were before that step)"""
+        self.stopped_at = torch.full((k,), -1, dtype=torch.long, device=stack.flat.device)
+        """each stopped member's updates taken before it stopped (−1: still training); kept on the
+        device, so that no step waits to read it"""
 
     @torch.no_grad()
     def step(self, grad: Tensor, lr_factor: float | Tensor = 1.0, loss: Tensor | None = None) -> Tensor:
@@ -39,6 +42,7 @@ class StackedAdamW:
         norms = grad.norm(dim=1, keepdim=True)
         finite = torch.isfinite(norms) if loss is None else torch.isfinite(norms) & torch.isfinite(loss)[:, None]
         self.active &= finite[:, 0]
+        self.stopped_at = torch.where(self.active | (self.stopped_at >= 0), self.stopped_at, self.steps)
         on = self.active[:, None]
         # clip_grad_norm_: scale by max_norm / (norm + 1e-6) where that is below 1
         clip = torch.where(self.max_grad_norm > 0, self.max_grad_norm / (norms + 1e-6), 1.0).clamp(max=1.0)
