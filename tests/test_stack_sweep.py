@@ -230,3 +230,23 @@ def test_a_member_that_diverges_stops_alone_is_reported_and_the_others_are_writt
     for cfg, at in ((cfgs[1], "at step 2"), (cfgs[2], "at step")):
         assert f"stack member {run_directory(cfg).name}: its loss or gradient went non-finite {at}" in out
     assert f"stack member {run_directory(cfgs[2]).name}: FAILED (ValueError" in out
+
+
+@pytest.mark.slow
+def test_a_compiled_stack_trains_its_members_as_the_eager_stack_does(tmp_path, monkeypatch):
+    """trainer.compile on a stacked sweep: the stack's forward and update compile (inductor) with no
+    graph break, and each member's results are the eager stack's up to float32 rounding."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    path = _write_sweep(tmp_path, "encoder_only", train_size=0)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    for root, mode in (("eager", "none"), ("compiled", "default")):
+        args = ["sweep", str(path), "--stack", "3", f"logging.root={tmp_path / root}", f"trainer.compile={mode}"]
+        assert cli.main(args) == 0
+    assert not torch._dynamo.utils.counters["graph_break"]
+    sweeps = (load_sweep(path, [f"logging.root={tmp_path / root}"]) for root in ("eager", "compiled"))
+    for eager, compiled in zip(*(sweep.points for sweep in sweeps)):
+        a, b = (json.loads((Path(p.run_dir) / "results.json").read_text()) for p in (eager, compiled))
+        different = {k: (v, b["metrics"][k]) for k, v in a["metrics"].items() if not _close(v, b["metrics"][k])}
+        assert not different, (eager.shown, different)

@@ -11,6 +11,7 @@ from relpos_lab.analysis import ops
 from relpos_lab.api import batch_invariance
 from relpos_lab.api.testing import tiny_model_config
 from relpos_lab.config import OptimConfig
+from relpos_lab.core.compiling import graph_breaks
 from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.loss import label_smoothed_loss
 from relpos_lab.core.model_config import ModelConfig
@@ -179,3 +180,21 @@ def test_a_stack_of_32_dispatches_at_most_a_25th_of_the_ops_per_run(scheme):
     solo = ops.count_ops(ops.solo_step(models[0], lambda m: ops.encoder_only_loss(m, src[0], tgt[0]))).total
     stacked = ops.count_ops(ops.stacked_step(models, ops.encoder_only_loss, (src, tgt))).total
     assert stacked / runs <= solo / 25, f"{scheme}: {stacked / runs:.1f} ops per run-step stacked, {solo} solo"
+
+
+COMPILED_QUICK = ("shaw", "alibi randomized")
+"""A table scheme and a randomized bias by default; every option under `-m slow` (dynamo traces each, ~5 s)."""
+
+
+@pytest.mark.parametrize("option", [pytest.param(o, marks=() if o in COMPILED_QUICK else (pytest.mark.slow,))
+                                    for o in OPTIONS])
+def test_a_stacked_step_traces_as_one_graph_for_the_forward_and_one_for_the_update(option):
+    """What `trainer.compile` compiles of a stack (training/stacked.py): its forward with the loss,
+    and StackedAdamW's update, each one graph (no break), in the papers' family."""
+    members = _members(option, "encoder_only")
+    stack = Stack(members)
+    optimizer = StackedAdamW(stack, lr=[1e-2, 3e-3, 5e-2], max_grad_norm=1.0)
+    src, tgt = _batches()
+    assert graph_breaks(lambda s, t: stack.apply(_loss, s, t), src, tgt) == []
+    losses = stack.apply(_loss, src, tgt)
+    assert graph_breaks(optimizer.step, stack.flat_grad(losses), torch.full((K,), 0.5), losses.detach()) == []

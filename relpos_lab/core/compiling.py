@@ -16,6 +16,8 @@ tensor's value there. `graph_breaks` says where a plugin scheme does not.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -29,13 +31,25 @@ def compile_model(model: nn.Module, mode: str) -> nn.Module:
     A run that recompiles past dynamo's limit (`torch._dynamo.config.recompile_limit`, too many
     distinct shapes) fails with dynamo's error naming the limit instead of quietly going on eager.
     """
+    if _compiles(mode):
+        model.compile(mode=None if mode == "default" else mode)
+    return model
+
+
+def compile_function(fn: Callable, mode: str) -> Callable:
+    """`fn` compiled as `compile_model` compiles a forward: a stack's forward (with its backward) and
+    its update (training/stacked.py), each one function and so one graph."""
+    return torch.compile(fn, mode=None if mode == "default" else mode) if _compiles(mode) else fn
+
+
+def _compiles(mode: str) -> bool:
+    """Whether `mode` compiles (it is checked); if so, a recompile past dynamo's limit is an error."""
     if mode not in MODES:
         raise ValueError(f"compile mode {mode!r}; choose one of {', '.join(MODES)}")
     if mode == "none":
-        return model
+        return False
     torch._dynamo.config.fail_on_recompile_limit_hit = True
-    model.compile(mode=None if mode == "default" else mode)
-    return model
+    return True
 
 
 def in_transform() -> bool:

@@ -375,7 +375,6 @@ def why_not_stacked(resolved: dict, run_dir: Path) -> str | None:
                (str(trainer["precision"]) != "32", f"trainer.precision={trainer['precision']}"),
                (trainer["accumulate_grad_batches"] != 1, "trainer.accumulate_grad_batches > 1"),
                (trainer["devices"] != 1 or trainer["num_nodes"] != 1, "more than one device"),
-               (trainer["compile"] != "none", f"trainer.compile={trainer['compile']}"),
                (trainer.get("stop_at") is not None, "trainer.stop_at (members would stop apart)")]
     return next((why for hit, why in reasons if hit), None)
 

@@ -24,8 +24,9 @@ so (results.json's `stopped`), and one that cannot be written fails alone (`Memb
 
 Exact up to float32 rounding without dropout or randomized positions (core/stack.py): the stack's
 batched matmuls add in another order than a solo run's. A member's checkpoints hold its Adam
-moments from the stack, so a member resumed alone continues as its solo run. Not supported yet:
-resuming a stack as a stack, and torch.compile of the stack.
+moments from the stack, so a member resumed alone continues as its solo run. `trainer.compile`
+compiles the stack's forward with its backward, and its update, each as one graph. Not supported
+yet: resuming a stack as a stack.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from torch.nn.functional import pad
 
 from relpos_lab.api.errors import UserError
 from relpos_lab.api.task import Task
+from relpos_lab.core.compiling import compile_function
 from relpos_lab.core.stack import Stack
 from relpos_lab.records.rundir import run_directory
 from relpos_lab.training.data import TaskDataModule
@@ -131,16 +133,18 @@ def fit_stack(cfgs: list[DictConfig]) -> list[MemberRecord]:
                              max_grad_norm=[cfg.trainer.gradient_clip_val or 0.0 for cfg in cfgs])
     task = tasks[0]
     loss = partial(_member_loss, task.loss, float(cfgs[0].optim.label_smoothing))
+    mode = cfgs[0].trainer.compile  # one graph for the forward and backward, one for the update
+    forward = compile_function(partial(stack.apply, loss), mode)
+    update = compile_function(optimizer.step, mode)
     batches = [_endless(TaskDataModule(t, cfg.data), total) for t, cfg in zip(tasks, cfgs)]
     kept = [_read_steps(cfg) for cfg in cfgs]
     records, logged = [MemberRecord() for _ in cfgs], []
     for step in range(total):
         batched, shared = _stacked_batch([next(b) for b in batches], _pad_id(task), device)
-        losses, nlls = _apply(stack, loss, batched, shared, cfgs[0]) if step == 0 else \
-            stack.apply(loss, batched, shared=(shared,))
+        losses, nlls = _first(forward, batched, shared, cfgs[0]) if step == 0 else forward(batched, shared=(shared,))
         factors = [lr_factor(step, scheduler=o.scheduler, warmup_steps=o.warmup_steps, total_steps=total,
                              min_lr_ratio=o.min_lr_ratio) for o in optim]
-        optimizer.step(stack.flat_grad(losses), torch.tensor(factors, device=device), losses.detach())
+        update(stack.flat_grad(losses), torch.tensor(factors, device=device), losses.detach())
         logged.append(torch.stack([losses, nlls]).detach())  # read back once, at the end: no wait per step
         for k, record in enumerate(records):
             if step + 1 in kept[k]:
@@ -177,10 +181,10 @@ def _read_steps(cfg: DictConfig) -> set[int]:
     return {s for s in range(1, t.max_steps + 1) if any(s % n == 0 for n in every if n)} | {t.max_steps}
 
 
-def _apply(stack: Stack, loss: Callable, batched, shared, cfg: DictConfig):
+def _first(forward: Callable, batched, shared, cfg: DictConfig):
     """The first stacked step, where a plugin that vmap cannot batch fails: said as what to do."""
     try:
-        return stack.apply(loss, batched, shared=(shared,))
+        return forward(batched, shared=(shared,))
     except Exception as err:  # noqa: BLE001 - whatever vmap refuses
         scheme = cfg.model.positions.scheme
         raise UserError(f"the runs of scheme {scheme!r} do not stack ({type(err).__name__}: {err}); "
