@@ -74,3 +74,33 @@ def test_step_times_need_list_and_a_bench_model_file(tmp_path, capsys):
     assert "not a `relpos-lab bench model --json` file (it is a `bench attention` file)" in capsys.readouterr().err
     with pytest.raises(UserError, match=r"missing.json: No such file or directory; write the file with"):
         StepTimes.read(tmp_path / "missing.json")
+
+
+def test_a_stacked_sweep_costs_one_stacked_step_a_stack_and_says_its_ops(tmp_path, capsys):
+    """`--list --stack 2` with a `bench model --stack 2` file: each scheme's two seeds are one stack
+    at the measured two-run step; the bench's ops per run-step are printed beside."""
+    path = bench_json(tmp_path, "--stack", "2")
+    times = StepTimes.read(path)
+    assert {"model-none", "model-shaw-auto"} <= set(times.stacked) and times.stacked["model-none"][0] == 2
+    assert times.ops["model-none"] > times.ops["model-none-stack2"] > 0
+    sweep = write_sweep(tmp_path)  # none and shaw k=2, seeds 1 and 2, 12 steps each
+    assert cli.main(["sweep", str(sweep), "--list", "--stack", "2", "--step-times", path,
+                     "cluster.runs_per_gpu=4"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "with --stack 2: stack of 2: points 0 1 stack of 2: points 2 3" in out
+    stacked_ms = times.stacked["model-none"][1] + times.stacked["model-shaw-auto"][1]
+    priced = estimate(configs(sweep), times, [[0, 1], [2, 3]])
+    assert priced.stacked.hours == pytest.approx(12 * stacked_ms / 3.6e6) and priced.stacked.stacks == 2
+    assert "stacked (--stack): " in out and "2 stack(s) at the stacked step bench model measured " \
+        "(model-none K=2, model-shaw-auto K=2), 0 point(s) alone" in out
+    assert f"model-none {times.ops['model-none']:,.0f} alone, {times.ops['model-none-stack2']:,.1f} stacked at K=2" \
+        in out
+    assert priced.packed_by == 1 and estimate(configs(sweep, "cluster.runs_per_gpu=4"), times).packed_by == 4
+    assert ", packed 4 a GPU at best " in out
+
+
+def test_list_stack_without_step_times_shows_the_stacks_and_how_to_price_them(tmp_path, capsys):
+    assert cli.main(["sweep", str(write_sweep(tmp_path)), "--list", "--stack", "8"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "with --stack 8: stack of 2: points 0 1 stack of 2: points 2 3" in out
+    assert "price it with --step-times, from `relpos-lab bench model --stack 8 --json FILE`" in out

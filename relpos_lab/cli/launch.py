@@ -24,7 +24,8 @@ from relpos_lab.terminal import console, echo, show_columns, show_submission, sh
          arg("--reuse", action="store_true", help="link points whose experiment already finished in another "
              "sweep under the same logging root instead of training them again"),
          arg("--stack", type=int, default=0, metavar="K", help="train points that differ only in seeds, optim "
-             "and clipping as one stacked model, K at a time (local runs; docs/sweeps.md)"),
+             "and clipping as one stacked model, K at a time (local runs; with --list: how they stack, priced with "
+             "--step-times; docs/sweeps.md)"),
          OVERRIDES)
 def sweep(args: argparse.Namespace) -> int:
     from relpos_lab.launch.sweep import link_identical_runs, load_sweep, run_locally
@@ -34,8 +35,9 @@ def sweep(args: argparse.Namespace) -> int:
     if args.dry_run and not args.slurm:  # a user who asks for a dry run must never get a real one
         raise UserError("--dry-run goes with --slurm (it prints the sbatch script); to see the grid without "
                         "running it, use --list")
-    if args.stack and (args.slurm or args.point is not None or args.list):
-        raise UserError("--stack goes with a local sweep (it groups the points this command trains)")
+    if args.stack and (args.slurm or args.point is not None):
+        raise UserError("--stack goes with a local sweep (it groups the points this command trains) or --list "
+                        "(it prices them stacked)")
     one_point = args.point is not None and not (args.reuse or args.slurm)
     grid = load_sweep(args.sweep_file, args.overrides, only=args.point if one_point else None)
     if args.reuse:
@@ -46,7 +48,7 @@ def sweep(args: argparse.Namespace) -> int:
         return train_sweep_point(grid, args.point)
     manifest = grid.write_manifest()
     if args.list:
-        return list_sweep(grid, manifest, args.step_times)
+        return list_sweep(grid, manifest, args.step_times, args.stack)
     failed = run_locally(grid, args.max_parallel, echo=echo, stack=args.stack)
     console.print(f"sweep {grid.name}: {len(grid.points) - len(failed)}/{len(grid.points)} points finished; "
                   f"report with: {PROG} report {shown_path(grid.directory)}")
@@ -76,18 +78,26 @@ def train_sweep_point(grid, index: int) -> int:
     return 0
 
 
-def list_sweep(grid, manifest, step_times: str | None = None) -> int:
-    """`sweep --list`: the grid and each point's status; nothing runs. With step times, its cost."""
-    from relpos_lab.launch.sweep import is_finished
+def list_sweep(grid, manifest, step_times: str | None = None, stack: int = 0) -> int:
+    """`sweep --list`: the grid and each point's status; nothing runs. With step times, its cost;
+    with --stack, how it would stack (and that cost)."""
+    from relpos_lab.launch.sweep import is_finished, stack_groups
 
     show_columns(f"sweep {grid.name} ({manifest})", [*grid.axes, "point", "status", "run directory"],
                  [[*p.labels.values(), str(p.index), "finished" if is_finished(p) else "to run",
                    shown_path(Path(p.run_dir))] for p in grid.points])
+    groups = None
+    if stack > 1:
+        console.print(f"with --stack {stack}:")
+        groups = [[p.index for p in group] for group in stack_groups(grid, grid.points, stack, console.print)]
+        if step_times is None:
+            console.print(f"price it with --step-times, from `{PROG} bench model --stack {stack} --json FILE` at the "
+                          "sweep's shape on its device (aten ops per run-step and step times, alone and stacked)")
     if step_times is not None:
         from relpos_lab.analysis.estimate import StepTimes, estimate
 
         times = StepTimes.read(step_times)
-        for line in estimate([grid.config(p.index) for p in grid.points], times).lines():
+        for line in estimate([grid.config(p.index) for p in grid.points], times, groups).lines():
             console.print(line)
     return 0
 
