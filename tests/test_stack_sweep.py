@@ -6,7 +6,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
+import signal
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
@@ -164,9 +166,11 @@ def test_points_group_by_what_a_stack_cannot_vary(tmp_path, capsys):
     assert "stack of 2: points 0 1" in out and "alone: point 2 scheme=shaw run=c" in out
 
 
-def test_an_interrupted_stack_leaves_its_unfinished_members_to_train_again(tmp_path, monkeypatch):
+def test_a_stack_stopped_while_its_members_are_written_writes_the_rest_from_its_checkpoint(tmp_path, monkeypatch,
+                                                                                           capsys):
     """A member stopped while its run is written holds checkpoints of the weights last loaded, not
-    of its step: its directory goes, and the members finished before it stay."""
+    of its step: its directory goes, the members finished before it stay, and a rerun of the rest
+    takes the stack, trained to the end, from its checkpoint instead of training it again."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")
     sweep = load_sweep(_write_sweep(tmp_path, "encoder_only", train_size=0),
@@ -184,6 +188,11 @@ def test_an_interrupted_stack_leaves_its_unfinished_members_to_train_again(tmp_p
         stacked.train_stacked(cfgs)
     assert (run_directory(cfgs[0]) / "results.json").is_file()
     assert not run_directory(cfgs[1]).exists()
+    monkeypatch.setattr(stacked.ReplayModule, "optimizer_step", replay)
+    (summary,) = stacked.train_stacked(cfgs[1:])
+    assert "stack of 1: resuming at step 4 from " in capsys.readouterr().out
+    assert (summary.run_dir / "results.json").is_file()
+    assert not list((run_directory(cfgs[0]).parent / "stacks").iterdir())  # every member written: gone
 
 
 def test_a_scheme_that_does_not_stack_is_refused_at_the_first_step_naming_the_fix(tmp_path, monkeypatch):
@@ -250,3 +259,42 @@ def test_a_compiled_stack_trains_its_members_as_the_eager_stack_does(tmp_path, m
         a, b = (json.loads((Path(p.run_dir) / "results.json").read_text()) for p in (eager, compiled))
         different = {k: (v, b["metrics"][k]) for k, v in a["metrics"].items() if not _close(v, b["metrics"][k])}
         assert not different, (eager.shown, different)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stack_interrupted_in_training_resumes_where_it_stopped_as_if_never_stopped(tmp_path, monkeypatch,
+                                                                                     capsys, signum):
+    """Ctrl-C or SIGTERM in the third of eight steps: the stack saves at that step's end and stops
+    (SIGTERM with 143); the rerun resumes at step 3, and every member's results and last checkpoint
+    are those of a stack never stopped."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    path = _write_sweep(tmp_path, "encoder_only", train_size=0)
+    steps = ["trainer.max_steps=8", "trainer.val_every_n_steps=4"]
+    twins = {}
+    for root in ("whole", "stopped"):
+        sweep = load_sweep(path, [*steps, f"logging.root={tmp_path / root}"])
+        twins[root] = [load_config(sweep.experiment, sweep.overrides_of(i)) for i in (0, 1)]
+    whole = stacked.train_stacked(twins["whole"])
+    keep = stacked._keep
+
+    def signalled_in_the_third(stack, optimizer, records, kept, step):
+        if step == 3:
+            os.kill(os.getpid(), signum)  # the real signal, through the stack's handler
+        return keep(stack, optimizer, records, kept, step)
+
+    monkeypatch.setattr(stacked, "_keep", signalled_in_the_third)
+    with pytest.raises(KeyboardInterrupt if signum == signal.SIGINT else SystemExit) as stop:
+        stacked.train_stacked(twins["stopped"])
+    assert signum == signal.SIGINT or stop.value.code == 143
+    out = capsys.readouterr().out
+    assert "the stack stopped after step 3 of 8, its checkpoint " in out and "rerun the sweep to resume it" in out
+    assert not any(run_directory(cfg).exists() for cfg in twins["stopped"])
+    monkeypatch.setattr(stacked, "_keep", keep)
+    resumed = stacked.train_stacked(twins["stopped"])
+    assert "stack of 2: resuming at step 3 from " in capsys.readouterr().out
+    for a, b in zip(whole, resumed):
+        results = [json.loads((s.run_dir / "results.json").read_text()) for s in (a, b)]
+        assert results[0]["metrics"] == results[1]["metrics"] and results[0]["by_length"] == results[1]["by_length"]
+        ckpts = [torch.load(s.run_dir / "checkpoints" / "last.ckpt", weights_only=False) for s in (a, b)]
+        assert all(torch.equal(ckpts[0]["state_dict"][k], v) for k, v in ckpts[1]["state_dict"].items())

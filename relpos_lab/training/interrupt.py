@@ -142,3 +142,39 @@ class InterruptCheckpoint(Callback):
         """The Ctrl-C or SIGTERM that came after the last training step (during the last
         validation), not acted on yet; None if none did."""
         return self._requested if self.stopped_by is None else None
+
+
+class StopRequests:
+    """Ctrl-C and SIGTERM as requests, for a loop outside Lightning (a stack's: training/stacked.py)
+    that saves between its steps, as InterruptCheckpoint does for a run: `signum` is the signal
+    waiting, `raise_if_requested` stops the loop after the save. A second Ctrl-C stops at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopRequests:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._note) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def _note(self, signum: int, _frame) -> None:
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+        if signum == signal.SIGINT:
+            os.write(2, b"\nrelpos-lab: Ctrl-C: saving the stack's checkpoint at the end of this step, then "
+                        b"stopping (Ctrl-C again stops at once, without one)\n")
+
+    def raise_if_requested(self, message: str, echo) -> None:
+        """After the checkpoint of a step: stop as the signal asks (KeyboardInterrupt for Ctrl-C,
+        `sigterm_exit`'s SIGTERMException for SIGTERM), saying where the work is."""
+        if self.signum is None:
+            return
+        echo(message)
+        raise KeyboardInterrupt if self.signum == signal.SIGINT else sigterm_exit()
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}

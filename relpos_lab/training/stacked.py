@@ -10,7 +10,8 @@
    every member at once (`Stack.apply`) and updates them with `StackedAdamW`: each member's own
    peak rate, schedule (`optim.lr_factor`), betas, eps, weight decay and clipping norm
    (`trainer.gradient_clip_val`). It keeps each member's losses and, at the steps its run
-   validates or saves a checkpoint, its weights.
+   validates or saves a checkpoint, its weights; at those steps and on Ctrl-C or SIGTERM it saves
+   its own checkpoint (training/stack_checkpoint.py), where a rerun of the sweep resumes it.
 2. **Each member's run is written by the solo pipeline.** `experiment.train` runs the member's own
    config with a `ReplayModule`: Lightning's fit goes through the member's steps with its own data
    loader, callbacks and loggers, but takes no optimizer step; it logs the stack's losses and loads
@@ -25,15 +26,14 @@ so (results.json's `stopped`), and one that cannot be written fails alone (`Memb
 Exact up to float32 rounding without dropout or randomized positions (core/stack.py): the stack's
 batched matmuls add in another order than a solo run's. A member's checkpoints hold its Adam
 moments from the stack, so a member resumed alone continues as its solo run. `trainer.compile`
-compiles the stack's forward with its backward, and its update, each as one graph. Not supported
-yet: resuming a stack as a stack.
+compiles the stack's forward with its backward, and its update, each as one graph.
 """
 from __future__ import annotations
 
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -45,16 +45,18 @@ from omegaconf import DictConfig
 from torch import Tensor
 from torch.nn.functional import pad
 
-from relpos_lab.api.errors import UserError
+from relpos_lab.api.errors import UserError, shown_path
 from relpos_lab.api.task import Task
 from relpos_lab.core.compiling import compile_function
 from relpos_lab.core.stack import Stack
 from relpos_lab.records.rundir import run_directory
 from relpos_lab.training.data import TaskDataModule
 from relpos_lab.training.experiment import task_and_module, train
+from relpos_lab.training.interrupt import StopRequests
 from relpos_lab.training.module import RelposModule
 from relpos_lab.training.optim import lr_factor
 from relpos_lab.training.planning import RunSummary
+from relpos_lab.training.stack_checkpoint import StackCheckpoint, StackState, rng_state, set_rng_state
 from relpos_lab.training.stacking import StackedAdamW
 from relpos_lab.training.threads import use_cpu_threads
 
@@ -92,7 +94,7 @@ def train_stacked(cfgs: list[DictConfig], echo: Callable[[str], None] = print) -
     started = time.time()
     use_cpu_threads(cfgs[0].trainer.threads, 1)
     new = [run_directory(cfg) for cfg in cfgs if not run_directory(cfg).exists()]
-    records = fit_stack(cfgs)
+    records = fit_stack(cfgs, echo)
     for cfg, record in zip(cfgs, records):
         if record.stopped_at is not None:
             echo(f"stack member {run_directory(cfg).name}: its loss or gradient went non-finite at step "
@@ -107,54 +109,117 @@ def train_stacked(cfgs: list[DictConfig], echo: Callable[[str], None] = print) -
                 outcomes.append(MemberFailed(run_directory(cfg), err))
     except BaseException:
         # A member stopped while its run was written (Ctrl-C, SIGTERM) holds checkpoints of the
-        # weights last loaded, not of its step: this stack's unfinished members start over.
+        # weights last loaded, not of its step: its directory goes, and a rerun writes it again
+        # from the stack's checkpoint (trained to the end), as it does the members not yet written.
         for run_dir in new:
             if run_dir.is_dir() and not (run_dir / "results.json").exists():
                 shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    StackCheckpoint(cfgs).remove()
     return outcomes
 
 
-def fit_stack(cfgs: list[DictConfig]) -> list[MemberRecord]:
-    """Train the members together for their common trainer.max_steps; returns what each run reads."""
-    steps = {int(cfg.trainer.max_steps) for cfg in cfgs}
-    if len(steps) != 1:
-        raise ValueError(f"stacked runs train for one number of steps, not {sorted(steps)}")
-    total = steps.pop()
+def fit_stack(cfgs: list[DictConfig], echo: Callable[[str], None] = print) -> list[MemberRecord]:
+    """Train the members together for their common trainer.max_steps, from the stack's checkpoint
+    where an earlier attempt left one; returns what each run reads."""
+    total = _common_steps(cfgs)
     members = [task_and_module(cfg, Path(), None) for cfg in cfgs]
     device = _device(cfgs[0])
     stack = Stack([module.model.to(device) for _, module in members])
     tasks = [task for task, _ in members]
     del members  # the stack holds the weights now: the members' own copies go
-    optim = [cfg.optim for cfg in cfgs]
-    optimizer = StackedAdamW(stack, lr=[o.lr for o in optim], betas=([o.betas[0] for o in optim],
-                                                                      [o.betas[1] for o in optim]),
-                             eps=[o.eps for o in optim], weight_decay=[o.weight_decay for o in optim],
-                             max_grad_norm=[cfg.trainer.gradient_clip_val or 0.0 for cfg in cfgs])
-    task = tasks[0]
-    loss = partial(_member_loss, task.loss, float(cfgs[0].optim.label_smoothing))
+    optimizer = _optimizer(stack, cfgs)
+    loss = partial(_member_loss, tasks[0].loss, float(cfgs[0].optim.label_smoothing))
     mode = cfgs[0].trainer.compile  # one graph for the forward and backward, one for the update
     forward = compile_function(partial(stack.apply, loss), mode)
     update = compile_function(optimizer.step, mode)
-    batches = [_endless(TaskDataModule(t, cfg.data), total) for t, cfg in zip(tasks, cfgs)]
+    streams = [MemberStream(TaskDataModule(t, cfg.data), total) for t, cfg in zip(tasks, cfgs)]
+    records = [MemberRecord() for _ in cfgs]
+    checkpoint = StackCheckpoint(cfgs)
+    start = _restore(checkpoint, stack, optimizer, records, streams, echo)
     kept = [_read_steps(cfg) for cfg in cfgs]
-    records, logged = [MemberRecord() for _ in cfgs], []
-    for step in range(total):
-        batched, shared = _stacked_batch([next(b) for b in batches], _pad_id(task), device)
-        losses, nlls = _first(forward, batched, shared, cfgs[0]) if step == 0 else forward(batched, shared=(shared,))
-        factors = [lr_factor(step, scheduler=o.scheduler, warmup_steps=o.warmup_steps, total_steps=total,
-                             min_lr_ratio=o.min_lr_ratio) for o in optim]
-        update(stack.flat_grad(losses), torch.tensor(factors, device=device), losses.detach())
-        logged.append(torch.stack([losses, nlls]).detach())  # read back once, at the end: no wait per step
-        for k, record in enumerate(records):
-            if step + 1 in kept[k]:
-                record.weights[step + 1] = {n: t.cpu() for n, t in stack.member_state_dict(k).items()}
-                record.moments[step + 1] = _moments(stack, optimizer, k)
-    values = torch.stack(logged).tolist() if logged else []  # (steps, 2, K)
-    for k, (record, stopped) in enumerate(zip(records, optimizer.stopped_at.tolist())):
-        record.losses = [(loss[k], nll[k]) for loss, nll in values]
+    every = 60 * float(cfgs[0].trainer.checkpoint_every_minutes or 0.0)
+    saved_at, logged = time.monotonic(), []
+    with StopRequests() as stop:
+        for step in range(start, total):
+            batched, shared = _stacked_batch([next(s) for s in streams], _pad_id(tasks[0]), device)
+            losses, nlls = (_first(forward, batched, shared, cfgs[0]) if step == start
+                            else forward(batched, shared=(shared,)))
+            factors = [lr_factor(step, scheduler=o.scheduler, warmup_steps=o.warmup_steps, total_steps=total,
+                                 min_lr_ratio=o.min_lr_ratio) for o in (cfg.optim for cfg in cfgs)]
+            update(stack.flat_grad(losses), torch.tensor(factors, device=device), losses.detach())
+            logged.append(torch.stack([losses, nlls]).detach())  # read back at a save: no wait per step
+            _keep(stack, optimizer, records, kept, step + 1)
+            due = any(step + 1 in k for k in kept) or (every and time.monotonic() - saved_at > every)
+            if due or stop.signum is not None:
+                _flush(logged, records)
+                checkpoint.save(_state(step + 1, checkpoint, stack, optimizer, records, streams))
+                saved_at = time.monotonic()
+                stop.raise_if_requested(f"the stack stopped after step {step + 1} of {total}, its checkpoint "
+                                        f"{shown_path(checkpoint.path)}: rerun the sweep to resume it", echo)
+    _flush(logged, records)
+    for record, stopped in zip(records, optimizer.stopped_at.tolist()):
         record.stopped_at = stopped if stopped >= 0 else None
     return records
+
+
+def _common_steps(cfgs: list[DictConfig]) -> int:
+    steps = {int(cfg.trainer.max_steps) for cfg in cfgs}
+    if len(steps) != 1:
+        raise ValueError(f"stacked runs train for one number of steps, not {sorted(steps)}")
+    return steps.pop()
+
+
+def _optimizer(stack: Stack, cfgs: list[DictConfig]) -> StackedAdamW:
+    """Each member's own AdamW and clipping, from its config."""
+    optim = [cfg.optim for cfg in cfgs]
+    return StackedAdamW(stack, lr=[o.lr for o in optim], betas=([o.betas[0] for o in optim],
+                                                                [o.betas[1] for o in optim]),
+                        eps=[o.eps for o in optim], weight_decay=[o.weight_decay for o in optim],
+                        max_grad_norm=[cfg.trainer.gradient_clip_val or 0.0 for cfg in cfgs])
+
+
+def _keep(stack: Stack, optimizer: StackedAdamW, records: list[MemberRecord], kept: list[set[int]], step: int):
+    """Each member's weights and Adam moments at the steps its run reads them."""
+    for k, record in enumerate(records):
+        if step in kept[k]:
+            record.weights[step] = {n: t.cpu() for n, t in stack.member_state_dict(k).items()}
+            record.moments[step] = _moments(stack, optimizer, k)
+
+
+def _flush(logged: list[Tensor], records: list[MemberRecord]) -> None:
+    """The (loss, nll) of the steps since the last flush, read back from the device once."""
+    values = torch.stack(logged).tolist() if logged else []  # (steps, 2, K)
+    for k, record in enumerate(records):
+        record.losses += [(loss[k], nll[k]) for loss, nll in values]
+    logged.clear()
+
+
+def _state(step: int, checkpoint: StackCheckpoint, stack: Stack, optimizer: StackedAdamW,
+           records: list[MemberRecord], streams: list[MemberStream]) -> StackState:
+    tensors = {"flat": stack.flat, "exp_avg": optimizer.exp_avg, "exp_avg_sq": optimizer.exp_avg_sq,
+               "active": optimizer.active, "stopped_at": optimizer.stopped_at}
+    return StackState(step, checkpoint.members, {k: v.detach().cpu() for k, v in tensors.items()}, records,
+                      [s.state_dict() for s in streams], rng_state())
+
+
+def _restore(checkpoint: StackCheckpoint, stack: Stack, optimizer: StackedAdamW, records: list[MemberRecord],
+             streams: list[MemberStream], echo: Callable[[str], None]) -> int:
+    """The step an earlier attempt's checkpoint left the stack at (0: none), its state loaded."""
+    state = checkpoint.find()
+    if state is None:
+        return 0
+    with torch.no_grad():
+        stack.flat.copy_(state.optimizer["flat"])
+    for name in ("exp_avg", "exp_avg_sq", "active", "stopped_at"):
+        getattr(optimizer, name).copy_(state.optimizer[name])
+    optimizer.steps = state.step
+    records[:] = state.records
+    for stream, saved in zip(streams, state.streams):
+        stream.load_state_dict(saved)
+    set_rng_state(state.rng)
+    echo(f"stack of {len(records)}: resuming at step {state.step} from {shown_path(checkpoint.directory)}")
+    return state.step
 
 
 def _moments(stack: Stack, optimizer: StackedAdamW, k: int) -> dict[str, tuple[Tensor, Tensor]]:
@@ -197,21 +262,38 @@ def _device(cfg: DictConfig) -> torch.device:
     return torch.device("cuda" if wants and torch.cuda.is_available() else "cpu")
 
 
-def _endless(data: TaskDataModule, steps: int) -> Iterator[dict]:
+class MemberStream:
     """A member's training batches, epoch after epoch, as Lightning's fit serves them: the loader's
-    sampler told each epoch before its pass (what Lightning's set_epoch does)."""
-    data.prepare_data()
-    # what the data module reads of the Trainer of a one-device fit of `steps` steps (a stream's length)
-    data.trainer = SimpleNamespace(world_size=1, global_rank=0, max_steps=steps,
-                                   state=SimpleNamespace(fn=TrainerFn.FITTING))
-    loader = data.train_dataloader()
-    epoch = 0
-    while True:
-        for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
-            if hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(epoch)
-        yield from loader
-        epoch += 1
+    sampler told each epoch before its pass (what Lightning's set_epoch does). Its place (epoch,
+    batches served) is what the stack's checkpoint keeps; the loader resumes mid-epoch
+    (training/resumable.py)."""
+
+    def __init__(self, data: TaskDataModule, steps: int):
+        data.prepare_data()
+        # what the data module reads of the Trainer of a one-device fit of `steps` steps (a stream's length)
+        data.trainer = SimpleNamespace(world_size=1, global_rank=0, max_steps=steps,
+                                       state=SimpleNamespace(fn=TrainerFn.FITTING))
+        self.loader = data.train_dataloader()
+        self.epoch, self._batches = 0, None
+
+    def __next__(self) -> dict:
+        while True:
+            if self._batches is None:
+                for sampler in (self.loader.sampler, getattr(self.loader.batch_sampler, "sampler", None)):
+                    if hasattr(sampler, "set_epoch"):
+                        sampler.set_epoch(self.epoch)
+                self._batches = iter(self.loader)
+            try:
+                return next(self._batches)
+            except StopIteration:
+                self.epoch, self._batches = self.epoch + 1, None
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "loader": self.loader.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self._batches = int(state["epoch"]), None
+        self.loader.load_state_dict(state["loader"])
 
 
 def _pad_id(task: Task) -> int | None:
