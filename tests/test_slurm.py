@@ -414,3 +414,35 @@ def test_a_packed_task_starts_a_step_per_run_and_passes_sigusr1_on_to_every_step
     assert started.returncode == 0, out + err
     assert sorted(signals.read_text().splitlines()) == ["0 USR1", "1 USR1"]
     assert "SIGUSR1 reached the batch script: passing it on to the job steps" in err
+
+
+# --- stacks to array tasks (cluster.stack) -------------------------------------------------------
+
+
+def test_a_stacked_array_gives_each_stack_a_task_whose_one_step_trains_it(workdir, capsys):
+    """`--slurm --stack 2`: seeds 1, 2 stack, seed 3 trains alone; each task's step is `relpos-lab
+    stack` on its pinned links, which trains them as the local `sweep --stack` does."""
+    assert cli.main(["sweep", "sweep.yaml", "--slurm", "--stack", "2", "--dry-run", "trainer.accelerator=gpu"]) == 0
+    out, err = capsys.readouterr()
+    assert "stack of 2: points 0 1" in err and "alone: point 2 seed=3" in err and "stack of" not in out
+    assert option(out, "array") == "0-1" and option(out, "ntasks-per-node") == "1"
+    assert re.search(r'\nsrun --kill-on-bad-exit=1 relpos-lab stack \S+/slurm/array-[0-9-]+/"\$SLURM_ARRAY_TASK_ID" &',
+                     out), out
+    assert subprocess.run(["bash", "-n"], input=out, capture_output=True, text=True).returncode == 0
+    grid = load_sweep("sweep.yaml", ["cluster.stack=2", "logging.wandb.mode=disabled"])
+    job = sweep_job(grid)
+    assert job.groups == ((0, 1), (2,))
+    pin_points(grid, job)
+    for task in ("0", "1"):  # what each array task runs
+        assert cli.main(["stack", str(job.points / task)]) == 0
+    for point in grid.points:
+        results = json.loads((Path(point.run_dir) / "results.json").read_text())
+        assert results["global_step"] == 10 and results["seed"] == point.index + 1
+
+
+def test_a_task_cannot_both_stack_and_pack(workdir, capsys):
+    assert cli.main(["sweep", "sweep.yaml", "--slurm", "--dry-run", "cluster.stack=2", "cluster.runs_per_gpu=2"]) == 2
+    err = capsys.readouterr().err
+    assert "cluster.stack=2 and cluster.runs_per_gpu=2: a task trains one stack or several packed runs" in err
+    assert cli.main(["stack", str(workdir)]) == 2
+    assert "no run directory with a config.yaml in it" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""Sweeps packed several runs to a GPU (cluster.runs_per_gpu) on the real SLURM dev cluster.
+"""Sweeps packed several runs to a GPU (cluster.runs_per_gpu), or stacked into one model (cluster.stack),
+on the real SLURM dev cluster.
 
 An array task of a packed sweep starts one job step per grid point (`srun --overlap -n1`), all at
 once, each training its own run directory with its own W&B run. CPU processes stand in for the
@@ -132,3 +133,36 @@ def test_more_packed_runs_than_a_node_has_cpus_are_refused_naming_runs_per_gpu(
     assert f"{cpus + 1} task(s) x 1 CPUs ({cpus + 1} runs per GPU)" in err
     assert "lower cluster.runs_per_gpu / cluster.cpus_per_task" in err
     assert not (workdir / "runs" / "packed" / "slurm").exists()
+
+
+@pytest.mark.slow  # ~60 s
+def test_a_stacked_task_signalled_mid_training_requeues_once_and_resumes_the_stack(
+    workdir, capsys  # noqa: F811 (workdir: the fixture imported above)
+):
+    """Two seeds as one stack in one array task: SIGUSR1 mid-training saves the stack's checkpoint at
+    the end of its step and requeues the task; the next attempt resumes the stack there and writes
+    both members, every step logged once."""
+    steps = 400
+    (workdir / "sweep.yaml").write_text(
+        "experiment: tiny.yaml\nname: packed\n"
+        f"overrides: [trainer.max_steps={steps}, trainer.log_every_n_steps=1, trainer.val_every_n_steps=200, "
+        "trainer.checkpoint_every_n_steps=20]\ngrid:\n  seed: [1, 2]\n")
+    job_id = submit(capsys, "sweep", "sweep.yaml", "--slurm", "--stack", "2")
+    stacks = workdir / "runs" / "packed" / "stacks"
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not list(stacks.glob("stack-*.json")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        subprocess.run(["scancel", "-s", "USR1", job_id], check=True, timeout=30)
+        (record,) = wait_for(job_id)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30)
+    text = task_log(workdir, job_id, 0)
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", text[-3000:]
+    assert "the stack stopped after step " in text and "requeueing SLURM job" in text, text[-3000:]
+    assert "stack of 2: resuming at step " in text, text[-3000:]
+    for run_dir in (Path(p["run_dir"]) for p in points(workdir)):
+        results = json.loads((run_dir / "results.json").read_text())
+        assert results["global_step"] == steps and "test/exact_match" in results["metrics"]
+        assert sorted(logged_steps(run_dir, "train/loss")) == list(range(steps))  # nothing lost, nothing twice
+    assert not list(stacks.iterdir())  # every member written: the stack's checkpoint is gone

@@ -24,8 +24,8 @@ from relpos_lab.terminal import console, echo, show_columns, show_submission, sh
          arg("--reuse", action="store_true", help="link points whose experiment already finished in another "
              "sweep under the same logging root instead of training them again"),
          arg("--stack", type=int, default=0, metavar="K", help="train points that differ only in seeds, optim "
-             "and clipping as one stacked model, K at a time (local runs; with --list: how they stack, priced with "
-             "--step-times; docs/sweeps.md)"),
+             "and clipping as one stacked model, K at a time (with --slurm: a stack to an array task, cluster.stack; "
+             "with --list: how they stack, priced with --step-times; docs/sweeps.md)"),
          OVERRIDES)
 def sweep(args: argparse.Namespace) -> int:
     from relpos_lab.launch.sweep import link_identical_runs, load_sweep, run_locally
@@ -35,11 +35,11 @@ def sweep(args: argparse.Namespace) -> int:
     if args.dry_run and not args.slurm:  # a user who asks for a dry run must never get a real one
         raise UserError("--dry-run goes with --slurm (it prints the sbatch script); to see the grid without "
                         "running it, use --list")
-    if args.stack and (args.slurm or args.point is not None):
-        raise UserError("--stack goes with a local sweep (it groups the points this command trains) or --list "
-                        "(it prices them stacked)")
+    if args.stack and args.point is not None:
+        raise UserError("--stack groups the points a sweep trains; --point trains one")
     one_point = args.point is not None and not (args.reuse or args.slurm)
-    grid = load_sweep(args.sweep_file, args.overrides, only=args.point if one_point else None)
+    overrides = [*args.overrides, *([f"cluster.stack={args.stack}"] if args.slurm and args.stack else [])]
+    grid = load_sweep(args.sweep_file, overrides, only=args.point if one_point else None)
     if args.reuse:
         link_identical_runs(grid, echo=echo)
     if args.slurm:
@@ -102,6 +102,28 @@ def list_sweep(grid, manifest, step_times: str | None = None, stack: int = 0) ->
     return 0
 
 
+@command("stack", "train the configs linked in a directory as one stacked model (what an array task of `sweep "
+         "--slurm --stack K` runs; one config: trained alone)",
+         arg("directory", help="a directory of links to run directories, each with its config.yaml (<sweep dir>/slurm/"
+             "array-<time>/<task>)"))
+def stack(args: argparse.Namespace) -> int:
+    from relpos_lab.config import load_config
+    from relpos_lab.training import experiment
+    from relpos_lab.training.stacked import MemberFailed, train_stacked
+
+    links = sorted(Path(args.directory).iterdir(), key=lambda link: int(link.name) if link.name.isdigit() else -1)
+    configs = [link / "config.yaml" for link in links if (link / "config.yaml").is_file()]
+    if not configs:
+        raise UserError(f"{args.directory}: no run directory with a config.yaml in it; a stacked array task "
+                        "trains the links `sweep --slurm --stack K` wrote into <sweep dir>/slurm/array-<time>/<task>")
+    cfgs = [load_config(path, ["resume=true"]) for path in configs]
+    if len(cfgs) == 1:
+        experiment.train(cfgs[0], echo=echo, started=process_started())
+        return 0
+    outcomes = train_stacked(cfgs, echo=echo)
+    return 1 if any(isinstance(o, MemberFailed) for o in outcomes) else 0
+
+
 @command("submit", "submit an experiment to SLURM: trainer.num_nodes nodes, trainer.devices processes each",
          arg("config", help=EXPERIMENT),
          arg("--dry-run", action="store_true", help="print the sbatch script, submit nothing"),
@@ -124,11 +146,11 @@ def submit_sweep(grid, dry_run: bool) -> int:
     from relpos_lab.launch import slurm
 
     if dry_run:
-        job = slurm.sweep_job(grid)
+        job = slurm.sweep_job(grid, echo=lambda line: print(line, file=sys.stderr))  # stdout: the script alone
         if job is not None:
             sys.stdout.write(job.script)
     else:
-        job, job_id = slurm.submit_sweep(grid)
+        job, job_id = slurm.submit_sweep(grid, echo=echo)
         if job is not None:
             show_submission(job, job_id)
     if job is None:

@@ -175,9 +175,16 @@ class ClusterConfig:
     """`sweep --slurm`: grid points trained at once in one array task, on its one GPU, each in its own job step
     (with cpus_per_task CPUs), run directory and W&B run; only runs of trainer.devices=1, num_nodes=1. 1: a task
     per point"""
+    stack: int = 0
+    """`sweep --slurm`: grid points that differ only in what a stack varies (sweep --stack) train as one stacked
+    model in one array task, up to this many; the others a task each. 0: a task per point (`sweep --slurm --stack K`
+    sets it)"""
 
     def validate(self) -> None:
-        _at_least(self, "cluster", cpus_per_task=1, array_parallelism=0, signal_seconds=1, runs_per_gpu=1)
+        _at_least(self, "cluster", cpus_per_task=1, array_parallelism=0, signal_seconds=1, runs_per_gpu=1, stack=0)
+        if self.stack > 1 and self.runs_per_gpu > 1:
+            raise ValueError(f"cluster.stack={self.stack} and cluster.runs_per_gpu={self.runs_per_gpu}: a task trains "
+                             "one stack or several packed runs, not both; set one of them to its default")
 
 
 @dataclass

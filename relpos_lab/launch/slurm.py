@@ -30,6 +30,11 @@ function of the config, records.rundir.run_directory), appending to the same log
   first to ask requeues the task, and the next attempt resumes every run of the task in its own
   run directory (a finished one has nothing to train). Only runs of one process (trainer.devices
   = num_nodes = 1) can be packed.
+- ``cluster.stack=K`` (``sweep --slurm --stack K``) groups the points as `sweep --stack` does
+  (launch/sweep.py's stack_groups, printed) and gives each group an array task: one job step,
+  ``relpos-lab stack array-<time>/<g>``, trains its linked points as one stacked model (one point
+  alone). SIGUSR1 saves the stack's checkpoint at the end of its step and requeues the task; the
+  next attempt resumes the stack from it (training/stacked.py).
 """
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from relpos_lab.api.errors import PROG, UserError, shown_path
 from relpos_lab.config import load_config
-from relpos_lab.launch.sweep import Sweep, is_finished
+from relpos_lab.launch.sweep import Sweep, is_finished, stack_groups
 from relpos_lab.records.rundir import budget_siblings, has_attempt, run_directory, save_resolved_config
 
 TEMPLATE = Path(__file__).resolve().parent / "job.sbatch"
@@ -145,6 +150,12 @@ def packed_steps(points: Path, logs: Path) -> str:
         "done"])
 
 
+def stacked_step(points: Path) -> str:
+    """The job step of a stacked array task: the points linked in points/<task>/ as one stack (one
+    point: trained alone), in one process (`relpos-lab stack`)."""
+    return one_step(f"{PROG} stack {shlex.quote(str(points))}/\"$SLURM_ARRAY_TASK_ID\"")
+
+
 def render(options: list[str], setup: list[str], steps: str) -> str:
     """job.sbatch with its holes filled."""
     if not TEMPLATE.is_file():
@@ -211,9 +222,10 @@ def submit_run(config: str | Path, overrides: list[str] = (), echo=print) -> tup
 # --- a sweep as a job array ---------------------------------------------------------------------
 
 
-def sweep_job(sweep: Sweep) -> Job | None:
+def sweep_job(sweep: Sweep, echo=print) -> Job | None:
     """One array job over the sweep's unfinished points (None when every point is finished): a task
-    per point, or cluster.runs_per_gpu points to a task.
+    per point, cluster.runs_per_gpu points to a task, or (cluster.stack) a stack to a task, whose
+    grouping is printed.
 
     An array has one shape for all its tasks, so every point must ask for the same resources.
     """
@@ -231,6 +243,9 @@ def sweep_job(sweep: Sweep) -> Job | None:
                         f"trainer.num_nodes={first.trainer.num_nodes}: set trainer.devices=1 trainer.num_nodes=1, "
                         "or cluster.runs_per_gpu=1 (an array task per point)")
     groups = tuple(tuple(todo[i:i + per_gpu]) for i in range(0, len(todo), per_gpu)) if per_gpu > 1 else None
+    if first.cluster.stack > 1:
+        stacks = stack_groups(sweep, [sweep.points[i] for i in todo], first.cluster.stack, echo)
+        groups, per_gpu = tuple(tuple(p.index for p in group) for group in stacks), 1  # one process a task
     throttle = first.cluster.array_parallelism
     array = _index_ranges(todo if groups is None else list(range(len(groups)))) + (f"%{throttle}" if throttle else "")
     runs = min(per_gpu, len(todo))
@@ -253,6 +268,8 @@ def sweep_job(sweep: Sweep) -> Job | None:
     points = logs / f"array-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     if groups is None:
         steps = one_step(f"{PROG} train {shlex.quote(str(points))}/$SLURM_ARRAY_TASK_ID/config.yaml resume=true")
+    elif first.cluster.stack > 1:
+        steps = stacked_step(points)
     else:
         steps = packed_steps(points, logs)
     script = render(shape[:-1], setup_lines(first), steps)
@@ -288,10 +305,10 @@ def pin_points(sweep: Sweep, job: Job) -> None:
         link.symlink_to(run_dir)
 
 
-def submit_sweep(sweep: Sweep) -> tuple[Job | None, str | None]:
+def submit_sweep(sweep: Sweep, echo=print) -> tuple[Job | None, str | None]:
     """Submit the sweep's unfinished points as one job array; (None, None) if none is left."""
     require_sbatch()
-    job = sweep_job(sweep)
+    job = sweep_job(sweep, echo)
     if job is None:
         return None, None
     check_request(job, first_unfinished(sweep))

@@ -145,17 +145,20 @@ class InterruptCheckpoint(Callback):
 
 
 class StopRequests:
-    """Ctrl-C and SIGTERM as requests, for a loop outside Lightning (a stack's: training/stacked.py)
-    that saves between its steps, as InterruptCheckpoint does for a run: `signum` is the signal
-    waiting, `raise_if_requested` stops the loop after the save. A second Ctrl-C stops at once."""
+    """Ctrl-C, SIGTERM and SLURM's requeue signal as requests, for a loop outside Lightning (a
+    stack's: training/stacked.py) that saves between its steps, as InterruptCheckpoint and
+    requeue.DeferredRequeue do for a run: `signum` is the signal waiting, `raise_if_requested` stops
+    the loop after the save (and requeues the job). A second Ctrl-C stops at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, requeue_signal: int | None = None) -> None:
         self.signum: int | None = None
+        self.requeue_signal = requeue_signal
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopRequests:
         if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._note) for s in (signal.SIGINT, signal.SIGTERM)}
+            signals = (signal.SIGINT, signal.SIGTERM, *([self.requeue_signal] if self.requeue_signal else []))
+            self._previous = {s: signal.signal(s, self._note) for s in signals}
         return self
 
     def _note(self, signum: int, _frame) -> None:
@@ -166,13 +169,19 @@ class StopRequests:
             os.write(2, b"\nrelpos-lab: Ctrl-C: saving the stack's checkpoint at the end of this step, then "
                         b"stopping (Ctrl-C again stops at once, without one)\n")
 
-    def raise_if_requested(self, message: str, echo) -> None:
+    def raise_if_requested(self, message: str, echo, requeue=None) -> None:
         """After the checkpoint of a step: stop as the signal asks (KeyboardInterrupt for Ctrl-C,
-        `sigterm_exit`'s SIGTERMException for SIGTERM), saying where the work is."""
+        `sigterm_exit`'s SIGTERMException for SIGTERM; for the requeue signal, `requeue()` first,
+        and exit 0 as a requeued run does), saying where the work is."""
         if self.signum is None:
             return
         echo(message)
-        raise KeyboardInterrupt if self.signum == signal.SIGINT else sigterm_exit()
+        if self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        requeued = self.signum == self.requeue_signal and requeue is not None
+        if requeued:
+            requeue()
+        raise sigterm_exit(requeued)
 
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():

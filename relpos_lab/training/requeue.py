@@ -129,11 +129,12 @@ class DeferredRequeue(Callback):
                        "continues (was the job submitted with --requeue?)")
 
 
-def requeue_now(why: str = "requeue signal during the final evaluation") -> None:
+def requeue_now(why: str = "requeue signal during the final evaluation",
+                then: str = "the next attempt evaluates again from last.ckpt") -> None:
     """`scontrol requeue` this job (this array task), as Lightning's handler does."""
     array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
     job_id = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ["SLURM_JOB_ID"]
-    rank_zero_info(f"{why}: requeueing SLURM job {job_id} (the next attempt evaluates again from last.ckpt)")
+    rank_zero_info(f"{why}: requeueing SLURM job {job_id} ({then})")
     result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     if result.returncode != 0:
         rank_zero_warn(f"scontrol requeue {job_id} failed: {result.stderr.strip()}")

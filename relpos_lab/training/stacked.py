@@ -30,7 +30,9 @@ compiles the stack's forward with its backward, and its update, each as one grap
 """
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import time
 import warnings
 from collections.abc import Callable
@@ -56,6 +58,7 @@ from relpos_lab.training.interrupt import StopRequests
 from relpos_lab.training.module import RelposModule
 from relpos_lab.training.optim import lr_factor
 from relpos_lab.training.planning import RunSummary
+from relpos_lab.training.requeue import requeue_now
 from relpos_lab.training.stack_checkpoint import StackCheckpoint, StackState, rng_state, set_rng_state
 from relpos_lab.training.stacking import StackedAdamW
 from relpos_lab.training.threads import use_cpu_threads
@@ -140,7 +143,7 @@ def fit_stack(cfgs: list[DictConfig], echo: Callable[[str], None] = print) -> li
     kept = [_read_steps(cfg) for cfg in cfgs]
     every = 60 * float(cfgs[0].trainer.checkpoint_every_minutes or 0.0)
     saved_at, logged = time.monotonic(), []
-    with StopRequests() as stop:
+    with StopRequests(signal.SIGUSR1 if "SLURM_JOB_ID" in os.environ else None) as stop:
         for step in range(start, total):
             batched, shared = _stacked_batch([next(s) for s in streams], _pad_id(tasks[0]), device)
             losses, nlls = (_first(forward, batched, shared, cfgs[0]) if step == start
@@ -156,7 +159,8 @@ def fit_stack(cfgs: list[DictConfig], echo: Callable[[str], None] = print) -> li
                 checkpoint.save(_state(step + 1, checkpoint, stack, optimizer, records, streams))
                 saved_at = time.monotonic()
                 stop.raise_if_requested(f"the stack stopped after step {step + 1} of {total}, its checkpoint "
-                                        f"{shown_path(checkpoint.path)}: rerun the sweep to resume it", echo)
+                                        f"{shown_path(checkpoint.path)}: rerun the sweep to resume it", echo,
+                                        requeue=partial(requeue_now, "requeue signal", "the next attempt resumes it"))
     _flush(logged, records)
     for record, stopped in zip(records, optimizer.stopped_at.tolist()):
         record.stopped_at = stopped if stopped >= 0 else None
