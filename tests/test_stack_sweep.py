@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -298,3 +299,22 @@ def test_a_stack_interrupted_in_training_resumes_where_it_stopped_as_if_never_st
         assert results[0]["metrics"] == results[1]["metrics"] and results[0]["by_length"] == results[1]["by_length"]
         ckpts = [torch.load(s.run_dir / "checkpoints" / "last.ckpt", weights_only=False) for s in (a, b)]
         assert all(torch.equal(ckpts[0]["state_dict"][k], v) for k, v in ckpts[1]["state_dict"].items())
+
+
+def test_with_dropout_each_member_draws_its_own_masks_and_a_rerun_repeats_them(tmp_path, monkeypatch):
+    """Dropout 0.3 in a stack of two: the members' losses differ from a dropout-free stack's, and
+    training the same stack again (its checkpoint removed, or it would resume) repeats every loss
+    and weight."""
+    monkeypatch.chdir(tmp_path)
+    sweep = load_sweep(_write_sweep(tmp_path, "encoder_only", train_size=0),
+                       ["trainer.max_steps=3", "model.dropout=0.3", f"logging.root={tmp_path / 'runs'}"])
+    cfgs = [load_config(sweep.experiment, sweep.overrides_of(i)) for i in (0, 1)]
+    first = stacked.fit_stack(cfgs)
+    shutil.rmtree(run_directory(cfgs[0]).parent / "stacks")  # its checkpoint at the last step: start over
+    again = stacked.fit_stack(cfgs)
+    for a, b in zip(first, again):
+        assert a.losses == b.losses
+        assert all(torch.equal(a.weights[3][k], v) for k, v in b.weights[3].items())
+    plain = stacked.fit_stack([load_config(sweep.experiment, [*sweep.overrides_of(i), "model.dropout=0.0"])
+                               for i in (0, 1)])
+    assert all(a.losses[0] != p.losses[0] for a, p in zip(first, plain))  # the masks were drawn
