@@ -1,5 +1,5 @@
 """relpos_lab.api is the stable surface for plugin authors, and a name that moves keeps working for
-a release with a DeprecationWarning naming the new one.
+a release with a DeprecationWarning naming the new one, then goes, as CHANGELOG.md says.
 
 pyproject's filterwarnings ignores DeprecationWarning globally, so each test here records the
 warnings itself (pytest.warns / warnings.catch_warnings).
@@ -11,10 +11,8 @@ import importlib.util
 import json
 import pickle
 import re
-import subprocess
 import sys
 import tomllib
-import warnings
 from pathlib import Path
 
 import pytest
@@ -58,45 +56,31 @@ def test_relpos_lab_api_exports_exactly_its_all():
     assert sorted(relpos_lab.api.__all__) == sorted(set(relpos_lab.api.__all__))
 
 
-# --- names renamed in 0.2.0: the old ones warn and give the new object ---------------------------
+# --- the names 0.2.0 renamed: gone in 0.3.0, as its CHANGELOG said ----------------------------------
 
-RENAMED = {
-    "relpos_lab.core.positions": {
-        "SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding", "NoPositions": "NoPE",
-        "NoPositionsConfig": "NoPEConfig", "AbacusPositions": "AbacusEmbedding",
-        "CouplingPositions": "PositionCouplingEmbedding", "CouplingEmbedding": "PositionCouplingEmbedding",
-        "PolarPositions": "PopePositions", "scheme_of": "position_scheme_of"},
-    "relpos_lab.core.positions.base": {"scheme_of": "position_scheme_of"},
-    "relpos_lab.core.positions.absolute": {
-        "SinusoidalPositions": "SinusoidalEmbedding", "LearnedPositions": "LearnedEmbedding", "NoPositions": "NoPE",
-        "NoPositionsConfig": "NoPEConfig"},
-    "relpos_lab.core.positions.digits": {
-        "AbacusPositions": "AbacusEmbedding", "CouplingPositions": "PositionCouplingEmbedding",
-        "CouplingEmbedding": "PositionCouplingEmbedding"},
-    "relpos_lab.core.positions.polar": {"PolarPositions": "PopePositions"},
-    "relpos_lab.core.positions.rotary": {"rotate_half": "apply_rotation"},
-    "relpos_lab.core.attention.masks": {"relative_positions": "relative_labels"},
+REMOVED = {
+    "relpos_lab.core.positions": ("SinusoidalPositions", "LearnedPositions", "NoPositions", "NoPositionsConfig",
+                                  "AbacusPositions", "CouplingPositions", "CouplingEmbedding", "PolarPositions",
+                                  "scheme_of"),
+    "relpos_lab.core.positions.rotary": ("rotate_half",),
+    "relpos_lab.core.attention.masks": ("relative_positions", "reach"),
+    "relpos_lab.training.inference": ("load_for_inference",),
+    "relpos_lab.api.task.Task": ("decode", "decode_output"),
+    "relpos_lab.core.transformer.MultiHeadAttention": ("positions", "scheme", "impl"),
+    "relpos_lab.core.embedding.Embedding": ("positions", "scheme"),
 }
 
 
-@pytest.mark.parametrize("module, old, new", [(m, o, n) for m, names in RENAMED.items() for o, n in names.items()])
-def test_a_renamed_name_warns_naming_the_new_one_and_is_the_new_object(module, old, new):
-    imported = importlib.import_module(module)
-    with pytest.warns(DeprecationWarning, match=rf"^{re.escape(module)}\.{old} is deprecated: it is .*\.{new} now"):
-        assert getattr(imported, old) is getattr(imported, new)
-    with pytest.raises(AttributeError, match="has no attribute 'NoSuchName'"):
-        imported.NoSuchName  # noqa: B018
-    assert re.search(rf"`[\w.]*\b{old}\b", (REPO / "CHANGELOG.md").read_text()), f"CHANGELOG.md does not name {old}"
-
-
-def test_relpos_lab_shows_a_renamed_names_deprecation_to_plugin_authors(tmp_path):
-    (tmp_path / "old_names_plugin.py").write_text("from relpos_lab.core.positions import SinusoidalPositions\n")
-    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
-    shown = subprocess.run([sys.executable, "-c", "from relpos_lab import cli; cli.show_deprecations(); "
-                            "import old_names_plugin"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=120).stderr
-    assert ("old_names_plugin.py:1: DeprecationWarning: relpos_lab.core.positions.SinusoidalPositions is deprecated: "
-            "it is relpos_lab.core.positions.SinusoidalEmbedding now") in shown, shown[-2000:]
+@pytest.mark.parametrize("owner, old", [(o, n) for o, names in REMOVED.items() for n in names])
+def test_a_name_0_2_0_deprecated_is_gone_and_the_changelog_says_so(owner, old):
+    if owner.rsplit(".", 1)[-1][0].isupper():  # a class's attribute
+        module_name, cls = owner.rsplit(".", 1)
+        holder = getattr(importlib.import_module(module_name), cls)
+    else:
+        holder = importlib.import_module(owner)
+    assert not hasattr(holder, old), f"{owner}.{old} is still there"
+    removed = (REPO / "CHANGELOG.md").read_text().split("## 0.2.0")[0]
+    assert re.search(rf"`[\w.]*\b{old}\b", removed), f"CHANGELOG.md's 0.3.0 section does not name {old}"
 
 
 def tiny_model(scheme: str):
@@ -104,26 +88,6 @@ def tiny_model(scheme: str):
     from relpos_lab.core.positions import builtin_config
     from relpos_lab.core.transformer import EncoderDecoder
     return EncoderDecoder(tiny_model_config(builtin_config(scheme))).double().eval()
-
-
-@pytest.mark.parametrize("scheme, where, owner, old, new", [
-    ("shaw", "encoder.layers.0.self_attn.inner", "relpos_lab.core.transformer.MultiHeadAttention", "positions",
-     "relative"),
-    ("learned", "decoder.embed", "relpos_lab.core.embedding.Embedding", "positions", "absolute"),
-    ("shaw", "encoder.layers.0.self_attn.inner", "relpos_lab.core.transformer.MultiHeadAttention", "scheme",
-     "scheme_label"),
-    ("learned", "decoder.embed", "relpos_lab.core.embedding.Embedding", "scheme", "scheme_label"),
-    ("shaw", "encoder.layers.0.self_attn.inner", "relpos_lab.core.transformer.MultiHeadAttention", "impl",
-     "attention_impl"),
-])
-def test_a_renamed_attribute_warns_naming_the_new_one_and_is_the_new_object(scheme, where, owner, old, new):
-    module = tiny_model(scheme).get_submodule(where)
-    assert f"{type(module).__module__}.{type(module).__qualname__}" == owner
-    with pytest.warns(DeprecationWarning, match=rf"^{re.escape(owner)}\.{old} is deprecated: it is "
-                                                rf"{re.escape(owner)}\.{new} now \(CHANGELOG.md\)$"):
-        assert getattr(module, old) is getattr(module, new) is not None
-    assert f"`{owner.rsplit('.', 1)[1]}.{old}`" in (REPO / "CHANGELOG.md").read_text()
-
 
 
 def test_a_decoder_caches_old_positions_keyword_and_attribute_warn_and_reach_positions():
@@ -144,118 +108,12 @@ def test_a_decoder_caches_old_positions_keyword_and_attribute_warn_and_reach_pos
     assert DecoderCache(1, None, None, drawn).positions is drawn
     assert "`DecoderCache.input_pos`" in (REPO / "CHANGELOG.md").read_text()
 
-# --- Task methods renamed in 0.2.0: called or overridden, the old names still work ---------------------------
-
-TASK = "relpos_lab.api.task.Task"
-
-
-def reverse_task_and_model():
-    from relpos_lab.api.testing import tiny_model_config
-    from relpos_lab.core.positions import builtin_config
-    from relpos_lab_tasks.synthetic import ReverseTask, SyntheticConfig
-
-    task = ReverseTask(SyntheticConfig(name="reverse", train_size=8, eval_size_per_length=2), seed=0)
-    torch.manual_seed(0)
-    return task, task.build_model(tiny_model_config(builtin_config("shaw"), vocab=len(task.tgt_vocab))).eval()
-
-
-@pytest.mark.parametrize("old, new", [("decode", "predict"), ("decode_output", "detokenize")])
-def test_a_renamed_task_method_called_by_its_old_name_warns_and_gives_the_new_ones_result(old, new):
-    task, model = reverse_task_and_model()
-    args = (model, task.input_batch([task.encode_input("4 5 6")])) if new == "predict" else (torch.tensor([4, 5, 3]),)
-    with torch.no_grad():
-        want = getattr(task, new)(*args)
-        with pytest.warns(DeprecationWarning, match=rf"^{re.escape(TASK)}\.{old} is deprecated: it is "
-                                                    rf"{re.escape(TASK)}\.{new} now \(CHANGELOG.md\)$") as caught:
-            got = getattr(task, old)(*args)
-    assert caught[0].filename == __file__
-    assert torch.equal(got, want) if new == "predict" else got == want
-    assert f"`Task.{old}`" in (REPO / "CHANGELOG.md").read_text()
-
-
-def test_a_task_that_overrides_the_old_names_is_warned_once_and_still_called():
-    """A plugin written before the rename overrides `decode` and `decode_output`: its class is warned
-    about once, at each method's definition; the framework (translate) calls its methods by the new
-    names, and `super().decode(...)` inside them reaches the base's method."""
-    from relpos_lab.training.inference import translate
-    from relpos_lab_tasks.synthetic import ReverseTask
-
-    calls = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-
-        class OldTask(ReverseTask):
-            def decode(self, model, batch):
-                calls.append("decode")
-                return super().decode(model, batch)
-
-            def decode_output(self, ids):
-                calls.append("decode_output")
-                return "<" + super().decode_output(ids) + ">"
-
-    messages = [(str(w.message), w.filename, w.lineno) for w in caught if w.category is DeprecationWarning]
-    first_line = OldTask.decode.__code__.co_firstlineno
-    assert messages == [
-        (f"{TASK}.decode is deprecated: it is {TASK}.predict now (CHANGELOG.md); {__name__}.{OldTask.__qualname__} "
-         "overrides decode, and is called as predict: rename it", __file__, first_line),
-        (f"{TASK}.decode_output is deprecated: it is {TASK}.detokenize now (CHANGELOG.md); "
-         f"{__name__}.{OldTask.__qualname__} overrides decode_output, and is called as detokenize: rename it",
-         __file__, OldTask.decode_output.__code__.co_firstlineno)]
-    plain, model = reverse_task_and_model()
-    task = OldTask(plain.cfg, seed=0)
-    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
-        warnings.simplefilter("always")
-        outputs = translate(task, model, ["4 5 6", "", "7 8"])
-    assert calls == ["decode", "decode_output", "decode_output"]  # one batch of two lines
-    want = translate(plain, model, ["4 5 6", "", "7 8"])
-    assert outputs == [f"<{want[0]}>", "", f"<{want[2]}>"]
-    # super().decode reached Seq2SeqTask's method through its deprecated name: warned, no recursion
-    assert {str(w.message).split(" is deprecated")[0] for w in caught} == {f"{TASK}.decode", f"{TASK}.decode_output"}
-
-    class NewBelowOld(OldTask):  # a subclass that moved on: its `predict` is called, and it reaches the old one
-        def predict(self, model, batch):
-            calls.append("predict")
-            return super().predict(model, batch)
-
-    calls.clear()
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        NewBelowOld(plain.cfg, seed=0).decode(model, plain.input_batch([plain.encode_input("4 5")]))
-    assert calls == ["predict", "decode"]
-
-
-def test_relpos_lab_shows_an_old_method_overrides_deprecation_to_plugin_authors(tmp_path):
-    (tmp_path / "old_task_plugin.py").write_text("from relpos_lab.api import Seq2SeqTask\n\n\n"
-                                                 "class OldTask(Seq2SeqTask):\n"
-                                                 "    def decode_output(self, ids):\n"
-                                                 "        return ''\n")
-    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
-    shown = subprocess.run([sys.executable, "-c", "from relpos_lab import cli; cli.show_deprecations(); "
-                            "import old_task_plugin"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=120).stderr
-    assert (f"old_task_plugin.py:5: DeprecationWarning: {TASK}.decode_output is deprecated: it is {TASK}.detokenize "
-            "now (CHANGELOG.md); old_task_plugin.OldTask overrides decode_output") in shown, shown[-2000:]
-
-
-def test_the_old_name_of_an_attention_layers_impl_still_sets_it():
-    """MultiHeadAttention.impl is attention_impl, the name of the config key that sets it; a
-    script that switched a layer's implementation through the old name still does, warned."""
-    model = tiny_model("shaw")
-    layer = model.get_submodule("encoder.layers.0.self_attn.inner")
-    x = torch.randn(2, 5, 16, dtype=torch.float64)
-    want = layer(x)
-    with pytest.warns(DeprecationWarning, match=r"MultiHeadAttention\.impl is deprecated: it is "
-                                                r".*MultiHeadAttention\.attention_impl now"):
-        layer.impl = "naive"
-    assert layer.attention_impl == "naive" and "impl" not in vars(layer)
-    assert torch.allclose(layer(x), want, atol=1e-12)
-
-
 @pytest.mark.parametrize("scheme, old_key", [("shaw", "encoder.layers.0.self_attn.inner.positions.rel_k"),
                                              ("learned", "decoder.embed.positions.embedding.weight")])
 def test_a_state_dict_saved_before_the_renames_loads_strictly_with_the_same_outputs(scheme, old_key):
     """Checkpoints from before MultiHeadAttention.relative and Embedding.absolute (0.2.0) name the
-    scheme's modules `positions`: a load_state_dict pre-hook reads their keys under the new names."""
+    scheme's modules `positions`: a load_state_dict pre-hook reads their keys under the new names.
+    A checkpoint is data, not API: this stays when the renamed attributes have gone."""
     torch.manual_seed(0)
     saved = tiny_model(scheme)
 
@@ -305,13 +163,7 @@ def test_relpos_lab_api_exports_what_a_script_needs(name):
     assert getattr(relpos_lab.api, name) is getattr(sys.modules[SCRIPT_NAMES[name]], name)
 
 
-def test_the_loaders_old_name_warns_and_gives_load_model():
-    """load_model and LoadedModel live in training/inference.py, exported by `relpos_lab.api`; the
-    loader's old name there, load_for_inference, warns."""
-    from relpos_lab.training import inference
-
-    with pytest.warns(DeprecationWarning, match=r"inference\.load_for_inference is deprecated: it is .*load_model"):
-        assert inference.load_for_inference is inference.load_model
+def test_a_misspelt_name_of_the_api_is_an_attribute_error_naming_it():
     with pytest.raises(AttributeError, match="has no attribute 'load_modle'"):
         relpos_lab.api.load_modle  # noqa: B018
 

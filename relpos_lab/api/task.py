@@ -24,7 +24,6 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from relpos_lab.api.errors import UserError, did_you_mean
-from relpos_lab.core.renamed import renamed_methods
 
 if TYPE_CHECKING:  # type names only: the contract does not import the model core or torchmetrics
     from relpos_lab.api.evaluation import Evaluation
@@ -32,10 +31,6 @@ if TYPE_CHECKING:  # type names only: the contract does not import the model cor
     from relpos_lab.core.transformer import ModelConfig
 
 Batch = dict[str, Tensor]
-
-RENAMED_METHODS = {"decode": "predict", "decode_output": "detokenize"}
-"""Task methods renamed in 0.2.0 (old: new): the old names keep working, overridden or called, until 0.3.0."""
-
 
 @dataclass
 class DecodingConfig:
@@ -90,10 +85,6 @@ class Task(abc.ABC):
     def __init__(self, cfg: TaskConfig, *, seed: int = 0):
         self.cfg = cfg
         self.seed = seed
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        renamed_methods(cls, f"{__name__}.Task", RENAMED_METHODS)  # a plugin's `decode` is its `predict`
 
     @classmethod
     def describe(cls) -> str:
@@ -197,6 +188,3 @@ class Task(abc.ABC):
     def detokenize(self, ids: Tensor) -> str:
         """The text of one row of predicted ids."""
         raise UserError(f"task '{self.cfg.name}' does not produce text (it defines no detokenize)")
-
-
-renamed_methods(Task, f"{__name__}.Task", RENAMED_METHODS)

@@ -20,7 +20,7 @@ from relpos_lab.core.init import HAIKU_EMBEDDING_STD, haiku_layers_, truncated_n
 from relpos_lab.core.length_groups import row_lengths
 from relpos_lab.core.positions import PositionConfig, contract, position_scheme_of
 from relpos_lab.core.positions.randomized import sample_distances, sample_positions
-from relpos_lab.core.renamed import renamed_attribute, renamed_state_dict_keys
+from relpos_lab.core.renamed import renamed_state_dict_keys
 
 
 class Embedding(nn.Module):
@@ -34,9 +34,6 @@ class Embedding(nn.Module):
         init scheme (`model.init`; "haiku": a truncated normal, else normal with std 1/sqrt(d_model)).
     `core.transformer.make_embedding` builds one from a `ModelConfig`.
     """
-
-    positions = renamed_attribute(f"{__name__}.Embedding", "positions", "absolute")
-    scheme = renamed_attribute(f"{__name__}.Embedding", "scheme", "scheme_label")
 
     def __init__(self, vocab_size: int, d_model: int, positions: PositionConfig, *, pad_id: int = 0,
                  dropout: float = 0.0, init: str = "pytorch", tokens: nn.Embedding | None = None):

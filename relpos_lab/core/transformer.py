@@ -21,7 +21,7 @@ from relpos_lab.core.length_groups import per_length, row_lengths
 from relpos_lab.core.model_config import ARCHITECTURES, MODEL_IMPLS, ModelConfig  # noqa: F401  (their old home)
 from relpos_lab.core.positions import KeyState, RelativePositions, contract, position_scheme_of
 from relpos_lab.core.positions.randomized import spread, spread_mask
-from relpos_lab.core.renamed import renamed_attribute, renamed_state_dict_keys
+from relpos_lab.core.renamed import renamed_state_dict_keys
 
 
 class MultiHeadAttention(nn.Module):
@@ -40,10 +40,6 @@ class MultiHeadAttention(nn.Module):
         D    a head's width, d_model / H
         d    d_model
     """
-
-    positions = renamed_attribute(f"{__name__}.MultiHeadAttention", "positions", "relative")
-    scheme = renamed_attribute(f"{__name__}.MultiHeadAttention", "scheme", "scheme_label")
-    impl = renamed_attribute(f"{__name__}.MultiHeadAttention", "impl", "attention_impl", settable=True)
 
     def __init__(self, cfg: ModelConfig, relative: RelativePositions | None = None):
         super().__init__()

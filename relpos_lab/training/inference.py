@@ -33,7 +33,6 @@ from relpos_lab.api.task import Task
 from relpos_lab.core.compiling import unwrapped
 from relpos_lab.core.decoding import sample
 from relpos_lab.core.embedding import seed_eval_positions
-from relpos_lab.core.renamed import renamed
 from relpos_lab.core.transformer import DecoderLM
 from relpos_lab.training.batching import TokenBatchSampler
 from relpos_lab.training.checkpoints import OVERRIDES_FIX, check_weights_fit, load_checkpoint, task_from_checkpoint
@@ -82,9 +81,6 @@ def load_model(checkpoint: str | Path, overrides: Sequence[str] = (),
     module.load_state_dict(state["state_dict"])
     seed_eval_positions(module.model, cfg.seed)
     return LoadedModel(module.model.to(device).eval(), cfg, task)
-
-
-__getattr__ = renamed(__name__, globals())
 
 
 @torch.no_grad()

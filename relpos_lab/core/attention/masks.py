@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from relpos_lab.core.compiling import traced
-from relpos_lab.core.renamed import renamed
 
 
 def max_offset(lq: int, lk: int, query_offset: int = 0) -> int:
@@ -112,6 +111,3 @@ class _MaskLogits(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad, None
-
-
-__getattr__ = renamed(__name__, globals())

@@ -55,7 +55,6 @@ from relpos_lab.core.positions.polar import Pope, PopeConfig, PopePositions
 from relpos_lab.core.positions.rotary import Rope, RopeConfig, RotaryPositions, Xpos, XposConfig, XposPositions
 from relpos_lab.core.positions.shaw import Shaw, ShawConfig, ShawPositions
 from relpos_lab.core.positions.transformer_xl import TransformerXL, TransformerXLConfig, TransformerXLPositions
-from relpos_lab.core.renamed import renamed
 
 BUILTIN = {"none": NoPE, "sinusoidal": Sinusoidal, "learned": Learned, "shaw": Shaw, "rope": Rope,
            "alibi": Alibi, "t5_bias": T5Bias, "transformer_xl": TransformerXL,
@@ -132,5 +131,3 @@ __all__ = [
     "builtin_config",
     "position_scheme_of",
 ]
-
-__getattr__ = renamed(__name__, globals())

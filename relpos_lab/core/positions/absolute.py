@@ -8,7 +8,6 @@ import torch
 from torch import Tensor, nn
 
 from relpos_lab.core.positions.base import PositionConfig, PositionScheme
-from relpos_lab.core.renamed import renamed
 
 
 class SinusoidalEmbedding(nn.Module):
@@ -117,6 +116,3 @@ class Learned(PositionScheme):
 
     def embedding(self, d_model):
         return LearnedEmbedding(d_model, self.cfg.max_len)
-
-
-__getattr__ = renamed(__name__, globals())

@@ -32,7 +32,6 @@ import torch
 from torch import Tensor, nn
 
 from relpos_lab.core.attention.masks import relative_labels
-from relpos_lab.core.renamed import renamed
 
 
 @dataclass
@@ -310,6 +309,3 @@ def position_scheme_of(cfg: PositionConfig) -> PositionScheme:
         raise ValueError(f"{type(cfg).__name__} belongs to no position scheme; use a scheme's config class "
                          "(e.g. ShawConfig) or load the config through relpos_lab.config")
     return cls(cfg)
-
-
-__getattr__ = renamed(__name__, globals())

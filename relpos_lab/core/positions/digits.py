@@ -56,7 +56,6 @@ from torch import Tensor, nn
 
 from relpos_lab.core.compiling import in_transform
 from relpos_lab.core.positions.base import PositionConfig, PositionScheme
-from relpos_lab.core.renamed import renamed
 
 DIGIT_SYMBOLS = tuple(str(d) for d in range(10))
 DEFAULT_DIGIT_IDS = tuple(range(4, 14))
@@ -262,6 +261,3 @@ class PositionCoupling(DigitRunsScheme):
 
     def embedding(self, d_model):
         return PositionCouplingEmbedding(d_model, self.cfg, self.digits())
-
-
-__getattr__ = renamed(__name__, globals())

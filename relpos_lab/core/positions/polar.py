@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions
-from relpos_lab.core.renamed import renamed
 
 
 @dataclass
@@ -91,6 +90,3 @@ class Pope(PositionScheme):
 
     def attention(self, head_dim, n_heads, causal):
         return PopePositions(head_dim, n_heads, self.cfg.rope_base)
-
-
-__getattr__ = renamed(__name__, globals())

@@ -50,7 +50,6 @@ import torch
 from torch import Tensor
 
 from relpos_lab.core.positions.base import Drawing, PositionConfig, PositionScheme, RelativePositions
-from relpos_lab.core.renamed import renamed
 
 SCALINGS = ("none", "linear", "ntk", "yarn")
 
@@ -282,6 +281,3 @@ class Xpos(PositionScheme):
     def check(self, d_model, n_heads):
         if (d_model // n_heads) % 2:
             raise ValueError(f"xpos needs an even head dimension; d_model/n_heads = {d_model // n_heads}")
-
-
-__getattr__ = renamed(__name__, globals())
