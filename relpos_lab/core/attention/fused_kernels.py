@@ -88,9 +88,60 @@ class KeyStages(NamedTuple):
     hi: int
 
 
+class QueryBlock(NamedTuple):
+    """A program's query rows, as the forward's and dq's key loops read them."""
+    q: tl.tensor
+    rows: tl.tensor  # (BM,) indices into Lq
+    rows_abs: tl.tensor  # rows + OFFSET: the positions that labels and causality compare
+    dims: tl.tensor
+    LQ: tl.tensor
+
+
+class KeySource(NamedTuple):
+    """Where a (batch, head)'s key and value tiles are read from."""
+    K: tl.tensor
+    V: tl.tensor
+    stride_kn: tl.tensor
+    stride_vn: tl.tensor
+    LK: tl.tensor
+    D: tl.tensor
+
+
+class Mask(NamedTuple):
+    """A (batch, head)'s attention mask (MASK says which kind, if any)."""
+    ptr: tl.tensor
+    stride_q: tl.tensor
+    stride_k: tl.tensor
+
+
+class Dropout(NamedTuple):
+    """A (batch, head)'s Philox key (seed + batch·head) and the probability a pair is dropped."""
+    seed: tl.tensor
+    p: tl.tensor
+
+
+class ForwardTables(NamedTuple):
+    """The label tables the forward's band reads and writes pair by pair, by row."""
+    logit_rows: tl.tensor  # (BM,) pointers: the block's rows of the logit table (without w^K: the bias row)
+    to_qk: tl.tensor  # what takes the logit table's entries to the units of q·k (`table_to_qk_units`)
+    mass_rows: tl.tensor  # (BM,) pointers: its rows of the mass table (with w^K and w^V, logit_rows)
+    band: tl.tensor  # k
+
+
+class ForwardTiles(NamedTuple):
+    """What each of the forward's key loops reads besides its keys."""
+    block: QueryBlock
+    keys: KeySource
+    mask: Mask
+    tables: ForwardTables
+    qk_scale: tl.tensor  # sm_scale · log2 e
+    dropout: Dropout
+
+
 class ForwardFlags(NamedTuple):
-    """The forward's compile-time switches that each of its key loops reads (`forward_kernel`)."""
+    """The forward's compile-time switches that its key loops read (`forward_kernel`)."""
     IN_STAGE_UNITS: bool
+    LAZY_HI: bool
     HAS_LOGITS: bool
     HAS_RV: bool
     IN_PLACE: bool
@@ -104,30 +155,29 @@ class ForwardFlags(NamedTuple):
     PRECISION: str
 
 
-class ForwardTiles(NamedTuple):
-    """What each of the forward's key loops reads besides its keys: one query block's rows, the
-    label tables and the launch's pointers and sizes."""
-    q: object
-    logit_rows: object
-    table_to_qk: object
-    mass_rows: object
-    K_ptr: object
-    V_ptr: object
-    mask_ptr: object
-    stride_kn: object
-    stride_vn: object
-    stride_mq: object
-    stride_mk: object
-    rows: object
-    rows_abs: object
-    dims: object
-    LQ: object
-    LK: object
-    D: object
-    band: object
-    qk_scale: object
-    seed: object
-    dropout_p: object
+class Softmax(NamedTuple):
+    """FlashAttention-2's online softmax of a query block, as the forward's stages pass it on."""
+    acc: tl.tensor  # (BM, BLOCK_D) Σ p·v, at row maximum m
+    l: tl.tensor  # (BM,) Σ p, at m
+    m: tl.tensor  # (BM,) the row maximum (off the band with IN_STAGE_UNITS: less the stage's logit term)
+
+
+class Masses(NamedTuple):
+    """The value term's edge masses, unnormalised like acc: hi sums label 2k; lo every other label
+    (the band's interior is taken out at the end, from the logits it stores by label), only with
+    dropout, which takes mass out of the pairs and not out of l (without, lo = l − hi)."""
+    lo: tl.tensor
+    hi: tl.tensor
+    hi_max: tl.tensor  # with LAZY_HI, the row maximum hi was last brought to (`forward_right`)
+
+
+class FringePair(NamedTuple):
+    """The forward's one tile for LEFT's and RIGHT's narrow fringes (`fringe_pair`)."""
+    lo: tl.tensor  # its first key
+    hi: tl.tensor  # past it: the tile runs where either fringe has keys, else hi = lo
+    right_lo: tl.tensor  # its second half's first key
+    r_left: tl.tensor  # the halves' logit terms (−inf for a missing half, which repeats the other's keys)
+    r_right: tl.tensor
 
 
 class DqFlags(NamedTuple):
@@ -287,16 +337,16 @@ def key_stages(m0, OFFSET, LK, band, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr
 
 
 @triton.jit
-def fringe_pair(left_narrow, band_lo, band_hi, right_wide, r_lo, r_hi, BAND_BLOCK: tl.constexpr):
-    """The forward's one tile for LEFT's narrow fringe [left_narrow, band_lo) and RIGHT's
-    [band_hi, right_wide), FRINGE_BLOCK = BAND_BLOCK / 2 keys each or none: (its first key, past
-    it (the tile runs where either is some), its second half's first key, the halves' logit
-    terms). A missing half repeats the other's keys with a −inf term: they add nothing."""
-    has_left = band_lo > left_narrow
-    has_right = right_wide > band_hi
-    first = tl.where(has_left, left_narrow, band_hi)
-    return (first, tl.where(has_left | has_right, first + BAND_BLOCK, first), tl.where(has_right, band_hi, first),
-            tl.where(has_left, r_lo, float("-inf")), tl.where(has_right, r_hi, float("-inf")))
+def fringe_pair(stages, r_lo, r_hi, BAND_BLOCK: tl.constexpr):
+    """The forward's one tile (`FringePair`) for LEFT's narrow fringe [left_narrow, band_lo) and
+    RIGHT's [band_hi, right_wide), FRINGE_BLOCK = BAND_BLOCK / 2 keys each or none. A missing
+    half repeats the other's keys with a −inf term: they add nothing."""
+    has_left = stages.band_lo > stages.left_narrow
+    has_right = stages.right_wide > stages.band_hi
+    first = tl.where(has_left, stages.left_narrow, stages.band_hi)
+    return FringePair(lo=first, hi=tl.where(has_left | has_right, first + BAND_BLOCK, first),
+                      right_lo=tl.where(has_right, stages.band_hi, first),
+                      r_left=tl.where(has_left, r_lo, float("-inf")), r_right=tl.where(has_right, r_hi, float("-inf")))
 
 
 @triton.jit
@@ -320,6 +370,13 @@ def query_stages(n0, OFFSET, LQ, band, CAUSAL: tl.constexpr, BLOCK_M: tl.constex
 def pair_offsets(rows_abs, cols):
     """(BM, BN) j − i, from which every label and mask of a band tile follows."""
     return cols[None, :] - rows_abs[:, None]
+
+
+@triton.jit
+def by_label(table_rows, band, distance):
+    """(BM, BN) addresses in a label table of a band tile's pairs, from the rows' pointers and
+    their clip(j − i, k) (label k's entry, plus the distance)."""
+    return (table_rows + band)[:, None] + distance
 
 
 @triton.jit
@@ -671,6 +728,60 @@ def load_row_stats(lse_ptr, delta_ptr, rows, LQ, EVEN_M: tl.constexpr):
 
 
 # ---------------------------------------------------------------------------------------------
+# Per-tile arithmetic the forward's and dq's stages share (`tiles`: their *Tiles)
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def key_scores(tiles, cols, flags: tl.constexpr):
+    """(BM, BN) q·kᵀ of the key tile `cols`, k loaded transposed (`load_transposed`)."""
+    keys = tiles.keys
+    k_t = load_transposed(keys.K, cols, keys.stride_kn, tiles.block.dims, keys.LK, keys.D, flags.EVEN_N, flags.EVEN_D)
+    return tl.dot(tiles.block.q, k_t, input_precision=flags.PRECISION)
+
+
+@triton.jit
+def masked(s, tiles, cols, flags: tl.constexpr, CAUSAL: tl.constexpr):
+    """`visible` for a tile of the block's rows and keys `cols`."""
+    block = tiles.block
+    mask = tiles.mask
+    return visible(s, block.rows, block.rows_abs, cols, mask.ptr, mask.stride_q, mask.stride_k, block.LQ,
+                   tiles.keys.LK, flags.MASK, CAUSAL, flags.EVEN_N)
+
+
+@triton.jit
+def plain_masked(s, tiles, cols, flags: tl.constexpr):
+    """An off-band tile's `masked`: never causal (the band holds the diagonal), a no-op without a
+    mask where Lk fills the tiles."""
+    if flags.MASK != NO_MASK or not flags.EVEN_N:
+        s = masked(s, tiles, cols, flags, CAUSAL=False)
+    return s
+
+
+@triton.jit
+def dropped_in(x, tiles, rows, cols, flags: tl.constexpr):
+    """`dropped` for the pairs (rows, cols) of the program's (batch, head)."""
+    return dropped(x, tiles.dropout.seed, rows, cols, tiles.keys.LK, tiles.dropout.p, flags.HAS_DROPOUT)
+
+
+@triton.jit
+def raised_max(m_i, row_max):
+    """The online softmax's step to a tile's row maxima: (the new maximum, it or 0 where a row has
+    seen no key yet, exp2(m_i − that): what the sums so far are multiplied by)."""
+    m_new = tl.maximum(m_i, row_max)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, m_safe, tl.exp2(m_i - m_safe)
+
+
+@triton.jit
+def add_values(acc, alpha, p, tiles, cols, flags: tl.constexpr):
+    """acc rescaled by alpha, plus P·V of the value tile `cols`."""
+    keys = tiles.keys
+    v = load_rows(keys.V, cols, keys.stride_vn, tiles.block.dims, keys.LK, keys.D, flags.EVEN_N, flags.EVEN_D,
+                  DIMS_FIRST=True)
+    return acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=flags.PRECISION)
+
+
+# ---------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------
 
@@ -696,113 +807,204 @@ def rescale(m_from, m_to):
 
 
 @triton.jit
-def _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_edge, r_right, lo, hi, right_lo, flags: tl.constexpr,
-                   STAGE: tl.constexpr, BLOCK_N: tl.constexpr, PIPELINED: tl.constexpr = False):
-    """The online softmax over key tiles [lo, hi) of one stage (acc, l_i, m_i: FlashAttention-2's).
+def forward_band(softmax, masses, tiles, stages, flags: tl.constexpr, BAND_BLOCK: tl.constexpr):
+    """BAND, [band_lo, band_hi) in BAND_BLOCK tiles, first: each pair's logit term by label, then
+    every mask (the causal one here alone). With w^V it stores its interior logits by label (−inf
+    where dropout drops the pair), from which the epilogue takes their masses, and sums label 2k's
+    mass in `masses.hi` (with dropout, which takes mass out of the pairs and not out of l, the
+    rest in `masses.lo`; without, the epilogue takes it from l)."""
+    block = tiles.block
+    band = tiles.tables.band
+    acc, l_i, m_i, m_lo, m_hi = softmax.acc, softmax.l, softmax.m, masses.lo, masses.hi
+    for n0 in tl.range(stages.band_lo, stages.band_hi, BAND_BLOCK, num_stages=1):
+        cols = n0 + tl.arange(0, BAND_BLOCK)
+        qk = key_scores(tiles, cols, flags)
+        offset = pair_offsets(block.rows_abs, cols)
+        s, logit_ptrs = band_scores(qk, offset, tiles, cols, flags)
+        row_max = tl.max(s, 1) * tiles.qk_scale
+        if flags.HAS_RV:  # interior logits by label (with w^K: over the logit terms just read), −inf if dropped
+            keep = store_band_logits(s, logit_ptrs, tiles, cols, flags)
+            at_hi = offset >= band
+        m_new, m_safe, alpha = raised_max(m_i, row_max)
+        p = tl.exp2(s * tiles.qk_scale - m_safe[:, None])
+        row_sum = tl.sum(p, 1)
+        l_i = l_i * alpha + row_sum
+        if flags.HAS_RV and flags.HAS_DROPOUT:  # after the normaliser
+            p = tl.where(keep, p / (1.0 - tiles.dropout.p), 0.0)
+        else:
+            p = dropped_in(p, tiles, block.rows, cols, flags)
+        acc = add_values(acc, alpha, p, tiles, cols, flags)
+        if flags.HAS_RV:
+            if flags.HAS_DROPOUT:
+                row_sum = tl.sum(p, 1)
+            hi_part = tl.sum(p * at_hi.to(tl.float32), 1)
+            if flags.HAS_DROPOUT:
+                m_lo = m_lo * alpha + (row_sum - hi_part)
+            m_hi = m_hi * alpha + hi_part
+        m_i = m_new
+    return Softmax(acc=acc, l=l_i, m=m_i), Masses(lo=m_lo, hi=m_hi, hi_max=masses.hi_max)
 
-    IN_STAGE_UNITS: off the band, m_i is the row maximum less r_edge (the caller's conversion).
-    FRINGE_PAIR: one tile [lo, lo + BN/2) + [right_lo, right_lo + BN/2), LEFT's keys then RIGHT's,
-    in the band's units, with logit terms r_edge and r_right.
-    The value term's masses, unnormalised like acc: m_hi sums label 2k, in the band (and, with
-    dropout, off it: without, the caller takes it from l); m_lo sums every other label (the band's
-    interior is taken out at the end, from the logits it stores by label), only with dropout, which
-    takes mass out of the pairs and not out of l_i: without, m_lo = l_i − m_hi. With dropout, off
-    the band, the kept mass is summed by the tensor cores with P·V: p times a column of ones, in
-    `kept`, rescaled like acc."""
-    (q, logit_rows, table_to_qk, mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn, stride_mq, stride_mk, rows,
-     rows_abs, dims, LQ, LK, D, band, qk_scale, seed, dropout_p) = tiles
-    (IN_STAGE_UNITS, HAS_LOGITS, HAS_RV, IN_PLACE, LOW_REGISTERS, MASK, CAUSAL, HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D,
-     PRECISION) = flags
-    kept = tl.zeros((rows.shape[0], MIN_DOT), dtype=tl.float32)  # the stage's kept mass, MIN_DOT times over
+
+@triton.jit
+def band_scores(qk, offset, tiles, cols, flags: tl.constexpr):
+    """(s, the logit table's addresses of the tile's pairs): a forward band tile's q·k plus each
+    pair's logit term, masked, in the units of q·k (scaled once, with the row maximum)."""
+    tables = tiles.tables
+    distance = clipped(offset, tables.band)
+    s = qk
+    logit_ptrs = by_label(tables.logit_rows, tables.band, distance)
+    if flags.HAS_LOGITS:
+        s += load_by_row(logit_ptrs, tiles.block.rows, tiles.block.LQ, flags.EVEN_M) * tables.to_qk
+    return masked(s, tiles, cols, flags, flags.CAUSAL), logit_ptrs
+
+
+@triton.jit
+def store_band_logits(s, logit_ptrs, tiles, cols, flags: tl.constexpr):
+    """A band tile's interior logits into the mass table, −inf where dropout drops the pair:
+    with both tables over the logit terms just read (`IN_PLACE`). Returns the pairs dropout keeps."""
+    block = tiles.block
+    band = tiles.tables.band
+    keep = s  # (no dropout: unused)
+    stored = s
+    if flags.HAS_DROPOUT:
+        keep = kept_pairs(tiles.dropout.seed, block.rows, cols, tiles.keys.LK, tiles.dropout.p)
+        stored = tl.where(keep, s, float("-inf"))
+    if flags.IN_PLACE and not flags.LOW_REGISTERS:
+        store_interior_over(logit_ptrs, stored, interior_index(block.rows_abs, cols, band), band, block.rows,
+                            block.LQ, flags.EVEN_M)
+    else:
+        store_interior(tiles.tables.mass_rows, stored, interior_index(block.rows_abs, cols, band), band, block.rows,
+                       block.LQ, flags.EVEN_M)
+    return keep
+
+
+@triton.jit
+def forward_fringe_pair(softmax, masses, tiles, stages, r_lo, r_hi, flags: tl.constexpr, BAND_BLOCK: tl.constexpr):
+    """LEFT's and RIGHT's narrow fringes as the two halves of one tile (`fringe_pair`), right after
+    the band and in its units: one label per half, so the row maximum is the greater of the
+    halves' maxima, each plus its term (no pair takes an add), and RIGHT's half is label 2k's mass."""
+    pair = fringe_pair(stages, r_lo, r_hi, BAND_BLOCK)
+    block = tiles.block
+    acc, l_i, m_i, m_lo, m_hi = softmax.acc, softmax.l, softmax.m, masses.lo, masses.hi
+    for n0 in tl.range(pair.lo, pair.hi, BAND_BLOCK, num_stages=1):
+        cols = n0 + tl.arange(0, BAND_BLOCK)
+        in_right = tl.arange(0, BAND_BLOCK) >= BAND_BLOCK // 2  # (which half: the same in every row)
+        cols = tl.where(in_right, cols + (pair.right_lo - n0 - BAND_BLOCK // 2), cols)
+        qk = plain_masked(key_scores(tiles, cols, flags), tiles, cols, flags)
+        row_max = tl.maximum(tl.max(tl.where(in_right[None, :], float("-inf"), qk), 1) * tiles.qk_scale + pair.r_left,
+                             tl.max(tl.where(in_right[None, :], qk, float("-inf")), 1) * tiles.qk_scale + pair.r_right)
+        m_new, m_safe, alpha = raised_max(m_i, row_max)
+        p = tl.exp2(qk * tiles.qk_scale - tl.where(in_right[None, :], (m_safe - pair.r_right)[:, None],
+                                                   (m_safe - pair.r_left)[:, None]))
+        hi_part = tl.sum(tl.where(in_right[None, :], p, 0.0), 1)
+        row_sum = tl.sum(tl.where(in_right[None, :], 0.0, p), 1) + hi_part
+        l_i = l_i * alpha + row_sum
+        p = dropped_in(p, tiles, block.rows, cols, flags)
+        acc = add_values(acc, alpha, p, tiles, cols, flags)
+        if flags.HAS_RV:
+            if flags.HAS_DROPOUT:  # the kept masses
+                hi_part = tl.sum(tl.where(in_right[None, :], p, 0.0), 1)
+                m_lo = m_lo * alpha + (tl.sum(p, 1) - hi_part)
+            m_hi = m_hi * alpha + hi_part
+        m_i = m_new
+    return Softmax(acc=acc, l=l_i, m=m_i), Masses(lo=m_lo, hi=m_hi, hi_max=masses.hi_max)
+
+
+@triton.jit
+def forward_left(softmax, masses, tiles, stages, r_lo, flags: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BAND_BLOCK: tl.constexpr):
+    """LEFT, from the band out: its wide fringe [left_hi, left_narrow) in BAND_BLOCK tiles, then
+    [0, left_hi) in BN tiles, pipelined. Every pair has label 0, whose logit term r_lo is a row
+    offset: plain flash tiles (`forward_off_band`). Its kept mass (dropout) is label 0's."""
+    m_ref = softmax.m
+    softmax = in_stage_units(softmax, r_lo, flags)
+    if has_wide_fringes(BLOCK_N, BAND_BLOCK):
+        softmax, masses, kept = forward_off_band(softmax, masses, tiles, r_lo, stages.left_hi, stages.left_narrow,
+                                                 flags, BAND_BLOCK)
+        masses = Masses(lo=kept_into(masses.lo, kept, flags), hi=masses.hi, hi_max=masses.hi_max)
+    softmax, masses, kept = forward_off_band(softmax, masses, tiles, r_lo, stages.lo, stages.left_hi, flags, BLOCK_N,
+                                             PIPELINED=True)
+    masses = Masses(lo=kept_into(masses.lo, kept, flags), hi=masses.hi, hi_max=m_ref)
+    return out_of_stage_units(softmax, m_ref, r_lo, flags), masses
+
+
+@triton.jit
+def forward_right(softmax, masses, tiles, stages, r_hi, flags: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BAND_BLOCK: tl.constexpr):
+    """RIGHT, from the band out, as LEFT (its wide fringe [right_wide, right_lo), then [right_lo,
+    hi)): label 2k, term r_hi. Undropped, all it adds to l is label 2k's mass (LAZY_HI)."""
+    hi = masses.hi
+    if flags.LAZY_HI:  # from here on l's growth is label 2k's
+        hi = hi * rescale(masses.hi_max, softmax.m) - softmax.l
+    m_ref = softmax.m
+    softmax = in_stage_units(softmax, r_hi, flags)
+    masses = Masses(lo=masses.lo, hi=hi, hi_max=m_ref)
+    if has_wide_fringes(BLOCK_N, BAND_BLOCK):
+        softmax, masses, kept = forward_off_band(softmax, masses, tiles, r_hi, stages.right_wide, stages.right_lo,
+                                                 flags, BAND_BLOCK)
+        masses = Masses(lo=masses.lo, hi=kept_into(masses.hi, kept, flags), hi_max=m_ref)
+    softmax, masses, kept = forward_off_band(softmax, masses, tiles, r_hi, stages.right_lo, stages.hi, flags, BLOCK_N,
+                                             PIPELINED=True)
+    masses = Masses(lo=masses.lo, hi=kept_into(masses.hi, kept, flags), hi_max=m_ref)
+    return out_of_stage_units(softmax, m_ref, r_hi, flags), masses
+
+
+@triton.jit
+def forward_off_band(softmax, masses, tiles, r_edge, lo, hi, flags: tl.constexpr, BLOCK_N: tl.constexpr,
+                     PIPELINED: tl.constexpr = False):
+    """The online softmax over key tiles [lo, hi) off the band, all of one label whose logit term
+    is r_edge, with m in the stage's units where IN_STAGE_UNITS (`in_stage_units`). With dropout
+    and w^V it returns the kept mass beside (summed by the tensor cores with P·V: p times a
+    column of ones, rescaled like acc), which the caller adds to its label's."""
+    block = tiles.block
+    acc, l_i, m_i, m_lo, m_hi = softmax.acc, softmax.l, softmax.m, masses.lo, masses.hi
+    kept = tl.zeros((block.rows.shape[0], MIN_DOT), dtype=tl.float32)  # the kept mass, MIN_DOT times over
     for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
         cols = n0 + tl.arange(0, BLOCK_N)
-        if STAGE == FRINGE_PAIR:
-            in_right = tl.arange(0, BLOCK_N) >= BLOCK_N // 2  # (which half: the same in every row)
-            cols = tl.where(in_right, cols + (right_lo - n0 - BLOCK_N // 2), cols)
-        qk = tl.dot(q, load_transposed(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D),
-                    input_precision=PRECISION)  # (BM, BN)
-        if STAGE != BAND and (MASK != NO_MASK or not EVEN_N):  # (the band masks after its logit terms)
-            qk = visible(qk, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
-        if STAGE == FRINGE_PAIR:
-            # One label per half: the row maximum is the greater of the halves' maxima, each plus
-            # its term (no pair takes an add).
-            row_max = tl.maximum(tl.max(tl.where(in_right[None, :], float("-inf"), qk), 1) * qk_scale + r_edge,
-                                 tl.max(tl.where(in_right[None, :], qk, float("-inf")), 1) * qk_scale + r_right)
-        elif STAGE == BAND:
-            # Pair by pair: the logit term by label, then every mask.
-            offset = pair_offsets(rows_abs, cols)
-            distance = clipped(offset, band)
-            s = qk  # in the units of q·k: scaled once, with the row maximum
-            logit_ptrs = (logit_rows + band)[:, None] + distance
-            if HAS_LOGITS:
-                s += load_by_row(logit_ptrs, rows, LQ, EVEN_M) * table_to_qk
-            s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
-            row_max = tl.max(s, 1) * qk_scale
-            if HAS_RV:  # interior logits by label (with w^K: over the logit terms just read), −inf if dropped
-                if HAS_DROPOUT:
-                    keep = kept_pairs(seed, rows, cols, LK, dropout_p)
-                    stored = tl.where(keep, s, float("-inf"))
-                else:
-                    stored = s
-                if IN_PLACE and not LOW_REGISTERS:
-                    store_interior_over(logit_ptrs, stored, interior_index(rows_abs, cols, band), band,
-                                        rows, LQ, EVEN_M)
-                else:
-                    store_interior(mass_rows, stored, interior_index(rows_abs, cols, band), band,
-                                   rows, LQ, EVEN_M)
-                at_hi = offset >= band
-        else:
-            # One label per side: its logit term r_edge is a row offset.
-            row_max = tl.max(qk, 1) * qk_scale
-            if not IN_STAGE_UNITS:
-                row_max += r_edge
-        # Online softmax: rescale what came before to the new row maximum.
-        m_new = tl.maximum(m_i, row_max)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-        alpha = tl.exp2(m_i - m_safe)
-        if STAGE == BAND:
-            p = tl.exp2(s * qk_scale - m_safe[:, None])
-        elif STAGE == FRINGE_PAIR:
-            p = tl.exp2(qk * qk_scale - tl.where(in_right[None, :], (m_safe - r_right)[:, None],
-                                                 (m_safe - r_edge)[:, None]))
-        else:
-            p = tl.exp2(qk * qk_scale - (m_safe if IN_STAGE_UNITS else m_safe - r_edge)[:, None])
-        if STAGE == FRINGE_PAIR:  # RIGHT's half is label 2k's
-            hi_part = tl.sum(tl.where(in_right[None, :], p, 0.0), 1)
-            row_sum = tl.sum(tl.where(in_right[None, :], 0.0, p), 1) + hi_part
-        else:
-            row_sum = tl.sum(p, 1)
+        qk = plain_masked(key_scores(tiles, cols, flags), tiles, cols, flags)
+        row_max = tl.max(qk, 1) * tiles.qk_scale
+        if not flags.IN_STAGE_UNITS:
+            row_max += r_edge
+        m_new, m_safe, alpha = raised_max(m_i, row_max)
+        p = tl.exp2(qk * tiles.qk_scale - (m_safe if flags.IN_STAGE_UNITS else m_safe - r_edge)[:, None])
+        row_sum = tl.sum(p, 1)
         l_i = l_i * alpha + row_sum
-        if STAGE == BAND and HAS_RV and HAS_DROPOUT:  # after the normaliser
-            p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
-        else:
-            p = dropped(p, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
-        v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D, DIMS_FIRST=True)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        if HAS_RV:
-            if STAGE == BAND:
-                if HAS_DROPOUT:
-                    row_sum = tl.sum(p, 1)
-                hi_part = tl.sum(p * at_hi.to(tl.float32), 1)
-                if HAS_DROPOUT:
-                    m_lo = m_lo * alpha + (row_sum - hi_part)
-                m_hi = m_hi * alpha + hi_part
-            elif STAGE == FRINGE_PAIR:
-                if HAS_DROPOUT:  # the kept masses
-                    hi_part = tl.sum(tl.where(in_right[None, :], p, 0.0), 1)
-                    m_lo = m_lo * alpha + (tl.sum(p, 1) - hi_part)
-                m_hi = m_hi * alpha + hi_part
-            elif HAS_DROPOUT:
-                kept = tl.dot(p.to(v.dtype), tl.full((BLOCK_N, MIN_DOT), 1.0, v.dtype), kept * alpha[:, None],
-                              input_precision=PRECISION)
-                m_lo = m_lo * alpha
-                m_hi = m_hi * alpha
+        p = dropped_in(p, tiles, block.rows, cols, flags)
+        acc = add_values(acc, alpha, p, tiles, cols, flags)
+        if flags.HAS_RV and flags.HAS_DROPOUT:
+            ones = tl.full((BLOCK_N, MIN_DOT), 1.0, tiles.keys.V.dtype.element_ty)
+            kept = tl.dot(p.to(ones.dtype), ones, kept * alpha[:, None], input_precision=flags.PRECISION)
+            m_lo = m_lo * alpha
+            m_hi = m_hi * alpha
         m_i = m_new
-    if HAS_RV and HAS_DROPOUT and STAGE == LEFT:
-        m_lo += tl.sum(kept, 1) / MIN_DOT
-    elif HAS_RV and HAS_DROPOUT and STAGE == RIGHT:
-        m_hi += tl.sum(kept, 1) / MIN_DOT
-    return acc, l_i, m_i, m_lo, m_hi
+    if flags.HAS_RV and flags.HAS_DROPOUT:
+        kept = tl.sum(kept, 1) / MIN_DOT
+    return Softmax(acc=acc, l=l_i, m=m_i), Masses(lo=m_lo, hi=m_hi, hi_max=masses.hi_max), kept
+
+
+@triton.jit
+def kept_into(mass, kept, flags: tl.constexpr):
+    """mass plus an off-band stage's kept mass (`forward_off_band`), which only dropout sums apart."""
+    if flags.HAS_RV and flags.HAS_DROPOUT:
+        mass += kept
+    return mass
+
+
+@triton.jit
+def in_stage_units(softmax, r_edge, flags: tl.constexpr):
+    """The softmax as an off-band stage keeps it (IN_STAGE_UNITS: its row maximum less the
+    stage's logit term r_edge, so that its tiles are plain flash tiles)."""
+    if flags.IN_STAGE_UNITS:
+        softmax = Softmax(acc=softmax.acc, l=softmax.l, m=softmax.m - r_edge)
+    return softmax
+
+
+@triton.jit
+def out_of_stage_units(softmax, m_entry, r_edge, flags: tl.constexpr):
+    """`in_stage_units` undone (`out_of_stage`)."""
+    if flags.IN_STAGE_UNITS:
+        softmax = Softmax(acc=softmax.acc, l=softmax.l, m=out_of_stage(softmax.m, m_entry, r_edge))
+    return softmax
 
 
 @triton.jit
@@ -859,60 +1061,40 @@ def forward_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     m_lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    keys = key_stages(start_m * BLOCK_M, OFFSET, LK, band, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK)
+    stages = key_stages(start_m * BLOCK_M, OFFSET, LK, band, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK)
     K_ptr = K + b * stride_kb + h * stride_kh
     V_ptr = V + b * stride_vb + h * stride_vh
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
     # Off the band every pair of a stage has the row's logit term r_edge: the stage keeps m_i less
-    # it (`out_of_stage` adds it back), so that its tiles are plain flash tiles. Nor do they sum
-    # m_hi: LEFT adds nothing to it and RIGHT all it adds to l, so it stays at the maximum it was
-    # last brought to (m_ref) until RIGHT starts and the end (`rescale`). Not with dropout, whose
+    # it (`in_stage_units`), so that its tiles are plain flash tiles. Nor do they sum m_hi: LEFT
+    # adds nothing to it and RIGHT all it adds to l, so it stays at the maximum it was last brought
+    # to (`Masses.hi_max`) until RIGHT starts and the end (`rescale`). Not with dropout, whose
     # tiles sum their kept mass apart (and with it, m_i less r_edge spills on sm_80).
     IN_STAGE_UNITS: tl.constexpr = not HAS_DROPOUT
     LAZY_HI: tl.constexpr = HAS_RV and IN_STAGE_UNITS
     if IN_STAGE_UNITS:
         r_lo = tl.maximum(r_lo, LOGIT_FLOOR)
         r_hi = tl.maximum(r_hi, LOGIT_FLOOR)
-    tiles = ForwardTiles(q, logit_rows, table_to_qk, mass_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn,
-                         stride_mq, stride_mk, rows, rows_abs, dims, LQ, LK, D, band, qk_scale, seed + bh,
-                         dropout_p)
-    flags: tl.constexpr = ForwardFlags(IN_STAGE_UNITS, HAS_LOGITS, HAS_RV, IN_PLACE, LOW_REGISTERS, MASK, CAUSAL,
-                                       HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D, PRECISION)
-    WIDE_FRINGES: tl.constexpr = has_wide_fringes(BLOCK_N, BAND_BLOCK)
-    NARROW_FRINGES: tl.constexpr = has_narrow_fringes(CAUSAL, BAND_BLOCK, FRINGE_BLOCK)
+    tiles = ForwardTiles(block=QueryBlock(q=q, rows=rows, rows_abs=rows_abs, dims=dims, LQ=LQ),
+                         keys=KeySource(K=K_ptr, V=V_ptr, stride_kn=stride_kn, stride_vn=stride_vn, LK=LK, D=D),
+                         mask=Mask(ptr=mask_ptr, stride_q=stride_mq, stride_k=stride_mk),
+                         tables=ForwardTables(logit_rows=logit_rows, to_qk=table_to_qk, mass_rows=mass_rows, band=band),
+                         qk_scale=qk_scale, dropout=Dropout(seed=seed + bh, p=dropout_p))
+    flags: tl.constexpr = ForwardFlags(IN_STAGE_UNITS=IN_STAGE_UNITS, LAZY_HI=LAZY_HI, HAS_LOGITS=HAS_LOGITS,
+                                       HAS_RV=HAS_RV, IN_PLACE=IN_PLACE, LOW_REGISTERS=LOW_REGISTERS, MASK=MASK,
+                                       CAUSAL=CAUSAL, HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
+                                       EVEN_D=EVEN_D, PRECISION=PRECISION)
+    softmax = Softmax(acc=acc, l=l_i, m=m_i)
+    masses = Masses(lo=m_lo, hi=m_hi, hi_max=m_i)
 
     # The band, both narrow fringes as one tile, LEFT from the band out, then RIGHT from the band out.
-    acc, l_i, m_i, m_lo, m_hi = _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_hi, r_hi, keys.band_lo, keys.band_hi,
-                                               0, flags, BAND, BAND_BLOCK)
-    if NARROW_FRINGES:  # both narrow fringes, side by side in one tile, in the band's units
-        first, end, right_lo, r_left, r_right = fringe_pair(keys.left_narrow, keys.band_lo, keys.band_hi,
-                                                            keys.right_wide, r_lo, r_hi, BAND_BLOCK)
-        acc, l_i, m_i, m_lo, m_hi = _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_left, r_right, first, end,
-                                                   right_lo, flags, FRINGE_PAIR, BAND_BLOCK)
-    m_ref = m_i
-    if IN_STAGE_UNITS:
-        m_i = m_i - r_lo
-    if WIDE_FRINGES:
-        acc, l_i, m_i, m_lo, m_hi = _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_lo, r_hi, keys.left_hi,
-                                                   keys.left_narrow, 0, flags, LEFT, BAND_BLOCK)
-    acc, l_i, m_i, m_lo, m_hi = _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_lo, r_hi, keys.lo, keys.left_hi, 0,
-                                               flags, LEFT, BLOCK_N, PIPELINED=True)
-    if IN_STAGE_UNITS:
-        m_i = out_of_stage(m_i, m_ref, r_lo)
+    softmax, masses = forward_band(softmax, masses, tiles, stages, flags, BAND_BLOCK)
+    if has_narrow_fringes(CAUSAL, BAND_BLOCK, FRINGE_BLOCK):
+        softmax, masses = forward_fringe_pair(softmax, masses, tiles, stages, r_lo, r_hi, flags, BAND_BLOCK)
+    softmax, masses = forward_left(softmax, masses, tiles, stages, r_lo, flags, BLOCK_N, BAND_BLOCK)
     if not CAUSAL:  # (RIGHT's keys are the future)
-        if LAZY_HI:  # from here on l's growth is label 2k's
-            m_hi = m_hi * rescale(m_ref, m_i) - l_i
-        m_ref = m_i
-        if IN_STAGE_UNITS:
-            m_i = m_i - r_hi
-        if WIDE_FRINGES:
-            acc, l_i, m_i, m_lo, m_hi = _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_hi, r_hi, keys.right_wide,
-                                                       keys.right_lo, 0, flags, RIGHT, BAND_BLOCK)
-        acc, l_i, m_i, m_lo, m_hi = _forward_tiles(acc, l_i, m_i, m_lo, m_hi, tiles, r_hi, r_hi, keys.right_lo,
-                                                   keys.hi, 0, flags, RIGHT, BLOCK_N, PIPELINED=True)
-
-    if IN_STAGE_UNITS and not CAUSAL:
-        m_i = out_of_stage(m_i, m_ref, r_hi)
+        softmax, masses = forward_right(softmax, masses, tiles, stages, r_hi, flags, BLOCK_N, BAND_BLOCK)
+    acc, l_i, m_i, m_lo, m_hi, m_ref = softmax.acc, softmax.l, softmax.m, masses.lo, masses.hi, masses.hi_max
 
     # A fully masked row attends to nothing: its acc, masses and l are 0, its output zeros, and
     # its log-sum-exp +inf, so the backward gives it no gradient.
