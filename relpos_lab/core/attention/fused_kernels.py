@@ -180,8 +180,41 @@ class FringePair(NamedTuple):
     r_right: tl.tensor
 
 
+class BackwardRows(NamedTuple):
+    """What dq reads of its query rows besides q: dO and the forward's saved statistics."""
+    do: tl.tensor
+    lse: tl.tensor  # (BM,) the log-sum-exp, base 2
+    delta: tl.tensor  # (BM,) Σ_j p_ij dP_ij = dO_i·o_i
+
+
+class DqTables(NamedTuple):
+    """The label tables dq's band reads and writes pair by pair, by row (each (BM,) pointers)."""
+    logit_rows: tl.tensor  # as `ForwardTables`'
+    to_qk: tl.tensor
+    value_rows: tl.tensor  # dO·w^V by label
+    grad_rows: tl.tensor  # G, the band's interior values
+    band: tl.tensor
+
+
+class DqTiles(NamedTuple):
+    """What each of dq's key loops reads besides its keys (as `ForwardTiles`)."""
+    block: QueryBlock
+    rows: BackwardRows
+    keys: KeySource
+    mask: Mask
+    tables: DqTables
+    qk_scale: tl.tensor
+    dropout: Dropout
+
+
+class EdgeTerms(NamedTuple):
+    """An edge label's terms per row, with which an off-band tile of dq is a plain flash tile."""
+    r: tl.tensor  # (BM,) its logit term, in the units of exp2
+    dw: tl.tensor  # (BM,) dO·w^V (zeros without w^V)
+
+
 class DqFlags(NamedTuple):
-    """dq's compile-time switches that each of its key loops reads (`backward_dq_kernel`)."""
+    """dq's compile-time switches that its key loops read (`backward_dq_kernel`)."""
     HAS_LOGITS: bool
     HAS_RV: bool
     NEEDS_G: bool
@@ -192,35 +225,6 @@ class DqFlags(NamedTuple):
     EVEN_N: bool
     EVEN_D: bool
     PRECISION: str
-
-
-class DqTiles(NamedTuple):
-    """What each of dq's key loops reads besides its keys (as `ForwardTiles`)."""
-    q: object
-    do: object
-    lse: object
-    delta: object
-    logit_rows: object
-    table_to_qk: object
-    value_rows: object
-    grad_rows: object
-    K_ptr: object
-    V_ptr: object
-    mask_ptr: object
-    stride_kn: object
-    stride_vn: object
-    stride_mq: object
-    stride_mk: object
-    rows: object
-    rows_abs: object
-    dims: object
-    LQ: object
-    LK: object
-    D: object
-    band: object
-    qk_scale: object
-    seed: object
-    dropout_p: object
 
 
 class DkdvFlags(NamedTuple):
@@ -1128,56 +1132,115 @@ def forward_kernel(
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _dq_tiles(dq, g_hi, tiles, r_edge, dw_edge, lo, hi, flags: tl.constexpr, STAGE: tl.constexpr,
-              BLOCK_N: tl.constexpr, PIPELINED: tl.constexpr = False):
-    """dq and the label sums G of a query block over key tiles [lo, hi) of one stage: g_hi sums
-    label 2k, the band's interior values go to the grad table. Label 0 needs no sum: a row of dS
-    sums to zero (Σ_j p_ij dP_ij = delta_i), so G_i0 = −(G_i,2k + the interior)."""
-    (q, do, lse, delta, logit_rows, table_to_qk, value_rows, grad_rows, K_ptr, V_ptr, mask_ptr, stride_kn, stride_vn,
-     stride_mq, stride_mk, rows, rows_abs, dims, LQ, LK, D, band, qk_scale, seed, dropout_p) = tiles
-    HAS_LOGITS, HAS_RV, NEEDS_G, MASK, CAUSAL, HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D, PRECISION = flags
-    g_right = tl.zeros((rows.shape[0], MIN_DOT), dtype=tl.float32)  # RIGHT's row sums of dS, MIN_DOT times over
-    for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        k = load_rows(K_ptr, cols, stride_kn, dims, LK, D, EVEN_N, EVEN_D)
-        v = load_rows(V_ptr, cols, stride_vn, dims, LK, D, EVEN_N, EVEN_D)
-        # Recompute p from the saved log-sum-exp (in the units of q·k, scaled as exp2 takes it).
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        if STAGE == BAND:
-            offset = pair_offsets(rows_abs, cols)
-            distance = clipped(offset, band)
-            if HAS_LOGITS:
-                s += load_by_row((logit_rows + band)[:, None] + distance, rows, LQ, EVEN_M) * table_to_qk
-            s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
-            p = tl.exp2(s * qk_scale - lse[:, None])
-        else:
-            if MASK != NO_MASK or not EVEN_N:
-                s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
-            p = tl.exp2(s * qk_scale - (lse - r_edge)[:, None])
-        # dP = dO·(v_j + w^V_l), dropped as p was; dS = p (dP − delta).
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        row_delta = delta
-        if HAS_RV:
-            if STAGE == BAND:
-                dp += load_by_row((value_rows + band)[:, None] + distance, rows, LQ, EVEN_M)
-            elif HAS_DROPOUT:
-                dp += dw_edge[:, None]
-            else:
-                row_delta = delta - dw_edge
-        dp = dropped(dp, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
-        ds = p * (dp - row_delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-        # G: label 2k by row sums, interior values stored in the grad table (label 0: at the end).
-        if NEEDS_G:
-            if STAGE == BAND:  # (the edges' entries are overwritten at the end)
-                g_hi += tl.sum(tl.where(offset >= band, ds, 0.0), 1)
-                store_by_row((grad_rows + band)[:, None] + distance, ds, rows, LQ, EVEN_M)
-            elif STAGE == RIGHT:  # by the tensor cores, in the precision dq takes dS in
-                g_right = tl.dot(ds.to(k.dtype), tl.full((BLOCK_N, MIN_DOT), 1.0, k.dtype), g_right,
-                                 input_precision=PRECISION)
-    if NEEDS_G and STAGE == RIGHT:
-        g_hi += tl.sum(g_right, 1) / MIN_DOT  # MIN_DOT equal columns (their mean: a max would spill in 64/128)
+def dq_band(dq, g_hi, tiles, stages, flags: tl.constexpr, BAND_BLOCK: tl.constexpr):
+    """BAND, [band_lo, band_hi) in BAND_BLOCK tiles: p recomputed with each pair's logit term by
+    label, dP with its dO·w^V. G: label 2k's by row sums into g_hi, interior values stored in the
+    grad table (the edges' entries are overwritten at the end)."""
+    block = tiles.block
+    tables = tiles.tables
+    band = tables.band
+    for n0 in tl.range(stages.band_lo, stages.band_hi, BAND_BLOCK, num_stages=1):
+        cols = n0 + tl.arange(0, BAND_BLOCK)
+        k, v = key_rows(tiles, cols, flags)
+        s = tl.dot(block.q, tl.trans(k), input_precision=flags.PRECISION)
+        offset = pair_offsets(block.rows_abs, cols)
+        distance = clipped(offset, band)
+        if flags.HAS_LOGITS:
+            s += load_by_row(by_label(tables.logit_rows, band, distance), block.rows, block.LQ,
+                             flags.EVEN_M) * tables.to_qk
+        s = masked(s, tiles, cols, flags, flags.CAUSAL)
+        p = tl.exp2(s * tiles.qk_scale - tiles.rows.lse[:, None])
+        dp = tl.dot(tiles.rows.do, tl.trans(v), input_precision=flags.PRECISION)
+        if flags.HAS_RV:
+            dp += load_by_row(by_label(tables.value_rows, band, distance), block.rows, block.LQ, flags.EVEN_M)
+        dq, ds = dq_step(dq, p, dp, tiles.rows.delta, k, tiles, cols, flags)
+        if flags.NEEDS_G:
+            g_hi += tl.sum(tl.where(offset >= band, ds, 0.0), 1)
+            store_by_row(by_label(tables.grad_rows, band, distance), ds, block.rows, block.LQ, flags.EVEN_M)
     return dq, g_hi
+
+
+@triton.jit
+def dq_left(dq, tiles, stages, edge, flags: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr,
+            FRINGE_BLOCK: tl.constexpr):
+    """LEFT, from the band out: its wide fringe in BAND_BLOCK tiles, its narrow one in
+    FRINGE_BLOCK tiles, then [0, left_hi) in BN tiles, pipelined. Label 0 (`edge`'s terms) needs
+    no sum of G: a row of dS sums to zero."""
+    if has_wide_fringes(BLOCK_N, BAND_BLOCK):
+        dq = _dq_left_tiles(dq, tiles, edge, stages.left_hi, stages.left_narrow, flags, BAND_BLOCK)
+    if has_narrow_fringes(flags.CAUSAL, BAND_BLOCK, FRINGE_BLOCK):
+        dq = _dq_left_tiles(dq, tiles, edge, stages.left_narrow, stages.band_lo, flags, FRINGE_BLOCK)
+    return _dq_left_tiles(dq, tiles, edge, stages.lo, stages.left_hi, flags, BLOCK_N, PIPELINED=True)
+
+
+@triton.jit
+def _dq_left_tiles(dq, tiles, edge, lo, hi, flags: tl.constexpr, BLOCK_N: tl.constexpr,
+                   PIPELINED: tl.constexpr = False):
+    for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
+        dq, ds, k = dq_plain_tile(dq, tiles, n0 + tl.arange(0, BLOCK_N), edge, flags)
+    return dq
+
+
+@triton.jit
+def dq_right(dq, g_hi, tiles, stages, edge, flags: tl.constexpr, BLOCK_N: tl.constexpr, BAND_BLOCK: tl.constexpr,
+             FRINGE_BLOCK: tl.constexpr):
+    """RIGHT, from the band out: its narrow fringe, its wide one, then [right_lo, hi) in BN
+    tiles, pipelined. Label 2k's G by row sums (`_dq_right_tiles`)."""
+    if has_narrow_fringes(flags.CAUSAL, BAND_BLOCK, FRINGE_BLOCK):
+        dq, g_hi = _dq_right_tiles(dq, g_hi, tiles, edge, stages.band_hi, stages.right_wide, flags, FRINGE_BLOCK)
+    if has_wide_fringes(BLOCK_N, BAND_BLOCK):
+        dq, g_hi = _dq_right_tiles(dq, g_hi, tiles, edge, stages.right_wide, stages.right_lo, flags, BAND_BLOCK)
+    return _dq_right_tiles(dq, g_hi, tiles, edge, stages.right_lo, stages.hi, flags, BLOCK_N, PIPELINED=True)
+
+
+@triton.jit
+def _dq_right_tiles(dq, g_hi, tiles, edge, lo, hi, flags: tl.constexpr, BLOCK_N: tl.constexpr,
+                    PIPELINED: tl.constexpr = False):
+    """The row sums of dS by the tensor cores, in the precision dq takes dS in: dS times a column
+    of ones, MIN_DOT columns (their mean at the end: a max would spill in 64/128)."""
+    g_right = tl.zeros((tiles.block.rows.shape[0], MIN_DOT), dtype=tl.float32)
+    for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
+        dq, ds, k = dq_plain_tile(dq, tiles, n0 + tl.arange(0, BLOCK_N), edge, flags)
+        if flags.NEEDS_G:
+            g_right = tl.dot(ds.to(k.dtype), tl.full((BLOCK_N, MIN_DOT), 1.0, k.dtype), g_right,
+                             input_precision=flags.PRECISION)
+    if flags.NEEDS_G:
+        g_hi += tl.sum(g_right, 1) / MIN_DOT
+    return dq, g_hi
+
+
+@triton.jit
+def dq_plain_tile(dq, tiles, cols, edge, flags: tl.constexpr):
+    """One off-band key tile of dq, all of one label (`EdgeTerms` edge): its logit term comes off
+    lse, its dO·w^V off delta (with dropout, into dP, which is dropped with dO·v). (dq, dS, k)."""
+    k, v = key_rows(tiles, cols, flags)
+    s = plain_masked(tl.dot(tiles.block.q, tl.trans(k), input_precision=flags.PRECISION), tiles, cols, flags)
+    p = tl.exp2(s * tiles.qk_scale - (tiles.rows.lse - edge.r)[:, None])
+    dp = tl.dot(tiles.rows.do, tl.trans(v), input_precision=flags.PRECISION)
+    delta = tiles.rows.delta
+    if flags.HAS_RV:
+        if flags.HAS_DROPOUT:
+            dp += edge.dw[:, None]
+        else:
+            delta = delta - edge.dw
+    dq, ds = dq_step(dq, p, dp, delta, k, tiles, cols, flags)
+    return dq, ds, k
+
+
+@triton.jit
+def key_rows(tiles, cols, flags: tl.constexpr):
+    """(k, v): the key and value tiles `cols`, by rows (dq takes k both ways)."""
+    keys = tiles.keys
+    k = load_rows(keys.K, cols, keys.stride_kn, tiles.block.dims, keys.LK, keys.D, flags.EVEN_N, flags.EVEN_D)
+    v = load_rows(keys.V, cols, keys.stride_vn, tiles.block.dims, keys.LK, keys.D, flags.EVEN_N, flags.EVEN_D)
+    return k, v
+
+
+@triton.jit
+def dq_step(dq, p, dp, delta, k, tiles, cols, flags: tl.constexpr):
+    """(dq + dS·k, dS): dS = p (dP − delta), dP dropped as p was."""
+    ds = p * (dropped_in(dp, tiles, tiles.block.rows, cols, flags) - delta[:, None])
+    return dq + tl.dot(ds.to(k.dtype), k, input_precision=flags.PRECISION), ds
 
 
 @triton.jit
@@ -1240,34 +1303,27 @@ def backward_dq_kernel(
 
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     g_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    keys = key_stages(start_m * BLOCK_M, OFFSET, LK, band, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK)
+    stages = key_stages(start_m * BLOCK_M, OFFSET, LK, band, CAUSAL, BLOCK_M, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK)
     K_ptr = K + b * stride_kb + h * stride_kh
     V_ptr = V + b * stride_vb + h * stride_vh
     mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
-    tiles = DqTiles(q, do, lse, delta, logit_rows, table_to_qk, value_rows, grad_rows, K_ptr, V_ptr, mask_ptr,
-                    stride_kn, stride_vn, stride_mq, stride_mk, rows, rows_abs, dims, LQ, LK, D, band, qk_scale,
-                    seed + bh, dropout_p)
-    flags: tl.constexpr = DqFlags(HAS_LOGITS, HAS_RV, NEEDS_G, MASK, CAUSAL, HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D,
-                                  PRECISION)
-    WIDE_FRINGES: tl.constexpr = has_wide_fringes(BLOCK_N, BAND_BLOCK)
-    NARROW_FRINGES: tl.constexpr = has_narrow_fringes(CAUSAL, BAND_BLOCK, FRINGE_BLOCK)
+    tiles = DqTiles(block=QueryBlock(q=q, rows=rows, rows_abs=rows_abs, dims=dims, LQ=LQ),
+                    rows=BackwardRows(do=do, lse=lse, delta=delta),
+                    keys=KeySource(K=K_ptr, V=V_ptr, stride_kn=stride_kn, stride_vn=stride_vn, LK=LK, D=D),
+                    mask=Mask(ptr=mask_ptr, stride_q=stride_mq, stride_k=stride_mk),
+                    tables=DqTables(logit_rows=logit_rows, to_qk=table_to_qk, value_rows=value_rows,
+                                    grad_rows=grad_rows, band=band),
+                    qk_scale=qk_scale, dropout=Dropout(seed=seed + bh, p=dropout_p))
+    flags: tl.constexpr = DqFlags(HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV, NEEDS_G=NEEDS_G, MASK=MASK, CAUSAL=CAUSAL,
+                                  HAS_DROPOUT=HAS_DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+                                  PRECISION=PRECISION)
 
     # The band, then LEFT from the band out, then RIGHT from the band out.
-    dq, g_hi = _dq_tiles(dq, g_hi, tiles, r_hi, dw_hi, keys.band_lo, keys.band_hi, flags, BAND, BAND_BLOCK)
-    if WIDE_FRINGES:
-        dq, g_hi = _dq_tiles(dq, g_hi, tiles, r_lo, dw_lo, keys.left_hi, keys.left_narrow, flags, LEFT, BAND_BLOCK)
-    if NARROW_FRINGES:
-        dq, g_hi = _dq_tiles(dq, g_hi, tiles, r_lo, dw_lo, keys.left_narrow, keys.band_lo, flags, LEFT, FRINGE_BLOCK)
-    dq, g_hi = _dq_tiles(dq, g_hi, tiles, r_lo, dw_lo, keys.lo, keys.left_hi, flags, LEFT, BLOCK_N, PIPELINED=True)
+    dq, g_hi = dq_band(dq, g_hi, tiles, stages, flags, BAND_BLOCK)
+    dq = dq_left(dq, tiles, stages, EdgeTerms(r=r_lo, dw=dw_lo), flags, BLOCK_N, BAND_BLOCK, FRINGE_BLOCK)
     if not CAUSAL:  # (RIGHT's keys are the future)
-        if NARROW_FRINGES:
-            dq, g_hi = _dq_tiles(dq, g_hi, tiles, r_hi, dw_hi, keys.band_hi, keys.right_wide, flags, RIGHT,
-                                 FRINGE_BLOCK)
-        if WIDE_FRINGES:
-            dq, g_hi = _dq_tiles(dq, g_hi, tiles, r_hi, dw_hi, keys.right_wide, keys.right_lo, flags, RIGHT,
-                                 BAND_BLOCK)
-        dq, g_hi = _dq_tiles(dq, g_hi, tiles, r_hi, dw_hi, keys.right_lo, keys.hi, flags, RIGHT, BLOCK_N,
-                             PIPELINED=True)
+        dq, g_hi = dq_right(dq, g_hi, tiles, stages, EdgeTerms(r=r_hi, dw=dw_hi), flags, BLOCK_N, BAND_BLOCK,
+                            FRINGE_BLOCK)
 
     if NEEDS_G:
         # The grad table's rows, whole: interior values the band stored, label 2k from row sums,
