@@ -65,13 +65,6 @@ DENSE_MASK = tl.constexpr(2)
 INLINE_PTX = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
 """Compiled for a GPU (not interpreted): per-pair label loads and stores are inline PTX."""
 
-# Stages, as the constexpr each tile loop is specialised on.
-BAND = tl.constexpr(0)
-LEFT = tl.constexpr(1)
-RIGHT = tl.constexpr(2)
-FRINGE_PAIR = tl.constexpr(3)
-
-
 class KeyStages(NamedTuple):
     """A query block's key bounds (`key_stages`), in key order. LEFT is [lo, left_hi) in BN tiles,
     then its wide fringe [left_hi, left_narrow) in BAND_BLOCK tiles and its narrow fringe
@@ -228,8 +221,8 @@ class DqFlags(NamedTuple):
 
 
 class DkdvFlags(NamedTuple):
-    """dk/dv's compile-time switches that each of its query loops reads (`backward_dkdv_kernel`)."""
-    TABLE_ROW: int
+    """dk/dv's compile-time switches that its query loops read (`backward_dkdv_kernel`)."""
+    TABLE_ROW: int  # LABEL_TILE + 1, a label table's row
     HAS_LOGITS: bool
     HAS_RV: bool
     BIAS_GRAD: bool
@@ -244,33 +237,79 @@ class DkdvFlags(NamedTuple):
     PRECISION: str
 
 
+class KeyBlock(NamedTuple):
+    """A dk/dv program's key block, as each of its query loops reads it."""
+    k: tl.tensor
+    v: tl.tensor
+    cols: tl.tensor  # (BN,) indices into Lk
+    dims: tl.tensor
+    LK: tl.tensor
+    D: tl.tensor
+
+
+class QuerySource(NamedTuple):
+    """Where a (batch, head)'s query and dO tiles are read from."""
+    Q: tl.tensor
+    DO: tl.tensor
+    stride_qm: tl.tensor
+    stride_dom: tl.tensor
+    LQ: tl.tensor
+    OFFSET: tl.tensor  # the queries' position less their index
+
+
+class DkdvTables(NamedTuple):
+    """The label tables dk/dv's band reads pair by pair, and a wide rel_bias's gradient row."""
+    logit_base: tl.tensor  # row 0 of the logit table (without w^K: the bias row, which every row reads)
+    logit_stride: tl.tensor  # between its rows (0 for the bias row)
+    to_qk: tl.tensor
+    value_base: tl.tensor  # row 0 of the dO·w^V table
+    dbias: tl.tensor  # this program's own row of per-label sums (BIAS_GRAD)
+    band: tl.tensor
+
+
 class DkdvTiles(NamedTuple):
-    """What each of dk/dv's query loops reads besides its rows' statistics: one key block, the
-    tables and the launch's pointers and sizes."""
-    k: object
-    v: object
-    logit_base: object
-    logit_stride: object
-    table_to_qk: object
-    value_base: object
-    dbias_ptr: object
-    Q_ptr: object
-    DO_ptr: object
-    stride_qm: object
-    stride_dom: object
-    cols: object
-    mask_ptr: object
-    stride_mq: object
-    stride_mk: object
-    dims: object
-    LQ: object
-    LK: object
-    D: object
-    OFFSET: object
-    band: object
-    qk_scale: object
-    seed: object
-    dropout_p: object
+    """What each of dk/dv's query loops reads besides its rows' statistics."""
+    keys: KeyBlock
+    queries: QuerySource
+    mask: Mask
+    tables: DkdvTables
+    qk_scale: tl.tensor
+    dropout: Dropout
+
+
+class RowPointers(NamedTuple):
+    """Where a dk/dv stage reads its query rows' lse and delta (off the band: EDGE_STATS's rows)."""
+    lse: tl.tensor
+    delta: tl.tensor
+
+
+class QueryTile(NamedTuple):
+    """One tile of query rows in a dk/dv loop (`query_tile`)."""
+    rows: tl.tensor
+    rows_abs: tl.tensor
+    q: tl.tensor
+    do: tl.tensor
+    lse: tl.tensor
+    delta: tl.tensor
+
+
+class QueryStages(NamedTuple):
+    """A key block's query bounds (`query_stages`): RIGHT is [lo, band_lo), the band [band_lo,
+    band_hi), LEFT [band_hi, Lq)."""
+    lo: int
+    band_lo: int
+    band_hi: int
+
+
+class EdgeStats(NamedTuple):
+    """The edge statistics, per query row, that dq writes for dk/dv's off-band tiles, each in a
+    row of EDGE_STATS per (batch, head), Lq long, in this order (`edge_stat`)."""
+    lse_lo: tl.tensor  # lse − R_i0
+    lse_hi: tl.tensor  # lse − R_i,2k
+    delta_lo: tl.tensor  # delta − dO_i·w^V_0
+    delta_hi: tl.tensor  # delta − dO_i·w^V_2k
+    dw_lo: tl.tensor  # dO_i·w^V_0: with dropout, where dO·w^V is dropped with dO·v and delta cannot take it
+    dw_hi: tl.tensor  # dO_i·w^V_2k
 
 
 @triton.constexpr_function
@@ -367,7 +406,7 @@ def query_stages(n0, OFFSET, LQ, band, CAUSAL: tl.constexpr, BLOCK_M: tl.constex
         band_lo = lo
     above = (max(n0 + BLOCK_N - 1 + band - OFFSET, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     band_hi = max(min(above, LQ), band_lo)
-    return lo, band_lo, band_hi
+    return QueryStages(lo=lo, band_lo=band_lo, band_hi=band_hi)
 
 
 @triton.jit
@@ -705,21 +744,29 @@ def edge_column(table_rows, rows, LQ, label, PRESENT: tl.constexpr):
     return column
 
 
-EDGE_STATS = tl.constexpr(6)
-"""Rows of the edge statistics per (batch, head), each Lq long: lse − R_i0, lse − R_i,2k,
-delta − dO_i·w^V_0, delta − dO_i·w^V_2k, dO_i·w^V_0, dO_i·w^V_2k (the last two with dropout,
-where dO·w^V is dropped with dO·v and delta cannot take it)."""
+EDGE_STATS = tl.constexpr(len(EdgeStats._fields))
+"""Rows of the edge statistics per (batch, head) (`EdgeStats`)."""
+
+
+@triton.constexpr_function
+def edge_row(name):
+    """The row of the edge statistics that holds `EdgeStats` field `name`."""
+    fields = EdgeStats._fields
+    return fields.index(name)
 
 
 @triton.jit
-def store_edge_stats(ptr, rows, LQ, lse_lo, lse_hi, delta_lo, delta_hi, dw_lo, dw_hi):
+def edge_stat(edges, LQ, NAME: tl.constexpr):
+    """Row NAME of a (batch, head)'s edge statistics."""
+    return edges + edge_row(NAME) * LQ
+
+
+@triton.jit
+def store_edge_stats(edges, rows, LQ, stats):
+    """A block's rows of the `EdgeStats` stats, field i in row i."""
     inside = rows < LQ
-    tl.store(ptr + rows, lse_lo, mask=inside)
-    tl.store(ptr + LQ + rows, lse_hi, mask=inside)
-    tl.store(ptr + 2 * LQ + rows, delta_lo, mask=inside)
-    tl.store(ptr + 3 * LQ + rows, delta_hi, mask=inside)
-    tl.store(ptr + 4 * LQ + rows, dw_lo, mask=inside)
-    tl.store(ptr + 5 * LQ + rows, dw_hi, mask=inside)
+    for row in tl.static_range(EDGE_STATS):
+        tl.store(edges + row * LQ + rows, stats[row], mask=inside)
 
 
 @triton.jit
@@ -1298,8 +1345,9 @@ def backward_dq_kernel(
     r_lo, r_hi = edge_logits(logit_rows, rows, LQ, band, qk_scale, HAS_RK, HAS_LOGITS)
     dw_lo = edge_column(value_rows, rows, LQ, 0, HAS_RV)
     dw_hi = edge_column(value_rows, rows, LQ, 2 * band, HAS_RV)
-    store_edge_stats(EDGES + bh * EDGE_STATS * LQ, rows, LQ, lse - r_lo, lse - r_hi, delta - dw_lo, delta - dw_hi,
-                     dw_lo, dw_hi)
+    store_edge_stats(EDGES + bh * EDGE_STATS * LQ, rows, LQ,
+                     EdgeStats(lse_lo=lse - r_lo, lse_hi=lse - r_hi, delta_lo=delta - dw_lo, delta_hi=delta - dw_hi,
+                               dw_lo=dw_lo, dw_hi=dw_hi))
 
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     g_hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -1364,53 +1412,113 @@ def add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, band, BLOCK_M: tl.constexpr, 
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, tiles, lse_ptr, delta_ptr, dw_ptr, lo, hi, flags: tl.constexpr, STAGE: tl.constexpr,
-                BLOCK_M: tl.constexpr):
-    """dk, dv of a key block over query blocks [lo, hi) of one stage. Off the band, lse_ptr and
-    delta_ptr point at the stage's edge statistics: its logit term and dO·w^V are already in them
-    (with dropout, dw_ptr holds dO·w^V, added to dP before it is dropped)."""
-    (k, v, logit_base, logit_stride, table_to_qk, value_base, dbias_ptr, Q_ptr, DO_ptr, stride_qm, stride_dom, cols,
-     mask_ptr, stride_mq, stride_mk, dims, LQ, LK, D, OFFSET, band, qk_scale, seed, dropout_p) = tiles
-    (TABLE_ROW, HAS_LOGITS, HAS_RV, BIAS_GRAD, MASK, CAUSAL, HAS_DROPOUT, EVEN_M, EVEN_N, EVEN_D, BLOCK_N, WINDOW,
-     PRECISION) = flags
-    edge = 0 if STAGE == LEFT else 2 * band
-    for m0 in tl.range(lo, hi, BLOCK_M, num_stages=1 if STAGE == BAND else None):
-        rows = m0 + tl.arange(0, BLOCK_M)
-        rows_abs = rows + OFFSET
-        q = load_rows(Q_ptr, rows, stride_qm, dims, LQ, D, EVEN_M, EVEN_D)
-        do = load_rows(DO_ptr, rows, stride_dom, dims, LQ, D, EVEN_M, EVEN_D)
-        lse, delta = load_row_stats(lse_ptr, delta_ptr, rows, LQ, EVEN_M)
-        logit_rows = logit_base + rows * logit_stride
-        value_rows = value_base + rows * TABLE_ROW
-        # Recompute p from the saved log-sum-exp (in the units of q·k, scaled as exp2 takes it).
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        if STAGE == BAND:
-            offset = pair_offsets(rows_abs, cols)
-            distance = clipped(offset, band)
-            if HAS_LOGITS:
-                s += load_by_row((logit_rows + band)[:, None] + distance, rows, LQ, EVEN_M) * table_to_qk
-            s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, CAUSAL, EVEN_N)
-        elif MASK != NO_MASK or not EVEN_N:
-            s = visible(s, rows, rows_abs, cols, mask_ptr, stride_mq, stride_mk, LQ, LK, MASK, False, EVEN_N)
-        p = tl.exp2(s * qk_scale - lse[:, None])
-        dv += tl.dot(tl.trans(dropped(p, seed, rows, cols, LK, dropout_p, HAS_DROPOUT).to(do.dtype)), do,
-                     input_precision=PRECISION)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        if HAS_RV:
-            if STAGE == BAND:
-                dp += load_by_row((value_rows + band)[:, None] + distance, rows, LQ, EVEN_M)
-            elif HAS_DROPOUT:
-                dp += tl.load(dw_ptr + rows, mask=rows < LQ, other=0.0)[:, None]
-        dp = dropped(dp, seed, rows, cols, LK, dropout_p, HAS_DROPOUT)
-        ds = p * (dp - delta[:, None])
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-        if BIAS_GRAD:  # a wide rel_bias's gradient, into this key block's own row
-            if STAGE == BAND:
-                add_diagonals(ds, dbias_ptr, m0, cols, OFFSET, band, BLOCK_M, BLOCK_N, WINDOW)
-            else:
-                tl.store(dbias_ptr + edge, tl.load(dbias_ptr + edge) + tl.sum(tl.sum(ds, 1), 0))
-                tl.debug_barrier()
+def dkdv_band(dk, dv, tiles, stats, stages, flags: tl.constexpr, BAND_ROWS: tl.constexpr):
+    """BAND, query tiles [band_lo, band_hi) BAND_ROWS high, not pipelined: p recomputed with each
+    pair's logit term by label and the causal mask, dP with its dO·w^V; a wide rel_bias's
+    gradient summed along the tile's diagonals (`add_diagonals`)."""
+    keys = tiles.keys
+    tables = tiles.tables
+    band = tables.band
+    for m0 in tl.range(stages.band_lo, stages.band_hi, BAND_ROWS, num_stages=1):
+        t = query_tile(tiles, m0, stats, flags, BAND_ROWS)
+        logit_rows = tables.logit_base + t.rows * tables.logit_stride
+        value_rows = tables.value_base + t.rows * flags.TABLE_ROW
+        s = tl.dot(t.q, tl.trans(keys.k), input_precision=flags.PRECISION)
+        distance = clipped(pair_offsets(t.rows_abs, keys.cols), band)
+        if flags.HAS_LOGITS:
+            s += load_by_row(by_label(logit_rows, band, distance), t.rows, tiles.queries.LQ,
+                             flags.EVEN_M) * tables.to_qk
+        p = tl.exp2(rows_masked(s, t, tiles, flags, flags.CAUSAL) * tiles.qk_scale - t.lse[:, None])
+        dv = add_dropped_p(dv, p, t, tiles, flags)
+        dp = tl.dot(t.do, tl.trans(keys.v), input_precision=flags.PRECISION)
+        if flags.HAS_RV:
+            dp += load_by_row(by_label(value_rows, band, distance), t.rows, tiles.queries.LQ, flags.EVEN_M)
+        dk, ds = dk_step(dk, p, dp, t, tiles, flags)
+        if flags.BIAS_GRAD:  # a wide rel_bias's gradient, into this key block's own row
+            add_diagonals(ds, tables.dbias, m0, keys.cols, tiles.queries.OFFSET, band, BAND_ROWS, flags.BLOCK_N,
+                          flags.WINDOW)
     return dk, dv
+
+
+@triton.jit
+def dkdv_left(dk, dv, tiles, stats, edges, stages, flags: tl.constexpr, BLOCK_M: tl.constexpr):
+    """LEFT, the query blocks after the key block, [band_hi, Lq): every pair has label 0. Its
+    rows' statistics are EDGE_STATS's, with label 0's logit term and dO·w^V in them (with
+    dropout, delta and dO·w^V apart: `dkdv_off_band`)."""
+    LQ = tiles.queries.LQ
+    delta = stats.delta if flags.HAS_DROPOUT else edge_stat(edges, LQ, "delta_lo")
+    return dkdv_off_band(dk, dv, tiles, RowPointers(lse=edge_stat(edges, LQ, "lse_lo"), delta=delta),
+                         edge_stat(edges, LQ, "dw_lo"), stages.band_hi, LQ, flags, BLOCK_M, label=0)
+
+
+@triton.jit
+def dkdv_right(dk, dv, tiles, stats, edges, stages, flags: tl.constexpr, BLOCK_M: tl.constexpr):
+    """RIGHT, the query blocks before the key block, [lo, band_lo): every pair has label 2k (as LEFT)."""
+    LQ = tiles.queries.LQ
+    lse = edge_stat(edges, LQ, "lse_hi")
+    delta = stats.delta if flags.HAS_DROPOUT else edge_stat(edges, LQ, "delta_hi")
+    return dkdv_off_band(dk, dv, tiles, RowPointers(lse=lse, delta=delta), edge_stat(edges, LQ, "dw_hi"), stages.lo,
+                         stages.band_lo, flags, BLOCK_M, label=2 * tiles.tables.band)
+
+
+@triton.jit
+def dkdv_off_band(dk, dv, tiles, stats, dw_ptr, lo, hi, flags: tl.constexpr, BLOCK_M: tl.constexpr, label):
+    """dk, dv over query tiles [lo, hi) off the band, all of one label: `stats` point at rows
+    with its logit term and dO·w^V in them (with dropout, dw_ptr at dO·w^V, added to dP before
+    it is dropped); a wide rel_bias's gradient is the tiles' dS summed into that label's entry."""
+    keys = tiles.keys
+    for m0 in tl.range(lo, hi, BLOCK_M):
+        t = query_tile(tiles, m0, stats, flags, BLOCK_M)
+        s = tl.dot(t.q, tl.trans(keys.k), input_precision=flags.PRECISION)
+        if flags.MASK != NO_MASK or not flags.EVEN_N:
+            s = rows_masked(s, t, tiles, flags, CAUSAL=False)
+        p = tl.exp2(s * tiles.qk_scale - t.lse[:, None])
+        dv = add_dropped_p(dv, p, t, tiles, flags)
+        dp = tl.dot(t.do, tl.trans(keys.v), input_precision=flags.PRECISION)
+        if flags.HAS_RV and flags.HAS_DROPOUT:
+            dp += tl.load(dw_ptr + t.rows, mask=t.rows < tiles.queries.LQ, other=0.0)[:, None]
+        dk, ds = dk_step(dk, p, dp, t, tiles, flags)
+        if flags.BIAS_GRAD:
+            dbias = tiles.tables.dbias + label
+            tl.store(dbias, tl.load(dbias) + tl.sum(tl.sum(ds, 1), 0))
+            tl.debug_barrier()
+    return dk, dv
+
+
+@triton.jit
+def query_tile(tiles, m0, stats, flags: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The `QueryTile` of rows [m0, m0 + BLOCK_M), its lse and delta read at `stats`."""
+    queries = tiles.queries
+    rows = m0 + tl.arange(0, BLOCK_M)
+    rows_abs = rows + queries.OFFSET
+    q = load_rows(queries.Q, rows, queries.stride_qm, tiles.keys.dims, queries.LQ, tiles.keys.D, flags.EVEN_M,
+                  flags.EVEN_D)
+    do = load_rows(queries.DO, rows, queries.stride_dom, tiles.keys.dims, queries.LQ, tiles.keys.D, flags.EVEN_M,
+                   flags.EVEN_D)
+    lse, delta = load_row_stats(stats.lse, stats.delta, rows, queries.LQ, flags.EVEN_M)
+    return QueryTile(rows=rows, rows_abs=rows_abs, q=q, do=do, lse=lse, delta=delta)
+
+
+@triton.jit
+def rows_masked(s, t, tiles, flags: tl.constexpr, CAUSAL: tl.constexpr):
+    """`visible` for a query tile t and the program's keys."""
+    mask = tiles.mask
+    return visible(s, t.rows, t.rows_abs, tiles.keys.cols, mask.ptr, mask.stride_q, mask.stride_k, tiles.queries.LQ,
+                   tiles.keys.LK, flags.MASK, CAUSAL, flags.EVEN_N)
+
+
+@triton.jit
+def add_dropped_p(dv, p, t, tiles, flags: tl.constexpr):
+    """dv + P̃ᵀ·dO, P̃ p under dropout."""
+    return dv + tl.dot(tl.trans(dropped_in(p, tiles, t.rows, tiles.keys.cols, flags).to(t.do.dtype)), t.do,
+                       input_precision=flags.PRECISION)
+
+
+@triton.jit
+def dk_step(dk, p, dp, t, tiles, flags: tl.constexpr):
+    """(dk + dSᵀ·q, dS): dS = p (dP − delta), dP dropped as p was."""
+    ds = p * (dropped_in(dp, tiles, t.rows, tiles.keys.cols, flags) - t.delta[:, None])
+    return dk + tl.dot(tl.trans(ds.to(t.q.dtype)), t.q, input_precision=flags.PRECISION), ds
 
 
 @triton.jit
@@ -1453,25 +1561,30 @@ def backward_dkdv_kernel(
     table_to_qk = table_to_qk_units(qk_scale, HAS_RK)
     dbias_ptr = DBIAS + (bh * DBIAS_ROWS + start_n) * n_labels  # this program's own row
 
-    lo, band_lo, band_hi = query_stages(n0, OFFSET, LQ, band, CAUSAL, BLOCK_M, BLOCK_N)
+    stages = query_stages(n0, OFFSET, LQ, band, CAUSAL, BLOCK_M, BLOCK_N)
     dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     edges = EDGES + bh * EDGE_STATS * LQ
-    tiles = DkdvTiles(k, v, logit_base, logit_stride, table_to_qk, VALUES + table_offset, dbias_ptr,
-                      Q + b * stride_qb + h * stride_qh, DO + b * stride_dob + h * stride_doh, stride_qm, stride_dom,
-                      cols, MASK_PTR + b * stride_mb + h * stride_mh, stride_mq, stride_mk, dims, LQ, LK, D, OFFSET,
-                      band, qk_scale, seed + bh, dropout_p)
-    flags: tl.constexpr = DkdvFlags(LABEL_TILE + 1, HAS_LOGITS, HAS_RV, BIAS_GRAD, MASK, CAUSAL, HAS_DROPOUT, EVEN_M,
-                                    EVEN_N, EVEN_D, BLOCK_N, WINDOW, PRECISION)
+    value_base = VALUES + table_offset
+    Q_ptr = Q + b * stride_qb + h * stride_qh
+    DO_ptr = DO + b * stride_dob + h * stride_doh
+    mask_ptr = MASK_PTR + b * stride_mb + h * stride_mh
+    tiles = DkdvTiles(keys=KeyBlock(k=k, v=v, cols=cols, dims=dims, LK=LK, D=D),
+                      queries=QuerySource(Q=Q_ptr, DO=DO_ptr, stride_qm=stride_qm, stride_dom=stride_dom, LQ=LQ,
+                                          OFFSET=OFFSET),
+                      mask=Mask(ptr=mask_ptr, stride_q=stride_mq, stride_k=stride_mk),
+                      tables=DkdvTables(logit_base=logit_base, logit_stride=logit_stride, to_qk=table_to_qk,
+                                        value_base=value_base, dbias=dbias_ptr, band=band),
+                      qk_scale=qk_scale, dropout=Dropout(seed=seed + bh, p=dropout_p))
+    flags: tl.constexpr = DkdvFlags(TABLE_ROW=LABEL_TILE + 1, HAS_LOGITS=HAS_LOGITS, HAS_RV=HAS_RV,
+                                    BIAS_GRAD=BIAS_GRAD, MASK=MASK, CAUSAL=CAUSAL, HAS_DROPOUT=HAS_DROPOUT,
+                                    EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, WINDOW=WINDOW,
+                                    PRECISION=PRECISION)
     # The band, then the queries after the keys (LEFT: label 0), then those before them (RIGHT: 2k).
-    # Off the band a stage reads its rows' statistics with its logit term and dO·w^V in them
-    # (EDGE_STATS's rows), with dropout delta and dO·w^V apart.
-    dk, dv = _dkdv_tiles(dk, dv, tiles, LSE + bh * LQ, DELTA + bh * LQ, edges + 5 * LQ, band_lo, band_hi, flags, BAND,
-                         BAND_ROWS)
-    dk, dv = _dkdv_tiles(dk, dv, tiles, edges, DELTA + bh * LQ if HAS_DROPOUT else edges + 2 * LQ, edges + 4 * LQ,
-                         band_hi, LQ, flags, LEFT, BLOCK_M)
-    dk, dv = _dkdv_tiles(dk, dv, tiles, edges + LQ, DELTA + bh * LQ if HAS_DROPOUT else edges + 3 * LQ, edges + 5 * LQ,
-                         lo, band_lo, flags, RIGHT, BLOCK_M)
+    stats = RowPointers(lse=LSE + bh * LQ, delta=DELTA + bh * LQ)
+    dk, dv = dkdv_band(dk, dv, tiles, stats, stages, flags, BAND_ROWS)
+    dk, dv = dkdv_left(dk, dv, tiles, stats, edges, stages, flags, BLOCK_M)
+    dk, dv = dkdv_right(dk, dv, tiles, stats, edges, stages, flags, BLOCK_M)
     col_mask = (cols[:, None] < LK) & (dims[None, :] < D)
     tl.store(DK + b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :],
              (dk * sm_scale).to(DK.dtype.element_ty), mask=col_mask)
