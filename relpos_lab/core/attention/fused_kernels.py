@@ -3,11 +3,19 @@
 One query block's key tiles fall in three stages, by the labels l(i, j) = clip(j − i, k) + k of
 their pairs (a0, a1: the block's first and last absolute row). Here k is `band`: the band
 |j − i| < k where each pair has a label of its own, the call's max_distance cut to the distances
-its lengths reach (`fused._band`), so 2k + 1 = n_labels:
+its lengths reach (`fused._band`), so 2k + 1 = n_labels. Each stage is a function of each kernel
+(dk/dv's loops run over query blocks, the same three from the keys' side: `query_stages`):
 
-    BAND   [band_lo, band_hi)  some pair has |j − i| < k: labels read pair by pair
-    LEFT   [0, band_lo)        every pair has j − i ≤ −k: label 0, one logit term per row
-    RIGHT  [band_hi, hi)       every pair has j − i ≥ k:  label 2k, one logit term per row
+    stage  keys (`key_stages`)  pairs                                       forward        dq        dk/dv
+    BAND   [band_lo, band_hi)   some |j − i| < k: labels read pair by pair  forward_band   dq_band   dkdv_band
+    LEFT   [0, band_lo)         every j − i ≤ −k: label 0, a term per row   forward_left   dq_left   dkdv_left
+    RIGHT  [band_hi, hi)        every j − i ≥ k: label 2k, a term per row   forward_right  dq_right  dkdv_right
+    both narrow fringes as one tile (`fringe_pair`)                         forward_fringe_pair
+
+A stage function owns its loops and reads what it needs by name from its kernel's *Tiles and
+*Flags; per-tile arithmetic that stages share is in small helpers (`key_scores`, `raised_max`,
+`add_values`, `dq_plain_tile`, `query_tile`, ...). Triton inlines them all: the split costs no
+instruction (`bench kernel --static`).
 
 Off the band a label's logit term R_il is a scalar per row, folded into the softmax's row offset,
 and its probability mass is the row sum that the softmax takes anyway: those tiles cost what a
@@ -1223,6 +1231,7 @@ def dq_left(dq, tiles, stages, edge, flags: tl.constexpr, BLOCK_N: tl.constexpr,
 @triton.jit
 def _dq_left_tiles(dq, tiles, edge, lo, hi, flags: tl.constexpr, BLOCK_N: tl.constexpr,
                    PIPELINED: tl.constexpr = False):
+    """LEFT's key tiles [lo, hi): plain tiles and nothing beside (`dq_left`)."""
     for n0 in tl.range(lo, hi, BLOCK_N, num_stages=None if PIPELINED else 1):
         dq, ds, k = dq_plain_tile(dq, tiles, n0 + tl.arange(0, BLOCK_N), edge, flags)
     return dq
