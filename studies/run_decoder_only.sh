@@ -4,7 +4,7 @@
 # their reports. Finished points are skipped, so an interrupted study continues where it stopped.
 # One thread per run, two runs at a time (about 4 min per copy/reverse run, 6 min per LM run).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
 relpos-lab sweep configs/sweep/kazemnejad2023_decoder_only.yaml --max-parallel 2
 relpos-lab sweep configs/sweep/lm_train_short_test_long.yaml --max-parallel 2

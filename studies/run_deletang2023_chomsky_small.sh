@@ -6,7 +6,7 @@
 # points are skipped, so the study grows by reruns with other SEEDS/SCHEMES (REPORT=0: no reports).
 #   SEEDS="1 2" SCHEMES="none shaw_k4 alibi" bash studies/run_deletang2023_chomsky_small.sh
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
 seeds=${SEEDS:-1 2 3}
 schemes=${SCHEMES:-}
