@@ -358,6 +358,10 @@ def _stacks(model, arch, src, tgt) -> str:
     except Exception as err:  # noqa: BLE001 - whatever vmap (or copying the model) refuses, named for the author
         raise Advice(f"does not stack, sweep --stack cannot train it ({type(err).__name__}: {err}); "
                      "README's plugin guide: what a stack needs") from err
+    if not torch.isfinite(grads).all():
+        raise AssertionError("stacked, a member's gradient is not finite")
+    if _draws_in_training(lambda: loss(members[0], src, tgt)):
+        return "runs stacked; its training draws are each member's own, so not compared with a solo run's"
     for k, m in enumerate(members):
         m.zero_grad()
         solo = loss(m, batches[0][k], batches[1][k])
@@ -369,6 +373,15 @@ def _stacks(model, arch, src, tgt) -> str:
         off = float((grads[k] - solo_grad).abs().max() / solo_grad.abs().max().clamp_min(1e-3))
         assert off < 1e-8, f"stacked, member {k}'s gradient is off by {off:.1e} of its largest"
     return "each member its solo run"
+
+
+def _draws_in_training(loss) -> bool:
+    """Whether a training pass draws at random (Abacus's offsets, say): two seeds, two losses."""
+    with torch.no_grad():
+        torch.manual_seed(0)
+        first = loss()
+        torch.manual_seed(1)
+        return not torch.equal(first, loss())
 
 
 def _drawings(model, arch: str, src, tgt) -> str:
