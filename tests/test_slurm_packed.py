@@ -89,6 +89,19 @@ def wait_for_checkpoints(run_dirs: list[Path]) -> None:
     pytest.fail(f"no periodic checkpoint in each of {run_dirs}")
 
 
+def requeued_once(root: Path, job_id: str, ready) -> str:
+    """SIGUSR1 to array task 0 once `ready()` returns; its log, after it completed on its second attempt."""
+    try:
+        ready()
+        subprocess.run(["scancel", "-s", "USR1", job_id], check=True, timeout=30)
+        (record,) = wait_for(job_id)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30)
+    text = task_log(root, job_id, 0)
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", text[-3000:]
+    return text
+
+
 @pytest.mark.slow  # ~40 s; a solo job's requeue is test_slurm_cluster's, in the default tier
 def test_a_packed_task_signalled_mid_training_requeues_once_and_every_run_resumes(
     workdir, capsys  # noqa: F811 (workdir: the fixture imported above)
@@ -100,14 +113,7 @@ def test_a_packed_task_signalled_mid_training_requeues_once_and_every_run_resume
                                   "trainer.val_every_n_steps=200", "trainer.checkpoint_every_n_steps=20"])
     job_id = submit(capsys, "sweep", "sweep.yaml", "--slurm")
     run_dirs = [Path(p["run_dir"]) for p in points(workdir)]
-    try:
-        wait_for_checkpoints(run_dirs)
-        subprocess.run(["scancel", "-s", "USR1", job_id], check=True, timeout=30)
-        (record,) = wait_for(job_id)
-    finally:
-        subprocess.run(["scancel", job_id], timeout=30)
-    text = task_log(workdir, job_id, 0)
-    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", text[-3000:]
+    text = requeued_once(workdir, job_id, lambda: wait_for_checkpoints(run_dirs))
     assert "attempt 1 " in text and "attempt 2 " in text
     for index, run_dir in enumerate(run_dirs):
         log = step_log(workdir, job_id, 0, index)
@@ -149,16 +155,13 @@ def test_a_stacked_task_signalled_mid_training_requeues_once_and_resumes_the_sta
         "trainer.checkpoint_every_n_steps=20]\ngrid:\n  seed: [1, 2]\n")
     job_id = submit(capsys, "sweep", "sweep.yaml", "--slurm", "--stack", "2")
     stacks = workdir / "runs" / "packed" / "stacks"
-    try:
+
+    def saved() -> None:
         deadline = time.monotonic() + WAIT_S
         while not list(stacks.glob("stack-*.json")) and time.monotonic() < deadline:
             time.sleep(0.1)
-        subprocess.run(["scancel", "-s", "USR1", job_id], check=True, timeout=30)
-        (record,) = wait_for(job_id)
-    finally:
-        subprocess.run(["scancel", job_id], timeout=30)
-    text = task_log(workdir, job_id, 0)
-    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", text[-3000:]
+
+    text = requeued_once(workdir, job_id, saved)
     assert "the stack stopped after step " in text and "requeueing SLURM job" in text, text[-3000:]
     assert "stack of 2: resuming at step " in text, text[-3000:]
     for run_dir in (Path(p["run_dir"]) for p in points(workdir)):
