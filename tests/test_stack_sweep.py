@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import time
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
@@ -231,7 +232,9 @@ def test_a_member_that_diverges_stops_alone_is_reported_and_the_others_are_writt
         return step(optimizer, grad, *args, **kwargs)
 
     monkeypatch.setattr(stacked.StackedAdamW, "step", nan_for_b_at_its_third)
+    began = time.time()
     a, b, c = stacked.train_stacked(cfgs)
+    elapsed = time.time() - began
     out = capsys.readouterr().out
     a_results, b_results = (json.loads((s.run_dir / "results.json").read_text()) for s in (a, b))
     assert "stopped" not in a_results and all(math.isfinite(v) for v in a_results["metrics"].values())
@@ -240,6 +243,9 @@ def test_a_member_that_diverges_stops_alone_is_reported_and_the_others_are_writt
     for cfg, at in ((cfgs[1], "at step 2"), (cfgs[2], "at step")):
         assert f"stack member {run_directory(cfg).name}: its loss or gradient went non-finite {at}" in out
     assert f"stack member {run_directory(cfgs[2]).name}: FAILED (ValueError" in out
+    # each written member's wall time is its share of the stack's training plus its own writing: they add
+    # up to at most the whole call, where each counted from the stack's start would add up to more
+    assert 0 < a_results["wall_seconds"] and a_results["wall_seconds"] + b_results["wall_seconds"] <= elapsed
 
 
 @pytest.mark.slow

@@ -98,6 +98,7 @@ def train_stacked(cfgs: list[DictConfig], echo: Callable[[str], None] = print) -
     use_cpu_threads(cfgs[0].trainer.threads, 1)
     new = [run_directory(cfg) for cfg in cfgs if not run_directory(cfg).exists()]
     records = fit_stack(cfgs, echo)
+    share = (time.time() - started) / len(cfgs)  # each member's part of the stack's training time
     for cfg, record in zip(cfgs, records):
         if record.stopped_at is not None:
             echo(f"stack member {run_directory(cfg).name}: its loss or gradient went non-finite at step "
@@ -106,7 +107,9 @@ def train_stacked(cfgs: list[DictConfig], echo: Callable[[str], None] = print) -
     try:
         for cfg, record in zip(cfgs, records):
             try:
-                outcomes.append(train(cfg, echo, started=started, build_module=partial(ReplayModule, record=record)))
+                # wall_seconds: its share of the stack's training, then its own writing and evaluation
+                outcomes.append(train(cfg, echo, started=time.time() - share,
+                                      build_module=partial(ReplayModule, record=record)))
             except Exception as err:  # noqa: BLE001 - one member's failure leaves the others to be written
                 echo(f"stack member {run_directory(cfg).name}: FAILED ({type(err).__name__}: {err})")
                 outcomes.append(MemberFailed(run_directory(cfg), err))
