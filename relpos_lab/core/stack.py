@@ -12,8 +12,10 @@ positions) are each member's own (`randomness="different"`), not its solo run's.
 
 The model runs through its plain-op paths, as when compiled (`core.compiling.traced`): no in-place
 autograd Function and no branch on a tensor's value; `auto` attention picks what vmap batches
-(torch's SDPA, or `gather`), not the fused kernels. `api.testing.check_scheme` says whether a
-plugin scheme stacks.
+(torch's SDPA, or `gather`), not the fused kernels. Every module of the stack's model has
+`stacked = True`, for a layer that must run otherwise in a stack whether or not dynamo traces it
+(where `compiling.in_transform` cannot tell): the digit embeddings skip their bounds assert, which
+vmap cannot batch. `api.testing.check_scheme` says whether a plugin scheme stacks.
 """
 from __future__ import annotations
 
@@ -51,6 +53,8 @@ class Stack:
         self.size = len(models)
         self._solo = copy.deepcopy(models[0])  # what `member` copies: the model as a solo run holds it
         self._apply = _Apply(stack_linear_layers(copy.deepcopy(models[0])))
+        for module in self._apply.modules():  # what a layer reads to run as a stack needs, compiled or not
+            module.stacked = True
         named = [dict(m.named_parameters()) for m in models]  # tied weights once, as functional_call expects
         self.shapes = {name: p.shape for name, p in named[0].items()}
         self.flat = torch.cat([torch.stack([n[name].detach().reshape(-1) for n in named]) for name in self.shapes],

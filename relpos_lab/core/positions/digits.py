@@ -54,7 +54,6 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from relpos_lab.core.compiling import in_transform
 from relpos_lab.core.positions.base import PositionConfig, PositionScheme
 
 DIGIT_SYMBOLS = tuple(str(d) for d in range(10))
@@ -144,7 +143,7 @@ class DigitEmbedding(nn.Module):
                              f"ids for {offset} cached and {x.shape[1]} new positions")
         index = self.index(ids)[:, offset:]
         rows, advice = self.embedding.num_embeddings, "raise it (numbers longer than in training need it)"
-        if in_transform():  # a stack of runs (vmap): no assert has a batching rule; embedding checks on CPU
+        if getattr(self, "stacked", False):  # a stack of runs (core/stack.py): vmap batches no assert
             pass
         elif index.numel() and (torch.compiler.is_compiling() or index.device.type != "cpu"):
             # No host sync: an accelerator's queue (or a compiled graph) checks it asynchronously.
