@@ -14,8 +14,10 @@ relpos_lab, so the suite fails the day a task or a scheme drifts from its refere
   frequencies: transformers (tests/test_rope_family.py also checks YaRN live, where transformers is
   installed); ALiBi slopes and bias, PoPE: x-transformers; T5's buckets: transformers and
   x-transformers; sinusoidal: transformers (DistilBERT's table) and x-transformers;
-- the DeepMind reference's Transformer: its encodings (positions_deepmind.json), and its loss and
-  initial parameters (training_deepmind.json); Ruoss et al.'s noisy ALiBi (positions_rpe.json).
+- the DeepMind reference's Transformer: its encodings (positions_deepmind.json), its loss and
+  initial parameters (training_deepmind.json), and the whole encoder's logits under each of its
+  encodings, each example alone and all in one padded batch (model_deepmind.json); Ruoss et al.'s
+  noisy ALiBi (positions_rpe.json).
 
 The peers compute in float32: values agree to 1e-5 (1e-6 for frequencies and slopes).
 """
@@ -350,6 +352,108 @@ def check_training_deepmind(golden):
         assert cfg.model.attention_dropout == 0 and calls == theirs, (label, calls)  # only modules drop
 
 
+def reference_cell(sweep: str, label: str, golden: dict, task_name: str):
+    """The model of `sweep`'s `label` cell at the golden's size, on `task_name`, in eval mode."""
+    points = load_sweep(sweep, only=0).points
+    cfg = load_sweep(sweep, only=0).config(next(p.index for p in points if p.labels["scheme"] == label))
+    size = golden["model"]
+    cfg.task.name = task_name
+    cfg.model.d_model, cfg.model.n_heads = size["embedding_dim"], size["num_heads"]
+    cfg.model.d_ff, cfg.model.n_encoder_layers = size["embedding_dim"] * size["widening_factor"], size["num_layers"]
+    built = create_task(OmegaConf.to_object(cfg.task), seed=0)
+    return built, built.build_model(OmegaConf.to_object(cfg.model)).eval()
+
+
+def their_name(ours: str, linears: int) -> str:
+    """The Haiku name of one of our encoder-only model's parameters in the reference's encoder: post-norm
+    layers, attention of `linears` bias-free linears (q, k, v, Transformer-XL's W_R, out), the FFN's two
+    biased linears numbered on from the embedding's, a biased head."""
+    parts = ours.split(".")
+    if ours == "encoder.embed.tokens.weight":
+        return "transformer_encoder/linear/w"
+    leaf = {"weight": "w", "bias": "b"}.get(parts[-1], parts[-1])
+    if parts[0] == "output":
+        return f"linear/{leaf}"
+    layer, sublayer, module = int(parts[2]), parts[3], parts[-2]
+    numbered = lambda base, i: base + (f"_{i}" if i else "")  # noqa: E731 -- Haiku's names: x, x_1, x_2, ...
+    if module == "norm":
+        return numbered("transformer_encoder/layer_norm", 2 * layer + (sublayer == "ffn")) + (
+            "/scale" if leaf == "w" else "/offset")
+    if sublayer == "ffn":
+        return numbered("transformer_encoder/linear", 2 * layer + (1 if module == "fc1" else 2)) + f"/{leaf}"
+    attention = numbered("transformer_encoder/multi_head_dot_product_attention", layer)
+    if leaf in ("u", "v"):
+        return f"{attention}/relpos_{'contentbias' if leaf == 'u' else 'relativebias'}"
+    index = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "r_proj": 3, "out_proj": linears - 1}[module]
+    return numbered(f"{attention}/linear", index) + "/w"
+
+
+def load_reference_parameters(model, golden: dict, scheme: dict, *, symbol_ids: list[int], slot_id: int,
+                              class_ids: list[int], model_dims: list[int], head_dims: list[int]) -> None:
+    """Set `model`'s parameters to the golden's pool, named as `scheme["parameters"]` lists them.
+    Our row of symbol s is their row s (`symbol_ids`), the slot their last; our model dimension i is
+    their `model_dims[i]`, our query/key dimension j of a head their `head_dims[j]`: a relabelling of
+    dimensions, which changes no output."""
+    pool, names = golden["pool"], set(scheme["parameters"])
+    heads, head_dim = golden["model"]["num_heads"], len(head_dims)
+    within = torch.tensor([h * head_dim + j for h in range(heads) for j in head_dims])
+    d = torch.tensor(model_dims)
+    linears = 5 if any(n.endswith("relpos_contentbias") for n in names) else 4
+    ours = dict(model.named_parameters())
+    assert len(ours) == len(names), (sorted(ours), sorted(names))
+    with torch.no_grad():
+        for name, value in ours.items():
+            key = their_name(name, linears)
+            assert key in names, (name, key)
+            theirs = torch.tensor(pool[key]["values"], dtype=torch.float32).view(pool[key]["shape"])
+            module, leaf = (name.split(".")[-2], name.split(".")[-1]) if "." in name else ("", name)
+            if name == "encoder.embed.tokens.weight":
+                value[symbol_ids + [slot_id]] = theirs[:, d]
+            elif module == "output":
+                value.zero_()
+                value[class_ids] = theirs[d].T if leaf == "weight" else theirs
+            elif module in ("q_proj", "k_proj"):
+                value.copy_(theirs[d][:, within].T)
+            elif module in ("v_proj", "fc1"):
+                value.copy_(theirs[d].T if leaf == "weight" else theirs)
+            elif module in ("out_proj", "fc2", "norm"):
+                value.copy_(theirs[:, d].T if leaf == "weight" and module != "norm" else theirs[d])
+            elif module == "r_proj":
+                value.copy_(theirs[:, within].T)
+            else:  # Transformer-XL's u and v, added to the queries
+                value.copy_(theirs[:, head_dims])
+
+
+def check_model_deepmind(golden):
+    """The whole reference encoder (Delétang et al.): each scheme's cell of the deletang2023_paper_small
+    sweep, at the golden's size with the golden's parameters, gives the reference's logits on each
+    example alone, and on all of them in one right-padded batch of mixed lengths."""
+    size = golden["model"]
+    d, head_dim = size["embedding_dim"], size["embedding_dim"] // size["num_heads"]
+    interleaved = [i // 2 + (d // 2) * (i % 2) for i in range(d)]  # their sin/cos halves, our pairs
+    for label, scheme in golden["schemes"].items():
+        built, model = reference_cell("deletang2023_paper_small", label, golden, "bucket_sort")
+        symbols = [built.src_vocab.index[str(s)] for s in range(golden["input_size"])]
+        load_reference_parameters(model, golden, scheme, symbol_ids=symbols, slot_id=model.slot_id,
+                                  class_ids=[built.tgt_vocab.index[str(c)] for c in range(golden["output_size"])],
+                                  model_dims=interleaved, head_dims=half_split(head_dim))
+        classes = torch.tensor([built.tgt_vocab.index[str(c)] for c in range(golden["output_size"])])
+        rows, expected = [], []
+        for example, theirs in zip(golden["examples"], scheme["logits"]):
+            src = torch.tensor(symbols)[torch.tensor(example["input"])]
+            with torch.no_grad():
+                alone = model(src, torch.full((src.shape[0],), src.shape[1]))[..., classes]
+            close(alone, theirs, golden, f"{label}: logits at length {example['length']}", atol=2e-5)
+            rows += list(src)
+            expected += theirs
+        width = max(len(r) for r in rows)
+        batch = torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
+        with torch.no_grad():
+            padded = model(batch, torch.tensor([len(r) for r in rows]))[..., classes]
+        for i, (row, theirs) in enumerate(zip(rows, expected)):
+            close(padded[i, :len(row)], theirs, golden, f"{label}: row {i} of a padded batch", atol=2e-5)
+
+
 CHECKS = {
     "rope_rotary_embedding_torch": check_rope_rotary_embedding_torch,
     "xpos_rotary_embedding_torch": check_xpos_rotary_embedding_torch,
@@ -362,6 +466,7 @@ CHECKS = {
     "pope_x_transformers": check_pope_x_transformers,
     "positions_deepmind": check_positions_deepmind,
     "training_deepmind": check_training_deepmind,
+    "model_deepmind": check_model_deepmind,
     "positions_rpe": check_positions_rpe,
 }
 

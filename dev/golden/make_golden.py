@@ -13,8 +13,8 @@ are listed by hand, so pip never installs a second torch):
         torch-einops-utils huggingface_hub tokenizers safetensors httpx2 httpcore2 truststore hf-xet \\
         typer shellingham jax jaxlib chex absl-py toolz dm-tree ml_dtypes opt_einsum scipy dm-haiku jmp
 
-(dm-haiku and jmp only for the reference's Transformer module, whose encodings positions_deepmind.json holds, and
-whose loss and initial parameters training_deepmind.json holds.)
+(dm-haiku and jmp only for the reference's Transformer module, whose encodings positions_deepmind.json holds,
+whose loss and initial parameters training_deepmind.json holds, and whose logits model_deepmind.json holds.)
 
 The DeepMind reference of Delétang et al. (2023) is not on PyPI. Put a checkout of
 google-deepmind/neural_networks_chomsky_hierarchy in a folder of that name (its modules import
@@ -481,6 +481,87 @@ def training_deepmind(commit: str) -> dict:
             "dropout": dropout}
 
 
+MODEL_SIZE = {"embedding_dim": 8, "num_layers": 2, "num_heads": 2, "widening_factor": 4}
+MODEL_LENGTHS = ((1, 61), (4, 62), (7, 63))  # (input length, seed): two examples each
+
+
+def whole_model(transform, task, schemes: dict, lengths=MODEL_LENGTHS, record=None) -> dict:
+    """The logits of a reference's encoder (`transform(positional_encodings, params)`, an
+    hk.transform'ed model) on `task`'s examples, each length alone, for each scheme of `schemes`
+    (label: (encodings, params)), all with one pool of parameters: the first scheme's initial
+    parameters, and each later scheme's own parameters where a name is new, each plus N(0, 0.2²)
+    noise (else layer norms and biases start constant and the logits would not see them). `record(scheme)`: a
+    context that returns the random draws the apply made (Ruoss et al.'s schemes), or None."""
+    import contextlib
+
+    import jax
+    import jax.numpy as jnp
+
+    examples = []
+    for length, seed in lengths:
+        batch = task.sample_batch(jax.random.PRNGKey(seed), 2, length)
+        examples.append({"length": length, "seed": seed, "input": np.asarray(batch["input"]).argmax(-1)})
+    pool, out, noise = {}, {}, np.random.RandomState(7)
+    for label, (encodings, params) in schemes.items():
+        model = transform(encodings, params)
+        longest = jax.nn.one_hot(jnp.asarray(examples[-1]["input"]), task.input_size)
+        own = model.init(jax.random.PRNGKey(0), longest)
+        names = []
+        for module, values in own.items():
+            for name, value in values.items():
+                if f"{module}/{name}" not in pool:
+                    pool[f"{module}/{name}"] = (np.asarray(value) + 0.2 * noise.standard_normal(value.shape)).astype(
+                        np.float32)
+                names.append(f"{module}/{name}")
+        weights = {module: {name: jnp.asarray(pool[f"{module}/{name}"]) for name in values}
+                   for module, values in own.items()}
+        logits, draws = [], []
+        for index, example in enumerate(examples):
+            x = jax.nn.one_hot(jnp.asarray(example["input"]), task.input_size)
+            with (record(label) if record else contextlib.nullcontext([])) as drawn:
+                logits.append(floats(np.asarray(model.apply(weights, jax.random.PRNGKey(100 + index), x))))
+            draws.append([ints(d) for d in drawn])
+        out[label] = {"parameters": names, "logits": logits, **({"draws": draws} if record else {})}
+    return {"model": MODEL_SIZE, "output_size": task.output_size, "input_size": task.input_size,
+            "examples": [{"length": e["length"], "seed": e["seed"], "input": ints(e["input"])} for e in examples],
+            "schemes": out,
+            "pool": {name: {"shape": list(value.shape), "values": floats(value.ravel())}
+                     for name, value in pool.items()}}
+
+
+def model_deepmind(commit: str) -> dict:
+    """Whole-model logits of the reference's encoder (Delétang et al.) under each of its encodings."""
+    import haiku as hk
+    from neural_networks_chomsky_hierarchy.experiments import utils
+    from neural_networks_chomsky_hierarchy.models import transformer
+    from neural_networks_chomsky_hierarchy.tasks.cs import bucket_sort
+
+    task = bucket_sort.BucketSort()
+    encs = transformer.pos_encs_lib
+    schemes = {"none": ("NONE", encs.SinCosParams()), "sin_cos": ("SIN_COS", encs.SinCosParams()),
+               "alibi": ("ALIBI", encs.SinCosParams()), "rope": ("ROTARY", encs.SinCosParams()),
+               "transformer_xl": ("RELATIVE", encs.SinCosParams())}
+
+    def transform(encodings, params):
+        model = transformer.make_transformer_encoder(
+            output_size=task.output_size, return_all_outputs=True, dropout_prob=0.0,
+            positional_encodings=getattr(encs.PositionalEncodings, encodings), positional_encodings_params=params,
+            **MODEL_SIZE)
+        return hk.transform(utils.make_model_with_empty_targets(model, task, 0, False))
+
+    return {**header("google-deepmind/neural_networks_chomsky_hierarchy", commit,
+                     "experiments/example.py's model, hk.transform(make_model_with_empty_targets("
+                     "make_transformer_encoder(output_size=5, return_all_outputs=True, dropout_prob=0.0, "
+                     "embedding_dim=8, num_layers=2, num_heads=2, widening_factor=4, positional_encodings=E), "
+                     "BucketSort(), 0, False)), applied to BucketSort().sample_batch(PRNGKey(seed), 2, length) one "
+                     "length at a time, for E in NONE, SIN_COS, ALIBI, ROTARY, RELATIVE; the parameters: "
+                     "init(PRNGKey(0)) of NONE's model, each later scheme's own init where a name is new "
+                     "(Transformer-XL's), each plus N(0, 0.2²) noise from numpy's RandomState(7) in pool order, "
+                     "stored flat in Haiku's (in, out) layout",
+                     jax=version("jax"), haiku=version("dm-haiku"), numpy=np.__version__),
+            **whole_model(transform, task, schemes)}
+
+
 def positions_rpe(commit: str) -> dict:
     """Ruoss et al.'s noisy ALiBi (models/positional_encodings.py of randomized_positional_encodings)."""
     import haiku as hk
@@ -545,13 +626,16 @@ def main() -> None:
     for name, make in SCHEME_FILES.items():
         if wanted(name):
             dump(name, make())
-    deepmind = ["positions_deepmind", "training_deepmind", *(f"chomsky_{task}" for task in REFERENCE_TASKS)]
+    deepmind = ["positions_deepmind", "training_deepmind", "model_deepmind",
+                *(f"chomsky_{task}" for task in REFERENCE_TASKS)]
     if any(map(wanted, deepmind)):
         commit = reference_commit(args.deepmind_commit, "neural_networks_chomsky_hierarchy", "--deepmind-commit")
         if wanted("positions_deepmind"):
             dump("positions_deepmind", positions_deepmind(commit))
         if wanted("training_deepmind"):
             dump("training_deepmind", training_deepmind(commit))
+        if wanted("model_deepmind"):
+            dump("model_deepmind", model_deepmind(commit))
         if any(wanted(f"chomsky_{task}") for task in REFERENCE_TASKS):
             for name, obj in task_files(commit).items():
                 if wanted(name):
