@@ -17,7 +17,8 @@ relpos_lab, so the suite fails the day a task or a scheme drifts from its refere
 - the DeepMind reference's Transformer: its encodings (positions_deepmind.json), its loss and
   initial parameters (training_deepmind.json), and the whole encoder's logits under each of its
   encodings, each example alone and all in one padded batch (model_deepmind.json); Ruoss et al.'s
-  noisy ALiBi (positions_rpe.json).
+  noisy ALiBi (positions_rpe.json) and their whole encoder under each of their encodings, noisy ones
+  at the draws their code made (model_rpe.json).
 
 The peers compute in float32: values agree to 1e-5 (1e-6 for frequencies and slopes).
 """
@@ -353,24 +354,34 @@ def check_training_deepmind(golden):
 
 
 def reference_cell(sweep: str, label: str, golden: dict, task_name: str):
-    """The model of `sweep`'s `label` cell at the golden's size, on `task_name`, in eval mode."""
-    points = load_sweep(sweep, only=0).points
-    cfg = load_sweep(sweep, only=0).config(next(p.index for p in points if p.labels["scheme"] == label))
+    """The model of `sweep`'s `label` cell at the golden's size, on `task_name`, in eval mode (with
+    the golden's noise_max_length as its max_random_len and its learned positions' max_len)."""
+    loaded = load_sweep(sweep, only=0)
+    cfg = loaded.config(next(p.index for p in loaded.points if p.labels["scheme"] == label))
     size = golden["model"]
     cfg.task.name = task_name
     cfg.model.d_model, cfg.model.n_heads = size["embedding_dim"], size["num_heads"]
     cfg.model.d_ff, cfg.model.n_encoder_layers = size["embedding_dim"] * size["widening_factor"], size["num_layers"]
+    if "noise_max_length" in golden:
+        if cfg.model.positions.max_random_len is not None:
+            cfg.model.positions.max_random_len = golden["noise_max_length"]
+        if "max_len" in cfg.model.positions:
+            cfg.model.positions.max_len = golden["noise_max_length"]
     built = create_task(OmegaConf.to_object(cfg.task), seed=0)
     return built, built.build_model(OmegaConf.to_object(cfg.model)).eval()
 
 
-def their_name(ours: str, linears: int) -> str:
-    """The Haiku name of one of our encoder-only model's parameters in the reference's encoder: post-norm
-    layers, attention of `linears` bias-free linears (q, k, v, Transformer-XL's W_R, out), the FFN's two
-    biased linears numbered on from the embedding's, a biased head."""
+def their_name(ours: str, theirs: list[str]) -> str:
+    """The Haiku name, among `theirs`, of one of our encoder-only model's parameters in a reference's
+    encoder: post-norm layers, attention of bias-free linears (q, k, v, Transformer-XL's W_R, out), the
+    FFN's two biased linears numbered on from the token embedding's when it is a plain linear too, a
+    biased head."""
     parts = ours.split(".")
+    embedding = theirs[0]  # the first parameter either reference creates
     if ours == "encoder.embed.tokens.weight":
-        return "transformer_encoder/linear/w"
+        return embedding
+    if parts[:3] == ["encoder", "embed", "absolute"]:
+        return next(name for name in theirs if name.endswith("embed/embeddings"))
     leaf = {"weight": "w", "bias": "b"}.get(parts[-1], parts[-1])
     if parts[0] == "output":
         return f"linear/{leaf}"
@@ -380,33 +391,36 @@ def their_name(ours: str, linears: int) -> str:
         return numbered("transformer_encoder/layer_norm", 2 * layer + (sublayer == "ffn")) + (
             "/scale" if leaf == "w" else "/offset")
     if sublayer == "ffn":
-        return numbered("transformer_encoder/linear", 2 * layer + (1 if module == "fc1" else 2)) + f"/{leaf}"
+        first = 1 if embedding == "transformer_encoder/linear/w" else 0
+        return numbered("transformer_encoder/linear", first + 2 * layer + (module == "fc2")) + f"/{leaf}"
     attention = numbered("transformer_encoder/multi_head_dot_product_attention", layer)
     if leaf in ("u", "v"):
         return f"{attention}/relpos_{'contentbias' if leaf == 'u' else 'relativebias'}"
+    linears = 5 if f"{attention}/relpos_contentbias" in theirs else 4
     index = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "r_proj": 3, "out_proj": linears - 1}[module]
     return numbered(f"{attention}/linear", index) + "/w"
 
 
 def load_reference_parameters(model, golden: dict, scheme: dict, *, symbol_ids: list[int], slot_id: int,
-                              class_ids: list[int], model_dims: list[int], head_dims: list[int]) -> None:
+                              class_ids: list[int], model_dims: list[int], head_dims: list[int],
+                              sine_sign: float = 1.0) -> None:
     """Set `model`'s parameters to the golden's pool, named as `scheme["parameters"]` lists them.
     Our row of symbol s is their row s (`symbol_ids`), the slot their last; our model dimension i is
     their `model_dims[i]`, our query/key dimension j of a head their `head_dims[j]`: a relabelling of
-    dimensions, which changes no output."""
-    pool, names = golden["pool"], set(scheme["parameters"])
+    dimensions, which changes no output. `sine_sign` -1: their Transformer-XL encodes the distance
+    j − i where ours encodes i − j, the same model with W_R's sine columns negated."""
+    pool, names = golden["pool"], scheme["parameters"]
     heads, head_dim = golden["model"]["num_heads"], len(head_dims)
     within = torch.tensor([h * head_dim + j for h in range(heads) for j in head_dims])
     d = torch.tensor(model_dims)
-    linears = 5 if any(n.endswith("relpos_contentbias") for n in names) else 4
     ours = dict(model.named_parameters())
-    assert len(ours) == len(names), (sorted(ours), sorted(names))
+    assert len(ours) == len(names), (sorted(ours), names)
     with torch.no_grad():
         for name, value in ours.items():
-            key = their_name(name, linears)
+            key = their_name(name, names)
             assert key in names, (name, key)
             theirs = torch.tensor(pool[key]["values"], dtype=torch.float32).view(pool[key]["shape"])
-            module, leaf = (name.split(".")[-2], name.split(".")[-1]) if "." in name else ("", name)
+            module, leaf = name.split(".")[-2:]
             if name == "encoder.embed.tokens.weight":
                 value[symbol_ids + [slot_id]] = theirs[:, d]
             elif module == "output":
@@ -420,24 +434,55 @@ def load_reference_parameters(model, golden: dict, scheme: dict, *, symbol_ids: 
                 value.copy_(theirs[:, d].T if leaf == "weight" and module != "norm" else theirs[d])
             elif module == "r_proj":
                 value.copy_(theirs[:, within].T)
+                value[:, :value.shape[1] // 2] *= sine_sign
+            elif module == "embedding":  # learned positions
+                value.copy_(theirs[:, d])
             else:  # Transformer-XL's u and v, added to the queries
                 value.copy_(theirs[:, head_dims])
 
 
-def check_model_deepmind(golden):
-    """The whole reference encoder (Delétang et al.): each scheme's cell of the deletang2023_paper_small
-    sweep, at the golden's size with the golden's parameters, gives the reference's logits on each
-    example alone, and on all of them in one right-padded batch of mixed lengths."""
+def replay_draws(model, draws: list[list[list[int]]], lengths: list[int], label: str) -> None:
+    """Make `model` draw what the reference drew (Ruoss et al.'s noisy encodings): for a pass over n
+    tokens, the draws of the example whose input and slots make n, in the order our stack asks for
+    them. Their noisy RoPE draws once for q and once for k of each layer, from one key (the same draw):
+    ours draws once for the embedding, used by layer 0, then once for each later layer."""
+    embed = model.encoder.embed
+    queues: dict[int, list[torch.Tensor]] = {}
+    for length, drawn in zip(lengths, draws):
+        drawn = [torch.tensor(x) for x in drawn]
+        if label.startswith("rope"):
+            assert all(torch.equal(q, k) for q, k in zip(drawn[::2], drawn[1::2])), "q's and k's draws differ"
+            drawn = drawn[::2]
+        queues[2 * length] = drawn  # bucket sort: as many slots as input tokens
+    calls: dict[int, int] = {}
+
+    def replayed(n):
+        calls[n] = calls.get(n, 0) + 1
+        return queues[n][(calls[n] - 1) % len(queues[n])]
+
+    if embed.random_distances:
+        embed.random_distances_of = lambda n, draws=None: (lambda right: torch.cat(
+            (-right.flip(0), right.new_zeros(1), right)))(replayed(n))
+    else:
+        embed.random_positions = lambda n, draws=None: replayed(n)
+
+
+def check_whole_model(golden, sweep: str, sine_sign: float = 1.0):
+    """The whole reference encoder: each scheme's cell of `sweep`, at the golden's size with the
+    golden's parameters (and, randomized, the reference's draws), gives the reference's logits on
+    each example alone, and on all of them in one right-padded batch of mixed lengths."""
     size = golden["model"]
     d, head_dim = size["embedding_dim"], size["embedding_dim"] // size["num_heads"]
     interleaved = [i // 2 + (d // 2) * (i % 2) for i in range(d)]  # their sin/cos halves, our pairs
     for label, scheme in golden["schemes"].items():
-        built, model = reference_cell("deletang2023_paper_small", label, golden, "bucket_sort")
+        built, model = reference_cell(sweep, label, golden, "bucket_sort")
         symbols = [built.src_vocab.index[str(s)] for s in range(golden["input_size"])]
+        classes = [built.tgt_vocab.index[str(c)] for c in range(golden["output_size"])]
         load_reference_parameters(model, golden, scheme, symbol_ids=symbols, slot_id=model.slot_id,
-                                  class_ids=[built.tgt_vocab.index[str(c)] for c in range(golden["output_size"])],
-                                  model_dims=interleaved, head_dims=half_split(head_dim))
-        classes = torch.tensor([built.tgt_vocab.index[str(c)] for c in range(golden["output_size"])])
+                                  class_ids=classes, model_dims=interleaved, head_dims=half_split(head_dim),
+                                  sine_sign=sine_sign)
+        if scheme.get("draws") and any(scheme["draws"]):
+            replay_draws(model, scheme["draws"], [e["length"] for e in golden["examples"]], label)
         rows, expected = [], []
         for example, theirs in zip(golden["examples"], scheme["logits"]):
             src = torch.tensor(symbols)[torch.tensor(example["input"])]
@@ -454,6 +499,17 @@ def check_model_deepmind(golden):
             close(padded[i, :len(row)], theirs, golden, f"{label}: row {i} of a padded batch", atol=2e-5)
 
 
+def check_model_deepmind(golden):
+    """Delétang et al.'s encoder against the deletang2023_paper_small sweep's cells."""
+    check_whole_model(golden, "deletang2023_paper_small")
+
+
+def check_model_rpe(golden):
+    """Ruoss et al.'s encoder against the ruoss2023_paper_small sweep's cells, noisy ones included. Their
+    Transformer-XL reads R at j − i, Delétang et al.'s (and ours) at i − j."""
+    check_whole_model(golden, "ruoss2023_paper_small", sine_sign=-1.0)
+
+
 CHECKS = {
     "rope_rotary_embedding_torch": check_rope_rotary_embedding_torch,
     "xpos_rotary_embedding_torch": check_xpos_rotary_embedding_torch,
@@ -467,6 +523,7 @@ CHECKS = {
     "positions_deepmind": check_positions_deepmind,
     "training_deepmind": check_training_deepmind,
     "model_deepmind": check_model_deepmind,
+    "model_rpe": check_model_rpe,
     "positions_rpe": check_positions_rpe,
 }
 

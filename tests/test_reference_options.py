@@ -269,6 +269,37 @@ def test_noisy_transformer_xl_projects_the_encoding_of_the_drawn_distance():
     torch.testing.assert_close(same, module.attention_kwargs(q, k, 0)["attn_bias"], rtol=1e-12, atol=1e-12)
 
 
+def test_noisy_lookup_clamped_reads_where_the_references_table_ends():
+    """Ruoss et al.'s table holds positions 0..M − 1: a key at drawn distance d on the left reads
+    row M − d, the query and the keys on its right row M − 1 (past the end, clamped): ours at
+    d − M and 1 − M (tests/test_golden.py checks it against their code, whole model)."""
+    from relpos_lab.core.positions import TransformerXL, TransformerXLConfig
+
+    torch.manual_seed(0)
+    m = 40
+    clamped = TransformerXL(TransformerXLConfig(max_random_len=m, random_distances=True, noisy_lookup="clamped"))
+    module = clamped.attention(4, 2, causal=False).double()
+    plain = TransformerXL(TransformerXLConfig()).attention(4, 2, causal=False).double()
+    plain.load_state_dict(module.state_dict())
+    q, k = torch.randn(1, 2, 4, 4, dtype=torch.float64), torch.randn(1, 2, 4, 4, dtype=torch.float64)
+    right = torch.tensor([2, 5, 9])
+    distances = torch.cat((-right.flip(0), torch.zeros(1, dtype=torch.long), right))
+    read = {o: (-distances[o + 3] - m if o < 0 else 1 - m) for o in range(-3, 4)}  # by offset j − i
+    # plain reads i − j's entry at offset j − i's mirror (`distances` stand for offsets -3..3)
+    want = plain.attention_kwargs_at_distances(q, k, torch.tensor([read[-o] for o in range(-3, 4)]))
+    torch.testing.assert_close(module.attention_kwargs_at_distances(q, k, distances)["attn_bias"],
+                               want["attn_bias"], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"noisy_lookup": "clampd"}, "noisy_lookup='clampd': set it to distance or clamped"),
+    ({"noisy_lookup": "clamped"}, "set model.positions.random_distances=true"),
+])
+def test_noisy_lookup_is_refused_where_it_cannot_apply(fields, says):
+    with pytest.raises(ValueError, match=says):
+        tiny_model_config(builtin_config("transformer_xl", **fields), "encoder_only").validate()
+
+
 @pytest.mark.parametrize("scheme", ["alibi", "transformer_xl"])
 def test_random_distances_train_drawn_and_evaluate_at_the_offsets_or_reproducibly_drawn(scheme):
     from relpos_lab.core.embedding import seed_eval_positions

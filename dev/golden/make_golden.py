@@ -26,7 +26,7 @@ themselves as `neural_networks_chomsky_hierarchy.tasks...`); from a bare copy of
 
 (a `git clone` into /tmp/nnch_root/neural_networks_chomsky_hierarchy does as well; the commit is
 then read from it). Ruoss et al.'s (2023), google-deepmind/randomized_positional_encodings, goes the
-same way into /tmp/rpe_root/randomized_positional_encodings (positions_rpe.json, --rpe-commit).
+same way into /tmp/rpe_root/randomized_positional_encodings (positions_rpe.json, model_rpe.json, --rpe-commit).
 Then, from the repository root:
 
     OMP_NUM_THREADS=1 JAX_PLATFORMS=cpu PYTHONPATH=/tmp/peers_site:/tmp/nnch_root:/tmp/rpe_root \\
@@ -583,6 +583,71 @@ def positions_rpe(commit: str) -> dict:
             "noisy_alibi": cases}
 
 
+NOISE_MAX_LENGTH = 32
+
+
+def model_rpe(commit: str) -> dict:
+    """Whole-model logits of Ruoss et al.'s encoder under each of its encodings, noisy ones included,
+    with the positions and distances each apply drew."""
+    import contextlib
+
+    import haiku as hk
+    from randomized_positional_encodings.experiments import utils
+    from randomized_positional_encodings.models import positional_encodings as encs, transformer
+    from randomized_positional_encodings.tasks.cs import bucket_sort
+
+    task = bucket_sort.BucketSort()
+    m = NOISE_MAX_LENGTH
+    schemes = {"none": ("NONE", encs.SinCosParams()), "sin_cos": ("SIN_COS", encs.SinCosParams()),
+               "learned": ("LEARNT", encs.LearntParams(max_sequence_length=m)),
+               "rope": ("ROTARY", encs.RotaryParams()), "alibi": ("ALIBI", encs.SinCosParams()),
+               "transformer_xl": ("RELATIVE", encs.RelativeParams()),
+               "sin_cos_randomized": ("NOISY_SIN_COS", encs.NoisySinCosParams(noise_max_length=m)),
+               "learned_randomized": ("NOISY_LEARNT", encs.NoisyLearntParams(noise_max_length=m)),
+               "rope_randomized": ("NOISY_ROTARY", encs.NoisyRotaryParams(noise_max_length=m)),
+               "alibi_randomized": ("NOISY_ALIBI", encs.NoisyAlibiParams(noise_max_length=m)),
+               "transformer_xl_randomized": ("NOISY_RELATIVE", encs.NoisyRelativeParams(noise_max_length=m))}
+
+    def transform(encodings, params):
+        model = transformer.make_transformer(
+            output_size=task.output_size, transformer_module=transformer.TransformerEncoder,
+            return_all_outputs=True, dropout_prob=None,
+            positional_encodings=getattr(encs.PositionalEncodings, encodings), positional_encodings_params=params,
+            **MODEL_SIZE)
+        return hk.transform(utils.make_model_with_empty_targets(model, task, 0, False))
+
+    @contextlib.contextmanager
+    def record(label):
+        """Every jax.random.choice the encodings make, sorted as they sort it: the drawn positions
+        (noisy sin/cos, learned, RoPE, once a layer for each of q and k) or right-hand distances
+        (noisy ALiBi and relative encodings, once a layer)."""
+        drawn, original = [], encs.jrandom.choice
+
+        def choice(*args, **kwargs):
+            out = original(*args, **kwargs)
+            drawn.append(np.sort(np.asarray(out)))
+            return out
+
+        encs.jrandom.choice = choice
+        try:
+            yield drawn
+        finally:
+            encs.jrandom.choice = original
+
+    return {**header("google-deepmind/randomized_positional_encodings", commit,
+                     "experiments/example.py's model, hk.transform(make_model_with_empty_targets(make_transformer("
+                     "output_size=5, transformer_module=TransformerEncoder, return_all_outputs=True, "
+                     "dropout_prob=None, embedding_dim=8, num_layers=2, num_heads=2, widening_factor=4, "
+                     f"positional_encodings=E, positional_encodings_params=P), BucketSort(), 0, False)) with "
+                     f"noise_max_length (and LEARNT's max_sequence_length) {m}, applied to "
+                     "BucketSort().sample_batch(PRNGKey(seed), 2, length) one length at a time with "
+                     "PRNGKey(100 + i) for the i-th length; draws: each jax.random.choice the apply made, sorted, "
+                     "in call order; parameters as model_deepmind.json's (init(PRNGKey(0)) of the first scheme, "
+                     "later schemes' new names from their own, plus N(0, 0.2²) noise from RandomState(7))",
+                     jax=version("jax"), haiku=version("dm-haiku"), numpy=np.__version__),
+            "noise_max_length": m, **whole_model(transform, task, schemes, record=record)}
+
+
 SCHEME_FILES = {
     "rope_rotary_embedding_torch": rope_rotary_embedding_torch,
     "xpos_rotary_embedding_torch": xpos_rotary_embedding_torch,
@@ -640,9 +705,12 @@ def main() -> None:
             for name, obj in task_files(commit).items():
                 if wanted(name):
                     dump(name, obj)
-    if wanted("positions_rpe"):
-        dump("positions_rpe", positions_rpe(reference_commit(args.rpe_commit, "randomized_positional_encodings",
-                                                             "--rpe-commit")))
+    if wanted("positions_rpe") or wanted("model_rpe"):
+        commit = reference_commit(args.rpe_commit, "randomized_positional_encodings", "--rpe-commit")
+        if wanted("positions_rpe"):
+            dump("positions_rpe", positions_rpe(commit))
+        if wanted("model_rpe"):
+            dump("model_rpe", model_rpe(commit))
 
 
 if __name__ == "__main__":

@@ -22,15 +22,30 @@ class TransformerXLConfig(PositionConfig):
     scheme: str = "transformer_xl"
     """transformer_xl: sinusoidal relative encodings projected by W_R, biases u, v (Dai et al., 2019)"""
 
+    noisy_lookup: str = "distance"
+    """with random_distances: "distance", R at the distance each offset stands for; "clamped", R where
+    Ruoss et al.'s code reads it (compute_attention_with_noisy_relative_encodings): their table holds
+    positions 0..max_random_len − 1 only, so a key at drawn distance d left of the query reads
+    position max_random_len − d, and the query itself and every key to its right read past the
+    table's end, which JAX clamps to its last row"""
+
+    def validate(self) -> None:
+        if self.noisy_lookup not in ("distance", "clamped"):
+            raise ValueError(f"model.positions.noisy_lookup={self.noisy_lookup!r}: set it to distance or clamped")
+        if self.noisy_lookup == "clamped" and not self.random_distances:
+            raise ValueError("model.positions.noisy_lookup=clamped reads drawn distances: set "
+                             "model.positions.random_distances=true (with max_random_len), or noisy_lookup=distance")
+
 
 class TransformerXLPositions(RelativePositions):
     """W_R, u and v of one layer (the paper's released code may share u, v across layers; here each
     layer has its own). No memory segments: the KV cache plays that part in decoding."""
 
-    def __init__(self, head_dim: int, n_heads: int):
+    def __init__(self, head_dim: int, n_heads: int, clamped_at: int | None = None):
         super().__init__()
         d_model = head_dim * n_heads
         self.d_model = d_model
+        self.clamped_at = clamped_at  # noisy_lookup=clamped: max_random_len, where the reference's table ends
         self.r_proj = nn.Linear(d_model, d_model, bias=False)  # W_R (the paper's code has no bias)
         self.u = nn.Parameter(torch.randn(n_heads, head_dim) * 0.02)
         self.v = nn.Parameter(torch.randn(n_heads, head_dim) * 0.02)
@@ -50,8 +65,14 @@ class TransformerXLPositions(RelativePositions):
     def attention_kwargs_at_distances(self, q, k, distances):
         """Ruoss et al.'s noisy relative encodings: R at the distance each offset stands for. The
         distances are odd in the offset (the left ones the right ones' negatives), so i − j stands
-        for −d(j − i): largest first, that is `distances` reversed."""
-        return self._bias(q, k, distances.flip(0).to(q.device))
+        for −d(j − i): largest first, that is `distances` reversed. With noisy_lookup=clamped, a
+        distance d > 0 (a key on the left) is read at d − M and every other at 1 − M (M =
+        max_random_len): the reference's rows M − d and M − 1 (its R(p) is ours at −p, the sign a
+        relabelling of W_R's sine columns)."""
+        distance = distances.flip(0).to(q.device)
+        if self.clamped_at is not None:
+            distance = torch.where(distance > 0, distance - self.clamped_at, 1 - self.clamped_at)
+        return self._bias(q, k, distance)
 
     def _bias(self, q: Tensor, k: Tensor, distance: Tensor) -> dict:
         """attn_bias for the Lq + Lk - 1 distances i - j of the query rows and keys, largest first."""
@@ -104,7 +125,8 @@ class TransformerXL(PositionScheme):
     config_class = TransformerXLConfig
 
     def attention(self, head_dim, n_heads, causal):
-        return TransformerXLPositions(head_dim, n_heads)
+        clamped = self.cfg.noisy_lookup == "clamped"
+        return TransformerXLPositions(head_dim, n_heads, self.cfg.max_random_len if clamped else None)
 
     def check(self, d_model, n_heads):
         if d_model % 2:
