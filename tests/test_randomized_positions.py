@@ -8,6 +8,7 @@ import torch
 
 from relpos_lab.core.decoding import beam_search, greedy_search, sample
 from relpos_lab.core.embedding import positions_in_order, seed_eval_positions
+from relpos_lab.core.encoder_only import EncoderOnly
 from relpos_lab.core.positions import (
     BUILTIN,
     RotaryPositions,
@@ -16,7 +17,7 @@ from relpos_lab.core.positions import (
     builtin_config,
     position_scheme_of,
 )
-from relpos_lab.core.positions.randomized import sample_positions, spread_mask
+from relpos_lab.core.positions.randomized import frame_slots, sample_positions, spread_mask
 from relpos_lab.core.prefix_lm import PrefixLM
 from relpos_lab.core.transformer import DecoderLM, EncoderDecoder, ModelConfig, MultiHeadAttention
 
@@ -153,6 +154,148 @@ def test_training_draws_new_positions_and_evaluation_is_the_plain_model(scheme):
     assert not torch.allclose(first, second), "two training passes drew the same positions"
     first.sum().backward()
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in randomized.parameters())
+
+
+def test_a_row_of_a_padded_training_batch_draws_its_positions_as_it_would_alone():
+    """A row of 3 tokens in a batch 12 wide takes 3 random slots of the batch's draw of 12 positions
+    from [0, 64): its positions then have the law of 3 drawn alone (the k-th at k(M + 1)/(n + 1) − 1
+    on average: 15.25, 31.5, 47.75), where the first 3 of the 12 (before the frame) averaged 4, 9, 14.
+    A full row keeps its slots."""
+    torch.manual_seed(0)
+    lengths = torch.tensor([3, 12] * 3000)
+    slots = frame_slots(lengths, 12)
+    assert torch.equal(slots.sort(-1).values, torch.arange(12).expand(len(lengths), -1))  # a permutation
+    assert torch.equal(slots[1::2], torch.arange(12).expand(3000, -1))
+    assert bool((slots[::2, :3].diff(dim=-1) > 0).all())  # the row's tokens in order
+    drawn = torch.stack([sample_positions(12, 64) for _ in range(3000)])
+    framed = drawn.gather(1, slots[::2, :3]).double()
+    alone = torch.stack([sample_positions(3, 64) for _ in range(3000)]).double()
+    expected = torch.tensor([15.25, 31.5, 47.75], dtype=torch.float64)
+    torch.testing.assert_close(framed.mean(0), expected, atol=0.8, rtol=0)
+    torch.testing.assert_close(alone.mean(0), expected, atol=0.8, rtol=0)
+    torch.testing.assert_close(framed.std(0), alone.std(0), atol=0.8, rtol=0)
+
+
+class Replay:
+    """Records a training pass's frames and drawn positions, then replays them for one row alone:
+    its frame the identity, its positions the ones its slots took in the batch."""
+
+    def __init__(self, model, monkeypatch):
+        import relpos_lab.core.transformer as transformer
+
+        self.log, self.row, self.replaying = [], None, False
+        real_frame = transformer.frame_slots
+
+        def frame(lengths, width):
+            if not self.replaying:
+                self.log.append(("frame", real_frame(lengths, width)))
+                return self.log[-1][1]
+            kind, self.slots = self.log[self.cursor]
+            self.cursor += 1
+            return torch.arange(width)[None, :].expand(len(lengths), -1)
+
+        monkeypatch.setattr(transformer, "frame_slots", frame)
+        for embed in {m for m in model.modules() if hasattr(m, "random_positions")}:
+            def positions(n, draws=None, real=embed.random_positions):
+                if not self.replaying:
+                    self.log.append(("positions", real(n, draws)))
+                    return self.log[-1][1]
+                kind, drawn = self.log[self.cursor]
+                self.cursor += 1
+                return drawn[self.slots[self.row, :n]]
+            embed.random_positions = positions
+
+    def alone(self, row: int):
+        self.row, self.replaying, self.cursor = row, True, 0
+        return self
+
+
+FAMILIES = ["encoder_decoder", "encoder_only", "prefix_lm", "prefix_lm_bidirectional", "decoder_lm"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("scheme", ["shaw", "rope", "learned", "alibi"])
+def test_each_row_of_a_padded_training_batch_computes_what_it_computes_alone_at_its_positions(
+        scheme, family, monkeypatch):
+    """In training, each row of a right-padded batch of mixed lengths gives exactly the logits of
+    that row alone at the positions it drew (the frame moves tokens, never changes what they see)."""
+    torch.manual_seed(0)
+    fields = {"max_random_len": 40, "redraw_per_layer": family == "encoder_only" and scheme == "rope"}
+    architecture = {"encoder_only": "encoder_only", "prefix_lm": "decoder_only",
+                    "prefix_lm_bidirectional": "decoder_only", "decoder_lm": "decoder_only"}.get(family,
+                                                                                                 "encoder_decoder")
+    cfg = config(scheme, architecture=architecture, positions=fields,
+                 bidirectional_prefix=family == "prefix_lm_bidirectional")
+    model = {"encoder_decoder": EncoderDecoder, "encoder_only": EncoderOnly, "prefix_lm": PrefixLM,
+             "prefix_lm_bidirectional": PrefixLM, "decoder_lm": DecoderLM}[family](cfg).double().train()
+    src, tgt = torch.randint(3, 11, (3, 7)), torch.randint(3, 11, (3, 6))
+    src_lengths, tgt_lengths = [7, 2, 4], [3, 6, 1]
+    for i in range(3):
+        src[i, src_lengths[i]:] = 0
+        tgt[i, tgt_lengths[i]:] = 0
+
+    def run(rows, s, t):
+        if family == "encoder_only":
+            return model(src[rows, :s], torch.tensor([tgt_lengths[r] for r in rows]), t)
+        if family == "decoder_lm":
+            return model(src[rows, :s])
+        return model(src[rows, :s], tgt[rows, :t])
+
+    replay = Replay(model, monkeypatch)
+    batch = run([0, 1, 2], 7, 6)
+    assert any(kind == "frame" for kind, _ in replay.log)
+    for i in range(3):
+        replay.alone(i)
+        alone = run([i], src_lengths[i], tgt_lengths[i])
+        n = src_lengths[i] if family == "decoder_lm" else tgt_lengths[i]
+        torch.testing.assert_close(batch[i, :n], alone[0, :n], rtol=1e-10, atol=1e-10, msg=f"row {i}")
+
+
+def test_a_row_of_a_padded_training_batch_draws_its_distances_as_it_would_alone():
+    """random_distances: a row of 3 tokens in a batch 12 wide takes 2 of the 11 drawn right-hand
+    distances, so they have the law of 2 drawn alone from [1, 64) (on average 1 + k·63/3 − 1: 21, 42),
+    mirrored to the left; a full row takes all 11."""
+    from relpos_lab.core.embedding import Embedding
+
+    torch.manual_seed(0)
+    embed = Embedding(11, 8, builtin_config("alibi", max_random_len=64, random_distances=True)).train()
+    rows = torch.stack([embed.random_distances_of(12, lengths=torch.tensor([3, 12])) for _ in range(3000)])
+    short, full = rows[:, 0], rows[:, 1]
+    assert torch.equal(short, -short.flip(-1)) and torch.equal(full, -full.flip(-1))  # odd in the offset
+    assert bool((full.diff(dim=-1) > 0).all()) and bool((short[:, 12:14].diff(dim=-1) > 0).all())
+    alone = torch.stack([embed.random_distances_of(3, lengths=torch.tensor([3]))[0] for _ in range(3000)])
+    torch.testing.assert_close(short[:, 12:14].double().mean(0), torch.tensor([21.0, 42.0], dtype=torch.float64),
+                               atol=0.8, rtol=0)
+    torch.testing.assert_close(short[:, 12:14].double().std(0), alone[:, 3:].double().std(0), atol=0.8, rtol=0)
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "transformer_xl"])
+def test_each_row_of_a_padded_training_batch_computes_what_it_computes_alone_at_its_distances(scheme):
+    """Each row of a padded training batch, with its own (B, 2L − 1) distances, gives the logits of
+    that row alone at those distances, taken the (2L − 1,) way the goldens check."""
+    torch.manual_seed(0)
+    model = EncoderOnly(config(scheme, architecture="encoder_only",
+                               positions={"max_random_len": 40, "random_distances": True})).double().train()
+    embed = model.encoder.embed
+    src = torch.randint(3, 11, (3, 7))
+    src_lengths, slots = [7, 2, 4], torch.tensor([3, 6, 1])
+    for i in range(3):
+        src[i, src_lengths[i]:] = 0
+    drawn, real = [], embed.random_distances_of
+
+    def record(n, draws=None, lengths=None):
+        drawn.append(real(n, draws, lengths))
+        return drawn[-1]
+
+    embed.random_distances_of = record
+    batch = model(src, slots, 6)
+    assert all(d.shape == (3, 2 * 13 - 1) for d in drawn) and len(drawn) == 2  # a draw per layer, per row
+    for i in range(3):
+        layers = iter(drawn)
+        embed.random_distances_of = lambda m, draws=None, lengths=None: (  # one row's, as the batch-wide path takes
+            lambda right: torch.cat((-right.flip(0), right.new_zeros(1), right)))(next(layers)[i, 13:13 + m - 1])
+        alone = model(src[i:i + 1, :src_lengths[i]], slots[i:i + 1], int(slots[i]))
+        torch.testing.assert_close(batch[i, :int(slots[i])], alone[0], rtol=1e-10, atol=1e-10, msg=f"row {i}")
 
 
 def test_invalid_randomization_is_a_clear_error():

@@ -19,7 +19,7 @@ from relpos_lab.core.attention import capture
 from relpos_lab.core.init import HAIKU_EMBEDDING_STD, haiku_layers_, truncated_normal_
 from relpos_lab.core.length_groups import row_lengths
 from relpos_lab.core.positions import PositionConfig, contract, position_scheme_of
-from relpos_lab.core.positions.randomized import sample_distances, sample_positions
+from relpos_lab.core.positions.randomized import frame_slots, sample_distances, sample_positions
 from relpos_lab.core.renamed import renamed_state_dict_keys
 
 
@@ -71,6 +71,15 @@ class Embedding(nn.Module):
         return capture.ACTIVE is None and (self.reads_width or (
             self.max_random_len is not None and self.randomize_at_eval))
 
+    @property
+    def frames_rows(self) -> bool:
+        """Whether a training pass gives each row of a padded batch its own positions, drawn as for
+        it alone, by moving its tokens to random slots of the batch's width (positions/randomized.py,
+        `frame_slots`). Not with random_distances (each row draws its own distances instead,
+        `random_distances_of`), nor for a scheme that reads token ids."""
+        return (self.training and self.max_random_len is not None and not self.random_distances
+                and not self.reads_tokens)
+
     def draws(self, length: int) -> torch.Generator | None:
         """Where one forward pass over `length` tokens draws its randomized positions: in training
         torch's global generator (None); at evaluation a generator seeded by (run seed, stack,
@@ -88,12 +97,19 @@ class Embedding(nn.Module):
             return None
         return sample_positions(length, self.max_random_len, self.tokens.weight.device, draws)
 
-    def random_distances_of(self, length: int, draws: torch.Generator | None = None) -> Tensor | None:
+    def random_distances_of(self, length: int, draws: torch.Generator | None = None,
+                            lengths: Tensor | None = None) -> Tensor | None:
         """With random_distances, the distances one layer's offsets stand for (`sample_distances`),
-        drawn as `random_positions` draws; None: the offsets themselves."""
+        drawn as `random_positions` draws; None: the offsets themselves. With `lengths` (B,), the rows'
+        own lengths (training): (B, 2·length − 1), a row of n tokens taking a random n − 1 of the
+        length − 1 drawn right-hand distances, in order, so that it draws them as it would alone."""
         if not self.random_distances or not (self.training or self.randomize_at_eval):
             return None
-        return sample_distances(length, self.max_random_len, self.tokens.weight.device, draws)
+        drawn = sample_distances(length, self.max_random_len, self.tokens.weight.device, draws)
+        if lengths is None:
+            return drawn
+        right = drawn[length:][frame_slots((lengths - 1).clamp_min(0), length - 1)]  # (B, length - 1)
+        return torch.cat((-right.flip(-1), right.new_zeros(len(lengths), 1), right), dim=-1)
 
     def decoding_positions(self, max_tokens: int | None) -> Tensor | None:
         """A generation's positions, drawn up front for the most tokens it may feed (randomize_at_eval,

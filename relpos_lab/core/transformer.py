@@ -20,7 +20,7 @@ from relpos_lab.core.init import haiku_layers_, linear
 from relpos_lab.core.length_groups import per_length, row_lengths
 from relpos_lab.core.model_config import ARCHITECTURES, MODEL_IMPLS, ModelConfig  # noqa: F401  (their old home)
 from relpos_lab.core.positions import KeyState, RelativePositions, contract, position_scheme_of
-from relpos_lab.core.positions.randomized import spread, spread_mask
+from relpos_lab.core.positions.randomized import frame_slots, framed_mask, from_frame, spread, spread_mask, to_frame
 from relpos_lab.core.renamed import renamed_state_dict_keys
 
 
@@ -72,8 +72,9 @@ class MultiHeadAttention(nn.Module):
         projects the context on its first step only, since the memory never changes.
         `positions` (increasing, one per token) places self-attention's tokens there instead of
         0..L-1 (randomized positions; see positions/randomized.py); with a cache, it holds the
-        positions of every token so far, x's last. `distances` (2L - 1,): what the offsets of x's
-        tokens stand for instead of themselves (random_distances; the scheme's attention_kwargs_at_distances).
+        positions of every token so far, x's last. `distances` (2L - 1,) or, each row its own,
+        (B, 2L - 1): what the offsets of x's tokens stand for instead of themselves (random_distances;
+        the scheme's attention_kwargs_at_distances).
         """
         if distances is not None:
             q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))  # (B, H, L, D)
@@ -249,6 +250,10 @@ class Encoder(nn.Module):
         """Returns the memory and its key mask (B, 1, 1, S), True at real tokens. At evaluation, a
         pass that reads its width runs once per length of the right-padded batch (length_groups.py)."""
         key_mask = (src != self.pad_id)[:, None, None, :]
+        if self.embed.frames_rows:  # each row its own positions (positions/randomized.py)
+            slots = frame_slots(row_lengths(src, self.pad_id), src.shape[1])
+            framed = to_frame(src, slots)
+            return from_frame(self._encode(framed, (framed != self.pad_id)[:, None, None, :]), slots), key_mask
         if self.training or not self.embed.per_length_at_eval:
             return self._encode(src, key_mask), key_mask
         return per_length(lambda rows, n: self._encode(src[rows, :n], key_mask[rows, ..., :n]),
@@ -258,12 +263,13 @@ class Encoder(nn.Module):
         n = src.shape[1]
         draws = self.embed.draws(n)  # every draw of this pass: the embedding's, then each layer's
         positions = self.embed.random_positions(n, draws)
+        lengths = row_lengths(src, self.pad_id) if self.training and self.embed.random_distances else None
         x = self.embed(src, positions=positions)
         for i, layer in enumerate(self.layers):
             if i and self.redraw_per_layer:  # the first layer keeps the embedding's draw
                 positions = self.embed.random_positions(n, draws)
-            x = layer(x, key_mask=key_mask, positions=positions,
-                      distances=self.embed.random_distances_of(n, draws))  # each layer its own
+            x = layer(x, key_mask=key_mask, positions=positions,  # distances: each layer its own, each row its own
+                      distances=self.embed.random_distances_of(n, draws, lengths))
         return self.norm(x)
 
 
@@ -289,6 +295,11 @@ class Decoder(nn.Module):
 
     def forward(self, tgt: Tensor, memory=None, memory_mask=None, cache: DecoderCache | None = None,
                 self_mask: Tensor | None = None, causal: bool = True, positions: Tensor | None = None) -> Tensor:
+        if cache is None and positions is None and self.embed.frames_rows:  # each row its own positions
+            slots = frame_slots(row_lengths(tgt, self.pad_id), tgt.shape[1])
+            framed = to_frame(tgt, slots)
+            mask = framed_mask(framed != self.pad_id, self_mask, slots)
+            return from_frame(self._decode(framed, memory, memory_mask, None, mask, causal, None), slots)
         if cache is None and positions is None and not self.training and self.embed.per_length_at_eval:
             def rows_alone(rows: Tensor, n: int) -> Tensor:  # a group of rows with n real tokens, cut to n
                 return self._decode(tgt[rows, :n], None if memory is None else memory[rows],

@@ -193,7 +193,8 @@ class RelativePositions(nn.Module):
     def attention_kwargs_at_distances(self, q: Tensor, k: Tensor, distances: Tensor) -> dict | None:
         """Optional, for `random_distances`: `attention_kwargs` for self-attention over L tokens at
         0..L-1 whose offsets j - i stand for other distances: `distances` (2L - 1,), increasing, the
-        distance of offset j - i at index j - i + L - 1 (0 at the middle). None (this default): the
+        distance of offset j - i at index j - i + L - 1 (0 at the middle); in training (B, 2L - 1),
+        each row of a padded batch its own (Embedding.random_distances_of). None (this default): the
         scheme cannot, and a config asking for it is refused."""
         return None
 

@@ -47,8 +47,14 @@ class AlibiPositions(RelativePositions):
 
     def attention_kwargs_at_distances(self, q, k, distances):
         """Ruoss et al.'s noisy ALiBi: −m_h·|d| (+ left_offset·m_h left of the query) at the distance
-        d each offset stands for."""
-        return self._bias(distances.to(q.device))
+        d each offset stands for; each row its own, a dense bias, when `distances` is (B, 2L − 1)."""
+        if distances.dim() == 1:
+            return self._bias(distances.to(q.device))
+        n = q.shape[-2]
+        offset = torch.arange(n, device=q.device)
+        at = distances.to(q.device).float()[:, offset[None, :] - offset[:, None] + n - 1]  # (B, L, L): of j − i
+        penalty = at.abs() - self.left_offset * (at < 0)
+        return {"attn_bias": -self.slopes.to(q.device)[None, :, None, None] * penalty[:, None]}
 
     def _bias(self, distances: Tensor) -> dict:
         """rel_bias over the labels of offsets −k..k whose distances are `distances` (2k + 1,)."""

@@ -24,10 +24,19 @@ are seen in training. Two protocols at evaluation:
   length, since the budget is a function of it), and step t uses the t-th of them: the KV cache
   then computes what a full pass at those positions computes.
 
-In training a pass still draws once for the batch's width, shared by its rows: a row of n tokens
-in a batch padded to W gets the n smallest of W drawn slots, not a draw of its own. The papers'
-protocols train on batches of one length, where the two agree; a training set of mixed lengths
-(`train_size` > 0) learns from that skewed draw.
+In training a pass draws once for the batch's width W, and each row of n tokens takes a random n
+of those W positions (`frame_slots`): its tokens move to n random slots of a frame of W, in order,
+padding in the others, so a row's positions are an ordered random subset of [0, max_random_len)
+exactly as they are alone, whatever its neighbours (a random n of a random W is a random n). The
+stack runs on the frame, masked where it holds padding, and its output is read back in the rows'
+order: the same ops for every batch, no host sync (a stack of runs vmaps it, a compiled model
+traces it). With `random_distances` the tokens stay in place (a gap between two tokens would change
+the offset their distance stands for): the batch draws W − 1 right-hand distances and each row of
+n takes a random n − 1 of them, in order (`Embedding.random_distances_of`), a (B, 2W − 1) table
+the layers read row by row. A scheme that reads token ids (digits.py: padding between digits would
+move them) keeps the batch's one draw: a row of n tokens gets the first n of the W drawn
+positions, the smallest. The papers' protocols train on batches of one length, where every way
+agrees.
 
 Any scheme works unchanged, because a layer computes exactly what the scheme computes on a
 sequence whose tokens sit at those positions: the scheme's hooks see the tokens spread into a
@@ -101,3 +110,41 @@ def spread_mask(attn_mask: Tensor | None, is_causal: bool, positions: Tensor, sl
     occupied = token_at >= 0
     token_at = token_at.clamp(min=0)
     return inner[..., token_at[:, None], token_at[None, :]] & occupied[:, None] & occupied[None, :]
+
+
+def frame_slots(lengths: Tensor, width: int) -> Tensor:
+    """(B, width): where each row's token i goes in a frame of `width` slots. A row of n tokens
+    takes n slots drawn uniformly at random, in order (its tokens 0..n-1), then its padding the
+    other slots, in order: a permutation of 0..width-1 per row, from torch's global generator."""
+    b = lengths.shape[0]
+    rank = torch.rand(b, width, device=lengths.device).argsort(-1).argsort(-1)  # each slot's random rank
+    column = torch.arange(width, device=lengths.device)
+    taken = rank < lengths[:, None]  # n slots per row, uniformly
+    return torch.where(taken, column, column + width).argsort(-1)
+
+
+def to_frame(x: Tensor, slots: Tensor) -> Tensor:
+    """x (B, W, ...) with row b's element i moved to slot slots[b, i]."""
+    index = slots.view(*slots.shape, *([1] * (x.dim() - 2))).expand_as(x)
+    return torch.empty_like(x).scatter(1, index, x)
+
+
+def from_frame(x: Tensor, slots: Tensor) -> Tensor:
+    """The inverse of `to_frame`: row b's element i read back from slot slots[b, i]."""
+    index = slots.view(*slots.shape, *([1] * (x.dim() - 2))).expand(*slots.shape, *x.shape[2:])
+    return x.gather(1, index)
+
+
+def framed_mask(real: Tensor, mask: Tensor | None, slots: Tensor) -> Tensor:
+    """(B, 1, W, W), True = attend, for self-attention over a frame whose slots hold `real` (B, W)
+    tokens: keys are the real slots, as `mask` ((B or 1, 1, W, W) over the rows' own order, or None)
+    allows, moved into the frame; and each slot itself, so that a padding slot before a row's first
+    token, under a causal mask, is left with a key (no NaN to leak through a zero weight)."""
+    width = real.shape[1]
+    keys = real[:, None, None, :]
+    if mask is not None:
+        inverse = slots.argsort(-1)  # (B, W): the token at each slot
+        mask = mask.to(torch.bool).expand(slots.shape[0], *mask.shape[1:])
+        rows = mask.gather(2, inverse[:, None, :, None].expand(-1, mask.shape[1], -1, width))
+        keys = keys & rows.gather(3, inverse[:, None, None, :].expand(-1, mask.shape[1], width, -1))
+    return keys | torch.eye(width, dtype=torch.bool, device=real.device)

@@ -54,7 +54,7 @@ class TransformerXLPositions(RelativePositions):
         """R: [sin(d·ω), cos(d·ω)] concatenated (as in the paper's code), ω_t = 10000^(-2t/d_model)."""
         inv_freq = 10000.0 ** (-torch.arange(0, self.d_model, 2, device=distance.device, dtype=distance.dtype)
                                / self.d_model)  # in the dtype of q: float64 tests are exact
-        angles = distance[:, None] * inv_freq[None, :]
+        angles = distance[..., None] * inv_freq
         return torch.cat((angles.sin(), angles.cos()), dim=-1)
 
     def attention_kwargs(self, q, k, query_offset):
@@ -69,7 +69,7 @@ class TransformerXLPositions(RelativePositions):
         distance d > 0 (a key on the left) is read at d − M and every other at 1 − M (M =
         max_random_len): the reference's rows M − d and M − 1 (its R(p) is ours at −p, the sign a
         relabelling of W_R's sine columns)."""
-        distance = distances.flip(0).to(q.device)
+        distance = distances.flip(-1).to(q.device)  # (2L − 1,), or (B, 2L − 1): each row its own
         if self.clamped_at is not None:
             distance = torch.where(distance > 0, distance - self.clamped_at, 1 - self.clamped_at)
         return self._bias(q, k, distance)
@@ -78,7 +78,8 @@ class TransformerXLPositions(RelativePositions):
         """attn_bias for the Lq + Lk - 1 distances i - j of the query rows and keys, largest first."""
         b, h, lq, d = q.shape
         lk = k.shape[-2]
-        r = self.r_proj(self.encoding(distance.to(q.dtype))).view(-1, h, d).transpose(0, 1)  # (H, Lq+Lk-1, D)
+        r = self.r_proj(self.encoding(distance.to(q.dtype)))  # ([B,] Lq+Lk-1, d_model): per row if distance is
+        r = r.view(*r.shape[:-1], h, d).transpose(-3, -2)  # ([B,] H, Lq+Lk-1, D)
         position = (q + self.v[:, None, :]) @ r.transpose(-1, -2)  # (B, H, Lq, Lq+Lk-1)
         # The exact relative shift: row r, key j has distance offset + r - j, at index lq - 1 - r + j.
         rows, keys = torch.arange(lq, device=q.device), torch.arange(lk, device=q.device)
