@@ -461,7 +461,7 @@ def replay_draws(model, draws: list[list[list[int]]], lengths: list[int], label:
         return queues[n][(calls[n] - 1) % len(queues[n])]
 
     if embed.random_distances:
-        embed.random_distances_of = lambda n, draws=None: (lambda right: torch.cat(
+        embed.random_distances_of = lambda n, draws=None, lengths=None: (lambda right: torch.cat(
             (-right.flip(0), right.new_zeros(1), right)))(replayed(n))
     else:
         embed.random_positions = lambda n, draws=None: replayed(n)
