@@ -10,8 +10,9 @@ over every built-in scheme and option, every family and attention implementation
 
 Randomized positions (randomize_at_eval) are included exactly: at evaluation a sequence of L
 tokens draws its positions from a generator seeded by (run seed, stack, L) (core/embedding.py), so
-alone and batched it gets the same draw. In training each pass still draws once for the batch's
-width, shared by its rows (positions/randomized.py says so); the check is of evaluation.
+alone and batched it gets the same draw. In training each row takes a random subset of its
+batch's draw, as long as itself, which has the law of its own draw alone
+(positions/randomized.py; tests/test_randomized_positions.py checks it); the check is of evaluation.
 """
 from __future__ import annotations
 
