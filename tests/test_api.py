@@ -141,7 +141,7 @@ REMOVED_MODULES = ("relpos_lab.task", "relpos_lab.transformer", "relpos_lab.posi
 def test_the_version_is_the_changelogs_latest_release():
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     changelog = (REPO / "CHANGELOG.md").read_text()
-    assert re.search(r"^## (\S+)", changelog, re.M).group(1) == version == "0.3.0"
+    assert re.search(r"^## (\S+)", changelog, re.M).group(1) == version == "0.3.1"
     assert "CHANGELOG.md" in README.read_text()
 
 
